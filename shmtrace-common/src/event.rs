@@ -1,0 +1,330 @@
+//! Records the probes write into the ring buffer.
+//!
+//! Every record starts with a [`Header`]; `Header::kind` says which struct follows. Userspace
+//! validates the kind and the record length before reading a body.
+
+/// `TASK_COMM_LEN`.
+pub const COMM_LEN: usize = 16;
+/// Longest path kept from a traced call; longer paths set [`flags::PATH_TRUNCATED`].
+pub const PATH_LEN: usize = 256;
+/// Bytes of a new program's command line kept at exec.
+pub const ARGS_LEN: usize = 256;
+
+/// What follows the header.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventKind {
+    /// [`SyscallEvent`]: a call on a /dev/shm file descriptor, or a System V call.
+    Syscall = 1,
+    /// [`PathEvent`]: a call that names a /dev/shm path (`openat`, `unlink`, `memfd_create`).
+    Path = 2,
+    /// [`SignalEvent`]: a signal generated for a traced task.
+    Signal = 3,
+    /// [`ForkEvent`]: a traced process created a process.
+    Fork = 4,
+    /// [`ExecEvent`]: a traced process ran a new program.
+    Exec = 5,
+    /// [`ExitEvent`]: a traced process's thread-group leader exited.
+    Exit = 6,
+    /// [`RenameEvent`]: a traced task changed its name (`prctl(PR_SET_NAME)`).
+    Rename = 7,
+    /// [`OomEvent`]: the OOM killer chose a victim.
+    Oom = 8,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 8] = [
+        EventKind::Syscall,
+        EventKind::Path,
+        EventKind::Signal,
+        EventKind::Fork,
+        EventKind::Exec,
+        EventKind::Exit,
+        EventKind::Rename,
+        EventKind::Oom,
+    ];
+    /// Size of the lost-event counter array, indexed by kind.
+    pub const COUNT: u32 = 9;
+}
+
+impl TryFrom<u16> for EventKind {
+    type Error = u16;
+    fn try_from(value: u16) -> Result<Self, u16> {
+        Ok(match value {
+            1 => EventKind::Syscall,
+            2 => EventKind::Path,
+            3 => EventKind::Signal,
+            4 => EventKind::Fork,
+            5 => EventKind::Exec,
+            6 => EventKind::Exit,
+            7 => EventKind::Rename,
+            8 => EventKind::Oom,
+            other => return Err(other),
+        })
+    }
+}
+
+/// The traced system calls.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Syscall {
+    Openat = 1,
+    Openat2 = 2,
+    Ftruncate = 3,
+    Fallocate = 4,
+    Write = 5,
+    Mmap = 6,
+    Munmap = 7,
+    Close = 8,
+    Unlink = 9,
+    Unlinkat = 10,
+    MemfdCreate = 11,
+    Shmget = 12,
+    Shmat = 13,
+    Shmdt = 14,
+    Shmctl = 15,
+}
+
+impl Syscall {
+    pub const ALL: [Syscall; 15] = [
+        Syscall::Openat,
+        Syscall::Openat2,
+        Syscall::Ftruncate,
+        Syscall::Fallocate,
+        Syscall::Write,
+        Syscall::Mmap,
+        Syscall::Munmap,
+        Syscall::Close,
+        Syscall::Unlink,
+        Syscall::Unlinkat,
+        Syscall::MemfdCreate,
+        Syscall::Shmget,
+        Syscall::Shmat,
+        Syscall::Shmdt,
+        Syscall::Shmctl,
+    ];
+
+    /// The kernel's name, as in `/sys/kernel/tracing/events/syscalls/sys_enter_<name>`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Syscall::Openat => "openat",
+            Syscall::Openat2 => "openat2",
+            Syscall::Ftruncate => "ftruncate",
+            Syscall::Fallocate => "fallocate",
+            Syscall::Write => "write",
+            Syscall::Mmap => "mmap",
+            Syscall::Munmap => "munmap",
+            Syscall::Close => "close",
+            Syscall::Unlink => "unlink",
+            Syscall::Unlinkat => "unlinkat",
+            Syscall::MemfdCreate => "memfd_create",
+            Syscall::Shmget => "shmget",
+            Syscall::Shmat => "shmat",
+            Syscall::Shmdt => "shmdt",
+            Syscall::Shmctl => "shmctl",
+        }
+    }
+}
+
+impl TryFrom<u16> for Syscall {
+    type Error = u16;
+    fn try_from(value: u16) -> Result<Self, u16> {
+        for call in Syscall::ALL {
+            if call as u16 == value {
+                return Ok(call);
+            }
+        }
+        Err(value)
+    }
+}
+
+/// Bits of [`Header::flags`].
+pub mod flags {
+    /// The path did not fit in [`super::PATH_LEN`] bytes.
+    pub const PATH_TRUNCATED: u16 = 1 << 0;
+    /// [`super::SyscallEvent::file`] holds the inode the descriptor referred to.
+    pub const FILE: u16 = 1 << 1;
+    /// The path was relative to a directory on a /dev/shm file system.
+    pub const RELATIVE_TO_SHM: u16 = 1 << 2;
+    /// The command line did not fit in [`super::ARGS_LEN`] bytes.
+    pub const ARGS_TRUNCATED: u16 = 1 << 3;
+    /// The process was matched through its container (mount namespace or cgroup).
+    pub const CONTAINER_MATCH: u16 = 1 << 4;
+}
+
+/// Who did what, and when. Starts every record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct Header {
+    /// An [`EventKind`].
+    pub kind: u16,
+    /// Bits from [`flags`].
+    pub flags: u16,
+    pub cpu: u32,
+    /// `CLOCK_BOOTTIME`, nanoseconds.
+    pub ts_ns: u64,
+    /// Thread-group id (the pid users see), in the initial pid namespace.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Mount namespace inode number of the current task.
+    pub mntns: u32,
+    pub _pad: u32,
+    /// cgroup v2 id of the current task (1 on hosts without a cgroup v2 hierarchy in use).
+    pub cgroup_id: u64,
+    /// Name of the current thread, NUL-padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// The inode a file descriptor referred to, read when the call was made (or, for `openat`,
+/// when it returned).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct FileRef {
+    /// The file system's `dev_t`, in the kernel's encoding (`major << 20 | minor`).
+    pub dev: u32,
+    /// `i_mode`: type and permission bits.
+    pub mode: u32,
+    pub ino: u64,
+    /// `i_size` when the call returned.
+    pub size: i64,
+    /// `i_blocks` (512-byte units) when the call returned: the memory the object holds.
+    pub blocks: u64,
+}
+
+/// A system call on a /dev/shm descriptor, or a System V shared memory call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct SyscallEvent {
+    pub header: Header,
+    /// A [`Syscall`].
+    pub syscall: u16,
+    pub _pad: u16,
+    /// The descriptor the call acted on or returned, -1 when there is none.
+    pub fd: i32,
+    /// The raw return value: `-errno` on failure.
+    pub ret: i64,
+    /// The raw arguments, in the order of the call's prototype.
+    pub args: [u64; 6],
+    /// Valid when `header.flags` has [`flags::FILE`].
+    pub file: FileRef,
+}
+
+/// A system call that names a path: `openat`, `openat2`, `unlink`, `unlinkat`, `memfd_create`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct PathEvent {
+    pub call: SyscallEvent,
+    /// NUL-terminated unless [`flags::PATH_TRUNCATED`] is set.
+    pub path: [u8; PATH_LEN],
+}
+
+/// A signal generated for a traced task (`signal:signal_generate`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct SignalEvent {
+    /// The sender: for a fault, the faulting task itself.
+    pub header: Header,
+    pub signo: i32,
+    /// `si_code`, e.g. `BUS_ADRERR`.
+    pub code: i32,
+    pub errno: i32,
+    /// The tracepoint's result: 0 delivered, 1 ignored, 2 already pending, ...
+    pub result: i32,
+    /// `si_addr` for faults (SIGBUS, SIGSEGV), 0 otherwise.
+    pub addr: u64,
+    pub target_pid: u32,
+    pub target_tid: u32,
+    pub target_comm: [u8; COMM_LEN],
+}
+
+/// A traced process created a new process (not a thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct ForkEvent {
+    pub header: Header,
+    pub child_pid: u32,
+    pub _pad: u32,
+}
+
+/// A traced process ran a new program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct ExecEvent {
+    pub header: Header,
+    /// Bytes of `args` in use: NUL-separated arguments.
+    pub args_len: u32,
+    pub _pad: u32,
+    pub filename: [u8; PATH_LEN],
+    pub args: [u8; ARGS_LEN],
+}
+
+/// A traced process's thread-group leader exited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct ExitEvent {
+    pub header: Header,
+    /// `task_struct.exit_code`, encoded like a wait status: `status << 8`, or the signal number
+    /// (with 0x80 when it dumped core).
+    pub exit_code: i32,
+    pub _pad: u32,
+}
+
+/// A traced task changed its name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct RenameEvent {
+    pub header: Header,
+    pub target_pid: u32,
+    pub target_tid: u32,
+    pub new_comm: [u8; COMM_LEN],
+}
+
+/// The OOM killer chose a traced process (`oom:mark_victim`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+)]
+pub struct OomEvent {
+    pub header: Header,
+    pub victim_pid: u32,
+    pub _pad: u32,
+}

@@ -1,0 +1,65 @@
+//! Writing records into the ring buffer.
+//!
+//! Records are built in place in reserved ring buffer memory (they are too big for the stack).
+//! A full buffer is never silent: the record's kind is counted in `LOST`.
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
+    },
+    maps::ring_buf::RingBufEntry,
+};
+use shmtrace_common::{EventKind, Header, KernelOffsets};
+
+use crate::{
+    kernel,
+    maps::{EVENTS, LOST},
+};
+
+/// Reserves room for a `T`, or counts a lost `kind` record.
+#[inline(always)]
+pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
+    let entry = EVENTS.reserve::<T>(0);
+    if entry.is_none() {
+        count_lost(kind);
+    }
+    entry
+}
+
+#[inline(always)]
+pub fn count_lost(kind: EventKind) {
+    if let Some(counter) = LOST.get_ptr_mut(kind as u32) {
+        // SAFETY: a per-CPU slot, so no other program writes it concurrently.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Fills the header that starts every record, for the current task.
+///
+/// # Safety
+/// `header` must point into reserved ring buffer memory.
+#[inline(always)]
+pub unsafe fn fill_header(
+    header: *mut Header,
+    kind: EventKind,
+    flags: u16,
+    task: u64,
+    off: &KernelOffsets,
+) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let value = Header {
+        kind: kind as u16,
+        flags,
+        // SAFETY: these helpers have no preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_boot_ns() },
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        mntns: kernel::task_mntns(task, off).unwrap_or(0),
+        _pad: 0,
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    // SAFETY: the caller guarantees `header` is valid for writes.
+    unsafe { header.write(value) };
+}

@@ -1,0 +1,165 @@
+//! Reading kernel structs.
+//!
+//! aya's Rust eBPF has no CO-RE, so every field is read with `bpf_probe_read_kernel` at an
+//! offset userspace resolved from the running kernel's BTF (`OFFSETS`). A failed read yields
+//! `None`: the caller drops the detail, never the event.
+use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
+use shmtrace_common::{FileRef, KernelOffsets};
+
+use crate::maps::OFFSETS;
+
+#[inline(always)]
+pub fn offsets() -> KernelOffsets {
+    OFFSETS.load()
+}
+
+#[inline(always)]
+fn read<T>(base: u64, offset: u32) -> Option<T> {
+    if base == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel tolerates any address; a bad one returns an error.
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T).ok() }
+}
+
+#[inline(always)]
+fn read_ptr(base: u64, offset: u32) -> Option<u64> {
+    read::<u64>(base, offset).filter(|p| *p != 0)
+}
+
+#[inline(always)]
+pub fn current_task() -> u64 {
+    // SAFETY: no preconditions.
+    unsafe { bpf_get_current_task() }
+}
+
+#[inline(always)]
+pub fn task_pid(task: u64, off: &KernelOffsets) -> Option<u32> {
+    read::<u32>(task, off.task_pid)
+}
+
+#[inline(always)]
+pub fn task_tgid(task: u64, off: &KernelOffsets) -> Option<u32> {
+    read::<u32>(task, off.task_tgid)
+}
+
+#[inline(always)]
+pub fn task_exit_code(task: u64, off: &KernelOffsets) -> Option<i32> {
+    read::<i32>(task, off.task_exit_code)
+}
+
+/// Whether the task is in the middle of exec.
+#[inline(always)]
+pub fn task_in_execve(task: u64, off: &KernelOffsets) -> bool {
+    let bit = off.task_in_execve_bit;
+    if bit == u32::MAX {
+        return false;
+    }
+    read::<u8>(task, bit / 8)
+        .map(|byte| byte & (1 << (bit % 8)) != 0)
+        .unwrap_or(false)
+}
+
+/// The task's name, read from `task_struct.comm`.
+#[inline(always)]
+pub fn task_comm(task: u64, off: &KernelOffsets) -> Option<[u8; 16]> {
+    read::<[u8; 16]>(task, off.task_comm)
+}
+
+/// The inode number of the task's mount namespace, as `/proc/PID/ns/mnt` shows it.
+#[inline(always)]
+pub fn task_mntns(task: u64, off: &KernelOffsets) -> Option<u32> {
+    let nsproxy = read_ptr(task, off.task_nsproxy)?;
+    let mnt_ns = read_ptr(nsproxy, off.nsproxy_mnt_ns)?;
+    read::<u32>(mnt_ns, off.mnt_ns_inum)
+}
+
+/// `struct inode *` behind the task's descriptor `fd`.
+#[inline(always)]
+pub fn fd_inode(task: u64, fd: i32, off: &KernelOffsets) -> Option<u64> {
+    if fd < 0 {
+        return None;
+    }
+    let files = read_ptr(task, off.task_files)?;
+    let fdt = read_ptr(files, off.files_fdt)?;
+    let max_fds = read::<u32>(fdt, off.fdtable_max_fds)?;
+    if fd as u32 >= max_fds {
+        return None;
+    }
+    let fd_array = read_ptr(fdt, off.fdtable_fd)?;
+    let file = read_ptr(fd_array, (fd as u32) * 8)?;
+    read_ptr(file, off.file_inode)
+}
+
+/// `dev_t` of the file system the inode lives on.
+#[inline(always)]
+pub fn inode_dev(inode: u64, off: &KernelOffsets) -> Option<u32> {
+    let sb = read_ptr(inode, off.inode_sb)?;
+    read::<u32>(sb, off.super_block_dev)
+}
+
+/// Size and allocation of the inode now.
+#[inline(always)]
+pub fn inode_size(inode: u64, off: &KernelOffsets) -> (i64, u64) {
+    (
+        read::<i64>(inode, off.inode_size).unwrap_or(-1),
+        read::<u64>(inode, off.inode_blocks).unwrap_or(0),
+    )
+}
+
+#[inline(always)]
+pub fn inode_ref(inode: u64, dev: u32, off: &KernelOffsets) -> FileRef {
+    let (size, blocks) = inode_size(inode, off);
+    FileRef {
+        dev,
+        mode: read::<u16>(inode, off.inode_mode).unwrap_or(0) as u32,
+        ino: read::<u64>(inode, off.inode_ino).unwrap_or(0),
+        size,
+        blocks,
+    }
+}
+
+/// `dev_t` of the file system holding the task's current directory.
+#[inline(always)]
+pub fn cwd_dev(task: u64, off: &KernelOffsets) -> Option<u32> {
+    let fs = read_ptr(task, off.task_fs)?;
+    let dentry = read_ptr(fs, off.fs_pwd_dentry)?;
+    let sb = read_ptr(dentry, off.dentry_sb)?;
+    read::<u32>(sb, off.super_block_dev)
+}
+
+/// User addresses of the task's command line (`mm_struct.arg_start..arg_end`).
+#[inline(always)]
+pub fn task_args(task: u64, off: &KernelOffsets) -> Option<(u64, u64)> {
+    let mm = read_ptr(task, off.task_mm)?;
+    Some((
+        read::<u64>(mm, off.mm_arg_start)?,
+        read::<u64>(mm, off.mm_arg_end)?,
+    ))
+}
+
+/// `linux_binprm.filename`, a kernel string pointer.
+#[inline(always)]
+pub fn binprm_filename(bprm: u64, off: &KernelOffsets) -> Option<u64> {
+    read_ptr(bprm, off.binprm_filename)
+}
+
+/// Fault fields of a `struct kernel_siginfo *`: (`si_errno`, `si_code`, `si_addr`).
+///
+/// The layout is the UAPI siginfo layout (`si_signo`, `si_errno`, `si_code`, then the union at
+/// 16 on 64-bit), fixed by the ABI, so it needs no BTF. Small values are the kernel's
+/// `SEND_SIG_NOINFO`/`SEND_SIG_PRIV` markers, not pointers. The address is only meaningful
+/// for faults (positive codes below `SI_KERNEL`); for `kill`/`tgkill` the union holds a pid.
+#[inline(always)]
+pub fn siginfo_fault(info: u64) -> (i32, i32, u64) {
+    if info < 4096 {
+        return (0, 0, 0);
+    }
+    let code = read::<i32>(info, 8).unwrap_or(0);
+    let addr = if code > 0 && code < 0x80 {
+        read::<u64>(info, 16).unwrap_or(0)
+    } else {
+        0
+    };
+    (read::<i32>(info, 4).unwrap_or(0), code, addr)
+}

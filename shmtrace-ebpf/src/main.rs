@@ -1,0 +1,25 @@
+//! Kernel programs of shmtrace: see which processes touch /dev/shm, how, and how it ends.
+//!
+//! Each hooked call has a thin entry point in `probes/`; shared machinery lives beside it:
+//! `maps` (what the programs share with userspace), `kernel` (reading kernel structs through
+//! offsets resolved at start-up), `scope` (which processes are traced), `emit` (ring buffer
+//! records and loss counting).
+#![no_std]
+#![no_main]
+
+mod emit;
+mod kernel;
+mod maps;
+mod probes;
+mod scope;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic path, so this is never executed.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

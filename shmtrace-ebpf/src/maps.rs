@@ -1,0 +1,92 @@
+//! Maps and globals shared with userspace. Names here are the names the loader looks up.
+use aya_ebpf::{
+    Global,
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use shmtrace_common::{Config, EventKind, FileRef, KernelOffsets, PATH_LEN};
+
+#[unsafe(no_mangle)]
+pub static CONFIG: Global<Config> = Global::new(Config {
+    all: 0,
+    match_containers: 0,
+    failed_only: 0,
+    self_tgid: 0,
+});
+
+#[unsafe(no_mangle)]
+pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
+    task_pid: 0,
+    task_tgid: 0,
+    task_comm: 0,
+    task_exit_code: 0,
+    task_nsproxy: 0,
+    task_files: 0,
+    task_fs: 0,
+    task_mm: 0,
+    nsproxy_mnt_ns: 0,
+    mnt_ns_inum: 0,
+    files_fdt: 0,
+    fdtable_max_fds: 0,
+    fdtable_fd: 0,
+    file_inode: 0,
+    inode_mode: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    inode_size: 0,
+    inode_blocks: 0,
+    super_block_dev: 0,
+    fs_pwd_dentry: 0,
+    dentry_sb: 0,
+    mm_arg_start: 0,
+    mm_arg_end: 0,
+    binprm_filename: 0,
+    task_in_execve_bit: u32::MAX,
+});
+
+/// Records for userspace. The loader sets the size (`--buffer-size`).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+/// Records dropped because `EVENTS` was full, per CPU, indexed by `EventKind`.
+#[map]
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
+
+/// Traced processes (thread-group ids), with `scope::TRACKED` / `scope::MAPPED` bits.
+#[map]
+pub static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
+
+/// Mount namespaces (inode numbers) of traced containers.
+#[map]
+pub static TARGET_MNTNS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// cgroup v2 ids of traced containers.
+#[map]
+pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
+
+/// `dev_t`s of the file systems mounted on /dev/shm (host and containers). Seeded by
+/// userspace, and learned when a `/dev/shm/...` path is opened.
+#[map]
+pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+
+/// A call seen at `sys_enter`, waiting for its `sys_exit`, by thread id. LRU so that a thread
+/// that never returns (killed in the call) cannot leak an entry forever.
+#[map]
+pub static INFLIGHT: LruHashMap<u32, Pending> = LruHashMap::with_max_entries(16384, 0);
+
+/// Per-CPU room for a path being checked, too big for the 512-byte stack.
+#[map]
+pub static SCRATCH: PerCpuArray<[u8; PATH_LEN]> = PerCpuArray::with_max_entries(1, 0);
+
+/// What `sys_enter` learned about a call.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Pending {
+    pub syscall: u16,
+    pub flags: u16,
+    pub fd: i32,
+    pub args: [u64; 6],
+    /// `struct inode *` of the descriptor, to read its size again when the call returns.
+    pub inode: u64,
+    pub file: FileRef,
+}

@@ -1,0 +1,198 @@
+//! Process lifecycle of traced processes: fork (followed), exec, exit, rename.
+//!
+//! ```text
+//! tp_btf/sched_process_fork(struct task_struct *parent, struct task_struct *child)
+//! tp_btf/sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+//! tp_btf/sched_process_exit(struct task_struct *p, ...)
+//! tp_btf/task_rename(struct task_struct *task, const char *comm)
+//! ```
+use aya_ebpf::{
+    cty::c_void,
+    helpers::generated::{bpf_probe_read_kernel_str, bpf_probe_read_user},
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+use shmtrace_common::{
+    ARGS_LEN, EventKind, ExecEvent, ExitEvent, ForkEvent, PATH_LEN, RenameEvent, flags,
+};
+
+use super::syscall::ids;
+use crate::{
+    emit, kernel,
+    maps::TARGETS,
+    scope::{self, TRACKED},
+};
+
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_fork(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_fork(ctx: &BtfTracePointContext) -> Option<()> {
+    let child: u64 = ctx.arg(1);
+    let off = kernel::offsets();
+    let child_pid = kernel::task_pid(child, &off)?;
+    if child_pid != kernel::task_tgid(child, &off)? {
+        return None; // a new thread, already covered by its process
+    }
+    let (tgid, _) = ids();
+    let task = kernel::current_task();
+    let flags = scope::tracked(tgid, task, &off)?;
+    // The child inherits the parent's descriptors and mappings, hence its bits.
+    // SAFETY: a pointer to a live map value.
+    let bits = TARGETS
+        .get_ptr(tgid)
+        .map(|b| unsafe { *b })
+        .unwrap_or(TRACKED);
+    let _ = TARGETS.insert(child_pid, bits, 0);
+
+    let mut entry = emit::reserve::<ForkEvent>(EventKind::Fork)?;
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points to reserved ring buffer memory of the right size.
+    unsafe {
+        emit::fill_header(&raw mut (*event).header, EventKind::Fork, flags, task, &off);
+        (&raw mut (*event).child_pid).write(child_pid);
+        (&raw mut (*event)._pad).write(0);
+    }
+    entry.submit(0);
+    Some(())
+}
+
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exec(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_exec(ctx: &BtfTracePointContext) -> Option<()> {
+    let bprm: u64 = ctx.arg(2);
+    let (tgid, _) = ids();
+    let off = kernel::offsets();
+    let task = kernel::current_task();
+    let mut header_flags = scope::tracked(tgid, task, &off)?;
+    // The old mappings are gone with the old program.
+    let _ = TARGETS.insert(tgid, TRACKED, 0);
+
+    let mut entry = emit::reserve::<ExecEvent>(EventKind::Exec)?;
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points to reserved ring buffer memory of the right size; the helpers
+    // write at most the sizes given.
+    unsafe {
+        let filename = &raw mut (*event).filename;
+        let copied = match kernel::binprm_filename(bprm, &off) {
+            Some(name) => bpf_probe_read_kernel_str(
+                filename as *mut c_void,
+                PATH_LEN as u32,
+                name as *const c_void,
+            ),
+            None => -1,
+        };
+        if copied <= 0 {
+            (filename as *mut u8).write(0);
+        } else if copied >= PATH_LEN as i64 {
+            header_flags |= flags::PATH_TRUNCATED;
+        }
+
+        let mut args_len: u32 = 0;
+        if let Some((start, end)) = kernel::task_args(task, &off) {
+            let mut len = end.saturating_sub(start);
+            if len > ARGS_LEN as u64 {
+                len = ARGS_LEN as u64;
+                header_flags |= flags::ARGS_TRUNCATED;
+            }
+            let args = &raw mut (*event).args;
+            if len > 0
+                && bpf_probe_read_user(args as *mut c_void, len as u32, start as *const c_void) == 0
+            {
+                args_len = len as u32;
+            }
+        }
+        (&raw mut (*event).args_len).write(args_len);
+        (&raw mut (*event)._pad).write(0);
+        emit::fill_header(
+            &raw mut (*event).header,
+            EventKind::Exec,
+            header_flags,
+            task,
+            &off,
+        );
+    }
+    entry.submit(0);
+    Some(())
+}
+
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exit(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_exit(ctx: &BtfTracePointContext) -> Option<()> {
+    let task: u64 = ctx.arg(0);
+    let off = kernel::offsets();
+    let (tgid, tid) = ids();
+    if tgid != tid {
+        return None; // a thread; the process ends with its leader
+    }
+    let flags = scope::tracked(tgid, task, &off)?;
+    let _ = TARGETS.remove(tgid);
+    let exit_code = kernel::task_exit_code(task, &off).unwrap_or(0);
+    let mut entry = emit::reserve::<ExitEvent>(EventKind::Exit)?;
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points to reserved ring buffer memory of the right size.
+    unsafe {
+        emit::fill_header(&raw mut (*event).header, EventKind::Exit, flags, task, &off);
+        (&raw mut (*event).exit_code).write(exit_code);
+        (&raw mut (*event)._pad).write(0);
+    }
+    entry.submit(0);
+    Some(())
+}
+
+#[btf_tracepoint(function = "task_rename")]
+pub fn task_rename(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_rename(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_rename(ctx: &BtfTracePointContext) -> Option<()> {
+    let target: u64 = ctx.arg(0);
+    let comm: u64 = ctx.arg(1);
+    let off = kernel::offsets();
+    if kernel::task_in_execve(target, &off) {
+        return None; // exec names the task after the program; the exec event says so
+    }
+    let target_pid = kernel::task_tgid(target, &off)?;
+    let (tgid, _) = ids();
+    let task = kernel::current_task();
+    let flags = if target_pid == tgid {
+        scope::tracked(tgid, task, &off)?
+    } else {
+        TARGETS.get_ptr(target_pid)?;
+        0
+    };
+    let mut entry = emit::reserve::<RenameEvent>(EventKind::Rename)?;
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points to reserved ring buffer memory of the right size.
+    unsafe {
+        emit::fill_header(
+            &raw mut (*event).header,
+            EventKind::Rename,
+            flags,
+            task,
+            &off,
+        );
+        (&raw mut (*event).target_pid).write(target_pid);
+        (&raw mut (*event).target_tid).write(kernel::task_pid(target, &off).unwrap_or(0));
+        let new_comm = &raw mut (*event).new_comm;
+        (new_comm as *mut [u8; 16]).write([0; 16]);
+        bpf_probe_read_kernel_str(new_comm as *mut c_void, 16, comm as *const c_void);
+    }
+    entry.submit(0);
+    Some(())
+}

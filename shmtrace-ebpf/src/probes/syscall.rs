@@ -1,0 +1,275 @@
+//! Pairing `sys_enter_*` with `sys_exit_*`, and turning a finished call into a record.
+//!
+//! Syscall tracepoint records share one layout: `int __syscall_nr` at 8, then each argument as
+//! 8 bytes from offset 16 (`sys_enter_*`), or `long ret` at 16 (`sys_exit_*`).
+use aya_ebpf::{
+    cty::c_void,
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user_str},
+    programs::TracePointContext,
+};
+use shmtrace_common::{
+    EventKind, FileRef, KernelOffsets, PATH_LEN, PathEvent, Syscall, SyscallEvent, flags,
+};
+
+use crate::{
+    emit, kernel,
+    maps::{CONFIG, INFLIGHT, Pending, SCRATCH, SHM_DEVS},
+    scope,
+};
+
+const ARGS_OFFSET: usize = 16;
+const RET_OFFSET: usize = 16;
+/// `AT_FDCWD`.
+pub const AT_FDCWD: i32 = -100;
+const SHM_PREFIX: &[u8; 9] = b"/dev/shm/";
+
+/// The `n`th raw argument of a `sys_enter_*` record.
+#[inline(always)]
+pub fn arg(ctx: &TracePointContext, n: usize) -> u64 {
+    // SAFETY: the offset lies within the record for every argument the call has.
+    unsafe { ctx.read_at::<u64>(ARGS_OFFSET + 8 * n).unwrap_or(0) }
+}
+
+/// Reads the first `N` arguments.
+#[inline(always)]
+pub fn args<const N: usize>(ctx: &TracePointContext) -> [u64; 6] {
+    let mut out = [0u64; 6];
+    let mut i = 0;
+    while i < N && i < 6 {
+        out[i] = arg(ctx, i);
+        i += 1;
+    }
+    out
+}
+
+/// The current thread's ids: (tgid, tid).
+#[inline(always)]
+pub fn ids() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+/// Remembers the call until its `sys_exit`.
+#[inline(always)]
+pub fn stash(tid: u32, syscall: Syscall, flags: u16, fd: i32, args: [u64; 6]) {
+    stash_with_file(tid, syscall, flags, fd, args, 0, FileRef::default());
+}
+
+#[inline(always)]
+pub fn stash_with_file(
+    tid: u32,
+    syscall: Syscall,
+    flags: u16,
+    fd: i32,
+    args: [u64; 6],
+    inode: u64,
+    file: FileRef,
+) {
+    let pending = Pending {
+        syscall: syscall as u16,
+        flags,
+        fd,
+        args,
+        inode,
+        file,
+    };
+    if INFLIGHT.insert(tid, &pending, 0).is_err() {
+        emit::count_lost(EventKind::Syscall);
+    }
+}
+
+/// The inode behind `fd`, if it lives on a /dev/shm file system.
+#[inline(always)]
+pub fn shm_fd(task: u64, fd: i32, off: &KernelOffsets) -> Option<(u64, FileRef)> {
+    let inode = kernel::fd_inode(task, fd, off)?;
+    let dev = kernel::inode_dev(inode, off)?;
+    SHM_DEVS.get_ptr(dev)?;
+    Some((inode, kernel::inode_ref(inode, dev, off)))
+}
+
+/// Whether a path argument names something in /dev/shm: an absolute `/dev/shm/...` path, or a
+/// relative one resolved from a directory (`dfd`, or the working directory) on a /dev/shm file
+/// system. Returns the header flags to record.
+#[inline(always)]
+pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> Option<u16> {
+    let buf = SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: a per-CPU buffer of PATH_LEN bytes; the helper stops at its end.
+    let len = unsafe {
+        bpf_probe_read_user_str(buf as *mut c_void, PATH_LEN as u32, path as *const c_void)
+    };
+    if len <= 0 {
+        return None;
+    }
+    // SAFETY: the buffer is initialised up to `len` bytes, and `len` is at least 1.
+    let buf = unsafe { &*buf };
+    if buf[0] == b'/' {
+        if len < SHM_PREFIX.len() as i64 + 1 {
+            return None;
+        }
+        let mut i = 0;
+        while i < SHM_PREFIX.len() {
+            if buf[i] != SHM_PREFIX[i] {
+                return None;
+            }
+            i += 1;
+        }
+        return Some(0);
+    }
+    let dir_dev = if dfd == AT_FDCWD {
+        kernel::cwd_dev(task, off)?
+    } else {
+        kernel::inode_dev(kernel::fd_inode(task, dfd, off)?, off)?
+    };
+    SHM_DEVS.get_ptr(dir_dev)?;
+    Some(flags::RELATIVE_TO_SHM)
+}
+
+/// Calls whose success userspace does not need in failures-only mode.
+#[inline(always)]
+fn is_data_path(call: u16) -> bool {
+    call == Syscall::Write as u16
+        || call == Syscall::Ftruncate as u16
+        || call == Syscall::Fallocate as u16
+        || call == Syscall::Close as u16
+        || call == Syscall::Munmap as u16
+        || call == Syscall::Shmdt as u16
+        || call == Syscall::Shmctl as u16
+}
+
+/// The argument holding the path, for calls that name one.
+#[inline(always)]
+fn path_arg(call: u16) -> Option<usize> {
+    if call == Syscall::Openat as u16
+        || call == Syscall::Openat2 as u16
+        || call == Syscall::Unlinkat as u16
+    {
+        Some(1)
+    } else if call == Syscall::Unlink as u16 || call == Syscall::MemfdCreate as u16 {
+        Some(0)
+    } else {
+        None
+    }
+}
+
+/// Shared body of every `sys_exit_*` program: emit the call stashed at `sys_enter`.
+#[inline(always)]
+pub fn on_exit(ctx: &TracePointContext) {
+    let (tgid, tid) = ids();
+    let Some(pending) = INFLIGHT.get_ptr(tid) else {
+        return;
+    };
+    // SAFETY: a pointer to a live map value; copied before the entry is removed.
+    let pending = unsafe { *pending };
+    let _ = INFLIGHT.remove(tid);
+    // SAFETY: `ret` is part of every sys_exit record.
+    let ret = unsafe { ctx.read_at::<i64>(RET_OFFSET).unwrap_or(0) };
+
+    let config = CONFIG.load();
+    if config.failed_only != 0 && ret >= 0 && is_data_path(pending.syscall) {
+        return;
+    }
+    if config.all != 0 {
+        scope::follow(tgid);
+    }
+    if pending.syscall == Syscall::Mmap as u16 && ret >= 0 {
+        scope::mark_mapped(tgid);
+    }
+    let off = kernel::offsets();
+    let task = kernel::current_task();
+    match path_arg(pending.syscall) {
+        Some(index) => emit_path(&pending, ret, index, task, &off),
+        None => emit_call(&pending, ret, task, &off),
+    }
+}
+
+#[inline(always)]
+fn emit_call(pending: &Pending, ret: i64, task: u64, off: &KernelOffsets) {
+    let Some(mut entry) = emit::reserve::<SyscallEvent>(EventKind::Syscall) else {
+        return;
+    };
+    let mut file = pending.file;
+    // The size after the call is what matters; a closed descriptor's inode may be gone.
+    if pending.inode != 0 && pending.syscall != Syscall::Close as u16 {
+        (file.size, file.blocks) = kernel::inode_size(pending.inode, off);
+    }
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points to reserved ring buffer memory of the right size.
+    unsafe {
+        emit::fill_header(
+            &raw mut (*event).header,
+            EventKind::Syscall,
+            pending.flags,
+            task,
+            off,
+        );
+        (&raw mut (*event).syscall).write(pending.syscall);
+        (&raw mut (*event)._pad).write(0);
+        (&raw mut (*event).fd).write(pending.fd);
+        (&raw mut (*event).ret).write(ret);
+        (&raw mut (*event).args).write(pending.args);
+        (&raw mut (*event).file).write(file);
+    }
+    entry.submit(0);
+}
+
+#[inline(always)]
+fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &KernelOffsets) {
+    let Some(mut entry) = emit::reserve::<PathEvent>(EventKind::Path) else {
+        return;
+    };
+    let mut header_flags = pending.flags;
+    let mut fd = pending.fd;
+    let mut file = FileRef::default();
+    let opens = pending.syscall == Syscall::Openat as u16
+        || pending.syscall == Syscall::Openat2 as u16
+        || pending.syscall == Syscall::MemfdCreate as u16;
+    if opens && ret >= 0 {
+        fd = ret as i32;
+        if let Some(inode) = kernel::fd_inode(task, fd, off) {
+            if let Some(dev) = kernel::inode_dev(inode, off) {
+                file = kernel::inode_ref(inode, dev, off);
+                header_flags |= flags::FILE;
+                // A /dev/shm path we had not seen a file system for (a container's, say):
+                // from now on its descriptors are recognised too.
+                if pending.syscall != Syscall::MemfdCreate as u16 {
+                    let _ = SHM_DEVS.insert(dev, 1, 0);
+                }
+            }
+        }
+    }
+    let event = entry.as_mut_ptr();
+    let path_ptr = if path_index == 0 {
+        pending.args[0]
+    } else {
+        pending.args[1]
+    };
+    // SAFETY: `event` points to reserved ring buffer memory of the right size.
+    unsafe {
+        let path = &raw mut (*event).path;
+        let len = bpf_probe_read_user_str(
+            path as *mut c_void,
+            PATH_LEN as u32,
+            path_ptr as *const c_void,
+        );
+        if len <= 0 {
+            (path as *mut u8).write(0);
+        } else if len >= PATH_LEN as i64 {
+            header_flags |= flags::PATH_TRUNCATED;
+        }
+        let call = &raw mut (*event).call;
+        emit::fill_header(
+            &raw mut (*call).header,
+            EventKind::Path,
+            header_flags,
+            task,
+            off,
+        );
+        (&raw mut (*call).syscall).write(pending.syscall);
+        (&raw mut (*call)._pad).write(0);
+        (&raw mut (*call).fd).write(fd);
+        (&raw mut (*call).ret).write(ret);
+        (&raw mut (*call).args).write(pending.args);
+        (&raw mut (*call).file).write(file);
+    }
+    entry.submit(0);
+}

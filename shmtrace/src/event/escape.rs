@@ -1,0 +1,80 @@
+//! Making names from traced processes safe to print.
+//!
+//! Process names, paths and arguments are chosen by whoever runs in the container, so they may
+//! hold terminal escape sequences, newlines that forge extra output lines, bidirectional
+//! overrides, or bytes that are not UTF-8. The escaping is injective (a backslash becomes `\\`),
+//! so distinct names stay distinct.
+
+/// Escapes a NUL-terminated (or NUL-padded) kernel string.
+pub fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    self::bytes(&bytes[..end])
+}
+
+/// Escapes arbitrary bytes.
+pub fn bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            push_char(&mut out, c);
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// Escapes a string that is already UTF-8 (for example read from /proc).
+pub fn text(s: &str) -> String {
+    bytes(s.as_bytes())
+}
+
+fn push_char(out: &mut String, c: char) {
+    match c {
+        '\\' => out.push_str("\\\\"),
+        '\n' => out.push_str("\\n"),
+        '\t' => out.push_str("\\t"),
+        '\r' => out.push_str("\\r"),
+        c if (c as u32) < 0x20 || c == '\x7f' => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c if is_invisible_control(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        c => out.push(c),
+    }
+}
+
+/// C1 controls, and the format characters that reorder or hide text on a terminal.
+fn is_invisible_control(c: char) -> bool {
+    matches!(c as u32,
+        0x80..=0x9f
+        | 0x200b..=0x200f
+        | 0x202a..=0x202e
+        | 0x2066..=0x2069
+        | 0xfeff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_controls_and_invalid_bytes() {
+        assert_eq!(bytes(b"torch_1_2_0"), "torch_1_2_0");
+        assert_eq!(bytes(b"a\x1b[2Jb"), "a\\x1b[2Jb");
+        assert_eq!(bytes(b"line\nfake"), "line\\nfake");
+        assert_eq!(bytes(b"\xff\xfe"), "\\xff\\xfe");
+        assert_eq!(bytes("r\u{202e}txt".as_bytes()), "r\\u{202e}txt");
+        assert_eq!(bytes("caf\u{e9}".as_bytes()), "caf\u{e9}");
+    }
+
+    #[test]
+    fn is_injective_on_backslashes() {
+        assert_ne!(bytes(b"\\x1b"), bytes(b"\x1b"));
+        assert_eq!(bytes(b"\\x1b"), "\\\\x1b");
+    }
+
+    #[test]
+    fn stops_at_nul() {
+        assert_eq!(c_string(b"python3\0\0garbage"), "python3");
+        assert_eq!(c_string(b"full_sixteen_ch!"), "full_sixteen_ch!");
+    }
+}

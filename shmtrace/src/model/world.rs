@@ -1,0 +1,485 @@
+//! The state machine: events in, processes and objects updated, each event annotated with what
+//! the model knows about it (which object a descriptor is, where a fault address points).
+use std::collections::HashMap;
+
+use super::{Mapping, ObjectState, OpenFd, Process, ShmObject};
+use crate::event::{Body, Call, Event, ExitStatus, InodeId, Syscall};
+
+/// What the model adds to an event for display and diagnosis.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Annotation {
+    /// Name of the /dev/shm object the event acts on.
+    pub object_path: Option<String>,
+    /// For a fault signal: the mapping and file the address belongs to.
+    pub fault: Option<FaultSite>,
+    /// Objects whose memory this event released (their last descriptor and mapping went away
+    /// after they were unlinked).
+    pub freed: Vec<String>,
+    /// The event touched nothing shmtrace follows (an `munmap` of other memory, say).
+    pub irrelevant: bool,
+}
+
+/// Where a fault address points.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultSite {
+    pub path: String,
+    pub inode: InodeId,
+    /// Offset of the address inside the file.
+    pub file_offset: u64,
+    pub mapping_start: u64,
+    pub mapping_len: u64,
+    /// `i_size` of the file when last seen.
+    pub file_size: i64,
+}
+
+/// A process as /proc showed it when shmtrace first met it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcSnapshot {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub exe: Option<String>,
+    pub argv: Vec<String>,
+    pub mntns: u32,
+    pub fds: Vec<SnapshotFd>,
+    pub mappings: Vec<SnapshotMapping>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotFd {
+    pub fd: i32,
+    pub inode: InodeId,
+    /// Path as /proc shows it, without the ` (deleted)` suffix.
+    pub path: String,
+    pub deleted: bool,
+    pub cloexec: bool,
+    pub size: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotMapping {
+    pub start: u64,
+    pub len: u64,
+    pub offset: u64,
+    pub inode: InodeId,
+    pub path: String,
+    pub deleted: bool,
+}
+
+/// Running totals over the whole trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub events: u64,
+    pub failed_calls: u64,
+    pub objects_created: u64,
+    pub objects_freed: u64,
+    /// Memory held by live objects now, and at most.
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub processes_seen: u64,
+    pub deaths_by_signal: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct World {
+    processes: HashMap<u32, Process>,
+    objects: HashMap<InodeId, ShmObject>,
+    /// Names present in /dev/shm, per mount namespace.
+    names: HashMap<(u32, String), InodeId>,
+    totals: Totals,
+}
+
+impl World {
+    pub fn new() -> World {
+        World::default()
+    }
+
+    pub fn knows(&self, pid: u32) -> bool {
+        self.processes.contains_key(&pid)
+    }
+
+    pub fn process(&self, pid: u32) -> Option<&Process> {
+        self.processes.get(&pid)
+    }
+
+    pub fn processes(&self) -> impl Iterator<Item = &Process> {
+        self.processes.values()
+    }
+
+    pub fn object(&self, inode: &InodeId) -> Option<&ShmObject> {
+        self.objects.get(inode)
+    }
+
+    /// Objects not yet freed.
+    pub fn live_objects(&self) -> impl Iterator<Item = &ShmObject> {
+        self.objects.values()
+    }
+
+    pub fn totals(&self) -> &Totals {
+        &self.totals
+    }
+
+    /// Adds a process found in /proc, with the /dev/shm descriptors and mappings it already
+    /// had. Does nothing for a process already known.
+    pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) {
+        if self.processes.contains_key(&snapshot.pid) {
+            return;
+        }
+        let mut process = Process::new(snapshot.pid, snapshot.comm.clone(), snapshot.mntns, ts_ns);
+        process.parent = snapshot.ppid;
+        process.exe = snapshot.exe.clone();
+        process.argv = snapshot.argv.clone();
+        for fd in &snapshot.fds {
+            let object = self.object_entry(fd.inode, snapshot.mntns, ts_ns);
+            object.path.get_or_insert_with(|| fd.path.clone());
+            object.linked = !fd.deleted;
+            object.size = fd.size;
+            object.fds += 1;
+            if !fd.deleted {
+                self.names
+                    .insert((snapshot.mntns, fd.path.clone()), fd.inode);
+            }
+            process.fds.insert(
+                fd.fd,
+                OpenFd {
+                    inode: fd.inode,
+                    cloexec: fd.cloexec,
+                },
+            );
+        }
+        for m in &snapshot.mappings {
+            let object = self.object_entry(m.inode, snapshot.mntns, ts_ns);
+            object.path.get_or_insert_with(|| m.path.clone());
+            object.linked = object.linked && !m.deleted;
+            object.mappings += 1;
+            process.map(Mapping {
+                start: m.start,
+                len: m.len,
+                inode: m.inode,
+                offset: m.offset,
+            });
+        }
+        self.totals.processes_seen += 1;
+        self.processes.insert(snapshot.pid, process);
+    }
+
+    /// Applies one event and says what it meant.
+    pub fn apply(&mut self, event: &Event) -> Annotation {
+        self.totals.events += 1;
+        self.ensure_process(event);
+        let mut note = Annotation::default();
+        match &event.body {
+            Body::Call(call) => {
+                if call.failed() {
+                    self.totals.failed_calls += 1;
+                }
+                self.apply_call(event, call, &mut note);
+            }
+            Body::Fork { child_pid } => self.fork(event.pid, *child_pid, event.ts_ns),
+            Body::Exec(exec) => {
+                let released = {
+                    let process = self.processes.get_mut(&event.pid).expect("ensured");
+                    process.exe = Some(exec.filename.clone());
+                    process.argv = exec.argv.clone();
+                    process.comm = event.comm.clone();
+                    let cloexec: Vec<i32> = process
+                        .fds
+                        .iter()
+                        .filter(|(_, fd)| fd.cloexec)
+                        .map(|(fd, _)| *fd)
+                        .collect();
+                    let fds: Vec<InodeId> = cloexec
+                        .iter()
+                        .filter_map(|fd| process.fds.remove(fd))
+                        .map(|fd| fd.inode)
+                        .collect();
+                    let maps: Vec<InodeId> = process.mappings.drain(..).map(|m| m.inode).collect();
+                    (fds, maps)
+                };
+                self.release(released.0, released.1, event.ts_ns, &mut note);
+            }
+            Body::Exit(status) => {
+                if matches!(status, ExitStatus::Signal { .. }) {
+                    self.totals.deaths_by_signal += 1;
+                }
+                let released = {
+                    let process = self.processes.get_mut(&event.pid).expect("ensured");
+                    process.exit = Some(*status);
+                    process.exit_ns = Some(event.ts_ns);
+                    let fds: Vec<InodeId> = std::mem::take(&mut process.fds)
+                        .into_values()
+                        .map(|f| f.inode)
+                        .collect();
+                    let maps: Vec<InodeId> = process.mappings.drain(..).map(|m| m.inode).collect();
+                    (fds, maps)
+                };
+                self.release(released.0, released.1, event.ts_ns, &mut note);
+            }
+            Body::Rename { pid, tid, comm } => {
+                if pid == tid {
+                    if let Some(process) = self.processes.get_mut(pid) {
+                        process.comm = comm.clone();
+                    }
+                }
+            }
+            Body::Signal(signal) => {
+                if signal.addr != 0 {
+                    note.fault = self.fault_site(signal.target_pid, signal.addr);
+                }
+            }
+            Body::Oom { .. } => {}
+        }
+        note
+    }
+
+    /// Forgets processes that exited, keeping the live ones. Long runs call this so memory
+    /// stays bounded.
+    pub fn forget_exited(&mut self) {
+        self.processes.retain(|_, p| p.alive());
+    }
+
+    fn ensure_process(&mut self, event: &Event) {
+        if self.processes.contains_key(&event.pid) {
+            return;
+        }
+        self.totals.processes_seen += 1;
+        self.processes.insert(
+            event.pid,
+            Process::new(event.pid, event.comm.clone(), event.mntns, event.ts_ns),
+        );
+    }
+
+    fn object_entry(&mut self, inode: InodeId, mntns: u32, ts_ns: u64) -> &mut ShmObject {
+        self.objects
+            .entry(inode)
+            .or_insert_with(|| ShmObject::new(inode, mntns, ts_ns))
+    }
+
+    fn apply_call(&mut self, event: &Event, call: &Call, note: &mut Annotation) {
+        let ok = !call.failed();
+        match call.syscall {
+            Syscall::Openat | Syscall::Openat2 => {
+                note.object_path = call.display_path();
+                if let (true, Some(file), Some(fd), Some(path)) =
+                    (ok, call.file, call.fd, call.display_path())
+                {
+                    let flags = call.args[2];
+                    let created = flags & libc::O_CREAT as u64 != 0
+                        && (flags & libc::O_EXCL as u64 != 0
+                            || !self.objects.contains_key(&file.inode));
+                    let is_new = !self.objects.contains_key(&file.inode);
+                    if is_new {
+                        self.totals.objects_created += u64::from(created);
+                    }
+                    let object = self.object_entry(file.inode, event.mntns, event.ts_ns);
+                    object.path = Some(path.clone());
+                    object.linked = true;
+                    object.fds += 1;
+                    if created && is_new {
+                        object.creator = Some(event.pid);
+                    }
+                    self.names.insert((event.mntns, path), file.inode);
+                    self.update_size(file.inode, file.size, file.allocated);
+                    let process = self.processes.get_mut(&event.pid).expect("ensured");
+                    process.fds.insert(
+                        fd,
+                        OpenFd {
+                            inode: file.inode,
+                            cloexec: flags & libc::O_CLOEXEC as u64 != 0,
+                        },
+                    );
+                }
+            }
+            Syscall::Ftruncate
+            | Syscall::Fallocate
+            | Syscall::Write
+            | Syscall::Mmap
+            | Syscall::Close => {
+                let Some(file) = call.file else { return };
+                let inode = file.inode;
+                let path = self.name_for_fd(event.pid, call.fd, inode);
+                let object = self.object_entry(inode, event.mntns, event.ts_ns);
+                if object.path.is_none() {
+                    object.path = path;
+                }
+                let request = match call.syscall {
+                    Syscall::Ftruncate => call.args[1],
+                    Syscall::Fallocate => call.args[2].saturating_add(call.args[3]),
+                    _ => 0,
+                };
+                object.peak_request = object.peak_request.max(request);
+                note.object_path = Some(object.display_name());
+                self.update_size(inode, file.size, file.allocated);
+                match call.syscall {
+                    Syscall::Mmap if ok => {
+                        let process = self.processes.get_mut(&event.pid).expect("ensured");
+                        let start = call.ret as u64;
+                        let len = call.args[1];
+                        let changes = process.unmap(start, len);
+                        process.map(Mapping {
+                            start,
+                            len,
+                            inode,
+                            offset: call.args[5],
+                        });
+                        self.adjust_mappings(changes, event.ts_ns, note);
+                        self.object_entry(inode, event.mntns, event.ts_ns).mappings += 1;
+                    }
+                    // close releases the descriptor even when it reports an error, except EBADF.
+                    Syscall::Close if call.errno() != Some(libc::EBADF) => {
+                        let process = self.processes.get_mut(&event.pid).expect("ensured");
+                        let removed = call.fd.and_then(|fd| process.fds.remove(&fd));
+                        if removed.is_some() {
+                            self.release(vec![inode], Vec::new(), event.ts_ns, note);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Syscall::Munmap => {
+                let process = self.processes.get_mut(&event.pid).expect("ensured");
+                let changes = if ok {
+                    process.unmap(call.args[0], call.args[1])
+                } else {
+                    Vec::new()
+                };
+                match changes.first() {
+                    Some((inode, _)) => {
+                        note.object_path = self.objects.get(inode).map(ShmObject::display_name)
+                    }
+                    None => note.irrelevant = true,
+                }
+                self.adjust_mappings(changes, event.ts_ns, note);
+            }
+            Syscall::Unlink | Syscall::Unlinkat => {
+                let Some(path) = call.display_path() else {
+                    return;
+                };
+                note.object_path = Some(path.clone());
+                if ok {
+                    if let Some(inode) = self.names.remove(&(event.mntns, path)) {
+                        if let Some(object) = self.objects.get_mut(&inode) {
+                            object.linked = false;
+                        }
+                        self.free_if_released(inode, event.ts_ns, note);
+                    }
+                }
+            }
+            Syscall::MemfdCreate
+            | Syscall::Shmget
+            | Syscall::Shmat
+            | Syscall::Shmdt
+            | Syscall::Shmctl => {}
+        }
+    }
+
+    /// The name a descriptor was opened under, when the object has none yet.
+    fn name_for_fd(&self, pid: u32, fd: Option<i32>, inode: InodeId) -> Option<String> {
+        if let Some(object) = self.objects.get(&inode) {
+            if object.path.is_some() {
+                return object.path.clone();
+            }
+        }
+        let process = self.processes.get(&pid)?;
+        let open = process.fds.get(&fd?)?;
+        self.objects.get(&open.inode)?.path.clone()
+    }
+
+    fn update_size(&mut self, inode: InodeId, size: i64, allocated: u64) {
+        let Some(object) = self.objects.get_mut(&inode) else {
+            return;
+        };
+        let before = object.allocated;
+        object.size = size;
+        object.allocated = allocated;
+        self.totals.live_bytes = (self.totals.live_bytes + allocated).saturating_sub(before);
+        self.totals.peak_live_bytes = self.totals.peak_live_bytes.max(self.totals.live_bytes);
+    }
+
+    fn fork(&mut self, parent_pid: u32, child_pid: u32, ts_ns: u64) {
+        let Some(parent) = self.processes.get(&parent_pid) else {
+            return;
+        };
+        let mut child = Process::new(child_pid, parent.comm.clone(), parent.mntns, ts_ns);
+        child.parent = Some(parent_pid);
+        child.exe = parent.exe.clone();
+        child.argv = parent.argv.clone();
+        child.fds = parent.fds.clone();
+        child.mappings = parent.mappings.clone();
+        for fd in child.fds.values() {
+            if let Some(object) = self.objects.get_mut(&fd.inode) {
+                object.fds += 1;
+            }
+        }
+        for m in &child.mappings {
+            if let Some(object) = self.objects.get_mut(&m.inode) {
+                object.mappings += 1;
+            }
+        }
+        self.totals.processes_seen += u64::from(!self.processes.contains_key(&child_pid));
+        self.processes.insert(child_pid, child);
+    }
+
+    fn adjust_mappings(&mut self, changes: Vec<(InodeId, i32)>, ts_ns: u64, note: &mut Annotation) {
+        for (inode, delta) in changes {
+            if let Some(object) = self.objects.get_mut(&inode) {
+                object.mappings = object.mappings.saturating_add_signed(delta);
+            }
+            self.free_if_released(inode, ts_ns, note);
+        }
+    }
+
+    /// Drops descriptors and mappings of `fds` and `maps` inodes.
+    fn release(
+        &mut self,
+        fds: Vec<InodeId>,
+        maps: Vec<InodeId>,
+        ts_ns: u64,
+        note: &mut Annotation,
+    ) {
+        for inode in &fds {
+            if let Some(object) = self.objects.get_mut(inode) {
+                object.fds = object.fds.saturating_sub(1);
+            }
+        }
+        for inode in &maps {
+            if let Some(object) = self.objects.get_mut(inode) {
+                object.mappings = object.mappings.saturating_sub(1);
+            }
+        }
+        for inode in fds.into_iter().chain(maps) {
+            self.free_if_released(inode, ts_ns, note);
+        }
+    }
+
+    /// An unlinked object with no descriptor or mapping left has given its memory back.
+    fn free_if_released(&mut self, inode: InodeId, ts_ns: u64, note: &mut Annotation) {
+        let Some(object) = self.objects.get(&inode) else {
+            return;
+        };
+        if object.state() != ObjectState::Freed {
+            return;
+        }
+        let object = self.objects.remove(&inode).expect("present");
+        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
+        self.totals.objects_freed += 1;
+        let _ = ts_ns;
+        note.freed.push(object.display_name());
+    }
+
+    fn fault_site(&self, pid: u32, addr: u64) -> Option<FaultSite> {
+        let process = self.processes.get(&pid)?;
+        let mapping = process.mapping_at(addr)?;
+        let object = self.objects.get(&mapping.inode);
+        Some(FaultSite {
+            path: object
+                .map(ShmObject::display_name)
+                .unwrap_or_else(|| format!("<inode {}>", mapping.inode.ino)),
+            inode: mapping.inode,
+            file_offset: mapping.offset + (addr - mapping.start),
+            mapping_start: mapping.start,
+            mapping_len: mapping.len,
+            file_size: object.map(|o| o.size).unwrap_or(-1),
+        })
+    }
+}

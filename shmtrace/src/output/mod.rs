@@ -1,0 +1,151 @@
+//! Showing events: to people (`human`), to programs (`json`), and the closing summary.
+//!
+//! What happened is decided elsewhere (`event`, `model`); this module only renders it.
+pub mod clock;
+pub mod human;
+pub mod json;
+pub mod size;
+mod summary;
+
+use std::io::{self, Write};
+
+pub use clock::Clock;
+pub use summary::Summary;
+
+use crate::{
+    bpf::LostCounts,
+    event::{Body, Event},
+    model::Annotation,
+};
+
+/// Where rendered events go and in which format.
+pub struct Output {
+    sink: Sink,
+    clock: Clock,
+    failed_only: bool,
+    /// Also repeat notices on stderr (output goes to a file nobody is watching).
+    notices_to_stderr: bool,
+}
+
+enum Sink {
+    Human(human::HumanWriter<Box<dyn Write + Send>>),
+    Json(json::JsonWriter<Box<dyn Write + Send>>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Text; `true` for colour.
+    Human(bool),
+    Json,
+}
+
+impl Output {
+    pub fn new(
+        out: Box<dyn Write + Send>,
+        format: Format,
+        clock: Clock,
+        failed_only: bool,
+        notices_to_stderr: bool,
+    ) -> Output {
+        let sink = match format {
+            Format::Human(color) => Sink::Human(human::HumanWriter::new(out, color)),
+            Format::Json => Sink::Json(json::JsonWriter::new(out)),
+        };
+        Output {
+            sink,
+            clock,
+            failed_only,
+            notices_to_stderr,
+        }
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Renders one event, unless `--failed` hides it.
+    pub fn event(&mut self, event: &Event, note: &Annotation) -> io::Result<()> {
+        if self.failed_only && !is_failure(event) {
+            return Ok(());
+        }
+        match &mut self.sink {
+            Sink::Human(w) => match human::format(event, note, &self.clock) {
+                Some(line) => w.line(&line),
+                None => Ok(()),
+            },
+            Sink::Json(w) => match json::to_json(event, note, &self.clock) {
+                Some(record) => w.record(&record),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Events were lost since the last report: say so, in the stream and on stderr.
+    pub fn lost(&mut self, delta: &LostCounts, total: &LostCounts) -> io::Result<()> {
+        let kinds: Vec<String> = delta
+            .by_kind()
+            .map(|(kind, n)| format!("{n} {kind:?}"))
+            .collect();
+        let text = format!(
+            "{} events lost: the ring buffer was full ({}; {} lost in all). Use a larger \
+             --buffer-size, or --failed to send less",
+            delta.total(),
+            kinds.join(", "),
+            total.total()
+        );
+        match &mut self.sink {
+            Sink::Human(w) => w.notice(&text)?,
+            Sink::Json(w) => w.record(&serde_json::json!({
+                "v": json::SCHEMA_VERSION,
+                "event": "lost",
+                "lost": delta.total(),
+                "lost_total": total.total(),
+            }))?,
+        }
+        if self.notices_to_stderr || matches!(self.sink, Sink::Json(_)) {
+            eprintln!("shmtrace: {text}");
+        }
+        Ok(())
+    }
+
+    /// A remark about the trace itself, such as the traced command exiting.
+    pub fn notice(&mut self, text: &str) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => w.notice(text)?,
+            Sink::Json(_) => eprintln!("shmtrace: {text}"),
+        }
+        if self.notices_to_stderr {
+            eprintln!("shmtrace: {text}");
+        }
+        Ok(())
+    }
+
+    pub fn summary(&mut self, summary: &Summary) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => {
+                for line in summary.lines() {
+                    w.plain(&line)?;
+                }
+            }
+            Sink::Json(w) => w.record(&summary.json())?,
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => w.flush(),
+            Sink::Json(w) => w.flush(),
+        }
+    }
+}
+
+/// What `--failed` keeps: failed calls, fatal signals, unsuccessful exits, OOM kills.
+pub fn is_failure(event: &Event) -> bool {
+    match &event.body {
+        Body::Call(call) => call.failed(),
+        Body::Signal(_) | Body::Oom { .. } => true,
+        Body::Exit(status) => !status.success(),
+        Body::Fork { .. } | Body::Exec(_) | Body::Rename { .. } => false,
+    }
+}

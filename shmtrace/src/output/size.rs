@@ -1,0 +1,42 @@
+//! Byte counts for people: `96.0 MiB`.
+
+/// Binary units, one decimal, exact below 1 KiB (`512 B`).
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Like [`human`], for values that may be negative (an unknown size is -1).
+pub fn human_signed(bytes: i64) -> String {
+    if bytes < 0 {
+        format!("-{}", human(bytes.unsigned_abs()))
+    } else {
+        human(bytes as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_like_people_write() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(1023), "1023 B");
+        assert_eq!(human(1024), "1.0 KiB");
+        assert_eq!(human(100_663_296), "96.0 MiB");
+        assert_eq!(human(64 << 20), "64.0 MiB");
+        assert_eq!(human((63 << 20) + (900 << 10)), "63.9 MiB");
+        assert_eq!(human(u64::MAX), "16.0 EiB");
+        assert_eq!(human_signed(-1), "-1 B");
+    }
+}

@@ -1,0 +1,252 @@
+//! What /proc says about processes that existed before shmtrace started: their /dev/shm
+//! descriptors and mappings, their children, and which file systems are mounted on /dev/shm.
+use std::{collections::HashSet, fs, path::Path};
+
+use crate::{
+    event::{InodeId, escape},
+    model::{ProcSnapshot, SnapshotFd, SnapshotMapping},
+};
+
+const DELETED: &str = " (deleted)";
+
+/// The kernel's `dev_t` encoding (`MKDEV`): what the probes report.
+pub fn kernel_dev(major: u64, minor: u64) -> u32 {
+    ((major << 20) | (minor & 0xfffff)) as u32
+}
+
+/// Kernel `dev_t` of a `st_dev` from stat(2) (glibc's encoding).
+pub fn kernel_dev_from_stat(st_dev: u64) -> u32 {
+    kernel_dev(libc::major(st_dev) as u64, libc::minor(st_dev) as u64)
+}
+
+/// `0:26` to a kernel `dev_t`.
+fn parse_majmin(text: &str) -> Option<u32> {
+    let (major, minor) = text.split_once(':')?;
+    Some(kernel_dev(major.parse().ok()?, minor.parse().ok()?))
+}
+
+pub fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Mount namespace inode number of `pid`.
+pub fn mount_namespace(pid: u32) -> Option<u32> {
+    let link = fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()?;
+    let text = link.to_str()?;
+    text.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// `pid` and all its descendants, from the parent links in /proc.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let Ok(all) = procfs::process::all_processes() else {
+        return vec![pid];
+    };
+    let links: Vec<(u32, u32)> = all
+        .filter_map(Result::ok)
+        .filter_map(|p| p.stat().ok())
+        .map(|s| (s.pid as u32, s.ppid as u32))
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            links
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
+}
+
+/// `dev_t`s of every file system mounted at /dev/shm, in every mount namespace on the host
+/// (the host's own, and each container's).
+pub fn shm_devs() -> Vec<u32> {
+    let mut namespaces = HashSet::new();
+    let mut devs = HashSet::new();
+    let Ok(all) = procfs::process::all_processes() else {
+        return Vec::new();
+    };
+    for process in all.filter_map(Result::ok) {
+        let pid = process.pid() as u32;
+        match mount_namespace(pid) {
+            Some(ns) if namespaces.insert(ns) => devs.extend(shm_devs_of(pid)),
+            _ => {}
+        }
+    }
+    devs.into_iter().collect()
+}
+
+/// `dev_t`s mounted at /dev/shm in `pid`'s mount namespace.
+pub fn shm_devs_of(pid: u32) -> Vec<u32> {
+    let Ok(process) = procfs::process::Process::new(pid as i32) else {
+        return Vec::new();
+    };
+    let Ok(mounts) = process.mountinfo() else {
+        return Vec::new();
+    };
+    mounts
+        .into_iter()
+        .filter(|m| m.mount_point == Path::new("/dev/shm"))
+        .filter_map(|m| parse_majmin(&m.majmin))
+        .collect()
+}
+
+/// Everything about `pid` that matters to the model, or `None` if it is gone.
+pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
+    let process = procfs::process::Process::new(pid as i32).ok()?;
+    let stat = process.stat().ok()?;
+    let mntns = mount_namespace(pid).unwrap_or(0);
+    let mut snapshot = ProcSnapshot {
+        pid,
+        ppid: Some(stat.ppid as u32).filter(|p| *p != 0),
+        comm: escape::text(&stat.comm),
+        exe: process
+            .exe()
+            .ok()
+            .map(|p| escape::bytes(p.as_os_str().as_encoded_bytes())),
+        argv: process
+            .cmdline()
+            .unwrap_or_default()
+            .iter()
+            .map(|a| escape::text(a))
+            .collect(),
+        mntns,
+        fds: Vec::new(),
+        mappings: Vec::new(),
+    };
+    if let Ok(fds) = process.fd() {
+        for fd in fds.filter_map(Result::ok) {
+            let procfs::process::FDTarget::Path(target) = &fd.target else {
+                continue;
+            };
+            let Some((path, deleted)) = shm_path(target) else {
+                continue;
+            };
+            // stat through the magic link: the inode itself, even when unlinked.
+            let Ok(meta) = fs::metadata(format!("/proc/{pid}/fd/{}", fd.fd)) else {
+                continue;
+            };
+            use std::os::unix::fs::MetadataExt;
+            snapshot.fds.push(SnapshotFd {
+                fd: fd.fd,
+                inode: InodeId {
+                    dev: kernel_dev_from_stat(meta.dev()),
+                    ino: meta.ino(),
+                },
+                path,
+                deleted,
+                cloexec: fd_cloexec(pid, fd.fd),
+                size: meta.size() as i64,
+            });
+        }
+    }
+    if let Ok(maps) = process.maps() {
+        for map in maps {
+            let procfs::process::MMapPath::Path(target) = &map.pathname else {
+                continue;
+            };
+            let Some((path, deleted)) = shm_path(target) else {
+                continue;
+            };
+            snapshot.mappings.push(SnapshotMapping {
+                start: map.address.0,
+                len: map.address.1 - map.address.0,
+                offset: map.offset,
+                inode: InodeId {
+                    dev: kernel_dev(map.dev.0 as u64, map.dev.1 as u64),
+                    ino: map.inode,
+                },
+                path,
+                deleted,
+            });
+        }
+    }
+    Some(snapshot)
+}
+
+/// A /dev/shm path from /proc, escaped, with its ` (deleted)` marker split off.
+fn shm_path(target: &Path) -> Option<(String, bool)> {
+    let text = escape::bytes(target.as_os_str().as_encoded_bytes());
+    if !text.starts_with("/dev/shm/") {
+        return None;
+    }
+    match text.strip_suffix(DELETED) {
+        Some(path) => Some((path.to_owned(), true)),
+        None => Some((text, false)),
+    }
+}
+
+/// Whether descriptor `fd` of `pid` has `O_CLOEXEC`, from /proc/PID/fdinfo.
+fn fd_cloexec(pid: u32, fd: i32) -> bool {
+    let Ok(info) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else {
+        return false;
+    };
+    info.lines()
+        .find_map(|line| line.strip_prefix("flags:"))
+        .and_then(|flags| u64::from_str_radix(flags.trim(), 8).ok())
+        .map(|flags| flags & libc::O_CLOEXEC as u64 != 0)
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_devices_like_the_kernel() {
+        assert_eq!(kernel_dev(0, 26), 26);
+        assert_eq!(kernel_dev(8, 1), (8 << 20) | 1);
+        assert_eq!(parse_majmin("0:26"), Some(26));
+        assert_eq!(kernel_dev_from_stat(libc::makedev(8, 1)), (8 << 20) | 1);
+    }
+
+    #[test]
+    fn sees_its_own_shm_descriptor_and_mapping() {
+        use std::os::fd::AsRawFd;
+        let name = format!("/dev/shm/shmtrace-proc-scan-{}", std::process::id());
+        let file = fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&name)
+            .expect("create a /dev/shm file");
+        file.set_len(8192).unwrap();
+        // SAFETY: a fresh shared mapping of a file we own, unmapped below.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        fs::remove_file(&name).unwrap();
+
+        let snap = snapshot(std::process::id()).expect("our own snapshot");
+        let fd = snap
+            .fds
+            .iter()
+            .find(|fd| fd.fd == file.as_raw_fd())
+            .expect("the descriptor");
+        assert_eq!(fd.path, name);
+        assert!(fd.deleted);
+        assert!(fd.cloexec, "std opens with O_CLOEXEC");
+        let mapping = snap
+            .mappings
+            .iter()
+            .find(|m| m.start == addr as u64)
+            .expect("the mapping");
+        assert_eq!(mapping.inode, fd.inode);
+        assert_eq!(mapping.len, 8192);
+        assert!(shm_devs_of(std::process::id()).contains(&fd.inode.dev));
+        // SAFETY: unmapping what we mapped.
+        unsafe { libc::munmap(addr, 8192) };
+    }
+}
