@@ -1,1 +1,82 @@
-fn main() {}
+//! Developer chores: `cargo xtask <task>`.
+//!
+//! - `build-ebpf`: build the eBPF object from `shmtrace-ebpf` (nightly + bpf-linker) and commit
+//!   it to `shmtrace/bpf/`, with a hash of the inputs it was built from.
+//! - `check-ebpf`: fail if the committed object is stale against those inputs.
+//! - `test`: build everything and run every test, the real-kernel ones included (root).
+//! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
+mod bench;
+mod ebpf;
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build the eBPF object and record the hash of its inputs.
+    BuildEbpf,
+    /// Check that the committed eBPF object was built from the current sources.
+    CheckEbpf,
+    /// Build, then run the whole test suite (needs root for the kernel and Docker tests).
+    Test {
+        /// Extra arguments for `cargo test`, after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Measure tracing overhead on a /dev/shm churn workload (see docs/BENCHMARKS.md).
+    Bench(bench::BenchArgs),
+    /// The benchmark's workload (run by `bench`).
+    #[command(hide = true)]
+    Churn(bench::ChurnArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::BuildEbpf => ebpf::build(),
+        Task::CheckEbpf => ebpf::check(),
+        Task::Test { args } => test(&args),
+        Task::Bench(args) => bench::run(&args),
+        Task::Churn(args) => bench::churn(&args),
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_owned()
+}
+
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+pub fn run(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    run(cargo()
+        .current_dir(root())
+        .args(["build", "--workspace", "--all-targets"]))?;
+    run(cargo()
+        .current_dir(root())
+        .args(["test", "--workspace", "--no-fail-fast"])
+        .args(extra))
+}

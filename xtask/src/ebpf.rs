@@ -1,0 +1,267 @@
+//! Building the eBPF object, and knowing whether the committed one is current.
+//!
+//! Users build the CLI with stable Rust alone, because the object is committed (as Go's bpf2go
+//! projects do). The object is not byte-reproducible across toolchains, so freshness is keyed
+//! on a hash of what it is built from: the eBPF and common crates' sources and manifests, the
+//! locked versions of their registry dependencies, and the build flags below.
+use std::{
+    collections::{BTreeSet, HashMap},
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use crate::{cargo, root, run};
+
+const OBJECT: &str = "shmtrace/bpf/shmtrace.bpf.o";
+const INPUTS: &str = "shmtrace/bpf/shmtrace.bpf.o.inputs";
+const TARGET: &str = "bpfel-unknown-none";
+/// Flags as aya-build passes them; part of the hash, so changing them marks the object stale.
+const RUSTFLAGS: [&str; 3] = [
+    "--cfg=bpf_target_arch=\"x86_64\"",
+    "-Cdebuginfo=2",
+    "-Clink-arg=--btf",
+];
+/// Crates whose sources go into the object.
+const SOURCE_CRATES: [&str; 2] = ["shmtrace-ebpf", "shmtrace-common"];
+
+pub fn build() -> Result<()> {
+    let root = root();
+    let target_dir = root.join("target/bpf");
+    run(Command::new("rustup")
+        .current_dir(&root)
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--package",
+            "shmtrace-ebpf",
+            "--bins",
+        ])
+        .arg("--release")
+        .args(["--target", TARGET, "-Z", "build-std=core"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env("CARGO_ENCODED_RUSTFLAGS", RUSTFLAGS.join("\x1f"))
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTUP_TOOLCHAIN"))
+    .context("building the eBPF object needs nightly with rust-src and bpf-linker (see .ci/run)")?;
+    let built = target_dir.join(TARGET).join("release/shmtrace");
+    let object = root.join(OBJECT);
+    strip_or_copy(&built, &object)?;
+    let digest = inputs_digest(&root)?;
+    fs::write(root.join(INPUTS), digest.render())?;
+    println!(
+        "wrote {OBJECT} ({} bytes) and {INPUTS} (inputs sha256 {})",
+        fs::metadata(&object)?.len(),
+        digest.hash
+    );
+    Ok(())
+}
+
+pub fn check() -> Result<()> {
+    let root = root();
+    let recorded = fs::read_to_string(root.join(INPUTS))
+        .with_context(|| format!("{INPUTS} is missing: run `cargo xtask build-ebpf`"))?;
+    let recorded_hash = recorded
+        .lines()
+        .find_map(|line| line.strip_prefix("sha256 "))
+        .with_context(|| format!("{INPUTS} has no `sha256` line"))?;
+    let current = inputs_digest(&root)?;
+    if recorded_hash != current.hash {
+        bail!(
+            "{OBJECT} is stale: its inputs changed since it was built (recorded {recorded_hash}, \
+             now {}). Run `cargo xtask build-ebpf` and commit the result.",
+            current.hash
+        );
+    }
+    if !root.join(OBJECT).exists() {
+        bail!("{OBJECT} is missing: run `cargo xtask build-ebpf`");
+    }
+    println!("{OBJECT} is up to date (inputs sha256 {})", current.hash);
+    Ok(())
+}
+
+/// DWARF is only needed to generate BTF; the committed object keeps BTF and drops DWARF.
+fn strip_or_copy(built: &Path, object: &Path) -> Result<()> {
+    for strip in [
+        "llvm-strip-22",
+        "/usr/lib/llvm-22/bin/llvm-strip",
+        "llvm-strip",
+    ] {
+        let status = Command::new(strip)
+            .arg("--strip-debug")
+            .arg("-o")
+            .arg(object)
+            .arg(built)
+            .status();
+        if matches!(status, Ok(s) if s.success()) {
+            return Ok(());
+        }
+    }
+    fs::copy(built, object).context("copying the eBPF object")?;
+    Ok(())
+}
+
+struct Digest256 {
+    hash: String,
+    listing: Vec<String>,
+}
+
+impl Digest256 {
+    fn render(&self) -> String {
+        let mut text = format!(
+            "# Inputs of shmtrace.bpf.o, checked by `cargo xtask check-ebpf`.\nsha256 {}\n",
+            self.hash
+        );
+        for line in &self.listing {
+            text.push_str(line);
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// Hash of every input, with a listing of what went in.
+fn inputs_digest(root: &Path) -> Result<Digest256> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for krate in SOURCE_CRATES {
+        for file in crate_files(&root.join(krate))? {
+            let bytes = fs::read(&file)?;
+            let name = file.strip_prefix(root)?.to_string_lossy().into_owned();
+            entries.push((name, hex(&Sha256::digest(&bytes))));
+        }
+    }
+    for package in locked_dependencies(root)? {
+        entries.push((format!("lock {package}"), String::new()));
+    }
+    entries.push(("rustflags".to_owned(), RUSTFLAGS.join(" ")));
+    entries.push(("profile".to_owned(), ebpf_profile(root)?));
+    entries.sort();
+    let mut hasher = Sha256::new();
+    let mut listing = Vec::new();
+    for (name, value) in &entries {
+        hasher.update(name.as_bytes());
+        hasher.update([0]);
+        hasher.update(value.as_bytes());
+        hasher.update([0]);
+        listing.push(if value.is_empty() {
+            name.clone()
+        } else {
+            format!("{name} {value}")
+        });
+    }
+    Ok(Digest256 {
+        hash: hex(&hasher.finalize()),
+        listing,
+    })
+}
+
+/// Manifests and sources of a crate (not its build output).
+fn crate_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if name == "target" || name.starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else if name.ends_with(".rs") || name == "Cargo.toml" {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The workspace's `[profile.release.package.shmtrace-ebpf]` section, as written.
+fn ebpf_profile(root: &Path) -> Result<String> {
+    let manifest = fs::read_to_string(root.join("Cargo.toml"))?;
+    let mut section = String::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            inside = line.trim() == "[profile.release.package.shmtrace-ebpf]";
+        }
+        if inside {
+            section.push_str(line.trim());
+            section.push('\n');
+        }
+    }
+    Ok(section)
+}
+
+/// `name version source` of every registry package the eBPF crate builds with, from
+/// Cargo.lock. Workspace crates are hashed by content instead, and their (userspace-only,
+/// optional) dependencies are not followed.
+fn locked_dependencies(root: &Path) -> Result<BTreeSet<String>> {
+    let output = cargo()
+        .current_dir(root)
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .output()
+        .context("cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let packages: HashMap<&str, &serde_json::Value> = metadata["packages"]
+        .as_array()
+        .context("metadata packages")?
+        .iter()
+        .filter_map(|p| Some((p["id"].as_str()?, p)))
+        .collect();
+    let nodes: HashMap<&str, Vec<&str>> = metadata["resolve"]["nodes"]
+        .as_array()
+        .context("metadata resolve")?
+        .iter()
+        .filter_map(|n| {
+            let deps = n["deps"]
+                .as_array()?
+                .iter()
+                .filter_map(|d| d["pkg"].as_str())
+                .collect();
+            Some((n["id"].as_str()?, deps))
+        })
+        .collect();
+    let is_local = |id: &str| packages.get(id).is_none_or(|p| p["source"].is_null());
+    let start = packages
+        .iter()
+        .find(|(_, p)| p["name"] == "shmtrace-ebpf")
+        .map(|(id, _)| *id)
+        .context("shmtrace-ebpf is not in the workspace")?;
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<&str> = nodes.get(start).cloned().unwrap_or_default();
+    let mut out = BTreeSet::new();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) || is_local(id) {
+            continue;
+        }
+        let p = packages[id];
+        out.insert(format!(
+            "{} {} {}",
+            p["name"].as_str().unwrap_or("?"),
+            p["version"].as_str().unwrap_or("?"),
+            p["source"].as_str().unwrap_or("?")
+        ));
+        stack.extend(nodes.get(id).cloned().unwrap_or_default());
+    }
+    Ok(out)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
