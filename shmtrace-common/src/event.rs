@@ -150,6 +150,9 @@ pub mod flags {
     pub const ARGS_TRUNCATED: u16 = 1 << 3;
     /// The process was matched through its container (mount namespace or cgroup).
     pub const CONTAINER_MATCH: u16 = 1 << 4;
+    /// In the kernel only: the call opened the /dev/shm directory itself, whose file system
+    /// is learned and nothing is reported.
+    pub const SHM_DIRECTORY: u16 = 1 << 5;
 }
 
 /// Who did what, and when. Starts every record.

@@ -68,6 +68,15 @@ pub struct TraceArgs {
     #[command(flatten)]
     pub output: OutputArgs,
 
+    /// Read the kernel's BTF from FILE instead of /sys/kernel/btf/vmlinux.
+    #[arg(
+        long,
+        value_name = "FILE",
+        hide = true,
+        default_value = "/sys/kernel/btf/vmlinux"
+    )]
+    pub kernel_btf: std::path::PathBuf,
+
     /// The command to run and trace, with its arguments, after `--`.
     /// shmtrace exits with the command's exit status.
     #[arg(last = true, value_name = "COMMAND")]

@@ -80,6 +80,7 @@ fn trace(args: TraceArgs) -> Result<ExitCode> {
         all: matches!(what, What::All),
         failed_only: args.failed,
         ring_buffer_bytes: args.buffer_size,
+        btf_path: args.kernel_btf,
         ..TracerOptions::default()
     };
     live(what, options, &args.output, args.failed)
@@ -144,8 +145,24 @@ fn live(
         .context("starting the async runtime")?;
     let ending = match (what, paused) {
         (What::Command(_), Some(paused)) => Ending::Command(paused.start()?),
-        (What::Pids(_), _) => Ending::Pids(pids.into_iter().collect::<HashSet<u32>>()),
-        _ => Ending::Interrupt,
+        (What::Pids(roots), _) => {
+            eprintln!(
+                "shmtrace: tracing {} processes (pid {} and descendants); Ctrl-C to stop",
+                pids.len(),
+                roots
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Ending::Pids(pids.into_iter().collect::<HashSet<u32>>())
+        }
+        _ => {
+            eprintln!(
+                "shmtrace: tracing /dev/shm use of every process on the host; Ctrl-C to stop"
+            );
+            Ending::Interrupt
+        }
     };
     let outcome = runtime.block_on(Session::new(tracer, world, output, out.verbose).run(ending))?;
     Ok(match (outcome.command_status, outcome.interrupted) {

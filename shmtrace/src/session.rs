@@ -98,12 +98,11 @@ impl Session {
                 read = reader.read(&mut batch) => {
                     read.context("reading the ring buffer")?;
                     self.handle(&mut batch, &mut ending)?;
-                    if let Ending::Pids(live) = &ending {
-                        if live.is_empty() {
+                    if let Ending::Pids(live) = &ending
+                        && live.is_empty() {
                             self.output.notice("every traced process has exited")?;
                             break;
                         }
-                    }
                 }
                 status = async { command_done.as_mut().expect("guarded").await }, if command_done.is_some() => {
                     let status = status.context("waiting for the traced command")??;

@@ -23,7 +23,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Build the eBPF object and record the hash of its inputs.
-    BuildEbpf,
+    BuildEbpf {
+        /// Only check that the sources build; leave the committed object alone.
+        #[arg(long)]
+        verify_only: bool,
+    },
     /// Check that the committed eBPF object was built from the current sources.
     CheckEbpf,
     /// Build, then run the whole test suite (needs root for the kernel and Docker tests).
@@ -41,7 +45,7 @@ enum Task {
 
 fn main() -> Result<()> {
     match Cli::parse().task {
-        Task::BuildEbpf => ebpf::build(),
+        Task::BuildEbpf { verify_only } => ebpf::build(verify_only),
         Task::CheckEbpf => ebpf::check(),
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::run(&args),

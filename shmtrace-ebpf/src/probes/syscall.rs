@@ -22,6 +22,8 @@ const RET_OFFSET: usize = 16;
 /// `AT_FDCWD`.
 pub const AT_FDCWD: i32 = -100;
 const SHM_PREFIX: &[u8; 9] = b"/dev/shm/";
+/// Bytes `bpf_probe_read_user_str` returns for "/dev/shm" and "/dev/shm/", with the NUL.
+const SHM_DIR_LEN: i64 = 9;
 
 /// The `n`th raw argument of a `sys_enter_*` record.
 #[inline(always)]
@@ -103,15 +105,19 @@ pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> Option<u
     // SAFETY: the buffer is initialised up to `len` bytes, and `len` is at least 1.
     let buf = unsafe { &*buf };
     if buf[0] == b'/' {
-        if len < SHM_PREFIX.len() as i64 + 1 {
-            return None;
-        }
+        // "/dev/shm" itself: only its file system matters (for names relative to it later).
         let mut i = 0;
-        while i < SHM_PREFIX.len() {
+        while i < SHM_PREFIX.len() - 1 {
             if buf[i] != SHM_PREFIX[i] {
                 return None;
             }
             i += 1;
+        }
+        if len == SHM_DIR_LEN || (len == SHM_DIR_LEN + 1 && buf[8] == b'/') {
+            return Some(flags::SHM_DIRECTORY);
+        }
+        if buf[8] != b'/' {
+            return None;
         }
         return Some(0);
     }
@@ -164,6 +170,10 @@ pub fn on_exit(ctx: &TracePointContext) {
     // SAFETY: `ret` is part of every sys_exit record.
     let ret = unsafe { ctx.read_at::<i64>(RET_OFFSET).unwrap_or(0) };
 
+    if pending.flags & flags::SHM_DIRECTORY != 0 {
+        learn_directory(kernel::current_task(), ret, &kernel::offsets());
+        return;
+    }
     let config = CONFIG.load();
     if config.failed_only != 0 && ret >= 0 && is_data_path(pending.syscall) {
         return;
@@ -179,6 +189,19 @@ pub fn on_exit(ctx: &TracePointContext) {
     match path_arg(pending.syscall) {
         Some(index) => emit_path(&pending, ret, index, task, &off),
         None => emit_call(&pending, ret, task, &off),
+    }
+}
+
+/// Records the file system of a newly opened /dev/shm directory descriptor.
+#[inline(always)]
+fn learn_directory(task: u64, ret: i64, off: &KernelOffsets) {
+    if ret < 0 {
+        return;
+    }
+    if let Some(inode) = kernel::fd_inode(task, ret as i32, off) {
+        if let Some(dev) = kernel::inode_dev(inode, off) {
+            let _ = SHM_DEVS.insert(dev, 1, 0);
+        }
     }
 }
 

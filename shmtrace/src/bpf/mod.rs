@@ -13,7 +13,7 @@ mod tracer;
 use std::path::PathBuf;
 
 pub use reader::{EventReader, LostCounts, watch};
-pub use tracer::{KernelLog, Tracer, TracerOptions};
+pub use tracer::{Tracer, TracerOptions};
 
 /// The eBPF object built from `shmtrace-ebpf` by `cargo xtask build-ebpf`, committed so that
 /// building the CLI needs only stable Rust.

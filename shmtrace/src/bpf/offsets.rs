@@ -111,12 +111,11 @@ fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str) -> Option<(u32, Type)>
         if member_name == name {
             return Some((member.bit_offset(), member_type));
         }
-        if member_name.is_empty() {
-            if let Some(inner) = as_struct(btf, member_type) {
-                if let Some((bits, ty)) = find_member(btf, &inner, name) {
-                    return Some((member.bit_offset() + bits, ty));
-                }
-            }
+        if member_name.is_empty()
+            && let Some(inner) = as_struct(btf, member_type)
+            && let Some((bits, ty)) = find_member(btf, &inner, name)
+        {
+            return Some((member.bit_offset() + bits, ty));
         }
     }
     None

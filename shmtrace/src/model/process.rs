@@ -62,10 +62,6 @@ impl Process {
         }
     }
 
-    pub fn alive(&self) -> bool {
-        self.exit.is_none()
-    }
-
     pub fn mapping_at(&self, addr: u64) -> Option<&Mapping> {
         self.mappings.iter().find(|m| m.contains(addr))
     }

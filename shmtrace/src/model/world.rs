@@ -98,18 +98,6 @@ impl World {
         self.processes.contains_key(&pid)
     }
 
-    pub fn process(&self, pid: u32) -> Option<&Process> {
-        self.processes.get(&pid)
-    }
-
-    pub fn processes(&self) -> impl Iterator<Item = &Process> {
-        self.processes.values()
-    }
-
-    pub fn object(&self, inode: &InodeId) -> Option<&ShmObject> {
-        self.objects.get(inode)
-    }
-
     /// Objects not yet freed.
     pub fn live_objects(&self) -> impl Iterator<Item = &ShmObject> {
         self.objects.values()
@@ -216,10 +204,10 @@ impl World {
                 self.release(released.0, released.1, event.ts_ns, &mut note);
             }
             Body::Rename { pid, tid, comm } => {
-                if pid == tid {
-                    if let Some(process) = self.processes.get_mut(pid) {
-                        process.comm = comm.clone();
-                    }
+                if pid == tid
+                    && let Some(process) = self.processes.get_mut(pid)
+                {
+                    process.comm = comm.clone();
                 }
             }
             Body::Signal(signal) => {
@@ -230,12 +218,6 @@ impl World {
             Body::Oom { .. } => {}
         }
         note
-    }
-
-    /// Forgets processes that exited, keeping the live ones. Long runs call this so memory
-    /// stays bounded.
-    pub fn forget_exited(&mut self) {
-        self.processes.retain(|_, p| p.alive());
     }
 
     fn ensure_process(&mut self, event: &Event) {
@@ -356,13 +338,11 @@ impl World {
                     return;
                 };
                 note.object_path = Some(path.clone());
-                if ok {
-                    if let Some(inode) = self.names.remove(&(event.mntns, path)) {
-                        if let Some(object) = self.objects.get_mut(&inode) {
-                            object.linked = false;
-                        }
-                        self.free_if_released(inode, event.ts_ns, note);
+                if ok && let Some(inode) = self.names.remove(&(event.mntns, path)) {
+                    if let Some(object) = self.objects.get_mut(&inode) {
+                        object.linked = false;
                     }
+                    self.free_if_released(inode, event.ts_ns, note);
                 }
             }
             Syscall::MemfdCreate
@@ -375,10 +355,10 @@ impl World {
 
     /// The name a descriptor was opened under, when the object has none yet.
     fn name_for_fd(&self, pid: u32, fd: Option<i32>, inode: InodeId) -> Option<String> {
-        if let Some(object) = self.objects.get(&inode) {
-            if object.path.is_some() {
-                return object.path.clone();
-            }
+        if let Some(object) = self.objects.get(&inode)
+            && object.path.is_some()
+        {
+            return object.path.clone();
         }
         let process = self.processes.get(&pid)?;
         let open = process.fds.get(&fd?)?;

@@ -26,10 +26,6 @@ impl Clock {
         }
     }
 
-    pub fn offset_ns(&self) -> i128 {
-        self.unix_minus_boot_ns
-    }
-
     pub fn wall(&self, boot_ns: u64) -> Timestamp {
         Timestamp::from_nanosecond(boot_ns as i128 + self.unix_minus_boot_ns)
             .unwrap_or(Timestamp::UNIX_EPOCH)

@@ -38,16 +38,6 @@ pub struct Line {
     pub severity: Severity,
 }
 
-impl Line {
-    /// The line without colour.
-    pub fn plain(&self) -> String {
-        format!(
-            "{}  {:>7} {:<16} {}",
-            self.time, self.pid, self.comm, self.text
-        )
-    }
-}
-
 /// Formats one event; `None` for events not worth a line (an `munmap` of other memory).
 pub fn format(event: &Event, note: &Annotation, clock: &Clock) -> Option<Line> {
     if note.irrelevant {
@@ -129,9 +119,8 @@ pub fn format(event: &Event, note: &Annotation, clock: &Clock) -> Option<Line> {
         Body::Oom { victim_pid } => (
             *victim_pid,
             event.comm.clone(),
-            format!(
-                "!!! chosen by the OOM killer (memory limit reached; tmpfs pages count against it) !!!"
-            ),
+            "!!! chosen by the OOM killer (memory limit reached; tmpfs pages count against it) !!!"
+                .to_string(),
             Severity::Death,
         ),
     };

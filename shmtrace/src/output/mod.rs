@@ -59,10 +59,6 @@ impl Output {
         }
     }
 
-    pub fn clock(&self) -> &Clock {
-        &self.clock
-    }
-
     /// Renders one event, unless `--failed` hides it.
     pub fn event(&mut self, event: &Event, note: &Annotation) -> io::Result<()> {
         if self.failed_only && !is_failure(event) {

@@ -15,15 +15,6 @@ pub fn human(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// Like [`human`], for values that may be negative (an unknown size is -1).
-pub fn human_signed(bytes: i64) -> String {
-    if bytes < 0 {
-        format!("-{}", human(bytes.unsigned_abs()))
-    } else {
-        human(bytes as u64)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,6 +28,5 @@ mod tests {
         assert_eq!(human(64 << 20), "64.0 MiB");
         assert_eq!(human((63 << 20) + (900 << 10)), "63.9 MiB");
         assert_eq!(human(u64::MAX), "16.0 EiB");
-        assert_eq!(human_signed(-1), "-1 B");
     }
 }

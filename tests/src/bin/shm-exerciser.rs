@@ -1,0 +1,292 @@
+//! Makes real /dev/shm system calls for the end-to-end tests, one scenario per invocation:
+//! `shm-exerciser [--private-shm SIZE] SCENARIO [ARGS]`.
+//!
+//! With `--private-shm`, it first moves into a private mount namespace with a tmpfs of that
+//! size on /dev/shm (and a private IPC namespace), so failures are real and nothing leaks.
+//! Every call goes through libc directly, so the syscalls are exactly the ones named.
+use std::{ffi::CString, io::Read, os::fd::RawFd, process::exit};
+
+use nix::{
+    mount::{MsFlags, mount},
+    sched::{CloneFlags, unshare},
+    sys::wait::waitpid,
+    unistd::{ForkResult, fork},
+};
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--private-shm") {
+        let size = args.get(1).cloned().unwrap_or_else(|| usage());
+        private_shm(&size);
+        args.drain(..2);
+    }
+    let scenario = args.first().cloned().unwrap_or_else(|| usage());
+    let rest = &args[1..];
+    match scenario.as_str() {
+        "fallocate-enospc" => fallocate_enospc(),
+        "write-enospc" => write_enospc(),
+        "sigbus" => sigbus(),
+        "shmget" => shmget(),
+        "fork-tree" => fork_tree(),
+        "die-by-signal" => die_by_signal(rest),
+        "relative" => relative(),
+        "openat2" => openat2(),
+        "memfd" => memfd(),
+        "munmap" => munmap(),
+        "hostile-name" => hostile_name(),
+        "burst" => burst(rest),
+        "wait-then" => wait_then(rest),
+        "exit" => exit(rest.first().and_then(|c| c.parse().ok()).unwrap_or(0)),
+        _ => usage(),
+    }
+}
+
+fn usage() -> ! {
+    eprintln!("usage: shm-exerciser [--private-shm SIZE] SCENARIO [ARGS]");
+    exit(2)
+}
+
+fn check(rc: i64, what: &str) -> i64 {
+    if rc < 0 {
+        eprintln!("{what}: {}", std::io::Error::last_os_error());
+    }
+    rc
+}
+
+/// A private mount and IPC namespace with a `size` tmpfs on /dev/shm.
+fn private_shm(size: &str) {
+    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC).expect("unshare (run as root)");
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .expect("make mounts private");
+    mount(
+        Some("exerciser"),
+        "/dev/shm",
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some(format!("size={size},mode=1777").as_str()),
+    )
+    .expect("mount tmpfs on /dev/shm");
+}
+
+fn open(path: &str, flags: i32) -> RawFd {
+    let c = CString::new(path).unwrap();
+    // SAFETY: open(2) with a NUL-terminated path.
+    check(unsafe { libc::open(c.as_ptr(), flags, 0o600) } as i64, path) as RawFd
+}
+
+const CREATE: i32 =
+    libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+
+/// PyTorch >= 2.10: ftruncate then fallocate of 2 MiB in a 1 MiB /dev/shm.
+fn fallocate_enospc() {
+    let fd = open("/dev/shm/torch_fallocate_0", CREATE);
+    unsafe {
+        check(libc::ftruncate(fd, 2 << 20) as i64, "ftruncate");
+        check(libc::fallocate(fd, 0, 0, 2 << 20) as i64, "fallocate");
+        libc::unlink(c"/dev/shm/torch_fallocate_0".as_ptr());
+        libc::close(fd);
+    }
+}
+
+/// A multiprocessing semaphore file written into a full /dev/shm.
+fn write_enospc() {
+    let filler = open("/dev/shm/filler", CREATE);
+    let mut page = vec![0x11u8; 4096];
+    // SAFETY: writes from a local buffer until the tmpfs is full.
+    while unsafe { libc::write(filler, page.as_mut_ptr().cast(), page.len()) } > 0 {}
+    let sem = open("/dev/shm/sem.exerciser", CREATE);
+    // SAFETY: a 32-byte write from a local buffer, like CPython's SemLock.
+    unsafe {
+        check(
+            libc::write(sem, [0u8; 32].as_ptr().cast(), 32) as i64,
+            "write sem",
+        )
+    };
+}
+
+/// PyTorch <= 2.9: ftruncate 2 MiB (sparse), mmap, fill: SIGBUS past 1 MiB.
+fn sigbus() {
+    let fd = open("/dev/shm/psm_sigbus", CREATE);
+    unsafe {
+        libc::ftruncate(fd, 2 << 20);
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            2 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED);
+        println!("mapped at {:#x}", addr as usize);
+        std::ptr::write_bytes(addr.cast::<u8>(), 0x5a, 2 << 20);
+    }
+}
+
+/// System V: limits lowered in our own IPC namespace, then calls that fail and one that works.
+fn shmget() {
+    std::fs::write("/proc/sys/kernel/shmmax", "1048576")
+        .expect("lower shmmax (needs --private-shm)");
+    unsafe {
+        // Over shmmax: EINVAL.
+        check(
+            libc::shmget(libc::IPC_PRIVATE, 2 << 20, libc::IPC_CREAT | 0o600) as i64,
+            "shmget big",
+        );
+        // A key that does not exist, without IPC_CREAT: ENOENT.
+        check(libc::shmget(0x5157, 4096, 0o600) as i64, "shmget missing");
+        let id = check(
+            libc::shmget(0x5158, 65536, libc::IPC_CREAT | 0o600) as i64,
+            "shmget",
+        ) as i32;
+        let addr = libc::shmat(id, std::ptr::null(), 0);
+        libc::shmdt(addr);
+        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+    }
+}
+
+/// Parent -> child -> grandchild; only the grandchild touches /dev/shm.
+fn fork_tree() {
+    match unsafe { fork() }.unwrap() {
+        ForkResult::Child => match unsafe { fork() }.unwrap() {
+            ForkResult::Child => {
+                let fd = open("/dev/shm/grandchild_object", CREATE);
+                unsafe {
+                    libc::ftruncate(fd, 8192);
+                    libc::unlink(c"/dev/shm/grandchild_object".as_ptr());
+                }
+                println!("grandchild {}", std::process::id());
+                exit(0);
+            }
+            ForkResult::Parent { child } => {
+                waitpid(child, None).unwrap();
+                exit(0);
+            }
+        },
+        ForkResult::Parent { child } => {
+            waitpid(child, None).unwrap();
+        }
+    }
+}
+
+/// Kills itself with the named signal (default SIGSEGV).
+fn die_by_signal(args: &[String]) {
+    let signo = args
+        .first()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(libc::SIGSEGV);
+    unsafe {
+        libc::signal(signo, libc::SIG_DFL);
+        libc::raise(signo);
+    }
+    exit(0)
+}
+
+/// Names relative to a /dev/shm directory descriptor and to a /dev/shm working directory.
+fn relative() {
+    unsafe {
+        let dir = libc::open(c"/dev/shm".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY);
+        let fd = libc::openat(dir, c"via_dirfd".as_ptr(), CREATE, 0o600);
+        check(fd as i64, "openat dirfd");
+        libc::unlinkat(dir, c"via_dirfd".as_ptr(), 0);
+        libc::chdir(c"/dev/shm".as_ptr());
+        let fd = libc::openat(libc::AT_FDCWD, c"via_cwd".as_ptr(), CREATE, 0o600);
+        check(fd as i64, "openat cwd");
+        libc::unlink(c"via_cwd".as_ptr());
+    }
+}
+
+fn openat2() {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: CREATE as u64,
+        mode: 0o600,
+        resolve: 0x08, /* RESOLVE_NO_SYMLINKS */
+    };
+    unsafe {
+        let fd = libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c"/dev/shm/via_openat2".as_ptr(),
+            &how as *const OpenHow,
+            size_of::<OpenHow>(),
+        );
+        check(fd, "openat2");
+        libc::unlink(c"/dev/shm/via_openat2".as_ptr());
+    }
+}
+
+fn memfd() {
+    unsafe {
+        check(
+            libc::memfd_create(c"torch-memfd".as_ptr(), libc::MFD_CLOEXEC) as i64,
+            "memfd",
+        )
+    };
+}
+
+/// Maps four pages and unmaps the middle two.
+fn munmap() {
+    let fd = open("/dev/shm/unmapped", CREATE);
+    unsafe {
+        libc::ftruncate(fd, 16384);
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            16384,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        libc::munmap(addr.cast::<u8>().add(4096).cast(), 8192);
+        libc::unlink(c"/dev/shm/unmapped".as_ptr());
+        libc::close(fd);
+    }
+}
+
+/// A name with a terminal escape and a newline.
+fn hostile_name() {
+    let fd = open("/dev/shm/evil\x1b[2J\nname", CREATE);
+    unsafe {
+        libc::close(fd);
+        libc::unlink(c"/dev/shm/evil\x1b[2J\nname".as_ptr());
+    }
+}
+
+/// `count` create/size/close/unlink rounds as fast as possible.
+fn burst(args: &[String]) {
+    let count: usize = args.first().and_then(|c| c.parse().ok()).unwrap_or(10_000);
+    for i in 0..count {
+        let name = format!("/dev/shm/burst_{i}");
+        let fd = open(&name, CREATE);
+        let c = CString::new(name).unwrap();
+        unsafe {
+            libc::ftruncate(fd, 4096);
+            libc::close(fd);
+            libc::unlink(c.as_ptr());
+        }
+    }
+}
+
+/// Reads a line from stdin (the test attaches in between), then runs the named scenario.
+fn wait_then(args: &[String]) {
+    println!("ready {}", std::process::id());
+    let mut byte = [0u8; 1];
+    let _ = std::io::stdin().read(&mut byte);
+    match args.first().map(String::as_str) {
+        Some("fallocate-enospc") => fallocate_enospc(),
+        Some("fork-tree") => fork_tree(),
+        _ => {}
+    }
+}

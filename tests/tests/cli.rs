@@ -1,0 +1,283 @@
+//! The CLI as a user meets it: attaching to running processes, host-wide tracing, Ctrl-C,
+//! lost events, the demo, and every error a user can run into.
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+use shmtrace_tests::{
+    assert_no_shmtrace_programs_left, exerciser, read_json_lines, require_root, serial, shmtrace,
+    tempdir, trace_exerciser,
+};
+
+/// Starts shmtrace and waits for its "tracing ..." line on stderr (it is attached by then).
+fn start_tracer(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
+    let mut child = shmtrace()
+        .args(args)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting shmtrace");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = stderr.read_line(&mut line).unwrap();
+        assert!(n > 0, "shmtrace ended before it started tracing");
+        if line.starts_with("shmtrace: tracing") {
+            return (child, stderr);
+        }
+    }
+}
+
+fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn rest(mut stderr: BufReader<std::process::ChildStderr>) -> String {
+    let mut text = String::new();
+    let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+    text
+}
+
+#[test]
+fn attaches_to_a_running_process_and_its_private_shm() {
+    let _guard = serial();
+    require_root();
+    // The target already runs in its own mount namespace with its own /dev/shm: shmtrace must
+    // learn that file system from /proc, follow the process, and stop when it exits.
+    let mut target = Command::new(exerciser())
+        .args(["--private-shm", "1m", "wait-then", "fallocate-enospc"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(target.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    let pid = target.id().to_string();
+
+    let dir = tempdir();
+    let out = dir.join("trace.jsonl");
+    let (mut tracer, stderr) =
+        start_tracer(&["--json", "-o", out.to_str().unwrap(), "--pid", &pid]);
+    target.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    target.wait().unwrap();
+    let status = wait_with_timeout(&mut tracer, Duration::from_secs(10));
+    let stderr = rest(stderr);
+    assert!(status.success(), "{stderr}");
+    let records = read_json_lines(&out);
+    let fallocate = records
+        .iter()
+        .find(|r| r["event"] == "fallocate")
+        .unwrap_or_else(|| panic!("no fallocate: {records:?}\n{stderr}"));
+    assert_eq!(fallocate["errno"], "ENOSPC");
+    assert_eq!(fallocate["pid"].as_u64().unwrap().to_string(), pid);
+    assert!(
+        records
+            .iter()
+            .any(|r| r["event"] == "exit" && r["pid"].as_u64().unwrap().to_string() == pid)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn host_wide_mode_sees_untraced_processes_and_ctrl_c_detaches_cleanly() {
+    let _guard = serial();
+    require_root();
+    let dir = tempdir();
+    let out = dir.join("trace.jsonl");
+    let (mut tracer, stderr) = start_tracer(&["--all", "--json", "-o", out.to_str().unwrap()]);
+    let worker = Command::new(exerciser())
+        .args(["--private-shm", "1m", "fallocate-enospc"])
+        .status()
+        .unwrap();
+    assert!(worker.success());
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(Pid::from_raw(tracer.id() as i32), Signal::SIGINT).unwrap();
+    let status = wait_with_timeout(&mut tracer, Duration::from_secs(10));
+    let stderr = rest(stderr);
+    assert_eq!(status.code(), Some(130), "interrupted: {stderr}");
+    let records = read_json_lines(&out);
+    assert!(
+        records
+            .iter()
+            .any(|r| r["event"] == "fallocate" && r["errno"] == "ENOSPC"),
+        "{records:?}"
+    );
+    assert!(
+        records.iter().any(|r| r["event"] == "summary"),
+        "a summary after Ctrl-C"
+    );
+    assert_no_shmtrace_programs_left();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn lost_events_are_counted_and_reported() {
+    let _guard = serial();
+    // A one-page ring buffer cannot hold a burst of 20 000 calls.
+    let trace = trace_exerciser(
+        &["--buffer-size", "4096"],
+        &["--private-shm", "1m", "burst", "20000"],
+    );
+    let lost = trace.summary()["lost"].as_u64().unwrap();
+    assert!(lost > 0, "{}", trace.stderr());
+    let seen = trace
+        .records
+        .iter()
+        .filter(|r| r["event"] == "ftruncate")
+        .count() as u64;
+    assert!(seen < 20_000);
+    assert!(trace.stderr().contains("events lost"), "{}", trace.stderr());
+    let reported: u64 = trace
+        .events("lost")
+        .iter()
+        .filter_map(|r| r["lost"].as_u64())
+        .sum();
+    assert_eq!(reported, lost, "every loss is reported in the stream");
+}
+
+#[test]
+fn no_loss_with_the_default_buffer() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "burst", "5000"]);
+    assert_eq!(trace.summary()["lost"], 0);
+    assert_eq!(trace.events("openat").len(), 5000);
+    assert_eq!(trace.events("ftruncate").len(), 5000);
+    assert_eq!(trace.events("close").len(), 5000);
+    assert_eq!(trace.events("unlink").len(), 5000);
+}
+
+#[test]
+fn exits_with_the_commands_status() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["exit", "3"]);
+    assert_eq!(trace.output.status.code(), Some(3));
+}
+
+fn error_of(args: &[&str]) -> (Option<i32>, String) {
+    let output = shmtrace().args(args).output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn clear_errors() {
+    let _guard = serial();
+    require_root();
+    let (code, text) = error_of(&["--pid", "999999999"]);
+    assert_eq!(code, Some(1));
+    assert!(text.contains("no process with pid 999999999"), "{text}");
+
+    let (code, text) = error_of(&["--", "/no/such/program", "arg"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        text.contains("/no/such/program: command not found"),
+        "{text}"
+    );
+    assert_no_shmtrace_programs_left();
+
+    let (code, text) = error_of(&[]);
+    assert_eq!(code, Some(1));
+    assert!(text.contains("nothing to trace"), "{text}");
+
+    let (code, text) = error_of(&["--kernel-btf", "/no/btf/here", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        text.contains("has no BTF") && text.contains("CONFIG_DEBUG_INFO_BTF"),
+        "{text}"
+    );
+
+    let (code, text) = error_of(&["--buffer-size", "5000", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert!(text.contains("power of two"), "{text}");
+
+    let (code, text) = error_of(&["-o", "/no/such/dir/trace.txt", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        text.contains("cannot write the trace to /no/such/dir/trace.txt"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unprivileged_users_are_told_what_to_do() {
+    let _guard = serial();
+    require_root();
+    use std::os::unix::process::CommandExt;
+    let output = shmtrace()
+        .args(["--", "true"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("needs root") && text.contains("CAP_BPF"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
+    let _guard = serial();
+    require_root();
+    let before: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    let mounts_before = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
+    let output = shmtrace()
+        .args(["demo", "--color", "never"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        text.contains("fallocate(") && text.contains("ENOSPC (No space left on device)"),
+        "{text}"
+    );
+    assert!(text.contains("--- SIGBUS {si_code=BUS_ADRERR"), "{text}");
+    assert!(
+        text.contains("in /dev/shm/torch_"),
+        "SIGBUS mapped back to its file: {text}"
+    );
+    assert!(text.contains("+++ killed by SIGBUS +++"), "{text}");
+    let after: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(before, after, "the demo left files in the host's /dev/shm");
+    let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(mounts_before, mounts_after, "the demo left a mount behind");
+    assert_no_shmtrace_programs_left();
+}

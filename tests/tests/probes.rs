@@ -1,0 +1,254 @@
+//! Each probe path, triggered by real system calls and seen through the real binary's JSON.
+use serde_json::Value;
+use shmtrace_tests::{serial, trace_exerciser};
+
+fn errno(record: &Value) -> Option<&str> {
+    record["errno"].as_str()
+}
+
+#[test]
+fn fallocate_enospc_on_a_full_tmpfs() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "fallocate-enospc"]);
+    assert!(trace.output.status.success(), "{}", trace.dump());
+    let open = trace.events("openat");
+    let open = open
+        .iter()
+        .find(|r| r["path"] == "/dev/shm/torch_fallocate_0")
+        .unwrap_or_else(|| panic!("no openat of the object:\n{}", trace.dump()));
+    assert_eq!(open["flags"], "O_RDWR|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC");
+    assert_eq!(open["mode"], "0600");
+    let fd = open["ret"].as_i64().unwrap();
+    assert!(fd >= 0);
+
+    let ftruncate = &trace.events("ftruncate")[0];
+    assert_eq!(ftruncate["size"], 2 << 20);
+    assert_eq!(ftruncate["ret"], 0);
+    assert_eq!(ftruncate["fd"], fd);
+    assert_eq!(ftruncate["path"], "/dev/shm/torch_fallocate_0");
+
+    let fallocate = &trace.events("fallocate")[0];
+    assert_eq!(errno(fallocate), Some("ENOSPC"), "{}", trace.dump());
+    assert_eq!(fallocate["ret"], -28);
+    assert_eq!(fallocate["size"], 2 << 20);
+    assert_eq!(fallocate["offset"], 0);
+    assert_eq!(fallocate["path"], "/dev/shm/torch_fallocate_0");
+
+    let unlink = &trace.events("unlink")[0];
+    assert_eq!(unlink["path"], "/dev/shm/torch_fallocate_0");
+    assert_eq!(unlink["ret"], 0);
+    let close = &trace.events("close")[0];
+    assert_eq!(close["fd"], fd);
+    assert_eq!(close["freed"][0], "/dev/shm/torch_fallocate_0");
+    assert_eq!(trace.summary()["failed_calls"], 1);
+    assert_eq!(trace.summary()["lost"], 0);
+}
+
+#[test]
+fn write_enospc_of_a_semaphore() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "write-enospc"]);
+    let writes = trace.events("write");
+    let sem = writes
+        .iter()
+        .find(|r| r["path"] == "/dev/shm/sem.exerciser")
+        .unwrap_or_else(|| panic!("no write to the semaphore:\n{}", trace.dump()));
+    assert_eq!(errno(sem), Some("ENOSPC"));
+    assert_eq!(sem["size"], 32);
+    // The filler's writes succeeded until the tmpfs was full, then one failed.
+    let filler: Vec<_> = writes
+        .iter()
+        .filter(|r| r["path"] == "/dev/shm/filler")
+        .collect();
+    assert_eq!(filler.len(), 257, "256 pages of 4 KiB, then ENOSPC");
+    assert_eq!(errno(filler.last().unwrap()), Some("ENOSPC"));
+    assert_eq!(filler[0]["object_bytes"], 4096);
+}
+
+#[test]
+fn sigbus_address_maps_back_to_its_file() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "sigbus"]);
+    assert_eq!(
+        trace.output.status.code(),
+        Some(128 + 7),
+        "shmtrace exits like the command"
+    );
+    let mmap = &trace.events("mmap")[0];
+    assert_eq!(mmap["path"], "/dev/shm/psm_sigbus");
+    assert_eq!(mmap["size"], 2 << 20);
+    let base =
+        u64::from_str_radix(mmap["addr"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+
+    let signal = &trace.events("signal")[0];
+    assert_eq!(signal["signal"], "SIGBUS");
+    assert_eq!(signal["code"], "BUS_ADRERR");
+    assert_eq!(signal["path"], "/dev/shm/psm_sigbus", "{}", trace.dump());
+    let addr = u64::from_str_radix(
+        signal["addr"].as_str().unwrap().trim_start_matches("0x"),
+        16,
+    )
+    .unwrap();
+    let offset = signal["offset"].as_u64().unwrap();
+    assert_eq!(
+        addr - base,
+        offset,
+        "offset is the address inside the mapping"
+    );
+    // A 1 MiB tmpfs fills up at 1 MiB (less what the kernel keeps).
+    assert!((900 << 10..=1 << 20).contains(&offset), "fault at {offset}");
+
+    let exit = trace.events("exit");
+    let exit = exit.last().unwrap();
+    assert_eq!(exit["signal"], "SIGBUS");
+}
+
+#[test]
+fn system_v_failures_and_success() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "shmget"]);
+    let gets = trace.events("shmget");
+    assert_eq!(gets.len(), 3, "{}", trace.dump());
+    assert_eq!(errno(gets[0]), Some("EINVAL"), "over shmmax");
+    assert_eq!(gets[0]["size"], 2 << 20);
+    assert_eq!(gets[0]["key"], "0x0");
+    assert_eq!(
+        errno(gets[1]),
+        Some("ENOENT"),
+        "missing key without IPC_CREAT"
+    );
+    assert_eq!(gets[1]["key"], "0x5157");
+    assert!(gets[2]["shmid"].as_i64().unwrap() >= 0);
+    let shmid = gets[2]["shmid"].clone();
+    let at = &trace.events("shmat")[0];
+    assert_eq!(at["shmid"], shmid);
+    assert!(at["addr"].as_str().unwrap().starts_with("0x"));
+    assert_eq!(trace.events("shmdt")[0]["ret"], 0);
+    let ctl = &trace.events("shmctl")[0];
+    assert_eq!(ctl["flags"], "IPC_RMID");
+    assert_eq!(ctl["shmid"], shmid);
+}
+
+#[test]
+fn follows_forks_to_grandchildren() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["fork-tree"]);
+    let forks = trace.events("fork");
+    assert_eq!(forks.len(), 2, "{}", trace.dump());
+    let child = forks[0]["child_pid"].as_u64().unwrap();
+    assert_eq!(
+        forks[1]["pid"].as_u64().unwrap(),
+        child,
+        "the child forks the grandchild"
+    );
+    let grandchild = forks[1]["child_pid"].as_u64().unwrap();
+    let open = trace
+        .events("openat")
+        .into_iter()
+        .find(|r| r["path"] == "/dev/shm/grandchild_object")
+        .expect("the grandchild's openat");
+    assert_eq!(open["pid"].as_u64().unwrap(), grandchild);
+    let exits: Vec<u64> = trace
+        .events("exit")
+        .iter()
+        .filter_map(|r| r["pid"].as_u64())
+        .collect();
+    assert!(exits.contains(&grandchild) && exits.contains(&child));
+}
+
+#[test]
+fn exit_by_signal() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["die-by-signal", "11"]);
+    assert_eq!(trace.output.status.code(), Some(128 + 11));
+    let signal = &trace.events("signal")[0];
+    assert_eq!(signal["signal"], "SIGSEGV");
+    assert_eq!(signal["code"], "SI_TKILL");
+    let exit = &trace.events("exit")[0];
+    assert_eq!(exit["signal"], "SIGSEGV");
+    assert_eq!(trace.summary()["deaths_by_signal"], 1);
+}
+
+#[test]
+fn paths_relative_to_a_shm_directory() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "relative"]);
+    let paths: Vec<&str> = trace
+        .events("openat")
+        .iter()
+        .filter_map(|r| r["path"].as_str())
+        .collect();
+    assert!(paths.contains(&"/dev/shm/via_dirfd"), "{}", trace.dump());
+    assert!(paths.contains(&"/dev/shm/via_cwd"), "{}", trace.dump());
+    let unlinks: Vec<&str> = trace
+        .events("unlinkat")
+        .into_iter()
+        .chain(trace.events("unlink"))
+        .filter_map(|r| r["path"].as_str())
+        .collect();
+    assert!(unlinks.contains(&"/dev/shm/via_dirfd") && unlinks.contains(&"/dev/shm/via_cwd"));
+}
+
+#[test]
+fn openat2_memfd_and_partial_munmap() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["openat2"]);
+    let open = &trace.events("openat2")[0];
+    assert_eq!(open["path"], "/dev/shm/via_openat2");
+    assert_eq!(open["flags"], "O_RDWR|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC");
+
+    let trace = trace_exerciser(&[], &["memfd"]);
+    let memfd = &trace.events("memfd_create")[0];
+    assert_eq!(memfd["path"], "torch-memfd");
+    assert!(memfd["ret"].as_i64().unwrap() >= 0);
+
+    let trace = trace_exerciser(&[], &["munmap"]);
+    let unmap = &trace.events("munmap")[0];
+    assert_eq!(unmap["path"], "/dev/shm/unmapped", "{}", trace.dump());
+    assert_eq!(unmap["size"], 8192);
+    // Two pieces of the mapping remain after the hole, so closing and unlinking do not free it;
+    // the exit does.
+    assert!(trace.events("close")[0]["freed"].is_null());
+    assert_eq!(trace.events("exit")[0]["freed"][0], "/dev/shm/unmapped");
+}
+
+#[test]
+fn failed_mode_keeps_failures_and_drops_successes() {
+    let _guard = serial();
+    let trace = trace_exerciser(&["--failed"], &["--private-shm", "1m", "fallocate-enospc"]);
+    let kinds: Vec<&str> = trace
+        .records
+        .iter()
+        .filter_map(|r| r["event"].as_str())
+        .filter(|e| *e != "summary")
+        .collect();
+    assert_eq!(kinds, ["fallocate"], "{}", trace.dump());
+    assert_eq!(trace.records[0]["errno"], "ENOSPC");
+}
+
+#[test]
+fn hostile_names_are_escaped() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "hostile-name"]);
+    let open = &trace.events("openat")[0];
+    assert_eq!(open["path"], "/dev/shm/evil\\x1b[2J\\nname");
+    // And in text output, no raw escape or newline reaches the terminal.
+    let dir = shmtrace_tests::tempdir();
+    let out = dir.join("trace.txt");
+    let status = shmtrace_tests::shmtrace()
+        .args(["--color", "never", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(shmtrace_tests::exerciser())
+        .args(["--private-shm", "1m", "hostile-name"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(!text.contains('\x1b'), "{text}");
+    assert!(
+        text.contains(r#""/dev/shm/evil\\x1b[2J\\nname""#) || text.contains("evil\\x1b[2J\\nname"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
