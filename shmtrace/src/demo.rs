@@ -33,18 +33,47 @@ const LEGACY_BATCH_BYTES: usize = 768 << 10;
 /// The workload's own exit status: a training run that crashed.
 pub const WORKLOAD_STATUS: i32 = 1;
 
-/// Entry point of the hidden `__demo-workload` subcommand.
+/// Entry point of the hidden `__demo-workload` subcommand: two training runs, one after the
+/// other, in one private /dev/shm.
 pub fn workload() -> Result<ExitCode> {
     private_shm().context("setting up the demo's private /dev/shm (the demo needs root)")?;
-    set_name("demo_trainer")?;
+    set_name("demo")?;
+    let first = run_training(training_with_fallocate)?;
+    let second = run_training(training_with_mmap)?;
+    let failed = first != 0 || second != 0;
+    Ok(ExitCode::from(if failed {
+        WORKLOAD_STATUS as u8
+    } else {
+        0
+    }))
+}
+
+/// Forks a training process running `training`, and returns its exit status.
+fn run_training(training: fn() -> Result<i32>) -> Result<i32> {
+    // SAFETY: the workload is single-threaded.
+    match unsafe { fork() }? {
+        ForkResult::Child => {
+            let code = match set_name("trainer").and_then(|()| training()) {
+                Ok(code) => code,
+                Err(error) => {
+                    eprintln!("{error:#}");
+                    2
+                }
+            };
+            std::process::exit(code)
+        }
+        ForkResult::Parent { child } => Ok(exit_code(wait(child)?)),
+    }
+}
+
+/// PyTorch >= 2.10. The first worker fills /dev/shm with its two prefetched batches, so the
+/// second worker's fallocate fails.
+fn training_with_fallocate() -> Result<i32> {
     say(&format!(
-        "a training process with a {SHM_SIZE} /dev/shm starts its DataLoader (2 workers, \
-         batches of {} KiB)",
+        "training run 1 (PyTorch >= 2.10) starts a DataLoader: 2 workers, 2 batches of {} KiB \
+         each in flight, in a {SHM_SIZE} /dev/shm",
         BATCH_BYTES >> 10
     ));
-
-    // Scenario 1: the first worker fills /dev/shm with its two prefetched batches, so the
-    // second worker's fallocate fails.
     let (holder, release) = spawn_worker(|ready| fallocate_worker(0, 2, Some(ready)))?;
     let failing = spawn_worker_now(|| fallocate_worker(1, 2, None))?;
     let status = wait(failing)?;
@@ -55,11 +84,14 @@ pub fn workload() -> Result<ExitCode> {
     ));
     drop(release);
     wait(holder)?;
+    Ok(WORKLOAD_STATUS)
+}
 
-    // Scenario 2: an older PyTorch maps a sparse file and dies writing it.
+/// PyTorch <= 2.9: its worker maps a sparse file and dies writing it.
+fn training_with_mmap() -> Result<i32> {
     say(&format!(
-        "an older PyTorch (<= 2.9) starts a worker that maps batches of {} KiB without \
-         reserving them",
+        "training run 2 (PyTorch <= 2.9) starts a DataLoader whose worker maps batches of {} KiB \
+         without reserving them",
         LEGACY_BATCH_BYTES >> 10
     ));
     let legacy = spawn_worker_now(|| mmap_worker(2))?;
@@ -71,7 +103,7 @@ pub fn workload() -> Result<ExitCode> {
             signal_description(signal)
         ));
     }
-    Ok(ExitCode::from(WORKLOAD_STATUS as u8))
+    Ok(WORKLOAD_STATUS)
 }
 
 /// The workload's own messages, like a training script's. The pause lets the trace of what

@@ -6,11 +6,13 @@
 mod bpf;
 mod cli;
 mod demo;
+mod diagnose;
 mod event;
 mod model;
 mod output;
 mod proc_scan;
 mod session;
+mod shm_fs;
 mod target;
 
 use std::{
@@ -83,7 +85,7 @@ fn trace(args: TraceArgs) -> Result<ExitCode> {
         btf_path: args.kernel_btf,
         ..TracerOptions::default()
     };
-    live(what, options, &args.output, args.failed)
+    live(what, options, &args.output, args.failed, None)
 }
 
 fn demo(output: OutputArgs) -> Result<ExitCode> {
@@ -104,6 +106,7 @@ fn demo(output: OutputArgs) -> Result<ExitCode> {
         TracerOptions::default(),
         &output,
         false,
+        Some("the demo's private namespace"),
     )?;
     if code == ExitCode::from(demo::WORKLOAD_STATUS as u8) {
         Ok(ExitCode::SUCCESS)
@@ -112,11 +115,13 @@ fn demo(output: OutputArgs) -> Result<ExitCode> {
     }
 }
 
+/// Traces `what` live. `other_namespaces`: a name for mount namespaces other than ours.
 fn live(
     what: What,
     options: TracerOptions,
     out: &OutputArgs,
     failed_only: bool,
+    other_namespaces: Option<&str>,
 ) -> Result<ExitCode> {
     init_logging(out.verbose);
     let mut tracer = Tracer::load(&options)?;
@@ -164,7 +169,11 @@ fn live(
             Ending::Interrupt
         }
     };
-    let outcome = runtime.block_on(Session::new(tracer, world, output, out.verbose).run(ending))?;
+    let mut session = Session::new(tracer, world, output, out.verbose);
+    if let Some(label) = other_namespaces {
+        session.name_other_namespaces(label);
+    }
+    let outcome = runtime.block_on(session.run(ending))?;
     Ok(match (outcome.command_status, outcome.interrupted) {
         (Some(status), _) => ExitCode::from(status_byte(status)),
         (None, true) => ExitCode::from(130),

@@ -11,10 +11,11 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     bpf::{EventReader, LostCounts, Tracer, watch},
-    event::{Body, ExitStatus, decode},
+    diagnose::{Diagnoser, Diagnosis, Role},
+    event::{Body, Event, ExitStatus, decode},
     model::World,
     output::{Output, Summary},
-    proc_scan,
+    proc_scan, shm_fs,
     target::RunningCommand,
 };
 
@@ -39,6 +40,10 @@ pub struct Outcome {
 pub struct Session {
     tracer: Tracer,
     world: World,
+    diagnoser: Diagnoser,
+    diagnoses: Vec<Diagnosis>,
+    /// Mount namespaces whose /dev/shm has been measured at least once.
+    measured: HashSet<u32>,
     output: Output,
     verbose: bool,
     lost_reported: LostCounts,
@@ -53,15 +58,24 @@ const LOST_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 impl Session {
     pub fn new(tracer: Tracer, world: World, output: Output, verbose: bool) -> Session {
+        let host_mntns = proc_scan::mount_namespace(std::process::id()).unwrap_or(0);
         Session {
             tracer,
             world,
+            diagnoser: Diagnoser::new(host_mntns),
+            diagnoses: Vec::new(),
+            measured: HashSet::new(),
             output,
             verbose,
             lost_reported: LostCounts::default(),
             malformed: 0,
             started: Instant::now(),
         }
+    }
+
+    /// Names the mount namespaces that are not shmtrace's and have no other name.
+    pub fn name_other_namespaces(&mut self, label: &str) {
+        self.diagnoser.set_unnamed_place(label.to_owned());
     }
 
     pub async fn run(mut self, mut ending: Ending) -> Result<Outcome> {
@@ -146,10 +160,16 @@ impl Session {
                 ),
             })?;
         }
-        let summary = Summary::from_world(
+        for diagnosis in self.diagnoser.finish(&self.world) {
+            self.output.diagnosis(&diagnosis)?;
+            self.diagnoses.push(diagnosis);
+        }
+        let summary = Summary::new(
             &self.world,
             self.lost_reported.clone(),
             self.started.elapsed().as_secs_f64(),
+            self.diagnoser.table(&self.world),
+            &self.diagnoses,
         );
         self.output.summary(&summary)?;
         self.output.flush()?;
@@ -172,8 +192,18 @@ impl Session {
                     self.world.seed(&snapshot, event.ts_ns);
                 }
             }
+            self.measure_if_needed(&event);
             let note = self.world.apply(&event);
-            self.output.event(&event, &note).context("writing output")?;
+            let role = self.role_shown(&event);
+            self.output
+                .event(&event, &note, &role)
+                .context("writing output")?;
+            for diagnosis in self.diagnoser.observe(&event, &note, &self.world) {
+                self.output
+                    .diagnosis(&diagnosis)
+                    .context("writing output")?;
+                self.diagnoses.push(diagnosis);
+            }
             if let (Ending::Pids(live), Body::Exit(_)) = (&mut *ending, &event.body) {
                 live.remove(&event.pid);
             }
@@ -182,6 +212,50 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// The role of the process an event's line is about (a signal's receiver, say).
+    fn role_shown(&mut self, event: &Event) -> Role {
+        let roles = self.diagnoser.roles(&self.world);
+        match &event.body {
+            Body::Signal(signal) if signal.target_pid != event.pid => roles.of(signal.target_pid),
+            Body::Rename { pid, .. } => roles.of(*pid),
+            Body::Oom { victim_pid } => roles.of(*victim_pid),
+            _ => roles.of_thread(event.pid, &event.comm),
+        }
+    }
+
+    /// Measures /dev/shm when a namespace is first seen and before a failure is diagnosed, so
+    /// the diagnosis can say how big it was and how full.
+    fn measure_if_needed(&mut self, event: &Event) {
+        let failure = match &event.body {
+            Body::Call(call) => call.failed(),
+            Body::Signal(signal) => signal.addr != 0,
+            Body::Exit(status) => !status.success(),
+            Body::Oom { .. } => true,
+            _ => false,
+        };
+        if !failure && self.measured.contains(&event.mntns) {
+            return;
+        }
+        let subject = match &event.body {
+            Body::Signal(signal) => signal.target_pid,
+            _ => event.pid,
+        };
+        // The subject may be gone (it just died): any live process of its namespace will do.
+        let candidates = std::iter::once(subject).chain(
+            self.world
+                .processes()
+                .filter(|p| p.mntns == event.mntns && p.alive())
+                .map(|p| p.pid),
+        );
+        for pid in candidates {
+            if let Some(sample) = shm_fs::measure(pid, event.ts_ns) {
+                self.diagnoser.capacity(sample);
+                self.measured.insert(event.mntns);
+                return;
+            }
+        }
     }
 
     fn report_lost(&mut self) -> Result<()> {

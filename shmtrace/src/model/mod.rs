@@ -10,4 +10,4 @@ mod world;
 
 pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
-pub use world::{Annotation, ProcSnapshot, SnapshotFd, SnapshotMapping, World};
+pub use world::{Annotation, ProcSnapshot, ShmUsage, SnapshotFd, SnapshotMapping, World};

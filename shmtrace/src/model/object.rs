@@ -65,6 +65,12 @@ impl ShmObject {
         }
     }
 
+    /// `(demand, allocated)`: what the object takes once fully written (its size, or more if
+    /// more was allocated), and what it holds now.
+    pub fn footprint(&self) -> (u64, u64) {
+        (self.allocated.max(self.size.max(0) as u64), self.allocated)
+    }
+
     /// The name to show: the path, or the inode when no name was ever seen.
     pub fn display_name(&self) -> String {
         match &self.path {

@@ -1,5 +1,5 @@
 //! A traced process: its name, lineage, open /dev/shm descriptors and mappings.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::event::{ExitStatus, InodeId};
 
@@ -18,7 +18,15 @@ pub struct Process {
     pub first_seen_ns: u64,
     pub exit: Option<ExitStatus>,
     pub exit_ns: Option<u64>,
+    /// Names of the process's other threads (`pt_data_pin`, say), at most [`MAX_NAMES`].
+    pub thread_names: BTreeSet<String>,
+    /// Paths of the first [`MAX_NAMES`] /dev/shm objects this process created.
+    pub created: Vec<String>,
 }
+
+/// Bound on the names kept per process, so a process creating millions of objects costs no
+/// more than one creating a few.
+pub const MAX_NAMES: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpenFd {
@@ -59,7 +67,13 @@ impl Process {
             first_seen_ns: ts_ns,
             exit: None,
             exit_ns: None,
+            thread_names: BTreeSet::new(),
+            created: Vec::new(),
         }
+    }
+
+    pub fn alive(&self) -> bool {
+        self.exit.is_none()
     }
 
     pub fn mapping_at(&self, addr: u64) -> Option<&Mapping> {

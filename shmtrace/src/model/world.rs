@@ -2,7 +2,7 @@
 //! the model knows about it (which object a descriptor is, where a fault address points).
 use std::collections::HashMap;
 
-use super::{Mapping, ObjectState, OpenFd, Process, ShmObject};
+use super::{Mapping, ObjectState, OpenFd, Process, ShmObject, process::MAX_NAMES};
 use crate::event::{Body, Call, Event, ExitStatus, InodeId, Syscall};
 
 /// What the model adds to an event for display and diagnosis.
@@ -80,13 +80,40 @@ pub struct Totals {
     pub deaths_by_signal: u64,
 }
 
+/// What the traced processes' objects take on one /dev/shm file system.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShmUsage {
+    /// Live objects.
+    pub objects: u64,
+    /// What the live objects take once fully written: the sum of `max(size, allocated)`.
+    pub demand: u64,
+    /// What they hold now, as far as system calls showed it.
+    pub allocated: u64,
+    pub peak_demand: u64,
+    pub peak_allocated: u64,
+}
+
+impl ShmUsage {
+    /// Replaces one object's `(demand, allocated)` contribution by another.
+    fn change(&mut self, before: (u64, u64), after: (u64, u64)) {
+        self.demand = (self.demand + after.0).saturating_sub(before.0);
+        self.allocated = (self.allocated + after.1).saturating_sub(before.1);
+        self.peak_demand = self.peak_demand.max(self.demand);
+        self.peak_allocated = self.peak_allocated.max(self.allocated);
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct World {
     processes: HashMap<u32, Process>,
     objects: HashMap<InodeId, ShmObject>,
+    /// Per /dev/shm file system (`dev_t`).
+    usage: HashMap<u32, ShmUsage>,
     /// Names present in /dev/shm, per mount namespace.
     names: HashMap<(u32, String), InodeId>,
     totals: Totals,
+    /// Bumped whenever a fact that roles depend on changes (lineage, names, creations).
+    version: u64,
 }
 
 impl World {
@@ -107,6 +134,33 @@ impl World {
         &self.totals
     }
 
+    /// Changes whenever process lineage, names or object creations change, so that what is
+    /// derived from them can be cached.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn process(&self, pid: u32) -> Option<&Process> {
+        self.processes.get(&pid)
+    }
+
+    pub fn processes(&self) -> impl Iterator<Item = &Process> {
+        self.processes.values()
+    }
+
+    pub fn object(&self, inode: &InodeId) -> Option<&ShmObject> {
+        self.objects.get(inode)
+    }
+
+    /// Use of the /dev/shm file system `dev`.
+    pub fn usage(&self, dev: u32) -> Option<&ShmUsage> {
+        self.usage.get(&dev)
+    }
+
+    pub fn usages(&self) -> impl Iterator<Item = (u32, &ShmUsage)> {
+        self.usage.iter().map(|(dev, usage)| (*dev, usage))
+    }
+
     /// Adds a process found in /proc, with the /dev/shm descriptors and mappings it already
     /// had. Does nothing for a process already known.
     pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) {
@@ -121,8 +175,9 @@ impl World {
             let object = self.object_entry(fd.inode, snapshot.mntns, ts_ns);
             object.path.get_or_insert_with(|| fd.path.clone());
             object.linked = !fd.deleted;
-            object.size = fd.size;
             object.fds += 1;
+            let allocated = object.allocated;
+            self.update_size(fd.inode, fd.size, allocated);
             if !fd.deleted {
                 self.names
                     .insert((snapshot.mntns, fd.path.clone()), fd.inode);
@@ -148,6 +203,7 @@ impl World {
             });
         }
         self.totals.processes_seen += 1;
+        self.version += 1;
         self.processes.insert(snapshot.pid, process);
     }
 
@@ -155,6 +211,21 @@ impl World {
     pub fn apply(&mut self, event: &Event) -> Annotation {
         self.totals.events += 1;
         self.ensure_process(event);
+        // A process can change mount namespace (unshare, setns): the latest event says where.
+        if let Some(process) = self.processes.get_mut(&event.pid)
+            && event.mntns != 0
+        {
+            process.mntns = event.mntns;
+        }
+        if matches!(
+            event.body,
+            Body::Fork { .. } | Body::Exec(_) | Body::Exit(_) | Body::Rename { .. }
+        ) {
+            self.version += 1;
+        }
+        if event.tid != event.pid {
+            self.note_thread_name(event.pid, &event.comm);
+        }
         let mut note = Annotation::default();
         match &event.body {
             Body::Call(call) => {
@@ -204,9 +275,9 @@ impl World {
                 self.release(released.0, released.1, event.ts_ns, &mut note);
             }
             Body::Rename { pid, tid, comm } => {
-                if pid == tid
-                    && let Some(process) = self.processes.get_mut(pid)
-                {
+                if pid != tid {
+                    self.note_thread_name(*pid, comm);
+                } else if let Some(process) = self.processes.get_mut(pid) {
                     process.comm = comm.clone();
                 }
             }
@@ -220,11 +291,22 @@ impl World {
         note
     }
 
+    fn note_thread_name(&mut self, pid: u32, name: &str) {
+        if let Some(process) = self.processes.get_mut(&pid)
+            && process.thread_names.len() < MAX_NAMES
+            && !process.thread_names.contains(name)
+        {
+            process.thread_names.insert(name.to_owned());
+            self.version += 1;
+        }
+    }
+
     fn ensure_process(&mut self, event: &Event) {
         if self.processes.contains_key(&event.pid) {
             return;
         }
         self.totals.processes_seen += 1;
+        self.version += 1;
         self.processes.insert(
             event.pid,
             Process::new(event.pid, event.comm.clone(), event.mntns, event.ts_ns),
@@ -232,9 +314,11 @@ impl World {
     }
 
     fn object_entry(&mut self, inode: InodeId, mntns: u32, ts_ns: u64) -> &mut ShmObject {
-        self.objects
-            .entry(inode)
-            .or_insert_with(|| ShmObject::new(inode, mntns, ts_ns))
+        let usage = &mut self.usage;
+        self.objects.entry(inode).or_insert_with(|| {
+            usage.entry(inode.dev).or_default().objects += 1;
+            ShmObject::new(inode, mntns, ts_ns)
+        })
     }
 
     fn apply_call(&mut self, event: &Event, call: &Call, note: &mut Annotation) {
@@ -257,19 +341,29 @@ impl World {
                     object.path = Some(path.clone());
                     object.linked = true;
                     object.fds += 1;
-                    if created && is_new {
+                    let record_name = created && is_new;
+                    if record_name {
                         object.creator = Some(event.pid);
                     }
-                    self.names.insert((event.mntns, path), file.inode);
+                    self.names.insert((event.mntns, path.clone()), file.inode);
                     self.update_size(file.inode, file.size, file.allocated);
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
-                    process.fds.insert(
+                    if record_name && process.created.len() < MAX_NAMES {
+                        process.created.push(path);
+                        self.version += 1;
+                    }
+                    let previous = process.fds.insert(
                         fd,
                         OpenFd {
                             inode: file.inode,
                             cloexec: flags & libc::O_CLOEXEC as u64 != 0,
                         },
                     );
+                    // A descriptor number reused without a close we saw (or one a /proc
+                    // snapshot already showed): the old reference is gone.
+                    if let Some(previous) = previous {
+                        self.release(vec![previous.inode], Vec::new(), event.ts_ns, note);
+                    }
                 }
             }
             Syscall::Ftruncate
@@ -342,7 +436,7 @@ impl World {
                     if let Some(object) = self.objects.get_mut(&inode) {
                         object.linked = false;
                     }
-                    self.free_if_released(inode, event.ts_ns, note);
+                    self.free_if_released(inode, note);
                 }
             }
             Syscall::MemfdCreate
@@ -369,10 +463,15 @@ impl World {
         let Some(object) = self.objects.get_mut(&inode) else {
             return;
         };
-        let before = object.allocated;
+        let before = object.footprint();
         object.size = size;
         object.allocated = allocated;
-        self.totals.live_bytes = (self.totals.live_bytes + allocated).saturating_sub(before);
+        let after = object.footprint();
+        self.usage
+            .entry(inode.dev)
+            .or_default()
+            .change(before, after);
+        self.totals.live_bytes = (self.totals.live_bytes + after.1).saturating_sub(before.1);
         self.totals.peak_live_bytes = self.totals.peak_live_bytes.max(self.totals.live_bytes);
     }
 
@@ -405,7 +504,7 @@ impl World {
             if let Some(object) = self.objects.get_mut(&inode) {
                 object.mappings = object.mappings.saturating_add_signed(delta);
             }
-            self.free_if_released(inode, ts_ns, note);
+            self.free_if_released(inode, note);
         }
     }
 
@@ -428,12 +527,12 @@ impl World {
             }
         }
         for inode in fds.into_iter().chain(maps) {
-            self.free_if_released(inode, ts_ns, note);
+            self.free_if_released(inode, note);
         }
     }
 
     /// An unlinked object with no descriptor or mapping left has given its memory back.
-    fn free_if_released(&mut self, inode: InodeId, ts_ns: u64, note: &mut Annotation) {
+    fn free_if_released(&mut self, inode: InodeId, note: &mut Annotation) {
         let Some(object) = self.objects.get(&inode) else {
             return;
         };
@@ -443,7 +542,9 @@ impl World {
         let object = self.objects.remove(&inode).expect("present");
         self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
         self.totals.objects_freed += 1;
-        let _ = ts_ns;
+        let usage = self.usage.entry(inode.dev).or_default();
+        usage.change(object.footprint(), (0, 0));
+        usage.objects = usage.objects.saturating_sub(1);
         note.freed.push(object.display_name());
     }
 

@@ -9,6 +9,7 @@ use anstyle::{AnsiColor, Style};
 
 use super::{clock::Clock, size::human};
 use crate::{
+    diagnose::Role,
     event::{
         Body, Call, Event, ExitStatus, Signal, Syscall,
         names::{self, errno_description, errno_name},
@@ -34,12 +35,14 @@ pub struct Line {
     pub time: String,
     pub pid: u32,
     pub comm: String,
+    /// Short role tag (`trainer`, `worker 1`), empty when the process has none.
+    pub role: String,
     pub text: String,
     pub severity: Severity,
 }
 
 /// Formats one event; `None` for events not worth a line (an `munmap` of other memory).
-pub fn format(event: &Event, note: &Annotation, clock: &Clock) -> Option<Line> {
+pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> Option<Line> {
     if note.irrelevant {
         return None;
     }
@@ -128,6 +131,7 @@ pub fn format(event: &Event, note: &Annotation, clock: &Clock) -> Option<Line> {
         time: clock.time_of_day(event.ts_ns),
         pid,
         comm,
+        role: role.tag(),
         text,
         severity,
     })
@@ -305,10 +309,11 @@ impl<W: Write> HumanWriter<W> {
             Severity::Death => (magenta, magenta),
         };
         let text = format!(
-            "{}  {} {:<16} {}",
+            "{}  {} {:<15} {:<9} {}",
             self.paint(dim, &line.time),
             self.paint(pid_style, &format!("{:>7}", line.pid)),
             line.comm,
+            self.paint(dim, &line.role),
             self.paint(text_style, &line.text)
         );
         writeln!(self.out, "{text}")
@@ -323,6 +328,27 @@ impl<W: Write> HumanWriter<W> {
 
     pub fn plain(&mut self, text: &str) -> io::Result<()> {
         writeln!(self.out, "{text}")
+    }
+
+    pub fn diagnosis(&mut self, lines: &[String], shm_is_the_cause: bool) -> io::Result<()> {
+        let title = Style::new().bold();
+        let cause = if shm_is_the_cause {
+            Style::new().fg_color(Some(AnsiColor::Red.into())).bold()
+        } else {
+            Style::new().fg_color(Some(AnsiColor::Yellow.into())).bold()
+        };
+        for (i, line) in lines.iter().enumerate() {
+            let style = if i == 0 {
+                title
+            } else if line.trim_start().starts_with("cause") {
+                cause
+            } else {
+                Style::new()
+            };
+            let text = self.paint(style, line);
+            writeln!(self.out, "{text}")?;
+        }
+        Ok(())
     }
 
     pub fn flush(&mut self) -> io::Result<()> {

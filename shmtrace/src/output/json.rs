@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::clock::Clock;
 use crate::{
+    diagnose::{Role, RoleKind},
     event::{
         Body, Call, Event, ExitStatus, Syscall,
         names::{self, errno_name},
@@ -17,7 +18,7 @@ use crate::{
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
 pub const SCHEMA_VERSION: u32 = 1;
 
-#[derive(Serialize, Debug, Default)]
+#[derive(Serialize, Debug)]
 pub struct JsonEvent<'a> {
     /// Schema version.
     pub v: u32,
@@ -78,6 +79,13 @@ pub struct JsonEvent<'a> {
     pub freed: Vec<&'a str>,
     pub mntns: u32,
     pub cgroup_id: u64,
+    /// `trainer`, `dataloader_worker`, `pin_memory`, `shm_manager`, `nccl`,
+    /// `python_multiprocessing` or `other`.
+    pub role: RoleKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trainer_pid: Option<u32>,
 }
 
 fn hex(addr: u64) -> String {
@@ -85,7 +93,12 @@ fn hex(addr: u64) -> String {
 }
 
 /// Builds the JSON view of one event; `None` for events not worth a record.
-pub fn to_json<'a>(event: &'a Event, note: &'a Annotation, clock: &Clock) -> Option<JsonEvent<'a>> {
+pub fn to_json<'a>(
+    event: &'a Event,
+    note: &'a Annotation,
+    role: &Role,
+    clock: &Clock,
+) -> Option<JsonEvent<'a>> {
     if note.irrelevant {
         return None;
     }
@@ -95,10 +108,40 @@ pub fn to_json<'a>(event: &'a Event, note: &'a Annotation, clock: &Clock) -> Opt
         pid: event.pid,
         tid: event.tid,
         comm: &event.comm,
+        event: "",
+        path: None,
+        fd: None,
+        size: None,
+        offset: None,
+        ret: None,
+        errno: None,
+        signal: None,
+        code: None,
+        addr: None,
+        flags: None,
+        mode: None,
+        prot: None,
+        object_size: None,
+        object_bytes: None,
+        inode: None,
+        dev: None,
+        key: None,
+        shmid: None,
+        target_pid: None,
+        target_tid: None,
+        child_pid: None,
+        exit_code: None,
+        core_dumped: None,
+        filename: None,
+        argv: None,
+        new_comm: None,
+        victim_pid: None,
+        freed: note.freed.iter().map(String::as_str).collect(),
         mntns: event.mntns,
         cgroup_id: event.cgroup_id,
-        freed: note.freed.iter().map(String::as_str).collect(),
-        ..Default::default()
+        role: role.kind,
+        worker_index: role.worker_index,
+        trainer_pid: role.trainer,
     };
     match &event.body {
         Body::Call(call) => fill_call(&mut out, call, note),

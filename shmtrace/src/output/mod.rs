@@ -2,6 +2,7 @@
 //!
 //! What happened is decided elsewhere (`event`, `model`); this module only renders it.
 pub mod clock;
+pub mod diagnosis;
 pub mod human;
 pub mod json;
 pub mod size;
@@ -14,6 +15,7 @@ pub use summary::Summary;
 
 use crate::{
     bpf::LostCounts,
+    diagnose::{Cause, Diagnosis, Role},
     event::{Body, Event},
     model::Annotation,
 };
@@ -60,19 +62,29 @@ impl Output {
     }
 
     /// Renders one event, unless `--failed` hides it.
-    pub fn event(&mut self, event: &Event, note: &Annotation) -> io::Result<()> {
+    pub fn event(&mut self, event: &Event, note: &Annotation, role: &Role) -> io::Result<()> {
         if self.failed_only && !is_failure(event) {
             return Ok(());
         }
         match &mut self.sink {
-            Sink::Human(w) => match human::format(event, note, &self.clock) {
+            Sink::Human(w) => match human::format(event, note, role, &self.clock) {
                 Some(line) => w.line(&line),
                 None => Ok(()),
             },
-            Sink::Json(w) => match json::to_json(event, note, &self.clock) {
+            Sink::Json(w) => match json::to_json(event, note, role, &self.clock) {
                 Some(record) => w.record(&record),
                 None => Ok(()),
             },
+        }
+    }
+
+    pub fn diagnosis(&mut self, diagnosis: &Diagnosis) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => w.diagnosis(
+                &diagnosis::text(diagnosis),
+                diagnosis.cause == Cause::ShmFull,
+            ),
+            Sink::Json(w) => w.record(&diagnosis::json(diagnosis, &self.clock)),
         }
     }
 

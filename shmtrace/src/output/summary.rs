@@ -1,13 +1,15 @@
-//! The short account printed when tracing stops.
+//! The account printed when tracing stops: totals, a table per place and role, what is left
+//! in /dev/shm, and the size to set when something failed for lack of it.
 use serde_json::{Value, json};
 
 use super::{json::SCHEMA_VERSION, size::human};
 use crate::{
     bpf::LostCounts,
+    diagnose::{Diagnosis, Recommendation, RoleKind, RoleStats},
     model::{ObjectState, World},
 };
 
-/// Totals of a trace, taken from the model when tracing stops.
+/// Totals of a trace, taken when tracing stops.
 #[derive(Clone, Debug)]
 pub struct Summary {
     pub seconds: f64,
@@ -21,22 +23,44 @@ pub struct Summary {
     pub peak_bytes: u64,
     /// Objects still present: (name, bytes held, still named in /dev/shm).
     pub remaining: Vec<(String, u64, bool)>,
+    /// Per place and role.
+    pub table: Vec<(String, RoleKind, RoleStats)>,
+    /// The largest size recommended per place, with the pid it was diagnosed for.
+    pub recommendations: Vec<(String, u32, Recommendation)>,
 }
 
 impl Summary {
-    pub fn from_world(world: &World, lost: LostCounts, seconds: f64) -> Summary {
+    pub fn new(
+        world: &World,
+        lost: LostCounts,
+        seconds: f64,
+        table: Vec<(String, RoleKind, RoleStats)>,
+        diagnoses: &[Diagnosis],
+    ) -> Summary {
         let totals = world.totals();
         let mut remaining: Vec<(String, u64, bool)> = world
             .live_objects()
             .map(|o| {
                 (
                     o.display_name(),
-                    o.allocated,
+                    o.footprint().0,
                     o.state() == ObjectState::Linked,
                 )
             })
             .collect();
         remaining.sort();
+        let mut recommendations: Vec<(String, u32, Recommendation)> = Vec::new();
+        for d in diagnoses {
+            let Some(r) = &d.recommendation else { continue };
+            match recommendations
+                .iter_mut()
+                .find(|(place, _, _)| *place == d.place)
+            {
+                Some(existing) if existing.2.min_bytes >= r.min_bytes => {}
+                Some(existing) => *existing = (d.place.clone(), d.pid, r.clone()),
+                None => recommendations.push((d.place.clone(), d.pid, r.clone())),
+            }
+        }
         Summary {
             seconds,
             events: totals.events,
@@ -48,13 +72,15 @@ impl Summary {
             objects_freed: totals.objects_freed,
             peak_bytes: totals.peak_live_bytes,
             remaining,
+            table,
+            recommendations,
         }
     }
 
     pub fn lines(&self) -> Vec<String> {
         let mut lines = vec![format!(
-            "shmtrace: {} events in {:.1}s from {} processes: {} failed calls, {} killed by \
-             signals, {} lost",
+            "shmtrace: {} events in {:.1}s from {} processes; {} failed calls, {} killed by a \
+             signal; {} events lost",
             self.events,
             self.seconds,
             self.processes,
@@ -62,24 +88,61 @@ impl Summary {
             self.deaths_by_signal,
             self.lost.total()
         )];
+        let rows: Vec<_> = self
+            .table
+            .iter()
+            .filter(|(_, role, stats)| {
+                *role != RoleKind::Other || stats.peak_bytes > 0 || stats.failures > 0
+            })
+            .collect();
+        if !rows.is_empty() {
+            let place_width = rows
+                .iter()
+                .map(|(p, _, _)| p.len())
+                .max()
+                .unwrap_or(5)
+                .max(5);
+            lines.push(format!(
+                "  {:<place_width$}  {:<22} {:>9} {:>10} {:>8} {:>6}",
+                "PLACE", "ROLE", "PROCESSES", "PEAK SHM", "FAILURES", "DEATHS"
+            ));
+            for (place, role, stats) in rows {
+                lines.push(format!(
+                    "  {place:<place_width$}  {:<22} {:>9} {:>10} {:>8} {:>6}",
+                    role.describe(),
+                    stats.processes,
+                    human(stats.peak_bytes),
+                    stats.failures,
+                    stats.deaths
+                ));
+            }
+        }
         lines.push(format!(
-            "shmtrace: /dev/shm objects: {} created, {} freed, peak {} held at once",
-            self.objects_created,
-            self.objects_freed,
-            human(self.peak_bytes)
+            "shmtrace: /dev/shm objects: {} created, {} freed",
+            self.objects_created, self.objects_freed
         ));
+        if !self.remaining.is_empty() {
+            lines.push(format!(
+                "shmtrace: {} objects still hold memory (left behind, or still in use):",
+                self.remaining.len()
+            ));
+        }
         for (name, bytes, linked) in self.remaining.iter().take(10) {
             let state = if *linked {
                 "still in /dev/shm"
             } else {
-                "unlinked, still held open or mapped"
+                "unlinked, still open or mapped"
             };
-            lines.push(format!("shmtrace:   {name} ({}, {state})", human(*bytes)));
+            lines.push(format!("    {name} ({}, {state})", human(*bytes)));
         }
         if self.remaining.len() > 10 {
+            lines.push(format!("    ... and {} more", self.remaining.len() - 10));
+        }
+        for (place, pid, r) in &self.recommendations {
             lines.push(format!(
-                "shmtrace:   ... and {} more",
-                self.remaining.len() - 10
+                "shmtrace: {place}: give /dev/shm at least {} ({}); see the diagnosis of pid {pid}",
+                human(r.min_bytes),
+                r.docker
             ));
         }
         lines
@@ -100,6 +163,14 @@ impl Summary {
             "peak_bytes": self.peak_bytes,
             "remaining": self.remaining.iter().map(|(name, bytes, linked)| json!({
                 "path": name, "bytes": bytes, "linked": linked,
+            })).collect::<Vec<_>>(),
+            "roles": self.table.iter().map(|(place, role, s)| json!({
+                "place": place, "role": role, "processes": s.processes,
+                "peak_bytes": s.peak_bytes, "failures": s.failures, "deaths": s.deaths,
+            })).collect::<Vec<_>>(),
+            "recommendations": self.recommendations.iter().map(|(place, pid, r)| json!({
+                "place": place, "pid": pid, "min_bytes": r.min_bytes, "docker": r.docker,
+                "compose": r.compose, "kubernetes": r.kubernetes,
             })).collect::<Vec<_>>(),
         })
     }

@@ -1,0 +1,131 @@
+//! Starting a command under tracing: it is forked paused, registered with the probes, and only
+//! then allowed to exec, so not one of its calls is missed.
+use std::{
+    ffi::{CString, OsString},
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+};
+
+use anyhow::{Context, Result, bail};
+use nix::{
+    errno::Errno,
+    fcntl::OFlag,
+    sys::wait::{WaitStatus, waitpid},
+    unistd::{ForkResult, Pid, fork, pipe2},
+};
+
+use crate::event::ExitStatus;
+
+/// A forked child waiting for [`PausedCommand::start`] before it runs the command.
+pub struct PausedCommand {
+    pid: Pid,
+    program: String,
+    go: OwnedFd,
+    exec_status: OwnedFd,
+}
+
+/// Forks a child that will run `argv` once released.
+///
+/// Must be called while the process has a single thread (before the async runtime starts):
+/// the child only reads a pipe and calls `execvp`.
+pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
+    let Some(program) = argv.first() else {
+        bail!("no command given after --");
+    };
+    let c_argv: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .context("a command argument contains a NUL byte")?;
+    let (go_read, go_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
+    let (status_read, status_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
+
+    // SAFETY: the process is single-threaded here (documented precondition), and the child
+    // only calls async-signal-safe functions before exec or _exit.
+    match unsafe { fork() }.context("fork")? {
+        ForkResult::Child => {
+            drop(go_write);
+            drop(status_read);
+            let mut byte = [0u8; 1];
+            // SAFETY: reading one byte into a local buffer.
+            let n = unsafe { libc::read(go_read.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
+            if n != 1 {
+                // shmtrace gave up before releasing us.
+                unsafe { libc::_exit(127) };
+            }
+            let errno = match nix::unistd::execvp(&c_argv[0], &c_argv) {
+                Err(errno) => errno as i32,
+                Ok(never) => match never {},
+            };
+            let bytes = errno.to_ne_bytes();
+            // SAFETY: writing four bytes from a local buffer, then exiting without unwinding.
+            unsafe {
+                libc::write(status_write.as_raw_fd(), bytes.as_ptr().cast(), 4);
+                libc::_exit(127);
+            }
+        }
+        ForkResult::Parent { child } => Ok(PausedCommand {
+            pid: child,
+            program: program.to_string_lossy().into_owned(),
+            go: go_write,
+            exec_status: status_read,
+        }),
+    }
+}
+
+impl PausedCommand {
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw() as u32
+    }
+
+    /// Lets the child exec. Fails, naming the command, if exec failed.
+    pub fn start(self) -> Result<RunningCommand> {
+        nix::unistd::write(&self.go, &[1]).context("releasing the traced command")?;
+        drop(self.go);
+        let mut buf = [0u8; 4];
+        let n = loop {
+            match nix::unistd::read(&self.exec_status, &mut buf) {
+                Err(Errno::EINTR) => continue,
+                other => break other.context("waiting for the traced command to start")?,
+            }
+        };
+        if n == 4 {
+            let errno = Errno::from_raw(i32::from_ne_bytes(buf));
+            let _ = waitpid(self.pid, None);
+            let hint = match errno {
+                Errno::ENOENT => "command not found; check the name and your PATH",
+                Errno::EACCES => "permission denied; is it executable?",
+                _ => "cannot execute it",
+            };
+            bail!("{}: {hint} ({})", self.program, errno.desc());
+        }
+        Ok(RunningCommand { pid: self.pid })
+    }
+}
+
+/// The traced command, running.
+#[derive(Clone, Copy, Debug)]
+pub struct RunningCommand {
+    pid: Pid,
+}
+
+impl RunningCommand {
+    /// Blocks until the command exits.
+    pub fn wait(&self) -> Result<ExitStatus> {
+        loop {
+            match waitpid(self.pid, None) {
+                Ok(WaitStatus::Exited(_, code)) => return Ok(ExitStatus::Code(code)),
+                Ok(WaitStatus::Signaled(_, signal, core_dumped)) => {
+                    return Ok(ExitStatus::Signal {
+                        signo: signal as i32,
+                        core_dumped,
+                    });
+                }
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(errno) => return Err(errno).context("waiting for the traced command"),
+            }
+        }
+    }
+}
