@@ -10,6 +10,7 @@ mod event;
 mod model;
 mod output;
 mod proc_scan;
+mod record;
 mod session;
 mod target;
 
