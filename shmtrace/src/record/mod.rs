@@ -33,7 +33,7 @@ pub use format::{FORMAT_VERSION, MAGIC};
 pub use header::{
     CgroupLayout, ContainerDescription, FlightInfo, ShmCapacity, TargetDescription, TraceHeader,
 };
-pub use reader::{Reason, ReadError, TraceReader, TraceSet};
+pub use reader::{ReadError, Reason, TraceReader, TraceSet};
 pub use redact::{RedactError, RedactStats, Redactor, redact, redact_file};
 pub use rotation::discover;
 pub use user::{

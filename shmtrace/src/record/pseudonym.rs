@@ -68,12 +68,66 @@ impl Role {
 /// Words kept in /dev/shm names: prefixes that libraries put there, which say who made an
 /// object and identify no one.
 const SHM_VOCABULARY: &[&str] = &[
-    "torch", "pymp", "psm", "mp", "sem", "shm", "nccl", "cuda", "cudnn", "ray", "plasma",
-    "arrow", "jax", "xla", "tf", "mkl", "kmp", "registered", "lib", "omp", "dask", "worker",
-    "loader", "data", "queue", "lock", "tmp", "temp", "buffer", "buf", "pulse", "pulseshm",
-    "mono", "jack", "wayland", "dbus", "chromium", "chrome", "memfd", "file", "fd", "mem",
-    "pool", "cache", "seg", "segment", "ipc", "boost", "vllm", "nvidia", "hf", "datasets",
-    "multiprocessing", "joblib", "loky", "ompi", "vader", "ucx", "gloo", "deleted",
+    "torch",
+    "pymp",
+    "psm",
+    "mp",
+    "sem",
+    "shm",
+    "nccl",
+    "cuda",
+    "cudnn",
+    "ray",
+    "plasma",
+    "arrow",
+    "jax",
+    "xla",
+    "tf",
+    "mkl",
+    "kmp",
+    "registered",
+    "lib",
+    "omp",
+    "dask",
+    "worker",
+    "loader",
+    "data",
+    "queue",
+    "lock",
+    "tmp",
+    "temp",
+    "buffer",
+    "buf",
+    "pulse",
+    "pulseshm",
+    "mono",
+    "jack",
+    "wayland",
+    "dbus",
+    "chromium",
+    "chrome",
+    "memfd",
+    "file",
+    "fd",
+    "mem",
+    "pool",
+    "cache",
+    "seg",
+    "segment",
+    "ipc",
+    "boost",
+    "vllm",
+    "nvidia",
+    "hf",
+    "datasets",
+    "multiprocessing",
+    "joblib",
+    "loky",
+    "ompi",
+    "vader",
+    "ucx",
+    "gloo",
+    "deleted",
 ];
 
 /// Separators kept in /dev/shm names; any other non-alphanumeric character becomes `_`.
@@ -82,9 +136,33 @@ const SHM_SEPARATORS: &[char] = &['.', '_', '-', '+', '=', '@', ':', '/', ','];
 /// Process names kept as they are: interpreters, shells and PyTorch's own thread names, which
 /// say what a process is (a DataLoader worker) and nothing about who runs it.
 const GENERIC_COMMS: &[&str] = &[
-    "torchrun", "sh", "bash", "dash", "zsh", "busybox", "dd", "cat", "cp", "tee", "env", "java",
-    "node", "ruby", "perl", "R", "Rscript", "tini", "docker-init", "dumb-init", "runc", "conmon",
-    "containerd-shim", "shmtrace", "sleep", "QueueFeederThr", "init",
+    "torchrun",
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "busybox",
+    "dd",
+    "cat",
+    "cp",
+    "tee",
+    "env",
+    "java",
+    "node",
+    "ruby",
+    "perl",
+    "R",
+    "Rscript",
+    "tini",
+    "docker-init",
+    "dumb-init",
+    "runc",
+    "conmon",
+    "containerd-shim",
+    "shmtrace",
+    "sleep",
+    "QueueFeederThr",
+    "init",
 ];
 
 pub struct Pseudonyms {
@@ -134,13 +212,17 @@ impl Pseudonyms {
     }
 
     pub fn host(&mut self, value: &str) -> String {
-        self.cached(Role::Host, value, |p| format!("host-{}", p.hex(Role::Host, value, 8)))
+        self.cached(Role::Host, value, |p| {
+            format!("host-{}", p.hex(Role::Host, value, 8))
+        })
     }
 
     /// Same length as the original, in hex (a 64-digit Docker id stays 64 hex digits).
     pub fn container_id(&mut self, value: &str) -> String {
         let len = value.len().clamp(12, 64);
-        self.cached(Role::ContainerId, value, |p| p.hex(Role::ContainerId, value, len))
+        self.cached(Role::ContainerId, value, |p| {
+            p.hex(Role::ContainerId, value, len)
+        })
     }
 
     pub fn container_name(&mut self, value: &str) -> String {
@@ -150,11 +232,15 @@ impl Pseudonyms {
     }
 
     pub fn image(&mut self, value: &str) -> String {
-        self.cached(Role::Image, value, |p| format!("image-{}", p.hex(Role::Image, value, 8)))
+        self.cached(Role::Image, value, |p| {
+            format!("image-{}", p.hex(Role::Image, value, 8))
+        })
     }
 
     pub fn label(&mut self, value: &str) -> String {
-        self.cached(Role::Label, value, |p| format!("label-{}", p.hex(Role::Label, value, 8)))
+        self.cached(Role::Label, value, |p| {
+            format!("label-{}", p.hex(Role::Label, value, 8))
+        })
     }
 
     /// Free text (notes, details): replaced whole.
@@ -162,12 +248,16 @@ impl Pseudonyms {
         if value.is_empty() {
             return String::new();
         }
-        self.cached(Role::Text, value, |p| format!("redacted-{}", p.hex(Role::Text, value, 8)))
+        self.cached(Role::Text, value, |p| {
+            format!("redacted-{}", p.hex(Role::Text, value, 8))
+        })
     }
 
     /// One command-line argument: short, so that a whole command line fits the kernel record.
     pub fn arg(&mut self, value: &str) -> String {
-        self.cached(Role::Arg, value, |p| format!("arg-{}", p.hex(Role::Arg, value, 6)))
+        self.cached(Role::Arg, value, |p| {
+            format!("arg-{}", p.hex(Role::Arg, value, 6))
+        })
     }
 
     /// A path: /dev/shm paths keep their shape, others become `/redacted/<hex>`.
@@ -238,7 +328,9 @@ impl Pseudonyms {
         if is_generic_comm(value) {
             return value.to_owned();
         }
-        self.cached(Role::Comm, value, |p| format!("proc-{}", p.hex(Role::Comm, value, 8)))
+        self.cached(Role::Comm, value, |p| {
+            format!("proc-{}", p.hex(Role::Comm, value, 8))
+        })
     }
 }
 

@@ -17,8 +17,8 @@ use bytes::Bytes;
 
 use super::{
     format::{
-        self, FRAME_HEAD_LEN, FORMAT_VERSION, FrameHead, FrameKind, MAGIC, MAX_HEADER,
-        MAX_PAYLOAD, PREAMBLE_LEN, SKIPPABLE,
+        self, FORMAT_VERSION, FRAME_HEAD_LEN, FrameHead, FrameKind, MAGIC, MAX_HEADER, MAX_PAYLOAD,
+        PREAMBLE_LEN, SKIPPABLE,
     },
     header::TraceHeader,
     rotation,
@@ -43,7 +43,10 @@ impl fmt::Display for ReadError {
         }
         write!(f, "at byte offset {}", self.offset)?;
         if let Some(inner) = self.in_block {
-            write!(f, " (byte {inner} of the compressed block there, once decompressed)")?;
+            write!(
+                f,
+                " (byte {inner} of the compressed block there, once decompressed)"
+            )?;
         }
         write!(f, ": {}", self.reason)
     }
@@ -100,7 +103,9 @@ pub enum Reason {
          the file was damaged after it was written"
     )]
     HeaderChecksum { found: u32, expected: u32 },
-    #[error("the header claims {len} bytes, more than the {MAX_HEADER} any shmtrace writes: the file is corrupt")]
+    #[error(
+        "the header claims {len} bytes, more than the {MAX_HEADER} any shmtrace writes: the file is corrupt"
+    )]
     HeaderTooLong { len: u32 },
     #[error("the header could not be decoded ({0}): the file is corrupt")]
     BadHeader(String),
@@ -119,7 +124,9 @@ pub enum Reason {
          to read past this point"
     )]
     UnknownKind { kind: u8 },
-    #[error("a compressed block holds another compressed block, which shmtrace never writes: the file is corrupt")]
+    #[error(
+        "a compressed block holds another compressed block, which shmtrace never writes: the file is corrupt"
+    )]
     NestedBlock,
     #[error("a compressed block could not be decompressed ({0}): the file is corrupt")]
     Decompress(String),
@@ -395,7 +402,9 @@ fn record(kind: FrameKind, payload: Vec<u8>) -> Result<Option<Record>, Reason> {
 
 fn decompress(payload: &[u8]) -> Result<Vec<u8>, Reason> {
     let Some((len, compressed)) = payload.split_first_chunk::<4>() else {
-        return Err(Reason::Decompress("the block is shorter than its length field".into()));
+        return Err(Reason::Decompress(
+            "the block is shorter than its length field".into(),
+        ));
     };
     let len = u32::from_le_bytes(*len);
     if len > MAX_PAYLOAD {
@@ -506,7 +515,9 @@ fn newer_tool_version(src: &mut impl Read, header_len: u32) -> Option<String> {
         return None;
     }
     let mut cbor = Vec::new();
-    src.take(u64::from(header_len)).read_to_end(&mut cbor).ok()?;
+    src.take(u64::from(header_len))
+        .read_to_end(&mut cbor)
+        .ok()?;
     let just: Just = ciborium::from_reader(&cbor[..]).ok()?;
     Some(crate::event::escape::text(&just.tool_version))
 }

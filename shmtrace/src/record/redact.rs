@@ -93,7 +93,9 @@ pub fn redact(
         };
         match &entry.record {
             Record::Kernel(bytes) => match redactor.kernel(bytes) {
-                Some(clean) => writer.write_frame(super::format::FrameKind::Kernel, entry.ts_ns, &clean)?,
+                Some(clean) => {
+                    writer.write_frame(super::format::FrameKind::Kernel, entry.ts_ns, &clean)?
+                }
                 None => {
                     stats.kernel_dropped += 1;
                     continue;
@@ -217,7 +219,7 @@ impl Redactor {
                     })
                     .collect(),
             }),
-            UserRecord::Container(c) => UserRecord::Container(self.container(c)),
+            UserRecord::Container(c) => UserRecord::Container(Box::new(self.container(c))),
             UserRecord::Capacity(sample) => {
                 let mut sample = sample.clone();
                 sample.container = sample.container.as_deref().map(|c| names.container_id(c));
@@ -262,7 +264,11 @@ impl Redactor {
         match kind {
             EventKind::Syscall => zero(&mut out, offset_of!(SyscallEvent, _pad), 2),
             EventKind::Path => {
-                zero(&mut out, offset_of!(PathEvent, call) + offset_of!(SyscallEvent, _pad), 2);
+                zero(
+                    &mut out,
+                    offset_of!(PathEvent, call) + offset_of!(SyscallEvent, _pad),
+                    2,
+                );
                 let raw = PathEvent::read_from_prefix(bytes).ok()?.0;
                 let path = escape::c_string(&raw.path);
                 let relative = header.flags & flags::RELATIVE_TO_SHM != 0 && !path.starts_with('/');
@@ -279,7 +285,12 @@ impl Redactor {
                 let raw = ExecEvent::read_from_prefix(bytes).ok()?.0;
                 zero(&mut out, offset_of!(ExecEvent, _pad), 4);
                 let filename = self.names.path(&escape::c_string(&raw.filename));
-                put_str(&mut out, offset_of!(ExecEvent, filename), PATH_LEN, &filename);
+                put_str(
+                    &mut out,
+                    offset_of!(ExecEvent, filename),
+                    PATH_LEN,
+                    &filename,
+                );
                 let (args, complete) = self.exec_args(&raw);
                 zero(&mut out, offset_of!(ExecEvent, args), ARGS_LEN);
                 let at = offset_of!(ExecEvent, args);

@@ -82,10 +82,22 @@ mod tests {
             Path::new("/tmp/run/trace.000007.shmtrace")
         );
         assert_eq!(sequence_of(base, &numbered(base, 7)), Some(7));
-        assert_eq!(sequence_of(base, &numbered(base, 1_234_567)), Some(1_234_567));
-        assert_eq!(sequence_of(base, Path::new("/tmp/run/trace.shmtrace")), None);
-        assert_eq!(sequence_of(base, Path::new("/tmp/run/trace.12.shmtrace")), None);
-        assert_eq!(sequence_of(base, Path::new("/tmp/other/trace.000001.shmtrace")), None);
+        assert_eq!(
+            sequence_of(base, &numbered(base, 1_234_567)),
+            Some(1_234_567)
+        );
+        assert_eq!(
+            sequence_of(base, Path::new("/tmp/run/trace.shmtrace")),
+            None
+        );
+        assert_eq!(
+            sequence_of(base, Path::new("/tmp/run/trace.12.shmtrace")),
+            None
+        );
+        assert_eq!(
+            sequence_of(base, Path::new("/tmp/other/trace.000001.shmtrace")),
+            None
+        );
         let bare = Path::new("trace");
         assert_eq!(numbered(bare, 0), Path::new("trace.000000"));
         assert_eq!(sequence_of(bare, Path::new("trace.000000")), Some(0));

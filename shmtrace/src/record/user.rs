@@ -44,7 +44,7 @@ pub enum UserRecord {
     /// as the model knew it).
     Snapshot(ProcessSnapshot),
     /// New or changed metadata for a container.
-    Container(ContainerDescription),
+    Container(Box<ContainerDescription>),
     /// A /dev/shm file system's use, measured when something failed.
     Capacity(CapacitySample),
     /// Cumulative counts of kernel records lost to a full ring buffer.
@@ -54,7 +54,9 @@ pub enum UserRecord {
     WriterLoss(WriterLoss),
     /// The flight recorder was triggered.
     Trigger(Trigger),
-    Note { text: String },
+    Note {
+        text: String,
+    },
     /// A record type this version does not know (written by a newer shmtrace).
     #[serde(other)]
     Unknown,

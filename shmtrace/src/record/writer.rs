@@ -199,15 +199,16 @@ impl TraceWriter {
         };
         options.block_bytes = options.block_bytes.clamp(4096, MAX_RECORD);
         header.compressed = options.compression.is_some();
-        let compressor = match options.compression {
-            Some(level) => Some(zstd::bulk::Compressor::new(level).map_err(|source| {
-                WriteError::Create {
-                    path: first.clone(),
-                    source,
-                }
-            })?),
-            None => None,
-        };
+        let compressor =
+            match options.compression {
+                Some(level) => Some(zstd::bulk::Compressor::new(level).map_err(|source| {
+                    WriteError::Create {
+                        path: first.clone(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
         let (file, header_len) = open_with_header(&first, &header)?;
         Ok(TraceWriter {
             options,
@@ -277,7 +278,9 @@ impl TraceWriter {
         let frame_len = FRAME_HEAD_LEN + payload.len();
         let start_new = match self.chunks.last() {
             None => true,
-            Some(last) => !last.bytes.is_empty() && last.bytes.len() + frame_len > self.options.block_bytes,
+            Some(last) => {
+                !last.bytes.is_empty() && last.bytes.len() + frame_len > self.options.block_bytes
+            }
         };
         if start_new {
             self.chunks.push(Chunk {
@@ -304,7 +307,8 @@ impl TraceWriter {
     }
 
     pub fn flush_due(&self, now: Instant) -> bool {
-        self.flush_deadline().is_some_and(|deadline| now >= deadline)
+        self.flush_deadline()
+            .is_some_and(|deadline| now >= deadline)
             || self.buffered_bytes() >= self.options.block_bytes
     }
 
@@ -420,7 +424,11 @@ impl TraceWriter {
             }
             let block = self.block(&frames);
             if let Err(source) = self.append(&block) {
-                self.note_loss(carried.len() as u64, frames.len() as u64, &source.to_string());
+                self.note_loss(
+                    carried.len() as u64,
+                    frames.len() as u64,
+                    &source.to_string(),
+                );
                 return Err(WriteError::Write {
                     path: self.path.clone(),
                     dropped: carried.len() as u64,
@@ -446,8 +454,7 @@ impl TraceWriter {
         })?;
         for (sequence, path) in files {
             if sequence < oldest_kept {
-                std::fs::remove_file(&path)
-                    .map_err(|source| WriteError::Prune { path, source })?;
+                std::fs::remove_file(&path).map_err(|source| WriteError::Prune { path, source })?;
                 self.stats.files_removed += 1;
             }
         }

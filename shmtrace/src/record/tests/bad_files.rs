@@ -46,7 +46,10 @@ fn empty_file() {
     assert_eq!(error.offset, 0);
     assert!(matches!(error.reason, Reason::Empty));
     let text = error.to_string();
-    assert!(text.contains("bad.shmtrace: at byte offset 0: the file is empty"), "{text}");
+    assert!(
+        text.contains("bad.shmtrace: at byte offset 0: the file is empty"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -57,7 +60,10 @@ fn foreign_files() {
     let error = error.unwrap();
     assert!(matches!(error.reason, Reason::Foreign { .. }));
     let text = error.to_string();
-    assert!(text.contains("not a shmtrace trace file (it starts with 7f 45 4c 46"), "{text}");
+    assert!(
+        text.contains("not a shmtrace trace file (it starts with 7f 45 4c 46"),
+        "{text}"
+    );
     let (_, error) = read_bytes(&dir, b"{\"");
     assert!(matches!(error.unwrap().reason, Reason::Foreign { .. }));
 }
@@ -102,7 +108,10 @@ fn corrupt_header() {
     bytes[PREAMBLE_LEN + 3] ^= 0x20;
     let (_, error) = read_bytes(&dir, &bytes);
     let error = error.unwrap();
-    assert!(matches!(error.reason, Reason::HeaderChecksum { .. }), "{error}");
+    assert!(
+        matches!(error.reason, Reason::HeaderChecksum { .. }),
+        "{error}"
+    );
     assert_eq!(error.offset, 0);
 }
 
@@ -119,9 +128,10 @@ fn truncated_record_keeps_everything_before() {
             assert!(error.is_truncation());
             assert_eq!(error.offset, offsets[k]);
             assert!(
-                error
-                    .to_string()
-                    .contains(&format!("at byte offset {}: the file ends inside", offsets[k])),
+                error.to_string().contains(&format!(
+                    "at byte offset {}: the file ends inside",
+                    offsets[k]
+                )),
                 "{error}"
             );
         }
@@ -191,7 +201,8 @@ fn unknown_record_kinds_stop_unless_skippable() {
     );
     frame[16..20].copy_from_slice(&crc.to_le_bytes());
     skippable.extend_from_slice(&frame);
-    skippable.extend_from_slice(&bytes[bytes.len() - (20 + size_of::<shmtrace_common::ForkEvent>())..]);
+    skippable
+        .extend_from_slice(&bytes[bytes.len() - (20 + size_of::<shmtrace_common::ForkEvent>())..]);
     let path = dir.join("skip.shmtrace");
     std::fs::write(&path, &skippable).unwrap();
     let mut reader = TraceReader::open(&path).unwrap();
@@ -210,7 +221,10 @@ fn unknown_record_kinds_stop_unless_skippable() {
     assert_eq!(entries.len(), 2);
     let error = error.unwrap();
     assert_eq!(error.offset, end);
-    assert!(error.to_string().contains("unknown record kind 5"), "{error}");
+    assert!(
+        error.to_string().contains("unknown record kind 5"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -219,12 +233,18 @@ fn a_rotated_set_from_another_recording_is_refused() {
     let base = dir.join("trace.shmtrace");
     for sequence in 0..2 {
         let path = crate::record::rotation::numbered(&base, sequence);
-        let mut writer = TraceWriter::create(&path, test_header(), WriterOptions::default()).unwrap();
-        writer.write_kernel(&fork(u64::from(sequence), 1, 2)).unwrap();
+        let mut writer =
+            TraceWriter::create(&path, test_header(), WriterOptions::default()).unwrap();
+        writer
+            .write_kernel(&fork(u64::from(sequence), 1, 2))
+            .unwrap();
         writer.finish(&mut no_carry).unwrap();
     }
     let (entries, error) = read_entries(crate::record::TraceSet::open(&base).unwrap());
     assert_eq!(entries.len(), 1);
     let error = error.unwrap();
-    assert!(error.to_string().contains("belongs to another recording"), "{error}");
+    assert!(
+        error.to_string().contains("belongs to another recording"),
+        "{error}"
+    );
 }

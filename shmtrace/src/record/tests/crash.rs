@@ -42,7 +42,12 @@ fn kill_mid_write(compressed: bool) {
     let path = dir.join("trace.shmtrace");
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", "record::tests::crash::crash_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "record::tests::crash::crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ENV, &path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

@@ -197,7 +197,12 @@ pub fn exit(ts_ns: u64, pid: u32, raw: i32) -> Vec<u8> {
 /// object created, a failing fallocate, SIGBUS, and the worker's death.
 pub fn dataloader_records(t0: u64) -> Vec<Vec<u8>> {
     vec![
-        exec(t0, 4242, "/usr/bin/python3", &["python3", "train.py", "--workers", "4"]),
+        exec(
+            t0,
+            4242,
+            "/usr/bin/python3",
+            &["python3", "train.py", "--workers", "4"],
+        ),
         fork(t0 + 1_000, 4242, 4243),
         rename(t0 + 2_000, 4243, "pt_data_worker"),
         openat(t0 + 3_000, 4243, "/dev/shm/torch_4243_1", 11, 77),

@@ -58,7 +58,9 @@ fn original(path: &Path) {
         }),
         ..ContainerDescription::default()
     };
-    container.labels.insert("team".into(), "label-value-acme".into());
+    container
+        .labels
+        .insert("team".into(), "label-value-acme".into());
     container
         .labels
         .insert("com.docker.compose.project".into(), "acme".into());
@@ -78,15 +80,24 @@ fn original(path: &Path) {
         s.fds[0].path = "/dev/shm/acme_cache_4242".into();
     }
     writer.write_user(1, &snap).unwrap();
-    writer.write_user(2, &UserRecord::Container(container)).unwrap();
     writer
-        .write_kernel(&exec(3, 4242, "/home/alice/venv/bin/python3", &["python3", HOME_PATH, ARG]))
+        .write_user(2, &UserRecord::Container(Box::new(container)))
+        .unwrap();
+    writer
+        .write_kernel(&exec(
+            3,
+            4242,
+            "/home/alice/venv/bin/python3",
+            &["python3", HOME_PATH, ARG],
+        ))
         .unwrap();
     // A process name that is the project's own.
     let mut named = fork(4, 4242, 4243);
     named[offset_of_comm()..offset_of_comm() + 9].copy_from_slice(b"mytrainer");
     writer.write_kernel(&named).unwrap();
-    writer.write_kernel(&rename(5, 4243, "pt_data_worker")).unwrap();
+    writer
+        .write_kernel(&rename(5, 4243, "pt_data_worker"))
+        .unwrap();
     writer
         .write_kernel(&openat(6, 4243, "/dev/shm/torch_4243_17", 11, 77))
         .unwrap();
@@ -98,25 +109,36 @@ fn original(path: &Path) {
     writer
         .write_kernel(&openat(8, 4243, "/home/alice/.cache/x", 13, 79))
         .unwrap();
-    writer.write_kernel(&fallocate_enospc(9, 4243, 11, 77)).unwrap();
     writer
-        .write_user(10, &UserRecord::Capacity(CapacitySample {
-            pid: Some(4243),
-            container: Some(CONTAINER_ID.into()),
-            capacity: ShmCapacity::default(),
-        }))
+        .write_kernel(&fallocate_enospc(9, 4243, 11, 77))
         .unwrap();
     writer
-        .write_user(11, &UserRecord::Trigger(Trigger {
-            reason: TriggerReason::Enospc,
-            pid: Some(4243),
-            detail: format!("{HOST}: fallocate in {NAME}"),
-        }))
+        .write_user(
+            10,
+            &UserRecord::Capacity(CapacitySample {
+                pid: Some(4243),
+                container: Some(CONTAINER_ID.into()),
+                capacity: ShmCapacity::default(),
+            }),
+        )
         .unwrap();
     writer
-        .write_user(12, &UserRecord::Note {
-            text: format!("ran on {HOST}"),
-        })
+        .write_user(
+            11,
+            &UserRecord::Trigger(Trigger {
+                reason: TriggerReason::Enospc,
+                pid: Some(4243),
+                detail: format!("{HOST}: fallocate in {NAME}"),
+            }),
+        )
+        .unwrap();
+    writer
+        .write_user(
+            12,
+            &UserRecord::Note {
+                text: format!("ran on {HOST}"),
+            },
+        )
         .unwrap();
     writer.finish(&mut no_carry).unwrap();
 }
@@ -157,10 +179,20 @@ fn no_identifying_string_survives_in_the_bytes() {
     let reader = TraceReader::open(&output).unwrap();
     let header = reader.header().clone();
     assert!(header.redacted);
-    assert_eq!(header.target.containers[0].runtime.as_deref(), Some("docker"));
-    assert_eq!(header.target.containers[0].shm.unwrap().size_bytes, 64 << 20);
+    assert_eq!(
+        header.target.containers[0].runtime.as_deref(),
+        Some("docker")
+    );
+    assert_eq!(
+        header.target.containers[0].shm.unwrap().size_bytes,
+        64 << 20
+    );
     assert_eq!(header.target.containers[0].id.len(), 64);
-    assert!(header.target.containers[0].labels.contains_key("com.docker.compose.project"));
+    assert!(
+        header.target.containers[0]
+            .labels
+            .contains_key("com.docker.compose.project")
+    );
     let (entries, error) = read_entries(reader);
     assert!(error.is_none());
     let events: Vec<_> = entries
@@ -175,11 +207,14 @@ fn no_identifying_string_survives_in_the_bytes() {
     };
     assert_eq!(exec.argv.len(), 3, "as many arguments, pseudonymous");
     assert!(exec.filename.starts_with("/redacted/"));
-    assert_eq!(events[2].body, Body::Rename {
-        pid: 4243,
-        tid: 4243,
-        comm: "pt_data_worker".into()
-    });
+    assert_eq!(
+        events[2].body,
+        Body::Rename {
+            pid: 4243,
+            tid: 4243,
+            comm: "pt_data_worker".into()
+        }
+    );
     let paths: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.body {
@@ -187,7 +222,10 @@ fn no_identifying_string_survives_in_the_bytes() {
             _ => None,
         })
         .collect();
-    assert_eq!(paths[0], "/dev/shm/torch_4243_17", "PyTorch's names are kept");
+    assert_eq!(
+        paths[0], "/dev/shm/torch_4243_17",
+        "PyTorch's names are kept"
+    );
     assert!(paths[1].starts_with("/dev/shm/") && paths[1].ends_with("_cache_4242"));
     assert!(paths[2].starts_with("/redacted/"));
     // The same name gets the same pseudonym in a snapshot and in a kernel record.
@@ -197,7 +235,10 @@ fn no_identifying_string_survives_in_the_bytes() {
     assert_eq!(snap.fds[0].path, paths[1]);
     assert_eq!(snap.exe.as_deref(), Some(exec.filename.as_str()));
     assert_eq!(snap.argv, exec.argv);
-    assert_eq!(events[6].body, decode(&fallocate_enospc(9, 4243, 11, 77)).unwrap().body);
+    assert_eq!(
+        events[6].body,
+        decode(&fallocate_enospc(9, 4243, 11, 77)).unwrap().body
+    );
 
     // A second redaction uses another key: pseudonyms do not link two shared files.
     let again = dir.join("again.shmtrace");

@@ -40,7 +40,10 @@ fn check_sample(path: &Path, records: &[Vec<u8>], compressed: bool) {
     assert!(error.is_none(), "{error:?}");
     let reader = TraceReader::open(path).unwrap();
     assert_eq!(reader.header().compressed, compressed);
-    assert_eq!(reader.header().target.command.as_ref().unwrap()[1], "train.py");
+    assert_eq!(
+        reader.header().target.command.as_ref().unwrap()[1],
+        "train.py"
+    );
     assert_eq!(entries.len(), records.len() + 2);
     assert_eq!(entries[0].record, Record::User(snapshot(4242)));
     for (entry, original) in entries[1..].iter().zip(records) {
@@ -99,7 +102,9 @@ fn compression_shrinks_kernel_records() {
         let mut writer = TraceWriter::create(&path, test_header(), options).unwrap();
         for i in 0..2000u64 {
             let name = format!("/dev/shm/torch_4243_{i}");
-            writer.write_kernel(&openat(i * 1000, 4243, &name, 11, i)).unwrap();
+            writer
+                .write_kernel(&openat(i * 1000, 4243, &name, 11, i))
+                .unwrap();
         }
         writer.finish(&mut no_carry).unwrap();
         sizes.push(std::fs::metadata(&path).unwrap().len());
@@ -107,7 +112,12 @@ fn compression_shrinks_kernel_records() {
         assert!(error.is_none());
         assert_eq!(entries.len(), 2000);
     }
-    assert!(sizes[1] * 10 < sizes[0], "zstd {} vs plain {}", sizes[1], sizes[0]);
+    assert!(
+        sizes[1] * 10 < sizes[0],
+        "zstd {} vs plain {}",
+        sizes[1],
+        sizes[0]
+    );
 }
 
 #[test]
@@ -127,7 +137,10 @@ fn nothing_reaches_the_file_before_a_flush_and_flushes_fall_due() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), header_only);
     let later = now + Duration::from_millis(60);
     assert!(writer.flush_due(later));
-    assert_eq!(writer.flush_if_due(later, &mut no_carry).unwrap().records, 1);
+    assert_eq!(
+        writer.flush_if_due(later, &mut no_carry).unwrap().records,
+        1
+    );
     assert_eq!(read_all(&path).0.len(), 1);
     assert!(writer.flush_deadline().is_none());
 }
@@ -169,20 +182,29 @@ fn rotation_keeps_the_newest_files_each_readable_alone() {
         };
         let mut writer = TraceWriter::create(&base, test_header(), options).unwrap();
         let mut rotations = 0;
-        let total = if compression.is_some() { 30_000u64 } else { 6000 };
+        let total = if compression.is_some() {
+            30_000u64
+        } else {
+            6000
+        };
         for i in 0..total {
             // Distinct names, so that compression leaves enough bytes to rotate.
             let name = format!("/dev/shm/torch_4243_{}", i.wrapping_mul(0x9e3779b97f4a7c15));
-            writer.write_kernel(&openat(i + 1, 4243, &name, 11, i)).unwrap();
+            writer
+                .write_kernel(&openat(i + 1, 4243, &name, 11, i))
+                .unwrap();
             if i % 100 == 99 {
-                let flushed = writer
-                    .flush(&mut || vec![(i, snapshot(4242))])
-                    .unwrap();
+                let flushed = writer.flush(&mut || vec![(i, snapshot(4242))]).unwrap();
                 rotations += flushed.rotated_to.len();
             }
         }
-        let stats = writer.finish(&mut || vec![(total, snapshot(4242))]).unwrap();
-        assert!(rotations >= 3, "{compression:?}: only {rotations} rotations");
+        let stats = writer
+            .finish(&mut || vec![(total, snapshot(4242))])
+            .unwrap();
+        assert!(
+            rotations >= 3,
+            "{compression:?}: only {rotations} rotations"
+        );
         assert_eq!(stats.files as usize, rotations + 1);
         assert_eq!(stats.files_removed as usize, rotations + 1 - 3);
 
@@ -201,7 +223,10 @@ fn rotation_keeps_the_newest_files_each_readable_alone() {
             // Each file starts with the state carried over from the one before.
             assert_eq!(entries[0].record, Record::User(snapshot(4242)));
         }
-        assert_eq!(sequences, [rotations as u32 - 2, rotations as u32 - 1, rotations as u32]);
+        assert_eq!(
+            sequences,
+            [rotations as u32 - 2, rotations as u32 - 1, rotations as u32]
+        );
 
         // As one stream: the newest records, in order, ending with the last one written.
         let set = TraceSet::open(&base).unwrap();
@@ -218,10 +243,17 @@ fn rotation_keeps_the_newest_files_each_readable_alone() {
 
         // A new recording refuses to mix with these files.
         assert!(matches!(
-            TraceWriter::create(&base, test_header(), WriterOptions {
-                rotation: Some(Rotation { max_size: 64 << 10, keep: None }),
-                ..WriterOptions::default()
-            }),
+            TraceWriter::create(
+                &base,
+                test_header(),
+                WriterOptions {
+                    rotation: Some(Rotation {
+                        max_size: 64 << 10,
+                        keep: None
+                    }),
+                    ..WriterOptions::default()
+                }
+            ),
             Err(WriteError::Exists { .. })
         ));
     }
@@ -230,7 +262,10 @@ fn rotation_keeps_the_newest_files_each_readable_alone() {
 #[test]
 fn decoded_bodies_are_what_the_probes_meant() {
     // A guard on the fixtures themselves: they are the kernel layouts the decoder expects.
-    let events: Vec<_> = dataloader_records(0).iter().map(|r| decode(r).unwrap()).collect();
+    let events: Vec<_> = dataloader_records(0)
+        .iter()
+        .map(|r| decode(r).unwrap())
+        .collect();
     assert!(matches!(&events[0].body, Body::Exec(e) if e.argv.len() == 4));
     assert!(matches!(&events[4].body, Body::Call(c) if c.errno() == Some(libc::ENOSPC)));
 }
