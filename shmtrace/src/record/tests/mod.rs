@@ -3,6 +3,7 @@
 mod bad_files;
 mod crash;
 mod flight;
+mod full_disk;
 mod fuzz;
 mod redaction;
 mod round_trip;
