@@ -187,6 +187,14 @@ impl TraceHeader {
         }
     }
 
+    /// Turns the file's boot-time timestamps into wall-clock time, in the local time zone.
+    pub fn clock(&self) -> crate::output::Clock {
+        crate::output::Clock::with_offset(
+            i128::from(self.unix_minus_boot_ns),
+            jiff::tz::TimeZone::system(),
+        )
+    }
+
     pub(super) fn flags(&self) -> u16 {
         let mut bits = 0;
         if self.redacted {
@@ -250,6 +258,9 @@ mod tests {
         assert_eq!(back, header);
         assert!(!header.kernel_release.is_empty());
         assert_eq!(header.recording_id.len(), 32);
+        // Boot time plus the offset is the wall clock the header was made at.
+        let start = header.clock().wall(header.start_boot_ns).as_nanosecond();
+        assert_eq!(start, i128::from(header.start_unix_ns));
     }
 
     #[test]
