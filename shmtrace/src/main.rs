@@ -11,6 +11,7 @@ mod event;
 mod model;
 mod output;
 mod proc_scan;
+mod record;
 mod session;
 mod shm_fs;
 mod target;

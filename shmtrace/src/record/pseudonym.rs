@@ -1,0 +1,394 @@
+//! Stable pseudonyms for redacted traces.
+//!
+//! A pseudonym is HMAC-SHA256 of the original under a random key that exists only in this
+//! process's memory and is never written: the same name gets the same pseudonym everywhere in
+//! one redacted file (so processes and objects still line up), but no one holding the file can
+//! confirm a guess ("is host-3fa9c2d1 build-server-7?") without the key.
+//!
+//! /dev/shm names keep their shape, because the shape is the diagnosis: `torch_4242_17` stays
+//! `torch_4242_17`, `psm_3fa9c2d1` becomes `psm_` and eight other characters of the same
+//! classes. Numbers and words of a fixed vocabulary (library prefixes) are kept; every other
+//! word is replaced letter for letter.
+use std::{collections::HashMap, io};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Fills `buf` from the kernel's random source.
+pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: the kernel writes at most `rest.len()` bytes into `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        filled += n as usize;
+    }
+    Ok(())
+}
+
+/// What a name is; the same text in two roles gets two pseudonyms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Role {
+    Host,
+    ContainerId,
+    ContainerName,
+    Image,
+    Path,
+    Arg,
+    Comm,
+    Label,
+    Text,
+    ShmWord,
+}
+
+impl Role {
+    fn tag(self) -> &'static [u8] {
+        match self {
+            Role::Host => b"host",
+            Role::ContainerId => b"container-id",
+            Role::ContainerName => b"container-name",
+            Role::Image => b"image",
+            Role::Path => b"path",
+            Role::Arg => b"arg",
+            Role::Comm => b"comm",
+            Role::Label => b"label",
+            Role::Text => b"text",
+            Role::ShmWord => b"shm-word",
+        }
+    }
+}
+
+/// Words kept in /dev/shm names: prefixes that libraries put there, which say who made an
+/// object and identify no one.
+const SHM_VOCABULARY: &[&str] = &[
+    "torch",
+    "pymp",
+    "psm",
+    "mp",
+    "sem",
+    "shm",
+    "nccl",
+    "cuda",
+    "cudnn",
+    "ray",
+    "plasma",
+    "arrow",
+    "jax",
+    "xla",
+    "tf",
+    "mkl",
+    "kmp",
+    "registered",
+    "lib",
+    "omp",
+    "dask",
+    "worker",
+    "loader",
+    "data",
+    "queue",
+    "lock",
+    "tmp",
+    "temp",
+    "buffer",
+    "buf",
+    "pulse",
+    "pulseshm",
+    "mono",
+    "jack",
+    "wayland",
+    "dbus",
+    "chromium",
+    "chrome",
+    "memfd",
+    "file",
+    "fd",
+    "mem",
+    "pool",
+    "cache",
+    "seg",
+    "segment",
+    "ipc",
+    "boost",
+    "vllm",
+    "nvidia",
+    "hf",
+    "datasets",
+    "multiprocessing",
+    "joblib",
+    "loky",
+    "ompi",
+    "vader",
+    "ucx",
+    "gloo",
+    "deleted",
+];
+
+/// Separators kept in /dev/shm names; any other non-alphanumeric character becomes `_`.
+const SHM_SEPARATORS: &[char] = &['.', '_', '-', '+', '=', '@', ':', '/', ','];
+
+/// Process names kept as they are: interpreters, shells and PyTorch's own thread names, which
+/// say what a process is (a DataLoader worker) and nothing about who runs it.
+const GENERIC_COMMS: &[&str] = &[
+    "torchrun",
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "busybox",
+    "dd",
+    "cat",
+    "cp",
+    "tee",
+    "env",
+    "java",
+    "node",
+    "ruby",
+    "perl",
+    "R",
+    "Rscript",
+    "tini",
+    "docker-init",
+    "dumb-init",
+    "runc",
+    "conmon",
+    "containerd-shim",
+    "shmtrace",
+    "sleep",
+    "QueueFeederThr",
+    "init",
+];
+
+pub struct Pseudonyms {
+    key: [u8; 32],
+    cache: HashMap<(Role, String), String>,
+}
+
+impl Pseudonyms {
+    /// With a fresh random key.
+    pub fn new() -> io::Result<Pseudonyms> {
+        let mut key = [0u8; 32];
+        fill_random(&mut key)?;
+        Ok(Pseudonyms::with_key(key))
+    }
+
+    pub fn with_key(key: [u8; 32]) -> Pseudonyms {
+        Pseudonyms {
+            key,
+            cache: HashMap::new(),
+        }
+    }
+
+    fn mac(&self, role: Role, value: &str) -> [u8; 32] {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
+        mac.update(role.tag());
+        mac.update(&[0]);
+        mac.update(value.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    fn hex(&self, role: Role, value: &str, digits: usize) -> String {
+        self.mac(role, value)
+            .iter()
+            .flat_map(|b| [b >> 4, b & 0xf])
+            .take(digits)
+            .map(|n| char::from_digit(n.into(), 16).expect("a nibble"))
+            .collect()
+    }
+
+    fn cached(&mut self, role: Role, value: &str, make: impl FnOnce(&Self) -> String) -> String {
+        if let Some(known) = self.cache.get(&(role, value.to_owned())) {
+            return known.clone();
+        }
+        let made = make(self);
+        self.cache.insert((role, value.to_owned()), made.clone());
+        made
+    }
+
+    pub fn host(&mut self, value: &str) -> String {
+        self.cached(Role::Host, value, |p| {
+            format!("host-{}", p.hex(Role::Host, value, 8))
+        })
+    }
+
+    /// Same length as the original, in hex (a 64-digit Docker id stays 64 hex digits).
+    pub fn container_id(&mut self, value: &str) -> String {
+        let len = value.len().clamp(12, 64);
+        self.cached(Role::ContainerId, value, |p| {
+            p.hex(Role::ContainerId, value, len)
+        })
+    }
+
+    pub fn container_name(&mut self, value: &str) -> String {
+        self.cached(Role::ContainerName, value, |p| {
+            format!("container-{}", p.hex(Role::ContainerName, value, 8))
+        })
+    }
+
+    pub fn image(&mut self, value: &str) -> String {
+        self.cached(Role::Image, value, |p| {
+            format!("image-{}", p.hex(Role::Image, value, 8))
+        })
+    }
+
+    pub fn label(&mut self, value: &str) -> String {
+        self.cached(Role::Label, value, |p| {
+            format!("label-{}", p.hex(Role::Label, value, 8))
+        })
+    }
+
+    /// Free text (notes, details): replaced whole.
+    pub fn text(&mut self, value: &str) -> String {
+        if value.is_empty() {
+            return String::new();
+        }
+        self.cached(Role::Text, value, |p| {
+            format!("redacted-{}", p.hex(Role::Text, value, 8))
+        })
+    }
+
+    /// One command-line argument: short, so that a whole command line fits the kernel record.
+    pub fn arg(&mut self, value: &str) -> String {
+        self.cached(Role::Arg, value, |p| {
+            format!("arg-{}", p.hex(Role::Arg, value, 6))
+        })
+    }
+
+    /// A path: /dev/shm paths keep their shape, others become `/redacted/<hex>`.
+    pub fn path(&mut self, value: &str) -> String {
+        if let Some(name) = value.strip_prefix("/dev/shm/") {
+            return format!("/dev/shm/{}", self.shm_name(name));
+        }
+        if value == "/dev/shm" {
+            return value.to_owned();
+        }
+        self.cached(Role::Path, value, |p| {
+            let hex = p.hex(Role::Path, value, 12);
+            if value.starts_with('/') {
+                format!("/redacted/{hex}")
+            } else {
+                format!("redacted-{hex}")
+            }
+        })
+    }
+
+    /// A name inside /dev/shm (relative to it), shape kept.
+    pub fn shm_name(&mut self, name: &str) -> String {
+        let mut out = String::with_capacity(name.len());
+        let mut rest = name;
+        while let Some(c) = rest.chars().next() {
+            if c.is_ascii_alphanumeric() {
+                let end = rest
+                    .find(|c: char| !c.is_ascii_alphanumeric())
+                    .unwrap_or(rest.len());
+                let word = &rest[..end];
+                out.push_str(&self.shm_word(word));
+                rest = &rest[end..];
+            } else {
+                out.push(if SHM_SEPARATORS.contains(&c) { c } else { '_' });
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+        out
+    }
+
+    fn shm_word(&mut self, word: &str) -> String {
+        let lower = word.to_ascii_lowercase();
+        if word.bytes().all(|b| b.is_ascii_digit()) || SHM_VOCABULARY.contains(&lower.as_str()) {
+            return word.to_owned();
+        }
+        self.cached(Role::ShmWord, word, |p| {
+            // A character of the same class for each: digits stay digits, case is kept.
+            let mut stream = Vec::new();
+            let mut round = 0u32;
+            while stream.len() < word.len() {
+                stream.extend(p.mac(Role::ShmWord, &format!("{round}:{word}")));
+                round += 1;
+            }
+            word.bytes()
+                .zip(stream)
+                .map(|(c, r)| match c {
+                    b'0'..=b'9' => (b'0' + r % 10) as char,
+                    b'A'..=b'Z' => (b'A' + r % 26) as char,
+                    _ => (b'a' + r % 26) as char,
+                })
+                .collect()
+        })
+    }
+
+    /// A process name: generic ones kept (`python3`, `pt_data_worker`), others replaced by a
+    /// name that fits the kernel's 15 characters.
+    pub fn comm(&mut self, value: &str) -> String {
+        if is_generic_comm(value) {
+            return value.to_owned();
+        }
+        self.cached(Role::Comm, value, |p| {
+            format!("proc-{}", p.hex(Role::Comm, value, 8))
+        })
+    }
+}
+
+fn is_generic_comm(comm: &str) -> bool {
+    if GENERIC_COMMS.contains(&comm) || comm.is_empty() {
+        return true;
+    }
+    if let Some(version) = comm.strip_prefix("python") {
+        return version.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    }
+    // PyTorch names its threads pt_main_thread, pt_data_worker, pt_autograd_0, ...
+    comm.starts_with("pt_") && comm.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_input_same_pseudonym_different_key_different_pseudonym() {
+        let mut a = Pseudonyms::with_key([1; 32]);
+        let mut b = Pseudonyms::with_key([2; 32]);
+        assert_eq!(a.host("build-7"), a.host("build-7"));
+        assert_ne!(a.host("build-7"), a.host("build-8"));
+        assert_ne!(a.host("build-7"), b.host("build-7"));
+        // Roles are kept apart.
+        assert_ne!(a.text("x"), a.label("x")[6..]);
+        let id = "0123456789abcdef".repeat(4);
+        let pseudo = a.container_id(&id);
+        assert_eq!(pseudo.len(), 64);
+        assert_ne!(pseudo, id);
+    }
+
+    #[test]
+    fn shm_names_keep_their_shape() {
+        let mut p = Pseudonyms::with_key([3; 32]);
+        assert_eq!(p.shm_name("torch_4242_17"), "torch_4242_17");
+        assert_eq!(p.path("/dev/shm/torch_4242_17"), "/dev/shm/torch_4242_17");
+        let psm = p.shm_name("psm_3fa9c2d1");
+        assert!(psm.starts_with("psm_"));
+        assert_eq!(psm.len(), "psm_3fa9c2d1".len());
+        assert_ne!(psm, "psm_3fa9c2d1");
+        let secret = p.shm_name("acme-customer.cache\x1b");
+        assert!(!secret.contains("acme") && !secret.contains("customer"));
+        assert!(secret.ends_with(".cache_"));
+        // Same word, same pseudonym, wherever it appears.
+        let a = p.shm_name("acme_1");
+        assert_eq!(&a[..4], &secret[..4]);
+    }
+
+    #[test]
+    fn paths_outside_dev_shm_and_comms() {
+        let mut p = Pseudonyms::with_key([4; 32]);
+        let hidden = p.path("/home/alice/train.py");
+        assert!(hidden.starts_with("/redacted/") && !hidden.contains("alice"));
+        assert_eq!(p.comm("python3.11"), "python3.11");
+        assert_eq!(p.comm("pt_data_worker"), "pt_data_worker");
+        let secret = p.comm("acme_trainer");
+        assert!(secret.starts_with("proc-") && secret.len() <= 15);
+    }
+}

@@ -1,0 +1,108 @@
+//! A real full disk under the writer: a child process in its own mount namespace writes into a
+//! 256 KiB tmpfs until the disk is full. The lost records are counted, the file stays readable
+//! up to its last good block, and once space is back a `writer_loss` record marks the hole.
+use std::process::Command;
+
+use super::*;
+use crate::record::{TraceWriter, WriteError, WriterOptions, no_carry};
+
+const ENV: &str = "SHMTRACE_FULL_DISK_CHILD";
+
+#[test]
+fn full_disk_child() {
+    if std::env::var_os(ENV).is_none() {
+        return; // Only runs when `a_full_disk_is_counted_and_marked` starts it.
+    }
+    use nix::mount::{MsFlags, mount};
+    if nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).is_err() {
+        println!("skip: cannot make a mount namespace (not root?)");
+        return;
+    }
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .unwrap();
+    let dir = TempDir::new("full");
+    mount(
+        Some("tmpfs"),
+        dir.path(),
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("size=256k"),
+    )
+    .unwrap();
+    let ballast = dir.join("ballast");
+    std::fs::write(&ballast, vec![1u8; 64 << 10]).unwrap();
+
+    let path = dir.join("trace.shmtrace");
+    let mut writer = TraceWriter::create(&path, test_header(), WriterOptions::default()).unwrap();
+    let mut i = 0u64;
+    let dropped = loop {
+        for _ in 0..50 {
+            writer
+                .write_kernel(&openat(i, 1, "/dev/shm/torch_1_1", 3, i))
+                .unwrap();
+            i += 1;
+        }
+        match writer.flush(&mut no_carry) {
+            Ok(_) => assert!(i < 100_000, "the tmpfs never filled"),
+            Err(WriteError::Write {
+                dropped, source, ..
+            }) => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+                break dropped;
+            }
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(dropped, 50);
+    assert_eq!(writer.stats().records_dropped, 50);
+    let written = writer.stats().records;
+    let (entries, error) = read_all(&path);
+    assert!(
+        error.is_none(),
+        "cut back to the last good block: {error:?}"
+    );
+    assert_eq!(entries.len() as u64, written);
+
+    std::fs::remove_file(&ballast).unwrap();
+    writer.write_kernel(&fork(i, 1, 2)).unwrap();
+    writer.finish(&mut no_carry).unwrap();
+    let (entries, error) = read_all(&path);
+    assert!(error.is_none());
+    assert_eq!(entries.len() as u64, written + 2);
+    let Record::User(UserRecord::WriterLoss(loss)) = &entries[written as usize].record else {
+        panic!("the hole is marked where it is")
+    };
+    assert_eq!(loss.records, 50);
+    assert!(loss.reason.contains("No space left"), "{}", loss.reason);
+    println!("full disk ok: {written} records written, 50 counted lost and marked");
+}
+
+#[test]
+fn a_full_disk_is_counted_and_marked() {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "record::tests::full_disk::full_disk_child",
+            "--nocapture",
+        ])
+        .env(ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    if stdout.contains("skip:") {
+        eprintln!("skipped: this test needs root for a private tmpfs");
+        return;
+    }
+    assert!(stdout.contains("full disk ok"), "{stdout}");
+}

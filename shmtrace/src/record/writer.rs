@@ -1,0 +1,519 @@
+//! Writing a trace file: crash-safe, optionally compressed, optionally rotating.
+//!
+//! Records are framed into memory as they arrive; nothing touches the file until a flush. A
+//! flush writes whole blocks, each one `write(2)` of complete frames (compressed: one
+//! independent zstd frame per block). So a `kill -9` at any moment leaves a file whose every
+//! flushed block reads back, and at worst a torn last block that the reader reports as a
+//! truncation at its offset.
+//!
+//! Flush policy: the session calls [`TraceWriter::flush_if_due`] after each batch it takes from
+//! the ring buffer and when [`TraceWriter::flush_deadline`] passes. A flush is due once the
+//! oldest unwritten record is `flush_interval` old (default 100 ms) or `block_bytes` are
+//! waiting, so after a crash at most the last 100 ms are missing. `sync_on_flush` adds an
+//! `fdatasync` for power loss; without it, files are synced when rotated and finished.
+//!
+//! Nothing is lost silently: a record that cannot be written is counted in [`WriteStats`], the
+//! error is returned, and the next successful flush writes a `WriterLoss` record so that
+//! readers see the hole.
+use std::{
+    fs::File,
+    io::{self, Seek, SeekFrom, Write},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use super::{
+    format::{self, FRAME_HEAD_LEN, FrameKind, MAX_PAYLOAD},
+    header::TraceHeader,
+    rotation,
+    user::{Record, UserRecord, WriterLoss},
+};
+
+/// The largest record a writer accepts: a block holding it and its frame head still fits in
+/// [`MAX_PAYLOAD`].
+pub const MAX_RECORD: usize = (MAX_PAYLOAD as usize) - (1 << 20);
+
+/// Records to put at the start of each new rotated file so that it reads on its own: the
+/// session returns snapshots of the processes it knows (`record::carry::world_snapshots`).
+pub type CarryOver<'a> = &'a mut dyn FnMut() -> Vec<(u64, UserRecord)>;
+
+/// For callers with nothing to carry over (and writers that never rotate).
+pub fn no_carry() -> Vec<(u64, UserRecord)> {
+    Vec::new()
+}
+
+#[derive(Clone, Debug)]
+pub struct WriterOptions {
+    /// zstd level (1-19; 3 is zstd's default), or `None` for no compression.
+    pub compression: Option<i32>,
+    /// Longest a record waits in memory before a flush is due.
+    pub flush_interval: Duration,
+    /// Bytes of framed records per block (and per compressed frame).
+    pub block_bytes: usize,
+    pub rotation: Option<Rotation>,
+    /// `fdatasync` after every flush, for power loss as well as crashes.
+    pub sync_on_flush: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> WriterOptions {
+        WriterOptions {
+            compression: None,
+            flush_interval: Duration::from_millis(100),
+            block_bytes: 1 << 20,
+            rotation: None,
+            sync_on_flush: false,
+        }
+    }
+}
+
+/// `record --max-size --keep`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rotation {
+    /// A file is closed before a block would take it past this size (a single block larger
+    /// than this gets a file of its own).
+    pub max_size: u64,
+    /// Keep only the newest `keep` files, deleting older ones; `None` keeps all.
+    pub keep: Option<u32>,
+}
+
+/// The smallest `max_size` accepted: room for a header and a few blocks.
+pub const MIN_ROTATION_SIZE: u64 = 64 << 10;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    /// Records written by flushes that succeeded.
+    pub records: u64,
+    /// Bytes in the files, headers included.
+    pub bytes: u64,
+    /// Records that could not be written (I/O errors, records too large).
+    pub records_dropped: u64,
+    pub bytes_dropped: u64,
+    /// Files created, and old ones deleted by `keep`.
+    pub files: u32,
+    pub files_removed: u32,
+}
+
+/// What a flush did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    pub records: u64,
+    /// Files opened by rotation during this flush.
+    pub rotated_to: Vec<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(
+        "cannot create the trace file {path}: {source}; check that its directory exists and is \
+         writable"
+    )]
+    Create { path: PathBuf, source: io::Error },
+    #[error(
+        "{path} exists, from an earlier recording; remove the old files or choose another -o, \
+         so that the two recordings do not mix"
+    )]
+    Exists { path: PathBuf },
+    #[error(
+        "writing the trace file {path} failed: {source}; {dropped} records were not written \
+         (the file stays readable up to the last good flush; free space or pick another \
+         disk)"
+    )]
+    Write {
+        path: PathBuf,
+        dropped: u64,
+        source: io::Error,
+    },
+    #[error(
+        "a record of {len} bytes is larger than the {max} bytes a trace file holds; it was \
+         dropped and counted"
+    )]
+    TooLarge { len: usize, max: usize },
+    #[error("removing the old trace file {path} (--keep) failed: {source}")]
+    Prune { path: PathBuf, source: io::Error },
+    #[error("--max-size must be at least {min} bytes, not {given}")]
+    RotationTooSmall { given: u64, min: u64 },
+    #[error("--keep must be at least 1")]
+    KeepZero,
+}
+
+/// Framed records waiting for a flush, cut into blocks of about `block_bytes`.
+#[derive(Clone)]
+struct Chunk {
+    bytes: Vec<u8>,
+    records: u64,
+}
+
+pub struct TraceWriter {
+    options: WriterOptions,
+    /// The `-o` path; rotated files are numbered after it.
+    base: PathBuf,
+    header: TraceHeader,
+    file: File,
+    path: PathBuf,
+    file_len: u64,
+    header_len: u64,
+    chunks: Vec<Chunk>,
+    oldest: Option<Instant>,
+    last_ts: u64,
+    pending_loss: Option<WriterLoss>,
+    compressor: Option<zstd::bulk::Compressor<'static>>,
+    stats: WriteStats,
+}
+
+impl TraceWriter {
+    /// Creates the trace file at `path` (with rotation: `path`'s file number 0) and writes its
+    /// header. `header.compressed` and `header.sequence` are set here.
+    pub fn create(
+        path: &Path,
+        mut header: TraceHeader,
+        mut options: WriterOptions,
+    ) -> Result<TraceWriter, WriteError> {
+        let first = match options.rotation {
+            Some(rotation) => {
+                if rotation.max_size < MIN_ROTATION_SIZE {
+                    return Err(WriteError::RotationTooSmall {
+                        given: rotation.max_size,
+                        min: MIN_ROTATION_SIZE,
+                    });
+                }
+                if rotation.keep == Some(0) {
+                    return Err(WriteError::KeepZero);
+                }
+                // Blocks small enough that a file is filled close to its limit.
+                options.block_bytes = options.block_bytes.min((rotation.max_size / 4) as usize);
+                if let Some((_, old)) = rotation::numbered_files(path)
+                    .map_err(|source| WriteError::Create {
+                        path: path.to_path_buf(),
+                        source,
+                    })?
+                    .into_iter()
+                    .next()
+                {
+                    return Err(WriteError::Exists { path: old });
+                }
+                header.sequence = 0;
+                rotation::numbered(path, 0)
+            }
+            None => path.to_path_buf(),
+        };
+        options.block_bytes = options.block_bytes.clamp(4096, MAX_RECORD);
+        header.compressed = options.compression.is_some();
+        let compressor =
+            match options.compression {
+                Some(level) => Some(zstd::bulk::Compressor::new(level).map_err(|source| {
+                    WriteError::Create {
+                        path: first.clone(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        let (file, header_len) = open_with_header(&first, &header)?;
+        Ok(TraceWriter {
+            options,
+            base: path.to_path_buf(),
+            header,
+            file,
+            path: first,
+            file_len: header_len,
+            header_len,
+            chunks: Vec::new(),
+            oldest: None,
+            last_ts: 0,
+            pending_loss: None,
+            compressor,
+            stats: WriteStats {
+                bytes: header_len,
+                files: 1,
+                ..WriteStats::default()
+            },
+        })
+    }
+
+    /// The file being written now.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    pub fn stats(&self) -> &WriteStats {
+        &self.stats
+    }
+
+    /// Queues a raw kernel ring-buffer record; its timestamp is read from its header.
+    pub fn write_kernel(&mut self, record: &[u8]) -> Result<(), WriteError> {
+        self.write_frame(FrameKind::Kernel, format::kernel_ts(record), record)
+    }
+
+    /// Queues a userspace record.
+    pub fn write_user(&mut self, ts_ns: u64, record: &UserRecord) -> Result<(), WriteError> {
+        self.write_frame(FrameKind::User, ts_ns, &record.to_cbor())
+    }
+
+    pub fn write(&mut self, ts_ns: u64, record: &Record) -> Result<(), WriteError> {
+        match record {
+            Record::Kernel(bytes) => self.write_frame(FrameKind::Kernel, ts_ns, bytes),
+            Record::User(user) => self.write_user(ts_ns, user),
+        }
+    }
+
+    /// Queues an already-encoded payload (the flight recorder keeps records encoded).
+    pub(super) fn write_frame(
+        &mut self,
+        kind: FrameKind,
+        ts_ns: u64,
+        payload: &[u8],
+    ) -> Result<(), WriteError> {
+        if payload.len() > MAX_RECORD {
+            self.note_loss(1, payload.len() as u64, "a record was too large to store");
+            return Err(WriteError::TooLarge {
+                len: payload.len(),
+                max: MAX_RECORD,
+            });
+        }
+        let frame_len = FRAME_HEAD_LEN + payload.len();
+        let start_new = match self.chunks.last() {
+            None => true,
+            Some(last) => {
+                !last.bytes.is_empty() && last.bytes.len() + frame_len > self.options.block_bytes
+            }
+        };
+        if start_new {
+            self.chunks.push(Chunk {
+                bytes: Vec::with_capacity(self.options.block_bytes.min(1 << 16)),
+                records: 0,
+            });
+        }
+        let chunk = self.chunks.last_mut().expect("pushed above");
+        format::encode_frame(&mut chunk.bytes, kind, ts_ns, payload);
+        chunk.records += 1;
+        self.oldest.get_or_insert_with(Instant::now);
+        self.last_ts = self.last_ts.max(ts_ns);
+        Ok(())
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn buffered_bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.bytes.len()).sum()
+    }
+
+    /// When the queued records must be flushed, if any are queued.
+    pub fn flush_deadline(&self) -> Option<Instant> {
+        self.oldest.map(|t| t + self.options.flush_interval)
+    }
+
+    pub fn flush_due(&self, now: Instant) -> bool {
+        self.flush_deadline()
+            .is_some_and(|deadline| now >= deadline)
+            || self.buffered_bytes() >= self.options.block_bytes
+    }
+
+    /// Flushes if [`flush_due`](Self::flush_due).
+    pub fn flush_if_due(
+        &mut self,
+        now: Instant,
+        carry: CarryOver<'_>,
+    ) -> Result<Flushed, WriteError> {
+        if self.flush_due(now) {
+            self.flush(carry)
+        } else {
+            Ok(Flushed::default())
+        }
+    }
+
+    /// Writes every queued record, rotating first when a block would take the file past
+    /// `max_size`. On an I/O error the queued records are dropped and counted, the file is cut
+    /// back to its last complete block, and the error is returned; the writer stays usable.
+    pub fn flush(&mut self, carry: CarryOver<'_>) -> Result<Flushed, WriteError> {
+        let mut flushed = Flushed::default();
+        if let Some(loss) = self.pending_loss.take() {
+            let mut bytes = Vec::new();
+            let payload = UserRecord::WriterLoss(loss).to_cbor();
+            format::encode_frame(&mut bytes, FrameKind::User, self.last_ts, &payload);
+            self.chunks.insert(0, Chunk { bytes, records: 1 });
+        }
+        let chunks = std::mem::take(&mut self.chunks);
+        self.oldest = None;
+        let mut pending = chunks.into_iter();
+        while let Some(chunk) = pending.next() {
+            let block = self.block(&chunk.bytes);
+            if self.needs_rotation(block.len() as u64) {
+                match self.rotate(carry) {
+                    Ok(path) => flushed.rotated_to.push(path),
+                    Err(error) => {
+                        self.drop_chunks(std::iter::once(chunk).chain(pending), "rotating failed");
+                        return Err(error);
+                    }
+                }
+            }
+            if let Err(source) = self.append(&block) {
+                let dropped = chunk.records + pending.clone().map(|c| c.records).sum::<u64>();
+                self.drop_chunks(std::iter::once(chunk).chain(pending), &source.to_string());
+                return Err(WriteError::Write {
+                    path: self.path.clone(),
+                    dropped,
+                    source,
+                });
+            }
+            self.stats.records += chunk.records;
+            flushed.records += chunk.records;
+        }
+        if self.options.sync_on_flush && flushed.records > 0 {
+            self.sync()?;
+        }
+        Ok(flushed)
+    }
+
+    /// Flushes, syncs and closes. Returns what was written over the writer's life.
+    pub fn finish(mut self, carry: CarryOver<'_>) -> Result<WriteStats, WriteError> {
+        self.flush(carry)?;
+        self.sync()?;
+        Ok(self.stats)
+    }
+
+    fn block(&mut self, frames: &[u8]) -> Vec<u8> {
+        let Some(compressor) = self.compressor.as_mut() else {
+            return frames.to_vec();
+        };
+        match compressor.compress(frames) {
+            Ok(compressed) => {
+                let mut payload = Vec::with_capacity(4 + compressed.len());
+                payload.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+                payload.extend_from_slice(&compressed);
+                let mut block = Vec::with_capacity(FRAME_HEAD_LEN + payload.len());
+                format::encode_frame(&mut block, FrameKind::ZstdBlock, 0, &payload);
+                block
+            }
+            // zstd fails only on allocation; the frames are still good written plainly.
+            Err(_) => frames.to_vec(),
+        }
+    }
+
+    fn needs_rotation(&self, block_len: u64) -> bool {
+        match self.options.rotation {
+            Some(rotation) => {
+                self.file_len > self.header_len && self.file_len + block_len > rotation.max_size
+            }
+            None => false,
+        }
+    }
+
+    /// Closes the current file and starts the next, with its own header and the carried-over
+    /// records, then deletes files beyond `keep`.
+    fn rotate(&mut self, carry: CarryOver<'_>) -> Result<PathBuf, WriteError> {
+        self.sync()?;
+        self.header.sequence += 1;
+        let path = rotation::numbered(&self.base, self.header.sequence);
+        let (file, header_len) = open_with_header(&path, &self.header)?;
+        self.file = file;
+        self.path = path.clone();
+        self.file_len = header_len;
+        self.header_len = header_len;
+        self.stats.files += 1;
+        self.stats.bytes += header_len;
+
+        let carried = carry();
+        if !carried.is_empty() {
+            let mut frames = Vec::new();
+            for (ts, record) in &carried {
+                format::encode_frame(&mut frames, FrameKind::User, *ts, &record.to_cbor());
+            }
+            let block = self.block(&frames);
+            if let Err(source) = self.append(&block) {
+                self.note_loss(
+                    carried.len() as u64,
+                    frames.len() as u64,
+                    &source.to_string(),
+                );
+                return Err(WriteError::Write {
+                    path: self.path.clone(),
+                    dropped: carried.len() as u64,
+                    source,
+                });
+            }
+            self.stats.records += carried.len() as u64;
+        }
+        self.prune()?;
+        Ok(path)
+    }
+
+    fn prune(&mut self) -> Result<(), WriteError> {
+        let Some(keep) = self.options.rotation.and_then(|r| r.keep) else {
+            return Ok(());
+        };
+        let Some(oldest_kept) = self.header.sequence.checked_sub(keep - 1) else {
+            return Ok(());
+        };
+        let files = rotation::numbered_files(&self.base).map_err(|source| WriteError::Prune {
+            path: self.base.clone(),
+            source,
+        })?;
+        for (sequence, path) in files {
+            if sequence < oldest_kept {
+                std::fs::remove_file(&path).map_err(|source| WriteError::Prune { path, source })?;
+                self.stats.files_removed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// One `write` of a whole block; on failure the file is cut back to where it was.
+    fn append(&mut self, block: &[u8]) -> io::Result<()> {
+        match self.file.write_all(block) {
+            Ok(()) => {
+                self.file_len += block.len() as u64;
+                self.stats.bytes += block.len() as u64;
+                Ok(())
+            }
+            Err(error) => {
+                let _ = self.file.set_len(self.file_len);
+                let _ = self.file.seek(SeekFrom::Start(self.file_len));
+                Err(error)
+            }
+        }
+    }
+
+    fn sync(&mut self) -> Result<(), WriteError> {
+        self.file.sync_data().map_err(|source| WriteError::Write {
+            path: self.path.clone(),
+            dropped: 0,
+            source,
+        })
+    }
+
+    fn drop_chunks(&mut self, chunks: impl Iterator<Item = Chunk>, reason: &str) {
+        let (mut records, mut bytes) = (0, 0);
+        for chunk in chunks {
+            records += chunk.records;
+            bytes += chunk.bytes.len() as u64;
+        }
+        self.note_loss(records, bytes, reason);
+    }
+
+    fn note_loss(&mut self, records: u64, bytes: u64, reason: &str) {
+        self.stats.records_dropped += records;
+        self.stats.bytes_dropped += bytes;
+        let loss = self.pending_loss.get_or_insert_with(WriterLoss::default);
+        loss.records += records;
+        loss.bytes += bytes;
+        if loss.reason.is_empty() {
+            loss.reason = reason.to_owned();
+        }
+    }
+}
+
+/// Creates `path` and writes the preamble and header in one write.
+fn open_with_header(path: &Path, header: &TraceHeader) -> Result<(File, u64), WriteError> {
+    let create = |source| WriteError::Create {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::create(path).map_err(create)?;
+    let bytes = format::encode_preamble(header.flags(), &header.to_cbor());
+    file.write_all(&bytes).map_err(create)?;
+    Ok((file, bytes.len() as u64))
+}
