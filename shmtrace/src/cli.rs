@@ -4,17 +4,22 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::diagnose::RoleKind;
+
 /// Explain why programs in containers run out of shared memory.
 ///
 /// shmtrace follows every /dev/shm object a process creates, sizes, maps and removes (and System
 /// V shared memory), with eBPF probes in the kernel, and shows each failure as it happens:
 /// fallocate or write returning ENOSPC, SIGBUS from touching a page of a full /dev/shm, a
-/// DataLoader worker killed by a signal.
+/// DataLoader worker killed by a signal. When something fails it says which process, why, and
+/// what /dev/shm size to set.
 ///
 /// Examples:
 ///   sudo shmtrace -- python train.py        trace a command and its children
 ///   sudo shmtrace --pid 4242                trace a running process tree
 ///   sudo shmtrace --all --failed            every /dev/shm failure on the host
+///   sudo shmtrace record -o t.shmtrace -- python train.py     record, then:
+///   shmtrace report t.shmtrace              the diagnosis, from the file
 ///   sudo shmtrace demo                      see it explain a real failure, no setup needed
 #[derive(Parser, Debug)]
 #[command(name = "shmtrace", version, verbatim_doc_comment)]
@@ -24,16 +29,30 @@ pub struct Cli {
     pub command: Option<Command>,
 
     #[command(flatten)]
-    pub trace: TraceArgs,
+    pub target: TargetArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Record a trace to a file, to look at later or attach to a bug report.
+    ///
+    /// Takes the same target options as live tracing. Prints diagnoses as they happen and a
+    /// summary at the end; the file holds every event. Writing is crash-safe: if shmtrace is
+    /// killed, everything up to the last flush (at most 100 ms earlier) reads back.
+    Record(RecordArgs),
+    /// Print the diagnosis and summary of a recorded trace.
+    Report(ReportArgs),
+    /// Replay the events of a recorded trace, as live tracing shows them.
+    Show(ShowArgs),
     /// Run a built-in workload that exhausts a tiny private /dev/shm, and trace it.
     ///
     /// It needs no container: it makes a private mount namespace with a 1 MiB /dev/shm, runs a
     /// PyTorch-like DataLoader whose workers fail both ways real ones do (fallocate ENOSPC, and
-    /// SIGBUS while writing a mapping), shows the trace, and leaves nothing behind.
+    /// SIGBUS while writing a mapping), shows the trace and the diagnosis, and leaves nothing
+    /// behind.
     Demo {
         #[command(flatten)]
         output: OutputArgs,
@@ -43,8 +62,9 @@ pub enum Command {
     DemoWorkload,
 }
 
-#[derive(Args, Debug, Default)]
-pub struct TraceArgs {
+/// What to trace.
+#[derive(Args, Debug, Default, Clone)]
+pub struct TargetArgs {
     /// Trace running processes (and their descendants, present and future).
     /// Repeat the flag or separate pids with commas.
     #[arg(short, long, value_name = "PID", value_delimiter = ',')]
@@ -65,9 +85,6 @@ pub struct TraceArgs {
     #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
     pub buffer_size: u32,
 
-    #[command(flatten)]
-    pub output: OutputArgs,
-
     /// Read the kernel's BTF from FILE instead of /sys/kernel/btf/vmlinux.
     #[arg(
         long,
@@ -75,7 +92,7 @@ pub struct TraceArgs {
         hide = true,
         default_value = "/sys/kernel/btf/vmlinux"
     )]
-    pub kernel_btf: std::path::PathBuf,
+    pub kernel_btf: PathBuf,
 
     /// The command to run and trace, with its arguments, after `--`.
     /// shmtrace exits with the command's exit status.
@@ -83,13 +100,14 @@ pub struct TraceArgs {
     pub command: Vec<OsString>,
 }
 
+/// How to show what happened.
 #[derive(Args, Debug, Default, Clone)]
 pub struct OutputArgs {
     /// Write one JSON object per line (schema: docs/json.md) instead of text.
     #[arg(long)]
     pub json: bool,
 
-    /// Write the trace to FILE instead of the terminal. Without it, the trace goes to stdout;
+    /// Write the output to FILE instead of the terminal. Without it, output goes to stdout;
     /// when a command is traced it goes to stderr, like strace, so that the command's own
     /// output stays separate.
     #[arg(short, long, value_name = "FILE")]
@@ -102,6 +120,139 @@ pub struct OutputArgs {
     /// Also print shmtrace's own diagnostics and the probes' kernel-side log.
     #[arg(short, long)]
     pub verbose: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// The trace file to write. With --max-size or --on-failure, files are numbered:
+    /// FILE.000000.shmtrace, FILE.000001.shmtrace, ...
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+
+    /// Compress the file (zstd). Crash safety is kept: each flush is a complete frame.
+    #[arg(long)]
+    pub compress: bool,
+
+    /// Start a new file when this one would grow past SIZE (suffixes K, M, G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    pub max_size: Option<u64>,
+
+    /// With --max-size: keep only the newest N files.
+    #[arg(long, value_name = "N", requires = "max_size")]
+    pub keep: Option<u32>,
+
+    /// Flight recorder: keep the last --window seconds in memory, and write a file only when
+    /// something fails (ENOSPC, SIGBUS, a worker's death), with the seconds before it and
+    /// --tail seconds after. Recording goes on; later failures write later files.
+    #[arg(long, conflicts_with = "max_size")]
+    pub on_failure: bool,
+
+    /// With --on-failure: seconds of history kept in memory.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30.0,
+        requires = "on_failure"
+    )]
+    pub window: f64,
+
+    /// With --on-failure: seconds recorded after the failure.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5.0,
+        requires = "on_failure"
+    )]
+    pub tail: f64,
+
+    /// Write diagnoses and the summary as JSON lines.
+    #[arg(long)]
+    pub json: bool,
+
+    /// When to use colour.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
+    pub color: ColorWhen,
+
+    /// Also print shmtrace's own diagnostics.
+    #[arg(short, long)]
+    pub verbose: bool,
+
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A trace file (or the first file of a rotated set).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Write diagnoses and the summary as JSON lines.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write a copy of the trace that is safe to attach publicly: host names, container ids,
+    /// image names, command lines and paths outside /dev/shm become stable pseudonyms.
+    /// Needs -o.
+    #[arg(long, requires = "output")]
+    pub redact: bool,
+
+    /// Where to write: the report (default: stdout), or with --redact the redacted trace.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Also write a self-contained HTML page: /dev/shm use over time, a lane per process,
+    /// failures and deaths, and the diagnosis.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+
+    /// Also write the trace in Chrome's trace event format, for Perfetto or chrome://tracing.
+    #[arg(long, value_name = "FILE")]
+    pub perfetto: Option<PathBuf>,
+
+    /// When to use colour.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
+    pub color: ColorWhen,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// A trace file (or the first file of a rotated set).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Only these processes. Repeat or separate with commas.
+    #[arg(short, long, value_name = "PID", value_delimiter = ',')]
+    pub pid: Vec<u32>,
+
+    /// Only processes in these roles.
+    #[arg(long, value_name = "ROLE", value_delimiter = ',', value_parser = parse_role)]
+    pub role: Vec<RoleKind>,
+
+    /// Only these events: syscall names (fallocate, openat, ...), signal, fork, exec, exit,
+    /// rename, oom_kill.
+    #[arg(long, value_name = "EVENT", value_delimiter = ',')]
+    pub event: Vec<String>,
+
+    /// Only events in these containers (by name), or `host`.
+    #[arg(short, long, value_name = "NAME", value_delimiter = ',')]
+    pub container: Vec<String>,
+
+    /// Only failures: failed calls, fatal signals, abnormal exits, OOM kills.
+    #[arg(long)]
+    pub failed: bool,
+
+    /// Only events from this time on: seconds after the trace started (`12.5`), or a time
+    /// (`2026-11-29T16:51:37Z`).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+
+    /// Only events before this time (same forms as --since).
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,6 +281,11 @@ impl ColorWhen {
 
 /// `16M`, `512K`, `4096`.
 fn parse_size(text: &str) -> Result<u32, String> {
+    let bytes = parse_size_u64(text)?;
+    u32::try_from(bytes).map_err(|_| format!("{text} is too large (at most 2G)"))
+}
+
+fn parse_size_u64(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let (digits, multiplier) = match text.char_indices().last() {
         Some((i, 'K' | 'k')) => (&text[..i], 1u64 << 10),
@@ -140,11 +296,27 @@ fn parse_size(text: &str) -> Result<u32, String> {
     let value: u64 = digits
         .parse()
         .map_err(|_| format!("{text:?} is not a size like 16M, 512K or 4096"))?;
-    let bytes = value
+    value
         .checked_mul(multiplier)
-        .filter(|b| *b <= u32::MAX as u64)
-        .ok_or_else(|| format!("{text} is too large (at most 2G)"))?;
-    Ok(bytes as u32)
+        .ok_or_else(|| format!("{text} is too large"))
+}
+
+fn parse_role(text: &str) -> Result<RoleKind, String> {
+    Ok(match text {
+        "trainer" => RoleKind::Trainer,
+        "worker" | "dataloader_worker" => RoleKind::DataloaderWorker,
+        "pin" | "pin_memory" => RoleKind::PinMemory,
+        "shm_manager" => RoleKind::ShmManager,
+        "nccl" => RoleKind::Nccl,
+        "multiprocessing" | "python_multiprocessing" => RoleKind::PythonMultiprocessing,
+        "other" => RoleKind::Other,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a role: trainer, worker, pin, shm_manager, nccl, \
+                 multiprocessing, other"
+            ));
+        }
+    })
 }
 
 #[cfg(test)]
@@ -164,15 +336,37 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("8G").is_err());
+        assert_eq!(parse_size_u64("8G"), Ok(8 << 30));
     }
 
     #[test]
     fn takes_a_command_after_the_separator() {
         let cli =
             Cli::try_parse_from(["shmtrace", "--failed", "--", "python", "-c", "pass"]).unwrap();
-        assert!(cli.trace.failed);
-        assert_eq!(cli.trace.command, ["python", "-c", "pass"]);
+        assert!(cli.target.failed);
+        assert_eq!(cli.target.command, ["python", "-c", "pass"]);
         let cli = Cli::try_parse_from(["shmtrace", "--pid", "1,2", "--pid", "3"]).unwrap();
-        assert_eq!(cli.trace.pid, [1, 2, 3]);
+        assert_eq!(cli.target.pid, [1, 2, 3]);
+    }
+
+    #[test]
+    fn record_takes_target_options() {
+        let cli = Cli::try_parse_from([
+            "shmtrace",
+            "record",
+            "-o",
+            "t.shmtrace",
+            "--compress",
+            "--",
+            "python",
+            "x.py",
+        ])
+        .unwrap();
+        let Some(Command::Record(record)) = cli.command else {
+            panic!("not record")
+        };
+        assert!(record.compress);
+        assert_eq!(record.target.command, ["python", "x.py"]);
+        assert!(Cli::try_parse_from(["shmtrace", "report", "t", "--redact"]).is_err());
     }
 }

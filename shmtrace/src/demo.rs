@@ -9,13 +9,23 @@
 //!
 //! The namespace, and the tmpfs with it, disappear when the workload exits.
 use std::{
-    ffi::CString,
+    ffi::{CString, OsString},
     io::Write,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     process::ExitCode,
 };
 
 use anyhow::{Context, Result, bail};
+
+use crate::{
+    bpf::TracerOptions,
+    cli::OutputArgs,
+    commands::{
+        live::{self, What},
+        trace,
+    },
+    event::ExitStatus,
+};
 use nix::{
     mount::{MsFlags, mount},
     sched::{CloneFlags, unshare},
@@ -32,6 +42,33 @@ const BATCH_BYTES: usize = 384 << 10;
 const LEGACY_BATCH_BYTES: usize = 768 << 10;
 /// The workload's own exit status: a training run that crashed.
 pub const WORKLOAD_STATUS: i32 = 1;
+
+/// `shmtrace demo`: traces the workload, with its diagnosis, on stdout.
+pub fn run(output: &OutputArgs) -> Result<ExitCode> {
+    crate::commands::init_logging(output.verbose);
+    let exe = std::env::current_exe().context("finding shmtrace's own executable")?;
+    println!(
+        "shmtrace demo: a PyTorch-like DataLoader runs in a private mount namespace whose \
+         /dev/shm is a {SHM_SIZE} tmpfs, and runs out of it.\n"
+    );
+    let what = What::Command(vec![
+        exe.into_os_string(),
+        OsString::from("__demo-workload"),
+    ]);
+    // The demo's output goes to stdout, whatever a traced command would do.
+    let mut output = output.clone();
+    if output.output.is_none() {
+        output.output = Some("/dev/stdout".into());
+    }
+    let mut pipeline = trace::pipeline(&what, &output, false)?;
+    pipeline.name_other_namespaces("the demo's private namespace");
+    let outcome = live::run(what, &TracerOptions::default(), pipeline, output.verbose)?;
+    match outcome.command_status {
+        Some(ExitStatus::Code(WORKLOAD_STATUS)) => Ok(ExitCode::SUCCESS),
+        Some(_) if outcome.interrupted => Ok(ExitCode::from(130)),
+        other => bail!("the demo workload did not fail the way it should have ({other:?})"),
+    }
+}
 
 /// Entry point of the hidden `__demo-workload` subcommand: two training runs, one after the
 /// other, in one private /dev/shm.

@@ -1,40 +1,31 @@
 //! shmtrace: explain why programs in containers run out of shared memory.
 //!
 //! The pipeline: `bpf` (probes in the kernel, ring buffer) -> `event` (decoded records) ->
-//! `model` (processes and /dev/shm objects) -> `output` (text, JSON, summary). `target` says
-//! what to trace, `session` runs a live trace, `demo` is the built-in demonstration.
+//! `model` (processes and /dev/shm objects) -> `diagnose` (roles, failures, advice) ->
+//! `output` (text, JSON, summary), with `record` as a tap that writes trace files.
+//! `pipeline` runs records through those steps, `session` feeds it live, `commands` are the
+//! subcommands, `target` says what to trace, `demo` is the built-in demonstration.
 mod bpf;
 mod cli;
+mod commands;
 mod demo;
 mod diagnose;
 mod event;
 mod model;
 mod output;
+mod pipeline;
 mod proc_scan;
 mod record;
 mod session;
 mod shm_fs;
 mod target;
 
-use std::{
-    collections::HashSet,
-    ffi::OsString,
-    fs::File,
-    io::{self, IsTerminal},
-    process::ExitCode,
-};
+use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::Parser;
 
-use crate::{
-    bpf::{Tracer, TracerOptions},
-    cli::{Cli, Command, OutputArgs, TraceArgs},
-    event::ExitStatus,
-    model::World,
-    output::{Clock, Format, Output},
-    session::{Ending, Session},
-};
+use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -49,182 +40,11 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Some(Command::Demo { output }) => demo(output),
+        None => commands::trace::run(&cli.target, &cli.output),
+        Some(Command::Record(args)) => commands::record::run(&args),
+        Some(Command::Report(args)) => commands::replay::report(&args),
+        Some(Command::Show(args)) => commands::replay::show(&args),
+        Some(Command::Demo { output }) => demo::run(&output),
         Some(Command::DemoWorkload) => demo::workload(),
-        None => trace(cli.trace),
     }
-}
-
-/// What a live trace follows.
-enum What {
-    Command(Vec<OsString>),
-    Pids(Vec<u32>),
-    All,
-}
-
-fn trace(args: TraceArgs) -> Result<ExitCode> {
-    let what = if !args.command.is_empty() {
-        if !args.pid.is_empty() || args.all {
-            bail!("give either a command after --, or --pid/--all, not both");
-        }
-        What::Command(args.command)
-    } else if args.all {
-        What::All
-    } else if !args.pid.is_empty() {
-        target::check_pids(&args.pid)?;
-        What::Pids(args.pid)
-    } else {
-        bail!(
-            "nothing to trace: give a command after --, --pid PID, or --all \
-             (or try `shmtrace demo`; see shmtrace --help)"
-        );
-    };
-    let options = TracerOptions {
-        all: matches!(what, What::All),
-        failed_only: args.failed,
-        ring_buffer_bytes: args.buffer_size,
-        btf_path: args.kernel_btf,
-        ..TracerOptions::default()
-    };
-    live(what, options, &args.output, args.failed, None)
-}
-
-fn demo(output: OutputArgs) -> Result<ExitCode> {
-    let exe = std::env::current_exe().context("finding shmtrace's own executable")?;
-    println!(
-        "shmtrace demo: a PyTorch-like DataLoader runs in a private mount namespace whose \
-         /dev/shm is a {} tmpfs, and runs out of it.\n",
-        demo::SHM_SIZE
-    );
-    let command = vec![exe.into_os_string(), OsString::from("__demo-workload")];
-    // The demo's own output goes to stdout, whatever a traced command would do.
-    let mut output = output;
-    if output.output.is_none() {
-        output.output = Some("/dev/stdout".into());
-    }
-    let code = live(
-        What::Command(command),
-        TracerOptions::default(),
-        &output,
-        false,
-        Some("the demo's private namespace"),
-    )?;
-    if code == ExitCode::from(demo::WORKLOAD_STATUS as u8) {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        bail!("the demo workload did not fail the way it should have")
-    }
-}
-
-/// Traces `what` live. `other_namespaces`: a name for mount namespaces other than ours.
-fn live(
-    what: What,
-    options: TracerOptions,
-    out: &OutputArgs,
-    failed_only: bool,
-    other_namespaces: Option<&str>,
-) -> Result<ExitCode> {
-    init_logging(out.verbose);
-    let mut tracer = Tracer::load(&options)?;
-    target::register_shm_devs(&mut tracer, options.all)?;
-    let mut world = World::new();
-    let clock = Clock::now();
-    let now_ns = now_boot_ns();
-
-    // Fork the command before any thread exists (the async runtime starts below).
-    let paused = match &what {
-        What::Command(argv) => {
-            let paused = target::spawn_paused(argv)?;
-            tracer.add_target(paused.pid())?;
-            Some(paused)
-        }
-        _ => None,
-    };
-    let pids = match &what {
-        What::Pids(roots) => target::register_pids(&mut tracer, &mut world, roots, now_ns)?,
-        _ => Vec::new(),
-    };
-    let output = open_output(out, matches!(what, What::Command(_)), clock, failed_only)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let ending = match (what, paused) {
-        (What::Command(_), Some(paused)) => Ending::Command(paused.start()?),
-        (What::Pids(roots), _) => {
-            eprintln!(
-                "shmtrace: tracing {} processes (pid {} and descendants); Ctrl-C to stop",
-                pids.len(),
-                roots
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            Ending::Pids(pids.into_iter().collect::<HashSet<u32>>())
-        }
-        _ => {
-            eprintln!(
-                "shmtrace: tracing /dev/shm use of every process on the host; Ctrl-C to stop"
-            );
-            Ending::Interrupt
-        }
-    };
-    let mut session = Session::new(tracer, world, output, out.verbose);
-    if let Some(label) = other_namespaces {
-        session.name_other_namespaces(label);
-    }
-    let outcome = runtime.block_on(session.run(ending))?;
-    Ok(match (outcome.command_status, outcome.interrupted) {
-        (Some(status), _) => ExitCode::from(status_byte(status)),
-        (None, true) => ExitCode::from(130),
-        (None, false) => ExitCode::SUCCESS,
-    })
-}
-
-fn status_byte(status: ExitStatus) -> u8 {
-    status.shell_status().clamp(0, 255) as u8
-}
-
-fn open_output(
-    out: &OutputArgs,
-    command_mode: bool,
-    clock: Clock,
-    failed_only: bool,
-) -> Result<Output> {
-    let (writer, terminal, to_file): (Box<dyn io::Write + Send>, bool, bool) = match &out.output {
-        Some(path) => {
-            let file = File::create(path)
-                .with_context(|| format!("cannot write the trace to {}", path.display()))?;
-            let terminal = file.is_terminal();
-            let text = path.to_string_lossy();
-            let is_stdio = text.starts_with("/dev/std") || text.starts_with("/dev/fd/");
-            (Box::new(io::LineWriter::new(file)), terminal, !is_stdio)
-        }
-        None if command_mode => (Box::new(io::stderr()), io::stderr().is_terminal(), false),
-        None => (
-            Box::new(io::LineWriter::new(io::stdout())),
-            io::stdout().is_terminal(),
-            false,
-        ),
-    };
-    let format = if out.json {
-        Format::Json
-    } else {
-        Format::Human(out.color.enabled(terminal))
-    };
-    Ok(Output::new(writer, format, clock, failed_only, to_file))
-}
-
-fn init_logging(verbose: bool) {
-    let level = if verbose { "debug" } else { "warn" };
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
-        .format_target(false)
-        .try_init();
-}
-
-fn now_boot_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
 }

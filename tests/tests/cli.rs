@@ -211,7 +211,7 @@ fn clear_errors() {
     let (code, text) = error_of(&["-o", "/no/such/dir/trace.txt", "--", "true"]);
     assert_eq!(code, Some(1));
     assert!(
-        text.contains("cannot write the trace to /no/such/dir/trace.txt"),
+        text.contains("cannot write the output to /no/such/dir/trace.txt"),
         "{text}"
     );
 }
@@ -273,7 +273,15 @@ fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
         .filter_map(Result::ok)
         .map(|e| e.file_name())
         .collect();
-    assert_eq!(before, after, "the demo left files in the host's /dev/shm");
+    // Other programs may use the host's /dev/shm meanwhile: look for what the demo makes.
+    let left: Vec<_> = after
+        .iter()
+        .filter(|name| !before.contains(name) && name.to_string_lossy().starts_with("torch_"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the demo left files in the host's /dev/shm: {left:?}"
+    );
     let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()

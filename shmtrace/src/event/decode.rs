@@ -35,6 +35,11 @@ fn read<T: FromBytes>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError
         })
 }
 
+/// The timestamp of a record, without decoding the rest of it.
+pub fn timestamp(bytes: &[u8]) -> Option<u64> {
+    read::<Header>(bytes, "header").ok().map(|h| h.ts_ns)
+}
+
 /// Decodes one record.
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     let header: Header = read(bytes, "header")?;

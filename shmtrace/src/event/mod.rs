@@ -7,7 +7,7 @@ mod decode;
 pub mod escape;
 pub mod names;
 
-pub use decode::decode;
+pub use decode::{decode, timestamp};
 pub use shmtrace_common::Syscall;
 
 /// One thing a traced process did, or had done to it.

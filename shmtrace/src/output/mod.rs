@@ -3,6 +3,7 @@
 //! What happened is decided elsewhere (`event`, `model`); this module only renders it.
 pub mod clock;
 pub mod diagnosis;
+pub mod filter;
 pub mod human;
 pub mod json;
 pub mod size;
@@ -24,7 +25,6 @@ use crate::{
 pub struct Output {
     sink: Sink,
     clock: Clock,
-    failed_only: bool,
     /// Also repeat notices on stderr (output goes to a file nobody is watching).
     notices_to_stderr: bool,
 }
@@ -46,7 +46,6 @@ impl Output {
         out: Box<dyn Write + Send>,
         format: Format,
         clock: Clock,
-        failed_only: bool,
         notices_to_stderr: bool,
     ) -> Output {
         let sink = match format {
@@ -56,16 +55,11 @@ impl Output {
         Output {
             sink,
             clock,
-            failed_only,
             notices_to_stderr,
         }
     }
 
-    /// Renders one event, unless `--failed` hides it.
     pub fn event(&mut self, event: &Event, note: &Annotation, role: &Role) -> io::Result<()> {
-        if self.failed_only && !is_failure(event) {
-            return Ok(());
-        }
         match &mut self.sink {
             Sink::Human(w) => match human::format(event, note, role, &self.clock) {
                 Some(line) => w.line(&line),

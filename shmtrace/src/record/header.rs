@@ -38,6 +38,9 @@ pub struct TraceHeader {
     pub sequence: u32,
     /// Set on files written by the flight recorder (`record --on-failure`).
     pub flight: Option<FlightInfo>,
+    /// The recorder's own mount namespace: processes in it ran on the host, not in a
+    /// container.
+    pub host_mntns: Option<u32>,
 }
 
 /// How the host arranges cgroups, which decides whether a cgroup id identifies a container.
@@ -184,6 +187,7 @@ impl TraceHeader {
             recording_id: random_id(),
             sequence: 0,
             flight: None,
+            host_mntns: None,
         }
     }
 

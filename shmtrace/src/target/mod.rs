@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 
 pub use command::{RunningCommand, spawn_paused};
 
-use crate::{bpf::Tracer, model::World, proc_scan};
+use crate::{bpf::Tracer, proc_scan};
 
 /// Checks that every pid names a live process.
 pub fn check_pids(pids: &[u32]) -> Result<()> {
@@ -22,20 +22,13 @@ pub fn check_pids(pids: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// Follows each process tree rooted at `roots`, with what they already hold in /dev/shm.
-pub fn register_pids(
-    tracer: &mut Tracer,
-    world: &mut World,
-    roots: &[u32],
-    now_ns: u64,
-) -> Result<Vec<u32>> {
+/// Follows each process tree rooted at `roots`, and learns their /dev/shm file systems.
+/// Returns every pid followed.
+pub fn register_pids(tracer: &mut Tracer, roots: &[u32]) -> Result<Vec<u32>> {
     let mut all = Vec::new();
     for root in roots {
         for pid in proc_scan::process_tree(*root) {
             tracer.add_target(pid)?;
-            if let Some(snapshot) = proc_scan::snapshot(pid) {
-                world.seed(&snapshot, now_ns);
-            }
             for dev in proc_scan::shm_devs_of(pid) {
                 tracer.add_shm_dev(dev)?;
             }

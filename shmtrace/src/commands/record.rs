@@ -1,0 +1,214 @@
+//! `shmtrace record`: live tracing into a trace file, or, with `--on-failure`, into an
+//! in-memory window written out when something fails.
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+
+use super::{
+    DefaultStream, init_logging,
+    live::{self, What},
+    open_output,
+    trace::{exit_code, host_diagnoser},
+};
+use crate::{
+    cli::RecordArgs,
+    event,
+    model::World,
+    output::{Clock, filter::Filter},
+    pipeline::{Pipeline, Tap},
+    record::{
+        FlightOptions, FlightRecorder, Record, Rotation, TraceHeader, TraceWriter, Trigger,
+        Triggered, UserRecord, WriterOptions, world_snapshots,
+    },
+};
+
+pub fn run(args: &RecordArgs) -> Result<ExitCode> {
+    init_logging(args.verbose);
+    let what = What::from_args(&args.target)?;
+    let options = live::tracer_options(&what, &args.target);
+    let mut header = TraceHeader::for_this_host(what.describe(args.target.failed));
+    header.host_mntns = crate::proc_scan::mount_namespace(std::process::id());
+    let writer_options = WriterOptions {
+        compression: args.compress.then_some(3),
+        rotation: args.max_size.map(|max_size| Rotation {
+            max_size,
+            keep: args.keep,
+        }),
+        ..WriterOptions::default()
+    };
+    let tap: Box<dyn Tap> = if args.on_failure {
+        let flight = FlightOptions {
+            window: seconds(args.window, "--window")?,
+            tail: seconds(args.tail, "--tail")?,
+            writer: writer_options,
+            ..FlightOptions::default()
+        };
+        eprintln!(
+            "shmtrace: flight recorder on: keeping the last {}s; a failure writes {}",
+            args.window,
+            args.output.display()
+        );
+        Box::new(FlightTap(FlightRecorder::new(
+            &args.output,
+            header,
+            flight,
+        )?))
+    } else {
+        let writer = TraceWriter::create(&args.output, header, writer_options)?;
+        eprintln!("shmtrace: recording to {}", writer.path().display());
+        Box::new(FileTap {
+            writer: Some(writer),
+            warned: false,
+        })
+    };
+    let default = if what.is_command() {
+        DefaultStream::Stderr
+    } else {
+        DefaultStream::Stdout
+    };
+    let output = open_output(None, args.json, args.color, default, Clock::now())?;
+    let pipeline = Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
+        .diagnoses_only()
+        .with_tap(tap);
+    let outcome = live::run(what, &options, pipeline, args.verbose)?;
+    Ok(exit_code(&outcome))
+}
+
+fn seconds(value: f64, flag: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} must be a positive number of seconds, not {value}"))
+}
+
+/// Every record, into a file (or a rotated set).
+struct FileTap {
+    writer: Option<TraceWriter>,
+    /// A write error was shown once; later ones are only counted.
+    warned: bool,
+}
+
+impl FileTap {
+    fn writer(&mut self) -> &mut TraceWriter {
+        self.writer.as_mut().expect("present until finish")
+    }
+
+    /// Write errors do not stop tracing: the writer counts what it could not write, and the
+    /// user hears about it now and in the end.
+    fn report(&mut self, result: Result<(), crate::record::WriteError>) {
+        if let Err(error) = result
+            && !self.warned
+        {
+            self.warned = true;
+            eprintln!("shmtrace: warning: {error}; records that cannot be written are counted");
+        }
+    }
+}
+
+impl Tap for FileTap {
+    fn kernel(&mut self, bytes: &Bytes) -> Result<()> {
+        let result = self.writer().write_kernel(bytes);
+        self.report(result);
+        Ok(())
+    }
+
+    fn user(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()> {
+        let result = self.writer().write_user(ts_ns, record);
+        self.report(result);
+        Ok(())
+    }
+
+    fn trigger(&mut self, ts_ns: u64, trigger: Trigger) -> Result<()> {
+        self.user(ts_ns, &UserRecord::Trigger(trigger))
+    }
+
+    fn tick(&mut self, world: &World, now_ns: u64) -> Result<()> {
+        let writer = self.writer();
+        let result = writer
+            .flush_if_due(std::time::Instant::now(), &mut || {
+                world_snapshots(world, now_ns)
+            })
+            .map(|flushed| {
+                for path in flushed.rotated_to {
+                    eprintln!("shmtrace: continuing in {}", path.display());
+                }
+            });
+        self.report(result);
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, world: &World, now_ns: u64) -> Result<Option<String>> {
+        let writer = self.writer.take().expect("finished once");
+        let path = writer.path().to_owned();
+        let stats = writer.finish(&mut || world_snapshots(world, now_ns))?;
+        let mut message = format!(
+            "wrote {}: {} records, {} bytes in {} file{}",
+            path.display(),
+            stats.records,
+            stats.bytes,
+            stats.files,
+            if stats.files == 1 { "" } else { "s" }
+        );
+        if stats.records_dropped > 0 {
+            message.push_str(&format!(
+                "; {} records could not be written",
+                stats.records_dropped
+            ));
+        }
+        Ok(Some(message))
+    }
+}
+
+/// `--on-failure`: a window in memory, written out around failures.
+struct FlightTap(FlightRecorder);
+
+impl FlightTap {
+    fn finished(dump: Option<PathBuf>) {
+        if let Some(path) = dump {
+            eprintln!("shmtrace: wrote {}", path.display());
+        }
+    }
+}
+
+impl Tap for FlightTap {
+    fn kernel(&mut self, bytes: &Bytes) -> Result<()> {
+        let ts = event::timestamp(bytes).unwrap_or(0);
+        Self::finished(self.0.push(ts, Record::Kernel(bytes.clone()))?);
+        Ok(())
+    }
+
+    fn user(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()> {
+        Self::finished(self.0.push(ts_ns, Record::User(record.clone()))?);
+        Ok(())
+    }
+
+    fn trigger(&mut self, ts_ns: u64, trigger: Trigger) -> Result<()> {
+        let detail = trigger.detail.clone();
+        if let Triggered::Started(path) = self.0.trigger(ts_ns, trigger)? {
+            eprintln!(
+                "shmtrace: {detail}: writing the moments before it to {}",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self, _: &World, now_ns: u64) -> Result<()> {
+        Self::finished(self.0.tick(now_ns)?);
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, _: &World, _: u64) -> Result<Option<String>> {
+        let dumps = self.0.stats().dumps;
+        let last = self.0.finish()?;
+        Self::finished(last);
+        Ok(Some(match dumps {
+            0 => "flight recorder: nothing failed, so no file was written".to_owned(),
+            n => format!(
+                "flight recorder: {n} failure file{} written",
+                if n == 1 { "" } else { "s" }
+            ),
+        }))
+    }
+}

@@ -1,0 +1,175 @@
+//! `shmtrace report` and `shmtrace show`: a recorded trace, through the same pipeline as a
+//! live one.
+use std::{path::Path, process::ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+use super::{DefaultStream, open_output, open_output_args};
+use crate::{
+    cli::{ReportArgs, ShowArgs},
+    diagnose::Diagnoser,
+    model::World,
+    output::filter::Filter,
+    pipeline::{Pipeline, Recorded},
+    record::{self, Record, TraceHeader, TraceSet, WriterOptions},
+};
+
+pub fn report(args: &ReportArgs) -> Result<ExitCode> {
+    if args.redact {
+        let out = args.output.as_deref().context("--redact needs -o FILE")?;
+        return redact(&args.file, out);
+    }
+    let set = open(&args.file)?;
+    let header = set.header().clone();
+    let output = open_output(
+        args.output.as_deref(),
+        args.json,
+        args.color,
+        DefaultStream::Stdout,
+        header.clock(),
+    )?;
+    let mut pipeline =
+        Pipeline::new(World::new(), diagnoser(&header), output, Filter::default()).diagnoses_only();
+    pipeline.notice(&describe(&header))?;
+    replay(set, &mut pipeline)
+}
+
+pub fn show(args: &ShowArgs) -> Result<ExitCode> {
+    let set = open(&args.file)?;
+    let header = set.header().clone();
+    let filter = Filter {
+        failed_only: args.failed,
+        pids: args.pid.clone(),
+        roles: args.role.clone(),
+        events: args.event.clone(),
+        places: args.container.clone(),
+        since_ns: args
+            .since
+            .as_deref()
+            .map(|t| boot_time(&header, t))
+            .transpose()?,
+        until_ns: args
+            .until
+            .as_deref()
+            .map(|t| boot_time(&header, t))
+            .transpose()?,
+    };
+    let output = open_output_args(&args.output, DefaultStream::Stdout, header.clock())?;
+    let mut pipeline = Pipeline::new(World::new(), diagnoser(&header), output, filter);
+    pipeline.notice(&describe(&header))?;
+    replay(set, &mut pipeline)
+}
+
+fn open(path: &Path) -> Result<TraceSet> {
+    TraceSet::open(path).map_err(|error| anyhow::anyhow!("{error}"))
+}
+
+fn diagnoser(header: &TraceHeader) -> Diagnoser {
+    Diagnoser::new(header.host_mntns.unwrap_or(0))
+}
+
+/// `trace of python train.py on gpu-01 (Linux 6.8.0), recorded 2026-11-29 16:51:37 UTC`.
+fn describe(header: &TraceHeader) -> String {
+    let what = match (&header.target.command, header.target.host_wide) {
+        (Some(argv), _) => argv.join(" "),
+        (None, true) => "every process".to_owned(),
+        (None, false) if !header.target.pids.is_empty() => format!(
+            "pid {}",
+            header
+                .target
+                .pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => "?".to_owned(),
+    };
+    let host = header.hostname.as_deref().unwrap_or("?");
+    let start = header.clock().rfc3339(header.start_boot_ns);
+    let mut text = format!(
+        "trace of {what} on {host} (Linux {}), recorded {start}",
+        header.kernel_release
+    );
+    if header.redacted {
+        text.push_str(", redacted");
+    }
+    if let Some(flight) = &header.flight {
+        text.push_str(&format!(", flight recorder file after: {}", flight.reason));
+    }
+    text
+}
+
+/// Runs every record through the pipeline. A file that ends early (a recorder that was
+/// killed) is reported and what came before is used; a corrupt one is an error, after the
+/// report of what came before it.
+fn replay(set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
+    let mut first_ts = None;
+    let mut last_ts = 0;
+    let mut failure = None;
+    for entry in set {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) if error.is_truncation() => {
+                pipeline.notice(&format!(
+                    "{error}; everything before it was read (was the recorder killed?)"
+                ))?;
+                break;
+            }
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
+        };
+        first_ts.get_or_insert(entry.ts_ns);
+        last_ts = last_ts.max(entry.ts_ns);
+        match &entry.record {
+            Record::Kernel(bytes) => pipeline.kernel_record(bytes, &mut Recorded)?,
+            Record::User(user) => pipeline.user_record(entry.ts_ns, user)?,
+        }
+    }
+    let seconds = last_ts.saturating_sub(first_ts.unwrap_or(last_ts)) as f64 / 1e9;
+    pipeline.finish(seconds, last_ts)?;
+    match failure {
+        Some(error) => bail!("{error}; the report above covers the records before it"),
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn redact(input: &Path, output: &Path) -> Result<ExitCode> {
+    let stats = record::redact_file(input, output, WriterOptions::default())?;
+    eprintln!(
+        "shmtrace: wrote {}: {} records, with host names, container ids, images, command \
+         lines and paths outside /dev/shm replaced by pseudonyms",
+        output.display(),
+        stats.records
+    );
+    if stats.kernel_dropped > 0 {
+        eprintln!(
+            "shmtrace: {} kernel records could not be decoded, so could not be checked, and \
+             were left out",
+            stats.kernel_dropped
+        );
+    }
+    if let Some(error) = stats.input_error {
+        eprintln!("shmtrace: the input ended badly: {error}; the records before it were kept");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `12.5` (seconds after the start) or an RFC 3339 time, as boot-time nanoseconds.
+fn boot_time(header: &TraceHeader, text: &str) -> Result<u64> {
+    if let Ok(seconds) = text.trim_end_matches('s').parse::<f64>() {
+        if seconds < 0.0 {
+            bail!("{text}: a time after the start of the trace cannot be negative");
+        }
+        return Ok(header.start_boot_ns + (seconds * 1e9) as u64);
+    }
+    let time: jiff::Timestamp = text.parse().with_context(|| {
+        format!(
+            "{text:?} is neither seconds after the start (12.5) nor a time (2026-11-29T16:51:37Z)"
+        )
+    })?;
+    let boot = time.as_nanosecond() - i128::from(header.unix_minus_boot_ns);
+    Ok(boot.clamp(0, i128::from(u64::MAX)) as u64)
+}

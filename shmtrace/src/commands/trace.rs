@@ -1,0 +1,63 @@
+//! `shmtrace [OPTIONS] -- COMMAND` / `--pid` / `--all`: live tracing to the terminal.
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use super::{
+    DefaultStream, init_logging,
+    live::{self, What},
+    open_output_args,
+};
+use crate::{
+    cli::{OutputArgs, TargetArgs},
+    diagnose::Diagnoser,
+    model::World,
+    output::{Clock, filter::Filter},
+    pipeline::Pipeline,
+    proc_scan,
+    session::Outcome,
+};
+
+pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
+    init_logging(output.verbose);
+    let what = What::from_args(target)?;
+    let options = live::tracer_options(&what, target);
+    let pipeline = pipeline(&what, output, target.failed)?;
+    let outcome = live::run(what, &options, pipeline, output.verbose)?;
+    Ok(exit_code(&outcome))
+}
+
+/// The pipeline of a live trace shown on the terminal.
+pub fn pipeline(what: &What, output: &OutputArgs, failed_only: bool) -> Result<Pipeline> {
+    let default = if what.is_command() {
+        DefaultStream::Stderr
+    } else {
+        DefaultStream::Stdout
+    };
+    let output = open_output_args(output, default, Clock::now())?;
+    let filter = if failed_only {
+        Filter::failed_only()
+    } else {
+        Filter::default()
+    };
+    Ok(Pipeline::new(
+        World::new(),
+        host_diagnoser(),
+        output,
+        filter,
+    ))
+}
+
+/// A diagnoser that calls shmtrace's own mount namespace `host`.
+pub fn host_diagnoser() -> Diagnoser {
+    Diagnoser::new(proc_scan::mount_namespace(std::process::id()).unwrap_or(0))
+}
+
+/// The traced command's status, 130 after Ctrl-C, 0 otherwise.
+pub fn exit_code(outcome: &Outcome) -> ExitCode {
+    match (outcome.command_status, outcome.interrupted) {
+        (Some(status), _) => ExitCode::from(status.shell_status().clamp(0, 255) as u8),
+        (None, true) => ExitCode::from(130),
+        (None, false) => ExitCode::SUCCESS,
+    }
+}

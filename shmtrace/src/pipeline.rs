@@ -1,0 +1,375 @@
+//! The path every record takes, live or replayed: decode, model, diagnose, show, and copy to
+//! a tap (a trace file).
+//!
+//! Live tracing and replay differ only in where records come from and in the
+//! [`Environment`]: live, a process first seen is looked up in /proc and /dev/shm is measured
+//! when something fails; the results go to the tap as records, so that a replay meets the same
+//! inputs at the same place and reaches the same diagnosis without a live machine.
+use std::collections::HashSet;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+
+use crate::{
+    bpf::LostCounts,
+    diagnose::{Capacity, Diagnoser, Diagnosis, Role, RoleKind},
+    event::{Body, Event, decode},
+    model::{Annotation, ProcSnapshot, World},
+    output::{Output, Summary, filter::Filter},
+    record::{self, Trigger, TriggerReason, UserRecord},
+};
+
+/// What the pipeline may ask of the machine.
+pub trait Environment {
+    /// The process as /proc shows it now.
+    fn snapshot(&mut self, pid: u32) -> Option<ProcSnapshot>;
+    /// The /dev/shm of the first of `pids` that can be reached.
+    fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity>;
+}
+
+/// The machine shmtrace runs on.
+pub struct LiveMachine;
+
+impl Environment for LiveMachine {
+    fn snapshot(&mut self, pid: u32) -> Option<ProcSnapshot> {
+        crate::proc_scan::snapshot(pid)
+    }
+
+    fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity> {
+        pids.iter()
+            .find_map(|pid| crate::shm_fs::measure(*pid, ts_ns))
+    }
+}
+
+/// A recorded trace: everything the machine said is in the file already.
+pub struct Recorded;
+
+impl Environment for Recorded {
+    fn snapshot(&mut self, _: u32) -> Option<ProcSnapshot> {
+        None
+    }
+
+    fn measure(&mut self, _: &[u32], _: u64) -> Option<Capacity> {
+        None
+    }
+}
+
+/// Where a copy of the trace goes.
+pub trait Tap {
+    fn kernel(&mut self, bytes: &Bytes) -> Result<()>;
+    fn user(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()>;
+    /// Something failed: the flight recorder writes its window.
+    fn trigger(&mut self, ts_ns: u64, trigger: Trigger) -> Result<()>;
+    /// Called often (every 100 ms): time to flush what is due.
+    fn tick(&mut self, world: &World, now_ns: u64) -> Result<()>;
+    /// Tracing ended; returns what to tell the user (`wrote trace.shmtrace: ...`).
+    fn finish(self: Box<Self>, world: &World, now_ns: u64) -> Result<Option<String>>;
+}
+
+pub struct Pipeline {
+    world: World,
+    diagnoser: Diagnoser,
+    diagnoses: Vec<Diagnosis>,
+    output: Output,
+    filter: Filter,
+    /// Show each event, or only diagnoses and the summary.
+    show_events: bool,
+    tap: Option<Box<dyn Tap>>,
+    /// Mount namespaces whose /dev/shm was measured once.
+    measured: HashSet<u32>,
+    lost: LostCounts,
+    malformed: u64,
+}
+
+impl Pipeline {
+    pub fn new(world: World, diagnoser: Diagnoser, output: Output, filter: Filter) -> Pipeline {
+        Pipeline {
+            world,
+            diagnoser,
+            diagnoses: Vec::new(),
+            output,
+            filter,
+            show_events: true,
+            tap: None,
+            measured: HashSet::new(),
+            lost: LostCounts::default(),
+            malformed: 0,
+        }
+    }
+
+    /// Shows diagnoses and the summary, not each event (`record`, `report`).
+    pub fn diagnoses_only(mut self) -> Pipeline {
+        self.show_events = false;
+        self
+    }
+
+    pub fn with_tap(mut self, tap: Box<dyn Tap>) -> Pipeline {
+        self.tap = Some(tap);
+        self
+    }
+
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    pub fn diagnoses(&self) -> &[Diagnosis] {
+        &self.diagnoses
+    }
+
+    pub fn output(&mut self) -> &mut Output {
+        &mut self.output
+    }
+
+    pub fn name_other_namespaces(&mut self, label: &str) {
+        self.diagnoser.set_unnamed_place(label.to_owned());
+    }
+
+    /// Records a process found before tracing started (`--pid`).
+    pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) -> Result<()> {
+        self.world.seed(snapshot, ts_ns);
+        self.tap_user(ts_ns, &UserRecord::Snapshot(snapshot.into()))
+    }
+
+    /// One raw kernel record.
+    ///
+    /// What the environment adds (a /proc snapshot, a /dev/shm measurement) goes to the tap
+    /// before the record itself, so that a replay has it at hand when it meets the record.
+    pub fn kernel_record(&mut self, bytes: &Bytes, env: &mut dyn Environment) -> Result<()> {
+        let event = match decode(bytes) {
+            Ok(event) => event,
+            Err(error) => {
+                self.malformed += 1;
+                log::warn!("skipping a malformed record: {error}");
+                if let Some(tap) = &mut self.tap {
+                    tap.kernel(bytes)?;
+                }
+                return Ok(());
+            }
+        };
+        if !self.world.knows(event.pid) && !matches!(event.body, Body::Exec(_)) {
+            // First sight of a process that existed before: learn what it already holds.
+            if let Some(snapshot) = env.snapshot(event.pid) {
+                self.seed(&snapshot, event.ts_ns)?;
+            }
+        }
+        self.measure_if_needed(&event, env)?;
+        if let Some(tap) = &mut self.tap {
+            tap.kernel(bytes)?;
+        }
+        let note = self.world.apply(&event);
+        let role = self.role_shown(&event);
+        if self.show_events
+            && self
+                .filter
+                .keep(&event, &role, &self.diagnoser.place(event.mntns))
+        {
+            self.output
+                .event(&event, &note, &role)
+                .context("writing output")?;
+        }
+        if let Some(trigger) = trigger(&event, &note, &role)
+            && let Some(tap) = &mut self.tap
+        {
+            tap.trigger(event.ts_ns, trigger)?;
+        }
+        for diagnosis in self.diagnoser.observe(&event, &note, &self.world) {
+            self.show_diagnosis(diagnosis)?;
+        }
+        Ok(())
+    }
+
+    /// One userspace record of a recorded trace.
+    pub fn user_record(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()> {
+        match record {
+            UserRecord::Snapshot(snapshot) => self.world.seed(&snapshot.to_model(), ts_ns),
+            UserRecord::Capacity(sample) => self.diagnoser.capacity(Capacity {
+                dev: sample.capacity.dev,
+                size: sample.capacity.size_bytes,
+                used: sample.capacity.used_bytes,
+                ts_ns,
+            }),
+            UserRecord::Lost(counters) => self.lost = counters.to_counts().0,
+            UserRecord::Container(container) => {
+                if let (Some(mntns), Some(name)) = (container.mntns, &container.name) {
+                    self.diagnoser.set_place(mntns, format!("container {name}"));
+                }
+            }
+            UserRecord::WriterLoss(loss) => self.output.notice(&format!(
+                "the recorder could not write {} records ({}): the trace has a hole here",
+                loss.records, loss.reason
+            ))?,
+            UserRecord::Trigger(_) | UserRecord::Note { .. } | UserRecord::Unknown => {}
+        }
+        Ok(())
+    }
+
+    /// The kernel's cumulative loss counts; reports what is new.
+    pub fn lost(&mut self, total: LostCounts, ts_ns: u64) -> Result<()> {
+        let delta = total.since(&self.lost);
+        if delta.total() == 0 {
+            return Ok(());
+        }
+        self.output.lost(&delta, &total)?;
+        self.tap_user(ts_ns, &UserRecord::Lost((&total).into()))?;
+        self.lost = total;
+        Ok(())
+    }
+
+    pub fn notice(&mut self, text: &str) -> Result<()> {
+        Ok(self.output.notice(text)?)
+    }
+
+    pub fn tick(&mut self, now_ns: u64) -> Result<()> {
+        match &mut self.tap {
+            Some(tap) => tap.tick(&self.world, now_ns),
+            None => Ok(()),
+        }
+    }
+
+    /// Diagnoses what is still open, closes the tap, and prints the summary.
+    pub fn finish(&mut self, seconds: f64, now_ns: u64) -> Result<Summary> {
+        if self.malformed > 0 {
+            self.output.notice(&format!(
+                "{} records from the kernel could not be decoded and were skipped (a probe and \
+                 CLI version mismatch?)",
+                self.malformed
+            ))?;
+        }
+        for diagnosis in self.diagnoser.finish(&self.world) {
+            self.show_diagnosis(diagnosis)?;
+        }
+        if let Some(tap) = self.tap.take()
+            && let Some(message) = tap.finish(&self.world, now_ns)?
+        {
+            self.output.notice(&message)?;
+        }
+        let summary = Summary::new(
+            &self.world,
+            self.lost.clone(),
+            seconds,
+            self.diagnoser.table(&self.world),
+            &self.diagnoses,
+        );
+        self.output.summary(&summary)?;
+        self.output.flush()?;
+        Ok(summary)
+    }
+
+    fn show_diagnosis(&mut self, diagnosis: Diagnosis) -> Result<()> {
+        if self.filter.keep_diagnosis(&diagnosis) {
+            self.output
+                .diagnosis(&diagnosis)
+                .context("writing output")?;
+        }
+        self.diagnoses.push(diagnosis);
+        Ok(())
+    }
+
+    fn tap_user(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()> {
+        match &mut self.tap {
+            Some(tap) => tap.user(ts_ns, record),
+            None => Ok(()),
+        }
+    }
+
+    /// The role of the process an event's line is about (a signal's receiver, say).
+    fn role_shown(&mut self, event: &Event) -> Role {
+        let roles = self.diagnoser.roles(&self.world);
+        match &event.body {
+            Body::Signal(signal) if signal.target_pid != event.pid => roles.of(signal.target_pid),
+            Body::Rename { pid, .. } => roles.of(*pid),
+            Body::Oom { victim_pid } => roles.of(*victim_pid),
+            _ => roles.of_thread(event.pid, &event.comm),
+        }
+    }
+
+    /// Measures /dev/shm when a namespace is first seen and before a failure is diagnosed, so
+    /// that the diagnosis can say how big it was and how full.
+    fn measure_if_needed(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        let failure = match &event.body {
+            Body::Call(call) => call.failed(),
+            Body::Signal(signal) => signal.addr != 0,
+            Body::Exit(status) => !status.success(),
+            Body::Oom { .. } => true,
+            _ => false,
+        };
+        if !failure && self.measured.contains(&event.mntns) {
+            return Ok(());
+        }
+        let subject = match &event.body {
+            Body::Signal(signal) => signal.target_pid,
+            _ => event.pid,
+        };
+        // The subject may be gone (it just died): any live process of its namespace will do.
+        let mut pids = vec![subject];
+        pids.extend(
+            self.world
+                .processes()
+                .filter(|p| p.mntns == event.mntns && p.alive() && p.pid != subject)
+                .map(|p| p.pid),
+        );
+        let Some(sample) = env.measure(&pids, event.ts_ns) else {
+            return Ok(());
+        };
+        self.measured.insert(event.mntns);
+        self.diagnoser.capacity(sample);
+        self.tap_user(
+            event.ts_ns,
+            &UserRecord::Capacity(record::CapacitySample {
+                pid: Some(subject),
+                container: None,
+                capacity: record::ShmCapacity {
+                    dev: sample.dev,
+                    size_bytes: sample.size,
+                    used_bytes: sample.used,
+                    available_bytes: sample.size.saturating_sub(sample.used),
+                },
+            }),
+        )
+    }
+}
+
+/// What makes the flight recorder write its window: ENOSPC, a SIGBUS fault, a worker's death.
+fn trigger(event: &Event, note: &Annotation, role: &Role) -> Option<Trigger> {
+    let (reason, detail) = match &event.body {
+        Body::Call(call) if call.errno() == Some(libc::ENOSPC) => (
+            TriggerReason::Enospc,
+            format!(
+                "{} on {} returned ENOSPC",
+                call.syscall.name(),
+                note.object_path.as_deref().unwrap_or("?")
+            ),
+        ),
+        Body::Signal(signal) if signal.signo == libc::SIGBUS && signal.addr != 0 => (
+            TriggerReason::Sigbus,
+            format!(
+                "SIGBUS at {:#x}{}",
+                signal.addr,
+                note.fault
+                    .as_ref()
+                    .map(|f| format!(" in {}", f.path))
+                    .unwrap_or_default()
+            ),
+        ),
+        Body::Exit(status)
+            if !status.success()
+                && (role.kind == RoleKind::DataloaderWorker
+                    || matches!(status, crate::event::ExitStatus::Signal { .. })) =>
+        {
+            (
+                TriggerReason::WorkerDeath,
+                format!("pid {} ({}) ended: {status:?}", event.pid, event.comm),
+            )
+        }
+        _ => return None,
+    };
+    let pid = match &event.body {
+        Body::Signal(signal) => signal.target_pid,
+        _ => event.pid,
+    };
+    Some(Trigger {
+        reason,
+        pid: Some(pid),
+        detail,
+    })
+}
