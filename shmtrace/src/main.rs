@@ -5,6 +5,7 @@
 //! what to trace, `session` runs a live trace, `demo` is the built-in demonstration.
 mod bpf;
 mod cli;
+mod container;
 mod demo;
 mod event;
 mod model;
