@@ -247,6 +247,21 @@ mod tests {
         assert_eq!(found.pod_uid, None);
     }
 
+    /// Captured verbatim on this project's CI host (Docker 20.10, cgroupfs driver, hybrid
+    /// layout): the unified line names the container too.
+    #[test]
+    fn docker_cgroupfs_hybrid_as_captured() {
+        let id = "44a3f502f315e7bd8820c3452b9dfcc1d02070bd47649bdae689cdec1908de7e";
+        let text = format!(
+            "9:name=systemd:/docker/{id}\n8:pids:/docker/{id}\n7:blkio:/docker/{id}\n\
+             6:freezer:/docker/{id}\n5:devices:/docker/{id}\n4:memory:/docker/{id}\n\
+             3:cpuset:/docker/{id}\n2:cpuacct:/docker/{id}\n1:cpu:/docker/{id}\n0::/docker/{id}\n"
+        );
+        let found = container_of(&text);
+        assert_eq!((found.runtime, found.id.as_str()), (Runtime::Docker, id));
+        assert_eq!(found.controllers, None, "the v2 line is read first");
+    }
+
     #[test]
     fn docker_systemd_v2() {
         let found = container_of(&format!("0::/system.slice/docker-{ID}.scope\n"));

@@ -161,6 +161,9 @@ struct Survey {
 #[derive(Clone, Debug)]
 pub struct Resolver {
     endpoints: Vec<Endpoint>,
+    /// Sockets the user named: a missing one is reported, where a missing default is just a
+    /// runtime that is not installed.
+    explicit: Vec<PathBuf>,
     timeout: Duration,
     poll: Duration,
 }
@@ -174,13 +177,17 @@ impl Default for Resolver {
 impl Resolver {
     /// Tries every runtime's usual socket (see [`endpoints::defaults`]).
     pub fn new() -> Resolver {
-        Resolver::with_endpoints(endpoints::defaults())
+        let mut resolver = Resolver::with_endpoints(endpoints::defaults());
+        resolver.explicit.clear();
+        resolver
     }
 
     /// Tries exactly these sockets.
     pub fn with_endpoints(endpoints: Vec<Endpoint>) -> Resolver {
+        let endpoints = endpoints::dedup(endpoints);
         Resolver {
-            endpoints: endpoints::dedup(endpoints),
+            explicit: endpoints.iter().map(|e| e.socket.clone()).collect(),
+            endpoints,
             timeout: Duration::from_secs(5),
             poll: Duration::from_millis(200),
         }
@@ -188,8 +195,10 @@ impl Resolver {
 
     /// Uses `socket` for Docker instead of the usual paths (`--docker-socket`).
     pub fn docker_socket(mut self, socket: impl Into<PathBuf>) -> Resolver {
+        let socket = socket.into();
         self.endpoints.retain(|e| e.runtime != Runtime::Docker);
-        self.endpoints.insert(0, Endpoint::docker(socket));
+        self.endpoints.insert(0, Endpoint::docker(socket.clone()));
+        self.explicit.push(socket);
         self
     }
 
@@ -387,6 +396,15 @@ impl Resolver {
         };
         for endpoint in &self.endpoints {
             if !endpoint.socket.exists() {
+                if self.explicit.contains(&endpoint.socket) {
+                    survey.problems.push(RuntimeProblem {
+                        runtime: endpoint.runtime,
+                        socket: endpoint.socket.clone(),
+                        kind: ProblemKind::Down {
+                            reason: "no such socket".into(),
+                        },
+                    });
+                }
                 continue;
             }
             match self.connect(endpoint).await {
