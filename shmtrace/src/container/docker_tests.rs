@@ -21,10 +21,10 @@ use super::{
 use crate::proc_scan;
 
 const SOCKET: &str = "/var/run/docker.sock";
-const IMAGE: &str = "shmtrace-container-test:1";
+pub(super) const IMAGE: &str = "shmtrace-container-test:1";
 
 /// Runs the docker CLI; panics with its stderr when it fails.
-fn docker(args: &[&str]) -> String {
+pub(super) fn docker(args: &[&str]) -> String {
     let output = Command::new("docker")
         .args(args)
         .output()
@@ -39,7 +39,7 @@ fn docker(args: &[&str]) -> String {
 }
 
 /// Checks the daemon answers and makes the test image, once per test process.
-fn image() -> &'static str {
+pub(super) fn image() -> &'static str {
     static READY: OnceLock<()> = OnceLock::new();
     READY.get_or_init(|| {
         let version = Command::new("docker")
@@ -52,22 +52,26 @@ fn image() -> &'static str {
                  `dockerd --bridge=none --iptables=false &` (as root). ({other:?})"
             ),
         }
-        import_busybox_image();
+        import_busybox_image(IMAGE, &[]);
     });
     IMAGE
 }
 
-/// `docker import` of a root file system holding a static busybox and its applet links.
-fn import_busybox_image() {
+/// `docker import` of a root file system holding a static busybox and its applet links, as
+/// `tag`, with Dockerfile-like `changes` (`ENTRYPOINT [...]`).
+pub(super) fn import_busybox_image(tag: &str, changes: &[&str]) {
     let busybox = ["/bin/busybox", "/usr/bin/busybox"]
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("no busybox: install busybox-static");
-    let root = std::env::temp_dir().join(format!("shmtrace-test-rootfs-{}", std::process::id()));
+    let root = std::env::temp_dir().join(unique("rootfs"));
     let bin = root.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::copy(busybox, bin.join("busybox")).unwrap();
-    let applets = Command::new(bin.join("busybox")).arg("--list").output().unwrap();
+    let applets = Command::new(bin.join("busybox"))
+        .arg("--list")
+        .output()
+        .unwrap();
     for applet in String::from_utf8_lossy(&applets.stdout).lines() {
         let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
     }
@@ -81,8 +85,13 @@ fn import_busybox_image() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("tar");
+    let mut args = vec!["import"];
+    for change in changes {
+        args.extend(["--change", change]);
+    }
+    args.extend(["-", tag]);
     let import = Command::new("docker")
-        .args(["import", "-", IMAGE])
+        .args(&args)
         .stdin(tar.stdout.unwrap())
         .output()
         .expect("docker import");
@@ -94,7 +103,7 @@ fn import_busybox_image() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-fn unique(what: &str) -> String {
+pub(super) fn unique(what: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     format!(
         "shmtrace-test-{}-{}-{what}",
@@ -174,7 +183,12 @@ async fn resolves_by_exact_name_never_by_substring() {
     assert_eq!(container.id, short.id());
     assert_eq!(container.name, short.name);
     assert_eq!(container.runtime, Runtime::Docker);
-    assert_eq!(container.found_by, FoundBy::Api { socket: SOCKET.into() });
+    assert_eq!(
+        container.found_by,
+        FoundBy::Api {
+            socket: SOCKET.into()
+        }
+    );
     assert_eq!(container.image.as_deref(), Some(IMAGE));
     assert_eq!(container.state, State::Running);
     assert_eq!(container.pid, Some(short.pid()));
@@ -185,7 +199,10 @@ async fn resolves_by_exact_name_never_by_substring() {
     // Docker's default: 64 MiB, private.
     assert_eq!(container.shm.configured_bytes, Some(64 << 20));
     assert_eq!(container.shm.size_bytes, Some(64 << 20));
-    assert!(matches!(container.ipc, IpcMode::Private | IpcMode::Shareable));
+    assert!(matches!(
+        container.ipc,
+        IpcMode::Private | IpcMode::Shareable
+    ));
 
     let longer = resolver().resolve(&Query::name(&long.name)).await.unwrap();
     assert_eq!(longer.container.id, long.id());
@@ -202,7 +219,10 @@ async fn resolves_by_id_prefix() {
     let found = resolver().resolve(&Query::id(&id[..12])).await.unwrap();
     assert_eq!(found.container.id, id);
     assert_eq!(found.container.name, container.name);
-    let upper = resolver().resolve(&Query::id(id[..16].to_uppercase())).await.unwrap();
+    let upper = resolver()
+        .resolve(&Query::id(id[..16].to_uppercase()))
+        .await
+        .unwrap();
     assert_eq!(upper.container.id, id);
 }
 
@@ -210,14 +230,25 @@ async fn resolves_by_id_prefix() {
 async fn a_missing_name_lists_the_running_containers() {
     let running = TestContainer::run("listed", &[], SLEEP);
     let missing = unique("no-such-container");
-    let error = resolver().resolve(&Query::name(&missing)).await.unwrap_err();
-    let ContainerError::NotFound { running: names, asked, .. } = &error else {
+    let error = resolver()
+        .resolve(&Query::name(&missing))
+        .await
+        .unwrap_err();
+    let ContainerError::NotFound {
+        running: names,
+        asked,
+        ..
+    } = &error
+    else {
         panic!("expected NotFound, got {error}");
     };
     assert!(names.contains(&running.name), "{names:?}");
     assert_eq!(asked, &[format!("docker at {SOCKET}")]);
     let message = error.to_string();
-    assert!(message.contains(&format!("no container named \"{missing}\"")), "{message}");
+    assert!(
+        message.contains(&format!("no container named \"{missing}\"")),
+        "{message}"
+    );
     assert!(message.contains(&running.name), "{message}");
     println!("{message}");
 }
@@ -227,11 +258,24 @@ async fn a_stopped_container_says_so_and_can_be_waited_for() {
     let exited = TestContainer::named(unique("exited"));
     // `docker run` passes the container's status on: 3 here.
     let run = Command::new("docker")
-        .args(["run", "--network", "none", "--name", &exited.name, image(), "sh", "-c", "exit 3"])
+        .args([
+            "run",
+            "--network",
+            "none",
+            "--name",
+            &exited.name,
+            image(),
+            "sh",
+            "-c",
+            "exit 3",
+        ])
         .status()
         .unwrap();
     assert_eq!(run.code(), Some(3));
-    let error = resolver().resolve(&Query::name(&exited.name)).await.unwrap_err();
+    let error = resolver()
+        .resolve(&Query::name(&exited.name))
+        .await
+        .unwrap_err();
     let ContainerError::NotRunning { container } = &error else {
         panic!("expected NotRunning, got {error}");
     };
@@ -241,12 +285,24 @@ async fn a_stopped_container_says_so_and_can_be_waited_for() {
     assert_eq!(container.shm.size_bytes, Some(64 << 20));
     let message = error.to_string();
     assert!(message.contains("exited with status 3"), "{message}");
-    assert!(message.contains(&format!("docker start {}", exited.name)), "{message}");
+    assert!(
+        message.contains(&format!("docker start {}", exited.name)),
+        "{message}"
+    );
     assert!(message.contains("--wait"), "{message}");
 
     // A created container, started a second later, is waited for.
     let later = TestContainer::named(unique("later"));
-    docker(&["create", "--network", "none", "--name", &later.name, image(), "sleep", "600"]);
+    docker(&[
+        "create",
+        "--network",
+        "none",
+        "--name",
+        &later.name,
+        image(),
+        "sleep",
+        "600",
+    ]);
     let name = later.name.clone();
     let starter = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(1));
@@ -266,18 +322,34 @@ async fn a_stopped_container_says_so_and_can_be_waited_for() {
         .wait_until_running(&Query::name(&exited.name), Duration::from_millis(500))
         .await
         .unwrap_err();
-    assert!(matches!(error, ContainerError::WaitTimedOut { .. }), "{error}");
-    assert!(error.to_string().contains("exited with status 3"), "{error}");
+    assert!(
+        matches!(error, ContainerError::WaitTimedOut { .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("exited with status 3"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
 async fn follows_a_restart_under_the_same_name() {
     let container = TestContainer::run("restart", &[], SLEEP);
-    let first = resolver().resolve(&Query::name(&container.name)).await.unwrap().container;
-    assert!(matches!(resolver().recheck(&first).await.unwrap(), Change::Unchanged));
+    let first = resolver()
+        .resolve(&Query::name(&container.name))
+        .await
+        .unwrap()
+        .container;
+    assert!(matches!(
+        resolver().recheck(&first).await.unwrap(),
+        Change::Unchanged
+    ));
 
     docker(&["restart", "-t", "0", &container.name]);
-    let Change::Restarted { container: second, same_id } = resolver().recheck(&first).await.unwrap()
+    let Change::Restarted {
+        container: second,
+        same_id,
+    } = resolver().recheck(&first).await.unwrap()
     else {
         panic!("a restart should be noticed");
     };
@@ -295,11 +367,17 @@ async fn follows_a_restart_under_the_same_name() {
     ));
 
     docker(&["rm", "-f", &container.name]);
-    assert!(matches!(resolver().recheck(&second).await.unwrap(), Change::Gone));
+    assert!(matches!(
+        resolver().recheck(&second).await.unwrap(),
+        Change::Gone
+    ));
 
     // Re-created under the same name: a new id.
     container.start_new(&[], SLEEP);
-    let Change::Restarted { container: third, same_id } = resolver().recheck(&first).await.unwrap()
+    let Change::Restarted {
+        container: third,
+        same_id,
+    } = resolver().recheck(&first).await.unwrap()
     else {
         panic!("a new container under the same name should be noticed");
     };
@@ -310,24 +388,56 @@ async fn follows_a_restart_under_the_same_name() {
 #[tokio::test]
 async fn measures_a_small_shm_and_its_use() {
     let container = TestContainer::run("shm-1m", &["--shm-size", "1m"], SLEEP);
-    let mut found = resolver().resolve(&Query::name(&container.name)).await.unwrap().container;
+    let mut found = resolver()
+        .resolve(&Query::name(&container.name))
+        .await
+        .unwrap()
+        .container;
     let shm = found.shm.clone();
     assert_eq!(shm.size_bytes, Some(1 << 20));
     assert_eq!(shm.size_option, Some(1 << 20));
     assert_eq!(shm.configured_bytes, Some(1 << 20));
-    assert_eq!(shm.source, ShmSource::Measured { pid: container.pid() });
+    assert_eq!(
+        shm.source,
+        ShmSource::Measured {
+            pid: container.pid()
+        }
+    );
     assert!(shm.is_tmpfs);
     assert_ne!(shm.dev, host_shm_dev());
     let before = shm.used_bytes.unwrap();
 
-    let dd = container.exec(&["dd", "if=/dev/zero", "of=/dev/shm/half", "bs=1024", "count=512"]);
-    assert!(dd.status.success(), "{}", String::from_utf8_lossy(&dd.stderr));
+    let dd = container.exec(&[
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/shm/half",
+        "bs=1024",
+        "count=512",
+    ]);
+    assert!(
+        dd.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dd.stderr)
+    );
     let after = found.remeasure_shm().unwrap().clone();
-    assert!(after.used_bytes.unwrap() >= before + (512 << 10), "{before} -> {after:?}");
-    assert_eq!(after.configured_bytes, Some(1 << 20), "remeasuring keeps the configuration");
+    assert!(
+        after.used_bytes.unwrap() >= before + (512 << 10),
+        "{before} -> {after:?}"
+    );
+    assert_eq!(
+        after.configured_bytes,
+        Some(1 << 20),
+        "remeasuring keeps the configuration"
+    );
 
     // Filling it: the same ENOSPC a DataLoader worker meets.
-    let full = container.exec(&["dd", "if=/dev/zero", "of=/dev/shm/more", "bs=1024", "count=4096"]);
+    let full = container.exec(&[
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/shm/more",
+        "bs=1024",
+        "count=4096",
+    ]);
     assert!(!full.status.success());
     assert!(String::from_utf8_lossy(&full.stderr).contains("No space left on device"));
     let full = found.remeasure_shm().unwrap();
@@ -341,7 +451,11 @@ async fn measures_a_small_shm_and_its_use() {
 #[tokio::test]
 async fn notes_ipc_host() {
     let container = TestContainer::run("ipc-host", &["--ipc", "host"], SLEEP);
-    let found = resolver().resolve(&Query::name(&container.name)).await.unwrap().container;
+    let found = resolver()
+        .resolve(&Query::name(&container.name))
+        .await
+        .unwrap()
+        .container;
     assert_eq!(found.ipc, IpcMode::Host);
     assert_eq!(found.shm.dev, host_shm_dev());
     assert_eq!(found.ipc.describe(), "the host's (--ipc=host)");
@@ -382,19 +496,39 @@ async fn a_container_cannot_redirect_the_measurement_with_symlinks() {
     assert!(matches!(measure_shm(pid), Err(ShmError::Missing { .. })));
 
     // `/dev/shm -> /`: the container's own root, not the host's.
-    assert!(container.exec(&["ln", "-sfn", "/", "/dev/shm"]).status.success());
+    assert!(
+        container
+            .exec(&["ln", "-sfn", "/", "/dev/shm"])
+            .status
+            .success()
+    );
     let measured = measure_shm(pid).unwrap();
-    assert!(!measured.is_tmpfs, "the container's root is an overlay, not a tmpfs");
+    assert!(
+        !measured.is_tmpfs,
+        "the container's root is an overlay, not a tmpfs"
+    );
     let host_root = std::fs::metadata("/").unwrap();
     use std::os::unix::fs::MetadataExt;
-    assert_ne!(measured.dev, Some(proc_scan::kernel_dev_from_stat(host_root.dev())));
+    assert_ne!(
+        measured.dev,
+        Some(proc_scan::kernel_dev_from_stat(host_root.dev()))
+    );
 
     // `/dev/shm -> /proc/1/root/tmp`: a magic link, refused.
-    assert!(container.exec(&["ln", "-sfn", "/proc/1/root/tmp", "/dev/shm"]).status.success());
+    assert!(
+        container
+            .exec(&["ln", "-sfn", "/proc/1/root/tmp", "/dev/shm"])
+            .status
+            .success()
+    );
     assert!(matches!(measure_shm(pid), Err(ShmError::MagicLink { .. })));
 
     // Through the resolver, the refusal becomes the reason the size is unknown.
-    let found = resolver().resolve(&Query::name(&container.name)).await.unwrap().container;
+    let found = resolver()
+        .resolve(&Query::name(&container.name))
+        .await
+        .unwrap()
+        .container;
     assert_eq!(found.ipc, IpcMode::NoShm);
     let ShmSource::Unavailable { reason } = &found.shm.source else {
         panic!("expected no measurement, got {:?}", found.shm);
@@ -410,9 +544,18 @@ async fn a_daemon_that_is_down_falls_back_to_the_cgroup_scan() {
     drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
     let down = Resolver::with_endpoints(vec![Endpoint::docker(&dead)]);
 
-    let error = down.resolve(&Query::name(&container.name)).await.unwrap_err();
+    let error = down
+        .resolve(&Query::name(&container.name))
+        .await
+        .unwrap_err();
     let message = error.to_string();
-    let ContainerError::NotFound { problems, fallback, running, .. } = &error else {
+    let ContainerError::NotFound {
+        problems,
+        fallback,
+        running,
+        ..
+    } = &error
+    else {
         panic!("expected NotFound, got {error}");
     };
     assert!(*fallback);
@@ -458,7 +601,7 @@ async fn running_containers_label_their_processes() {
     assert_eq!(index.for_mntns(mntns).to_string(), container.name);
 }
 
-fn wait_for(mut ready: impl FnMut() -> bool) {
+pub(super) fn wait_for(mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting");

@@ -62,21 +62,12 @@ impl CriClient {
         runtime: Runtime,
         timeout: Duration,
     ) -> Result<CriClient, CriError> {
-        let connect_error = |reason: String| CriError::Connect {
-            socket: socket.to_owned(),
-            reason,
-        };
-        // The URI is required by the API but unused: the connector dials the socket.
-        let path = socket.to_owned();
-        let channel = Endpoint::from_static("http://localhost")
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }))
+        let channel = channel(socket, timeout)
             .await
-            .map_err(|e| connect_error(error_chain(&e)))?;
+            .map_err(|reason| CriError::Connect {
+                socket: socket.to_owned(),
+                reason,
+            })?;
         let mut client = CriClient {
             socket: socket.to_owned(),
             runtime,
@@ -158,6 +149,21 @@ impl CriClient {
             status: escape::text(&format!("{:?}: {}", status.code(), status.message())),
         }
     }
+}
+
+/// A gRPC channel over the unix socket at `socket`.
+pub async fn channel(socket: &Path, timeout: Duration) -> Result<Channel, String> {
+    // The URI is required by the API but unused: the connector dials the socket.
+    let path = socket.to_owned();
+    Endpoint::from_static("http://localhost")
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        }))
+        .await
+        .map_err(|e| error_chain(&e))
 }
 
 /// `containerd` or `cri-o`, as `VersionResponse.runtime_name` spells them.
@@ -317,3 +323,6 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod containerd_tests;
