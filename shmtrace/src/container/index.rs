@@ -173,6 +173,8 @@ mod tests {
         // Hostile names are escaped.
         index.insert(container("c", "evil\x1b[2J\nname", 40));
         assert_eq!(index.for_mntns(40).to_string(), "evil\\x1b[2J\\nname");
+        let json = index.containers()[2].to_json().to_string();
+        assert!(json.contains(r#""name":"evil\u001b[2J\nname""#), "{json}");
     }
 
     #[test]

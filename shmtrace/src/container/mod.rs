@@ -32,6 +32,8 @@ mod shm;
 
 #[cfg(test)]
 mod docker_tests;
+#[cfg(test)]
+mod podman_tests;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
@@ -219,6 +221,27 @@ impl Container {
             (None, Some(pod)) => format!("{}/{name}", escape::text(pod)),
             _ => name,
         }
+    }
+
+    /// The `container` object of JSON events: `runtime`, `id`, `name`, `image`, `pod`,
+    /// `namespace`, `shm_size`, `shm_used` (bytes, `null` when unknown), plus `found_by`
+    /// (`api` or `cgroup-scan`) and `ipc`. Strings are raw: JSON escapes what needs escaping.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "runtime": self.runtime.as_str(),
+            "id": self.id,
+            "name": self.name,
+            "image": self.image,
+            "pod": self.pod,
+            "namespace": self.namespace,
+            "shm_size": self.shm.size_bytes,
+            "shm_used": self.shm.used_bytes,
+            "found_by": match self.found_by {
+                FoundBy::Api { .. } => "api",
+                FoundBy::CgroupScan => "cgroup-scan",
+            },
+            "ipc": self.ipc.describe(),
+        })
     }
 
     /// Measures this container's /dev/shm again (size and usage now), keeping what the runtime
