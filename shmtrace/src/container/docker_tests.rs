@@ -78,7 +78,7 @@ pub(super) fn import_busybox_image(tag: &str, changes: &[&str]) {
     for dir in ["dev", "proc", "sys", "tmp", "etc"] {
         std::fs::create_dir_all(root.join(dir)).unwrap();
     }
-    let tar = Command::new("tar")
+    let mut tar = Command::new("tar")
         .arg("-C")
         .arg(&root)
         .args(["-c", "."])
@@ -92,9 +92,13 @@ pub(super) fn import_busybox_image(tag: &str, changes: &[&str]) {
     args.extend(["-", tag]);
     let import = Command::new("docker")
         .args(&args)
-        .stdin(tar.stdout.unwrap())
+        .stdin(tar.stdout.take().unwrap())
         .output()
         .expect("docker import");
+    assert!(
+        tar.wait().unwrap().success(),
+        "tar of the test root file system"
+    );
     assert!(
         import.status.success(),
         "docker import failed: {}",

@@ -44,7 +44,7 @@ fn import_image() {
     for applet in ["sh", "sleep", "dd", "test"] {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
     }
-    let tar = Command::new("tar")
+    let mut tar = Command::new("tar")
         .arg("-C")
         .arg(&root)
         .args(["-c", "."])
@@ -54,9 +54,13 @@ fn import_image() {
     let import = Command::new("podman")
         .args(GLOBAL)
         .args(["import", "-", IMAGE])
-        .stdin(tar.stdout.unwrap())
+        .stdin(tar.stdout.take().unwrap())
         .output()
         .unwrap();
+    assert!(
+        tar.wait().unwrap().success(),
+        "tar of the test root file system"
+    );
     assert!(
         import.status.success(),
         "{}",

@@ -86,7 +86,7 @@ impl Containerd {
 
     /// `docker save TAG | ctr -n k8s.io images import -`.
     fn import(&self, tag: &str) {
-        let save = Command::new("docker")
+        let mut save = Command::new("docker")
             .args(["save", tag])
             .stdout(Stdio::piped())
             .spawn()
@@ -95,9 +95,10 @@ impl Containerd {
             .arg("--address")
             .arg(&self.socket)
             .args(["--namespace", "k8s.io", "images", "import", "-"])
-            .stdin(save.stdout.unwrap())
+            .stdin(save.stdout.take().unwrap())
             .output()
             .expect("ctr (from Debian's containerd package)");
+        assert!(save.wait().unwrap().success(), "docker save {tag}");
         assert!(
             import.status.success(),
             "ctr images import {tag}: {}",
