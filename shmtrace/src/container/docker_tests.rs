@@ -584,6 +584,9 @@ async fn a_daemon_that_is_down_falls_back_to_the_cgroup_scan() {
     assert_eq!(scanned.shm.size_bytes, Some(64 << 20));
 
     // A socket that does not exist at all, named explicitly, is reported too.
+    let error = down.resolve(&Query::default()).await.unwrap_err();
+    assert!(matches!(error, ContainerError::EmptyQuery), "{error}");
+
     let missing = Resolver::with_endpoints(vec![Endpoint::docker("/nonexistent/docker.sock")]);
     let error = missing.resolve(&Query::name("x")).await.unwrap_err();
     assert!(error.to_string().contains("no such socket"), "{error}");

@@ -120,6 +120,8 @@ pub struct RuntimeProblem {
 pub enum ProblemKind {
     /// The socket exists but nothing listens (the daemon is down), or it does not answer.
     Down { reason: String },
+    /// The socket refused us: shmtrace is not root (or in the runtime's group).
+    Denied,
     /// Something answered, but not as the runtime should.
     Failed { reason: String },
     /// A containerd whose CRI plugin is disabled (Docker's own containerd, for example): it
@@ -144,6 +146,10 @@ impl fmt::Display for RuntimeProblem {
                 "{} at {socket} is not answering ({reason}): {}",
                 daemon(self.runtime),
                 start_hint(self.runtime, &self.socket)
+            ),
+            ProblemKind::Denied => write!(
+                f,
+                "permission denied on {socket}: run shmtrace as root (it needs root for eBPF anyway)"
             ),
             ProblemKind::Failed { reason } => write!(f, "{reason}"),
             ProblemKind::NoCri => write!(

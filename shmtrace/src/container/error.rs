@@ -44,6 +44,8 @@ pub enum ContainerError {
     },
     #[error("{query}: {reason}")]
     Describe { query: String, reason: String },
+    #[error("no container given: name one (--container NAME) or give its id (--container-id ID)")]
+    EmptyQuery,
 }
 
 impl ContainerError {

@@ -24,6 +24,11 @@ pub enum HttpError {
 }
 
 impl HttpError {
+    /// Whether the socket refused us for lack of permission.
+    pub fn is_denied(&self) -> bool {
+        matches!(self, HttpError::Connect(e) if e.kind() == io::ErrorKind::PermissionDenied)
+    }
+
     /// Whether the daemon is simply not there (no socket, or nobody listening on it).
     pub fn is_not_listening(&self) -> bool {
         matches!(self, HttpError::Connect(e)

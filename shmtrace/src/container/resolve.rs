@@ -217,6 +217,11 @@ impl Resolver {
     /// Errors: [`ContainerError::NotFound`] (listing the running containers),
     /// [`ContainerError::Ambiguous`], [`ContainerError::NotRunning`].
     pub async fn resolve(&self, query: &Query) -> Result<Resolution, ContainerError> {
+        if query.name.as_deref().is_none_or(str::is_empty)
+            && query.id.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(ContainerError::EmptyQuery);
+        }
         let mut survey = self.survey().await;
         let host = HostFacts::read();
         let query_text = QueryText(query).to_string();
@@ -490,6 +495,9 @@ async fn describe(
 }
 
 fn docker_problem(error: DockerError) -> ProblemKind {
+    if matches!(&error, DockerError::Http { source, .. } if source.is_denied()) {
+        return ProblemKind::Denied;
+    }
     if error.is_not_listening() || matches!(error, DockerError::Http { .. }) {
         ProblemKind::Down {
             reason: match error {
