@@ -463,6 +463,12 @@ async fn notes_ipc_host() {
     assert_eq!(found.ipc, IpcMode::Host);
     assert_eq!(found.shm.dev, host_shm_dev());
     assert_eq!(found.ipc.describe(), "the host's (--ipc=host)");
+    // Docker still says ShmSize 64 MiB; the limit is the host's /dev/shm's.
+    assert_eq!(found.shm.configured_bytes, None);
+    assert_eq!(
+        found.shm.size_bytes,
+        measure_shm(std::process::id()).unwrap().size_bytes
+    );
 }
 
 /// A container replaces its /dev/shm with symlinks to host paths. Read naively through

@@ -79,10 +79,16 @@ fn not_found(
              ids but not names: give an id with --container-id.",
         );
     }
-    if running.is_empty() {
-        text.push_str(" No container is running.");
-    } else {
-        text.push_str(&format!(" Running containers: {}.", running.join(", ")));
+    // Enough to spot a typo; a Kubernetes node may run hundreds.
+    const SHOWN: usize = 30;
+    match running.len() {
+        0 => text.push_str(" No container is running."),
+        n if n <= SHOWN => text.push_str(&format!(" Running containers: {}.", running.join(", "))),
+        n => text.push_str(&format!(
+            " Running containers: {}, and {} more.",
+            running[..SHOWN].join(", "),
+            n - SHOWN
+        )),
     }
     text
 }

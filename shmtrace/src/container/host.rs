@@ -35,7 +35,10 @@ impl HostFacts {
 pub fn enrich(container: &mut Container, host: &HostFacts) {
     let configured = container.shm.configured_bytes;
     let Some(pid) = container.pid.filter(|_| container.state.is_running()) else {
-        container.shm.size_bytes = configured;
+        if matches!(container.ipc, IpcMode::Host | IpcMode::Container(_)) {
+            container.shm.configured_bytes = None;
+        }
+        container.shm.size_bytes = container.shm.configured_bytes;
         container.shm.source = ShmSource::Configured;
         return;
     };
@@ -57,6 +60,11 @@ pub fn enrich(container: &mut Container, host: &HostFacts) {
     // is the host's competes with the whole host for it.
     if container.shm.dev.is_some() && container.shm.dev == host.shm_dev {
         container.ipc = IpcMode::Host;
+    }
+    // Docker still reports its default ShmSize for a container that uses another's /dev/shm:
+    // that number describes nothing real, so it must not be shown as the limit.
+    if matches!(container.ipc, IpcMode::Host | IpcMode::Container(_)) {
+        container.shm.configured_bytes = None;
     }
 }
 
