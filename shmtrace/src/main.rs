@@ -8,6 +8,7 @@
 mod bpf;
 mod cli;
 mod commands;
+mod container;
 mod demo;
 mod diagnose;
 mod event;

@@ -5,8 +5,10 @@
 //! - `check-ebpf`: fail if the committed object is stale against those inputs.
 //! - `test`: build everything and run every test, the real-kernel ones included (root).
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
+//! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
 mod bench;
 mod ebpf;
+mod gen_cri;
 
 use std::{path::PathBuf, process::Command};
 
@@ -38,6 +40,8 @@ enum Task {
     },
     /// Measure tracing overhead on a /dev/shm churn workload (see docs/BENCHMARKS.md).
     Bench(bench::BenchArgs),
+    /// Regenerate the CRI client in shmtrace/src/container/cri (needs protoc).
+    GenCri,
     /// The benchmark's workload (run by `bench`).
     #[command(hide = true)]
     Churn(bench::ChurnArgs),
@@ -50,6 +54,7 @@ fn main() -> Result<()> {
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
+        Task::GenCri => gen_cri::run(),
     }
 }
 

@@ -1,0 +1,262 @@
+//! Finding containers and describing them: which runtime runs them, their main process and
+//! mount namespace (what the kernel filter matches), their labels, and their /dev/shm.
+//!
+//! - `docker` talks to the Docker Engine API (and Podman's Docker-compatible API) over a unix
+//!   socket, through `http`.
+//! - `cri` talks to containerd and CRI-O through the Kubernetes CRI gRPC API.
+//! - `cgroup` reads a process's cgroup paths and knows every runtime's layout; `scan` uses it
+//!   to find containers from /proc alone when no runtime socket answers.
+//! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`).
+//! - `resolve` ties them together: look up by name or id, wait for a container to start, notice
+//!   a restart. `index` labels processes (by pid or mount namespace) with their container.
+//!
+//! Everything here is library code the CLI calls; nothing prints. Names and labels come from
+//! whoever created the container: display them with [`Container::display_name`] and
+//! [`crate::event::escape`], never raw.
+// Library code for the CLI to call; until `--container` is wired in, most of it is unused in
+// the binary. Remove this when it is.
+#![allow(dead_code, unused_imports)]
+
+mod cgroup;
+mod cri;
+mod docker;
+mod endpoints;
+mod error;
+mod host;
+mod http;
+mod index;
+mod resolve;
+mod rootfs;
+mod scan;
+mod shm;
+
+#[cfg(test)]
+mod docker_tests;
+#[cfg(test)]
+mod podman_tests;
+
+use std::{collections::BTreeMap, fmt, path::PathBuf};
+
+pub use cgroup::{CgroupMatch, PathClass, QosClass, classify_path, parse_proc_cgroup};
+pub use endpoints::{Api, Endpoint, ProblemKind, RuntimeProblem};
+pub use error::ContainerError;
+pub use host::{HostFacts, cgroup_v2_id};
+pub use index::{ContainerIndex, Label};
+pub use resolve::{Change, Query, Resolution, Resolver};
+pub use shm::{ShmError, ShmInfo, ShmSource, host_shm_dev, measure_shm};
+
+use crate::event::escape;
+
+/// Which container runtime runs a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Runtime {
+    Docker,
+    Podman,
+    Containerd,
+    CriO,
+    /// Found by the cgroup scan under a layout that does not name its runtime (the kubelet's
+    /// cgroupfs driver: `/kubepods/<qos>/pod<uid>/<id>`).
+    Unknown,
+}
+
+impl Runtime {
+    /// Lower-case name, as in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Docker => "docker",
+            Runtime::Podman => "podman",
+            Runtime::Containerd => "containerd",
+            Runtime::CriO => "cri-o",
+            Runtime::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a container was found: from its runtime's API (names, images, labels and configured
+/// /dev/shm size are known), or by the fallback scan of `/proc/*/cgroup` (only ids and what
+/// /proc shows). The CLI tells the user when the fallback was used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FoundBy {
+    Api { socket: PathBuf },
+    CgroupScan,
+}
+
+/// What a container is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    Created,
+    Running,
+    Paused,
+    Restarting,
+    Exited {
+        code: Option<i64>,
+    },
+    Removing,
+    Dead,
+    /// A state this version does not know, as the runtime spelled it (escaped).
+    Other(String),
+}
+
+impl State {
+    /// Whether the container has processes that can be traced.
+    pub fn is_running(&self) -> bool {
+        matches!(self, State::Running | State::Paused)
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            State::Created => f.write_str("created (never started)"),
+            State::Running => f.write_str("running"),
+            State::Paused => f.write_str("paused"),
+            State::Restarting => f.write_str("restarting"),
+            State::Exited { code: Some(code) } => write!(f, "exited with status {code}"),
+            State::Exited { code: None } => f.write_str("exited"),
+            State::Removing => f.write_str("being removed"),
+            State::Dead => f.write_str("dead"),
+            State::Other(text) => f.write_str(text),
+        }
+    }
+}
+
+/// Whose IPC namespace, and so whose /dev/shm, a container uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IpcMode {
+    /// Its own /dev/shm (Docker's `private`).
+    Private,
+    /// Its own /dev/shm, which other containers may join (Docker's `shareable`).
+    Shareable,
+    /// The host's /dev/shm (`--ipc=host`, or `hostIPC: true` in Kubernetes): every process on
+    /// the host competes for the same space.
+    Host,
+    /// Another container's /dev/shm (`--ipc=container:NAME`); the value is what the runtime
+    /// reported, a name or an id.
+    Container(String),
+    /// The /dev/shm of its pod's sandbox, shared by all containers of the pod (Kubernetes).
+    PodSandbox { sandbox_id: String },
+    /// No /dev/shm is mounted (Docker's `none`).
+    NoShm,
+    /// Not reported by the runtime, and not told apart by measurement.
+    Unknown,
+}
+
+impl IpcMode {
+    /// Words for a human line: `private`, `host`, `shared with container db`...
+    pub fn describe(&self) -> String {
+        match self {
+            IpcMode::Private => "private".into(),
+            IpcMode::Shareable => "private (shareable)".into(),
+            IpcMode::Host => "the host's (--ipc=host)".into(),
+            IpcMode::Container(other) => format!("shared with container {}", escape::text(other)),
+            IpcMode::PodSandbox { sandbox_id } => {
+                format!("shared by the pod (sandbox {})", short_id(sandbox_id))
+            }
+            IpcMode::NoShm => "none (--ipc=none)".into(),
+            IpcMode::Unknown => "unknown".into(),
+        }
+    }
+}
+
+/// A container, as its runtime (or the cgroup scan) describes it.
+///
+/// Strings are as the runtime gave them: they may hold anything. Escape before display.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Container {
+    pub runtime: Runtime,
+    pub found_by: FoundBy,
+    /// Full id (64 hex digits for every runtime this module knows).
+    pub id: String,
+    /// Name without Docker's leading `/`; for Kubernetes the container's name in its pod.
+    /// Empty when unknown (cgroup scan).
+    pub name: String,
+    /// Image as the user named it (`Config.Image`), or the CRI image reference.
+    pub image: Option<String>,
+    /// Kubernetes pod name (`io.kubernetes.pod.name`).
+    pub pod: Option<String>,
+    /// Kubernetes namespace (`io.kubernetes.pod.namespace`).
+    pub namespace: Option<String>,
+    /// Kubernetes pod uid, from the labels or the cgroup path.
+    pub pod_uid: Option<String>,
+    /// The pod sandbox this container belongs to (CRI).
+    pub sandbox_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Main (init) process, in the host's pid namespace; `None` when not running.
+    pub pid: Option<u32>,
+    /// Mount namespace inode of the main process (`/proc/PID/ns/mnt`): what the kernel filter
+    /// matches on every host.
+    pub mntns: Option<u32>,
+    /// cgroup v2 id of the main process's cgroup, only on a pure cgroup v2 host, where it
+    /// identifies the container (on hybrid v1 hosts every task reports cgroup id 1).
+    pub cgroup_id: Option<u64>,
+    pub shm: ShmInfo,
+    pub ipc: IpcMode,
+    pub state: State,
+}
+
+impl Container {
+    /// The first 12 characters of the id, as `docker ps` shows it.
+    pub fn short_id(&self) -> &str {
+        short_id(&self.id)
+    }
+
+    /// The name safe to print: escaped, the short id when the name is unknown, and
+    /// `namespace/pod/name` for Kubernetes containers.
+    pub fn display_name(&self) -> String {
+        let name = if self.name.is_empty() {
+            self.short_id().to_owned()
+        } else {
+            escape::text(&self.name)
+        };
+        match (&self.namespace, &self.pod) {
+            (Some(namespace), Some(pod)) => {
+                format!("{}/{}/{name}", escape::text(namespace), escape::text(pod))
+            }
+            (None, Some(pod)) => format!("{}/{name}", escape::text(pod)),
+            _ => name,
+        }
+    }
+
+    /// The `container` object of JSON events: `runtime`, `id`, `name`, `image`, `pod`,
+    /// `namespace`, `shm_size`, `shm_used` (bytes, `null` when unknown), plus `found_by`
+    /// (`api` or `cgroup-scan`) and `ipc`. Strings are raw: JSON escapes what needs escaping.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "runtime": self.runtime.as_str(),
+            "id": self.id,
+            "name": self.name,
+            "image": self.image,
+            "pod": self.pod,
+            "namespace": self.namespace,
+            "shm_size": self.shm.size_bytes,
+            "shm_used": self.shm.used_bytes,
+            "found_by": match self.found_by {
+                FoundBy::Api { .. } => "api",
+                FoundBy::CgroupScan => "cgroup-scan",
+            },
+            "ipc": self.ipc.describe(),
+        })
+    }
+
+    /// Measures this container's /dev/shm again (size and usage now), keeping what the runtime
+    /// said about its configured size. Call it when a failure happens.
+    pub fn remeasure_shm(&mut self) -> Result<&ShmInfo, ShmError> {
+        let pid = self.pid.ok_or(ShmError::NotRunning)?;
+        let configured = self.shm.configured_bytes;
+        let mut fresh = measure_shm(pid)?;
+        fresh.configured_bytes = configured;
+        self.shm = fresh;
+        Ok(&self.shm)
+    }
+}
+
+/// The first 12 characters of an id.
+pub fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}

@@ -1,0 +1,570 @@
+//! Finding a container by name or id across every runtime that answers, with the cgroup scan
+//! as the fallback; waiting for one to start; noticing that a name now points elsewhere.
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use super::{
+    Container, ContainerError, FoundBy, Runtime, State,
+    cri::{CriClient, CriError},
+    docker::{self, DockerClient, DockerError},
+    endpoints::{self, Api, Endpoint, ProblemKind, RuntimeProblem},
+    error::QueryText,
+    host::{self, HostFacts},
+    index::id_label,
+    scan,
+};
+use crate::event::escape;
+
+/// What to look for. Give a name or an id prefix; `pod` and `namespace` narrow Kubernetes
+/// containers (whose names repeat across pods).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Query {
+    /// Exact container name (Docker's without the leading `/`; Kubernetes' name in the pod).
+    pub name: Option<String>,
+    /// Id or id prefix (`--container-id`).
+    pub id: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+}
+
+impl Query {
+    pub fn name(name: impl Into<String>) -> Query {
+        Query {
+            name: Some(name.into()),
+            ..Query::default()
+        }
+    }
+
+    pub fn id(id: impl Into<String>) -> Query {
+        Query {
+            id: Some(id.into()),
+            ..Query::default()
+        }
+    }
+
+    fn matches(&self, candidate: &Candidate) -> bool {
+        let name_ok = match &self.name {
+            Some(name) => !candidate.name.is_empty() && candidate.name == *name,
+            None => true,
+        };
+        let id_ok = match &self.id {
+            Some(prefix) => !prefix.is_empty() && candidate.id.starts_with(&prefix.to_lowercase()),
+            None => true,
+        };
+        let pod_ok = self.pod.is_none() || self.pod == candidate.pod;
+        let ns_ok = self.namespace.is_none() || self.namespace == candidate.namespace;
+        name_ok && id_ok && pod_ok && ns_ok
+    }
+}
+
+/// A container as a runtime's list shows it: enough to match a query and to list names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub runtime: Runtime,
+    pub id: String,
+    pub name: String,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub state: State,
+}
+
+impl Candidate {
+    fn display_name(&self) -> String {
+        let name = if self.name.is_empty() {
+            id_label(self.runtime, &self.id)
+        } else {
+            escape::text(&self.name)
+        };
+        match (&self.namespace, &self.pod) {
+            (Some(ns), Some(pod)) => format!("{}/{}/{name}", escape::text(ns), escape::text(pod)),
+            _ => name,
+        }
+    }
+}
+
+/// The Kubernetes identity a container's labels carry (CRI runtimes, and cri-dockerd).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeLabels {
+    pub container: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub pod_uid: Option<String>,
+}
+
+pub fn kube_labels(labels: &BTreeMap<String, String>) -> KubeLabels {
+    let get = |key: &str| labels.get(key).filter(|v| !v.is_empty()).cloned();
+    KubeLabels {
+        container: get("io.kubernetes.container.name"),
+        pod: get("io.kubernetes.pod.name"),
+        namespace: get("io.kubernetes.pod.namespace"),
+        pod_uid: get("io.kubernetes.pod.uid"),
+    }
+}
+
+/// A container found, with what the lookup learned on the way.
+#[derive(Clone, Debug)]
+pub struct Resolution {
+    pub container: Container,
+    /// Runtimes that did not answer: worth a warning even when the container was found.
+    pub problems: Vec<RuntimeProblem>,
+    /// The container was found by the cgroup scan (no runtime answered for it): say so.
+    pub fallback: bool,
+}
+
+/// What became of a container since it was resolved.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Same container, same main process.
+    Unchanged,
+    /// Running again with another main process (`docker restart`), or the name now belongs to
+    /// a new container (`docker rm -f` then `docker run --name` again): `same_id` tells which.
+    /// Trace the new one's mount namespace.
+    Restarted {
+        container: Box<Container>,
+        same_id: bool,
+    },
+    /// It exists but is not running.
+    Stopped { container: Box<Container> },
+    /// No container answers to that name or id any more.
+    Gone,
+}
+
+/// A runtime that answered.
+enum Source {
+    Docker(DockerClient),
+    Cri(CriClient),
+}
+
+impl Source {
+    fn runtime(&self) -> Runtime {
+        match self {
+            Source::Docker(client) => client.runtime(),
+            Source::Cri(client) => client.runtime(),
+        }
+    }
+
+    fn describe_socket(&self, endpoint: &Endpoint) -> String {
+        format!("{} at {}", self.runtime(), endpoint.socket.display())
+    }
+}
+
+/// Everything every runtime said, once.
+struct Survey {
+    sources: Vec<(Endpoint, Source, Vec<Candidate>)>,
+    problems: Vec<RuntimeProblem>,
+    /// Containers found by the cgroup scan that no answering runtime knows.
+    scanned: Vec<Container>,
+    /// Whether the scan ran because some runtime did not answer.
+    fallback: bool,
+}
+
+/// Looks containers up in every runtime it can reach.
+#[derive(Clone, Debug)]
+pub struct Resolver {
+    endpoints: Vec<Endpoint>,
+    /// Sockets the user named: a missing one is reported, where a missing default is just a
+    /// runtime that is not installed.
+    explicit: Vec<PathBuf>,
+    timeout: Duration,
+    poll: Duration,
+}
+
+impl Default for Resolver {
+    fn default() -> Self {
+        Resolver::new()
+    }
+}
+
+impl Resolver {
+    /// Tries every runtime's usual socket (see [`endpoints::defaults`]).
+    pub fn new() -> Resolver {
+        let mut resolver = Resolver::with_endpoints(endpoints::defaults());
+        resolver.explicit.clear();
+        resolver
+    }
+
+    /// Tries exactly these sockets.
+    pub fn with_endpoints(endpoints: Vec<Endpoint>) -> Resolver {
+        let endpoints = endpoints::dedup(endpoints);
+        Resolver {
+            explicit: endpoints.iter().map(|e| e.socket.clone()).collect(),
+            endpoints,
+            timeout: Duration::from_secs(5),
+            poll: Duration::from_millis(200),
+        }
+    }
+
+    /// Uses `socket` for Docker instead of the usual paths (`--docker-socket`).
+    pub fn docker_socket(mut self, socket: impl Into<PathBuf>) -> Resolver {
+        let socket = socket.into();
+        self.endpoints.retain(|e| e.runtime != Runtime::Docker);
+        self.endpoints.insert(0, Endpoint::docker(socket.clone()));
+        self.explicit.push(socket);
+        self
+    }
+
+    /// How long one runtime may take to answer one call (default 5 s).
+    pub fn timeout(mut self, timeout: Duration) -> Resolver {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    /// The one container `query` names, running, with its /dev/shm measured.
+    ///
+    /// Errors: [`ContainerError::NotFound`] (listing the running containers),
+    /// [`ContainerError::Ambiguous`], [`ContainerError::NotRunning`].
+    pub async fn resolve(&self, query: &Query) -> Result<Resolution, ContainerError> {
+        if query.name.as_deref().is_none_or(str::is_empty)
+            && query.id.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(ContainerError::EmptyQuery);
+        }
+        let mut survey = self.survey().await;
+        let host = HostFacts::read();
+        let query_text = QueryText(query).to_string();
+
+        let mut matches: Vec<(usize, Candidate)> = survey
+            .sources
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, _, candidates))| {
+                candidates
+                    .iter()
+                    .filter(|c| query.matches(c))
+                    .map(move |c| (i, c.clone()))
+            })
+            .collect();
+        let scanned: Vec<Container> = survey
+            .scanned
+            .iter()
+            .filter(|c| query.matches(&candidate_of(c)))
+            .cloned()
+            .collect();
+
+        // A name may be carried by several containers (one per runtime, or per pod): a running
+        // one wins over stopped ones, but two running ones need the user to choose. An id
+        // prefix that fits several containers is ambiguous whatever their state.
+        let running = matches.iter().filter(|(_, c)| c.state.is_running()).count() + scanned.len();
+        let total = matches.len() + scanned.len();
+        let ambiguous = if query.id.is_some() {
+            total > 1
+        } else {
+            running > 1 || (running == 0 && total > 1)
+        };
+        if ambiguous {
+            let mut names: Vec<String> = matches
+                .iter()
+                .map(|(_, c)| {
+                    format!(
+                        "{} ({} {}, {})",
+                        c.display_name(),
+                        c.runtime,
+                        short(&c.id),
+                        c.state
+                    )
+                })
+                .chain(scanned.iter().map(|c| id_label(c.runtime, &c.id)))
+                .collect();
+            names.sort();
+            return Err(ContainerError::Ambiguous {
+                query: query_text,
+                matches: names,
+            });
+        }
+        if running == 1 {
+            matches.retain(|(_, c)| c.state.is_running());
+        }
+
+        if let Some((source, candidate)) = matches.into_iter().next() {
+            let (endpoint, source, _) = &mut survey.sources[source];
+            let mut container = describe(source, endpoint, &candidate.id)
+                .await
+                .map_err(|reason| ContainerError::Describe {
+                    query: query_text.clone(),
+                    reason,
+                })?
+                .ok_or_else(|| ContainerError::Describe {
+                    query: query_text.clone(),
+                    reason: "it was removed while shmtrace looked it up".into(),
+                })?;
+            host::enrich(&mut container, &host);
+            if !container.state.is_running() {
+                return Err(ContainerError::NotRunning {
+                    container: Box::new(container),
+                });
+            }
+            return Ok(Resolution {
+                container,
+                problems: survey.problems,
+                fallback: false,
+            });
+        }
+        if let Some(mut container) = scanned.into_iter().next() {
+            host::enrich(&mut container, &host);
+            return Ok(Resolution {
+                container,
+                problems: survey.problems,
+                fallback: true,
+            });
+        }
+        Err(not_found(query_text, &survey))
+    }
+
+    /// Like [`Resolver::resolve`], but a container that does not exist yet or is not running
+    /// is waited for, up to `timeout` (`--wait`). Polls every 200 ms.
+    pub async fn wait_until_running(
+        &self,
+        query: &Query,
+        timeout: Duration,
+    ) -> Result<Resolution, ContainerError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.resolve(query).await {
+                Err(error) if error.may_resolve_later() => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(ContainerError::WaitTimedOut {
+                            query: QueryText(query).to_string(),
+                            waited: timeout,
+                            last: Some(Box::new(error)),
+                        });
+                    }
+                    tokio::time::sleep(self.poll).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// What became of `previous` (found earlier by [`Resolver::resolve`]): looked up again by
+    /// name where it has one (so a container re-created under the same name is followed), else
+    /// by id. Poll it, for example once a second, or when the traced processes all exit.
+    pub async fn recheck(&self, previous: &Container) -> Result<Change, ContainerError> {
+        let query = if previous.name.is_empty() || previous.found_by == FoundBy::CgroupScan {
+            Query::id(previous.id.clone())
+        } else {
+            Query {
+                name: Some(previous.name.clone()),
+                pod: previous.pod.clone(),
+                namespace: previous.namespace.clone(),
+                id: None,
+            }
+        };
+        match self.resolve(&query).await {
+            Ok(found) => {
+                let container = found.container;
+                if container.id == previous.id && container.pid == previous.pid {
+                    Ok(Change::Unchanged)
+                } else {
+                    Ok(Change::Restarted {
+                        same_id: container.id == previous.id,
+                        container: Box::new(container),
+                    })
+                }
+            }
+            Err(ContainerError::NotRunning { container }) => Ok(Change::Stopped { container }),
+            Err(ContainerError::NotFound { .. }) => Ok(Change::Gone),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Every running container, described and measured: what `--all` labels events with.
+    /// Sandboxes (pause) are left out.
+    pub async fn running(&self) -> (Vec<Container>, Vec<RuntimeProblem>) {
+        let mut survey = self.survey().await;
+        let host = HostFacts::read();
+        let mut found = Vec::new();
+        for (endpoint, source, candidates) in &mut survey.sources {
+            for candidate in candidates.iter().filter(|c| c.state.is_running()) {
+                if let Ok(Some(mut container)) = describe(source, endpoint, &candidate.id).await {
+                    host::enrich(&mut container, &host);
+                    found.push(container);
+                }
+            }
+        }
+        for mut container in survey.scanned {
+            host::enrich(&mut container, &host);
+            found.push(container);
+        }
+        (found, survey.problems)
+    }
+
+    /// Asks every runtime for its containers; scans /proc when one could not answer.
+    async fn survey(&self) -> Survey {
+        let mut survey = Survey {
+            sources: Vec::new(),
+            problems: Vec::new(),
+            scanned: Vec::new(),
+            fallback: false,
+        };
+        for endpoint in &self.endpoints {
+            if !endpoint.socket.exists() {
+                if self.explicit.contains(&endpoint.socket) {
+                    survey.problems.push(RuntimeProblem {
+                        runtime: endpoint.runtime,
+                        socket: endpoint.socket.clone(),
+                        kind: ProblemKind::Down {
+                            reason: "no such socket".into(),
+                        },
+                    });
+                }
+                continue;
+            }
+            match self.connect(endpoint).await {
+                Ok((source, candidates)) => {
+                    survey.sources.push((endpoint.clone(), source, candidates))
+                }
+                Err(kind) => survey.problems.push(RuntimeProblem {
+                    runtime: endpoint.runtime,
+                    socket: endpoint.socket.clone(),
+                    kind,
+                }),
+            }
+        }
+        let hidden = survey.problems.iter().any(RuntimeProblem::hides_containers);
+        if hidden || survey.sources.is_empty() {
+            survey.fallback = true;
+            let known: Vec<&str> = survey
+                .sources
+                .iter()
+                .flat_map(|(_, _, c)| c.iter().map(|c| c.id.as_str()))
+                .collect();
+            survey.scanned = scan::containers(&scan::read_proc())
+                .into_iter()
+                .filter(|c| !known.contains(&c.id.as_str()))
+                .collect();
+        }
+        survey
+    }
+
+    async fn connect(&self, endpoint: &Endpoint) -> Result<(Source, Vec<Candidate>), ProblemKind> {
+        match endpoint.api {
+            Api::Docker => {
+                let client =
+                    DockerClient::connect(&endpoint.socket, endpoint.runtime, self.timeout)
+                        .await
+                        .map_err(docker_problem)?;
+                let list = client.list().await.map_err(docker_problem)?;
+                let runtime = client.runtime();
+                let candidates = list
+                    .into_iter()
+                    .filter(|s| !super::cri::is_sandbox(s.labels().iter()))
+                    .map(|s| {
+                        let kube = kube_labels(&s.labels());
+                        Candidate {
+                            runtime,
+                            name: s.name().unwrap_or_default().to_owned(),
+                            pod: kube.pod,
+                            namespace: kube.namespace,
+                            state: docker::state(&s.state, 0),
+                            id: s.id,
+                        }
+                    })
+                    .collect();
+                Ok((Source::Docker(client), candidates))
+            }
+            Api::Cri => {
+                let mut client =
+                    CriClient::connect(&endpoint.socket, endpoint.runtime, self.timeout)
+                        .await
+                        .map_err(cri_problem)?;
+                let candidates = client.list().await.map_err(cri_problem)?;
+                Ok((Source::Cri(client), candidates))
+            }
+        }
+    }
+}
+
+async fn describe(
+    source: &mut Source,
+    endpoint: &Endpoint,
+    id: &str,
+) -> Result<Option<Container>, String> {
+    match source {
+        Source::Docker(client) => client
+            .inspect(id)
+            .await
+            .map(|inspect| {
+                inspect.map(|i| docker::to_container(i, client.runtime(), &endpoint.socket))
+            })
+            .map_err(|e| e.to_string()),
+        Source::Cri(client) => client.describe(id).await.map_err(|e| e.to_string()),
+    }
+}
+
+fn docker_problem(error: DockerError) -> ProblemKind {
+    if matches!(&error, DockerError::Http { source, .. } if source.is_denied()) {
+        return ProblemKind::Denied;
+    }
+    if error.is_not_listening() || matches!(error, DockerError::Http { .. }) {
+        ProblemKind::Down {
+            reason: match error {
+                DockerError::Http { source, .. } => source.to_string(),
+                other => other.to_string(),
+            },
+        }
+    } else {
+        ProblemKind::Failed {
+            reason: error.to_string(),
+        }
+    }
+}
+
+fn cri_problem(error: CriError) -> ProblemKind {
+    match error {
+        CriError::Connect { reason, .. } => ProblemKind::Down { reason },
+        // A containerd without the CRI plugin answers, but knows no RuntimeService.
+        CriError::Call { ref status, .. } if status.starts_with("Unimplemented") => {
+            ProblemKind::NoCri
+        }
+        other => ProblemKind::Failed {
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// A scanned container as a list row, so the same query matching applies.
+fn candidate_of(container: &Container) -> Candidate {
+    Candidate {
+        runtime: container.runtime,
+        id: container.id.clone(),
+        name: container.name.clone(),
+        pod: container.pod.clone(),
+        namespace: container.namespace.clone(),
+        state: container.state.clone(),
+    }
+}
+
+fn not_found(query: String, survey: &Survey) -> ContainerError {
+    let mut running: Vec<String> = survey
+        .sources
+        .iter()
+        .flat_map(|(_, _, candidates)| candidates.iter())
+        .filter(|c| c.state.is_running())
+        .map(Candidate::display_name)
+        .chain(survey.scanned.iter().map(|c| id_label(c.runtime, &c.id)))
+        .collect();
+    running.sort();
+    ContainerError::NotFound {
+        query,
+        running,
+        asked: survey
+            .sources
+            .iter()
+            .map(|(endpoint, source, _)| source.describe_socket(endpoint))
+            .collect(),
+        problems: survey
+            .problems
+            .iter()
+            .filter(|p| p.hides_containers())
+            .cloned()
+            .collect(),
+        fallback: survey.fallback && survey.sources.is_empty(),
+    }
+}
+
+fn short(id: &str) -> &str {
+    super::short_id(id)
+}

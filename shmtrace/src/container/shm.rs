@@ -1,0 +1,223 @@
+//! A container's /dev/shm: how big it is and how full, measured through the container's root.
+//!
+//! Capacity and usage come from `fstatfs` of the container's /dev/shm, opened safely inside its
+//! root (see `rootfs`). The tmpfs `size=` option comes from the container's
+//! `/proc/PID/mountinfo`. The device number tells whether the container shares the host's
+//! /dev/shm (`--ipc=host`) or another container's (pods).
+use std::{fs, os::unix::fs::MetadataExt};
+
+use nix::{
+    errno::Errno,
+    sys::{
+        stat::fstat,
+        statfs::{TMPFS_MAGIC, fstatfs},
+    },
+};
+
+use super::rootfs;
+use crate::proc_scan;
+
+/// Capacity and usage of a container's /dev/shm.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShmInfo {
+    /// Capacity in bytes: measured when possible, else what the runtime was told
+    /// (`configured_bytes`). `None` for an unbounded tmpfs (`size=0`) or when unknown.
+    pub size_bytes: Option<u64>,
+    /// Bytes in use when measured.
+    pub used_bytes: Option<u64>,
+    /// The tmpfs `size=` mount option, in bytes, from the container's mountinfo.
+    pub size_option: Option<u64>,
+    /// What the runtime was asked for (Docker's `HostConfig.ShmSize`).
+    pub configured_bytes: Option<u64>,
+    /// Device of the file system (kernel `dev_t` encoding, as the probes report it).
+    pub dev: Option<u32>,
+    /// Whether /dev/shm is a tmpfs. `false` means the container's /dev/shm is a directory or a
+    /// symlink on some other file system (its root), and the numbers are that file system's.
+    pub is_tmpfs: bool,
+    pub source: ShmSource,
+}
+
+/// How a [`ShmInfo`] was obtained.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ShmSource {
+    /// `fstatfs` of /dev/shm resolved inside `/proc/PID/root`, at that moment.
+    Measured { pid: u32 },
+    /// Only the runtime's configuration (the container is not running).
+    Configured,
+    /// Nothing could be measured; why.
+    Unavailable { reason: String },
+    #[default]
+    Unknown,
+}
+
+/// Why /dev/shm could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("the container is not running, so its /dev/shm cannot be measured")]
+    NotRunning,
+    #[error(
+        "cannot open the root of process {pid} (/proc/{pid}/root): {errno}; the process may \
+         have exited, or shmtrace lacks CAP_SYS_PTRACE (run it as root)"
+    )]
+    Root { pid: u32, errno: Errno },
+    #[error(
+        "the container of process {pid} has no /dev/shm (run with --ipc=none, or it was removed)"
+    )]
+    Missing { pid: u32 },
+    #[error(
+        "refused to follow a magic link at /dev/shm in the container of process {pid}: its \
+         /dev/shm points outside the container (this is what a hostile container would do)"
+    )]
+    MagicLink { pid: u32 },
+    #[error("cannot measure /dev/shm of process {pid}: {what} failed: {errno}")]
+    Sys {
+        pid: u32,
+        what: &'static str,
+        errno: Errno,
+    },
+    #[error(
+        "process {pid} changed mount namespace while /dev/shm was measured (it exited and its \
+         pid was reused?); measure again"
+    )]
+    Raced { pid: u32 },
+}
+
+/// Measures the /dev/shm of the container that process `pid` belongs to, now.
+pub fn measure_shm(pid: u32) -> Result<ShmInfo, ShmError> {
+    let mntns_before = proc_scan::mount_namespace(pid);
+    let root = rootfs::open_root(pid).map_err(|errno| ShmError::Root { pid, errno })?;
+    let shm = rootfs::open_in_root(&root, "/dev/shm").map_err(|errno| match errno {
+        Errno::ENOENT | Errno::ENOTDIR => ShmError::Missing { pid },
+        Errno::ELOOP | Errno::EXDEV => ShmError::MagicLink { pid },
+        errno => ShmError::Sys {
+            pid,
+            what: "openat2",
+            errno,
+        },
+    })?;
+    let stats = fstatfs(&shm).map_err(|errno| ShmError::Sys {
+        pid,
+        what: "fstatfs",
+        errno,
+    })?;
+    let stat = fstat(&shm).map_err(|errno| ShmError::Sys {
+        pid,
+        what: "fstat",
+        errno,
+    })?;
+    // A pid reused by another process between the two reads would give someone else's numbers.
+    if proc_scan::mount_namespace(pid) != mntns_before {
+        return Err(ShmError::Raced { pid });
+    }
+    // tmpfs reports page-sized blocks in f_bsize (and f_frsize alike).
+    let block = stats.block_size() as u64;
+    let total = stats.blocks() * block;
+    let free = stats.blocks_free() * block;
+    let dev = proc_scan::kernel_dev_from_stat(stat.st_dev);
+    Ok(ShmInfo {
+        size_bytes: (total > 0).then_some(total),
+        used_bytes: Some(total.saturating_sub(free)),
+        size_option: size_option(pid),
+        configured_bytes: None,
+        dev: Some(dev),
+        is_tmpfs: stats.filesystem_type() == TMPFS_MAGIC,
+        source: ShmSource::Measured { pid },
+    })
+}
+
+/// The device of the host's /dev/shm: that of pid 1's root when shmtrace runs in a container
+/// with the host's pid namespace, else our own.
+pub fn host_shm_dev() -> Option<u32> {
+    let from_init = rootfs::open_root(1)
+        .ok()
+        .and_then(|root| rootfs::open_in_root(&root, "/dev/shm").ok())
+        .and_then(|fd| fstat(&fd).ok())
+        .map(|stat| proc_scan::kernel_dev_from_stat(stat.st_dev));
+    from_init.or_else(|| {
+        fs::metadata("/dev/shm")
+            .ok()
+            .map(|m| proc_scan::kernel_dev_from_stat(m.dev()))
+    })
+}
+
+/// The `size=` option of the tmpfs mounted at /dev/shm in `pid`'s mount namespace.
+fn size_option(pid: u32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+    size_option_from_mountinfo(&text)
+}
+
+/// The `size=` option of the last tmpfs mounted at /dev/shm (the one on top), in bytes.
+fn size_option_from_mountinfo(text: &str) -> Option<u64> {
+    text.lines()
+        .filter_map(|line| {
+            // `36 35 98:0 / /dev/shm rw,nosuid - tmpfs shm rw,size=65536k`: the mount point is
+            // field 5; after ` - ` come the type, the source and the super options.
+            let mount_point = line.split(' ').nth(4)?;
+            let (_, tail) = line.split_once(" - ")?;
+            let mut tail = tail.split(' ');
+            let fs_type = tail.next()?;
+            let _source = tail.next()?;
+            let options = tail.next()?;
+            (mount_point == "/dev/shm" && fs_type == "tmpfs").then_some(options)
+        })
+        .next_back()
+        .and_then(|options| {
+            options
+                .split(',')
+                .find_map(|option| option.strip_prefix("size="))
+                .and_then(parse_tmpfs_size)
+        })
+}
+
+/// `65536k`, `1m`, `2g`, `4096`: tmpfs sizes as mountinfo shows them.
+fn parse_tmpfs_size(text: &str) -> Option<u64> {
+    let (digits, shift) = match text.as_bytes().last()? {
+        b'k' | b'K' => (&text[..text.len() - 1], 10),
+        b'm' | b'M' => (&text[..text.len() - 1], 20),
+        b'g' | b'G' => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_size_option_of_the_top_shm_mount() {
+        // From a Docker container started with --shm-size 1m on this project's CI host.
+        let mountinfo = "\
+1270 1199 0:126 / / rw,relatime master:365 - overlay overlay rw,lowerdir=/var/lib/docker/overlay2/l/X
+1271 1270 0:128 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+1272 1270 0:129 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k,mode=755
+1278 1272 0:125 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=1024k
+";
+        assert_eq!(size_option_from_mountinfo(mountinfo), Some(1 << 20));
+        let stacked =
+            format!("{mountinfo}1300 1278 0:140 / /dev/shm rw - tmpfs tmpfs rw,size=2g\n");
+        assert_eq!(size_option_from_mountinfo(&stacked), Some(2 << 30));
+        // --ipc=host: the host's /dev/shm bind-mounted, with the host's options.
+        let host = "1278 1272 0:26 / /dev/shm rw,nosuid,nodev - tmpfs tmpfs rw,inode64\n";
+        assert_eq!(size_option_from_mountinfo(host), None);
+        assert_eq!(size_option_from_mountinfo("garbage\n"), None);
+    }
+
+    #[test]
+    fn parses_tmpfs_sizes() {
+        assert_eq!(parse_tmpfs_size("65536k"), Some(64 << 20));
+        assert_eq!(parse_tmpfs_size("1m"), Some(1 << 20));
+        assert_eq!(parse_tmpfs_size("4096"), Some(4096));
+        assert_eq!(parse_tmpfs_size("k"), None);
+        assert_eq!(parse_tmpfs_size("99999999999999999999g"), None);
+    }
+
+    #[test]
+    fn measures_our_own_shm() {
+        let info = measure_shm(std::process::id()).expect("our own /dev/shm");
+        assert!(info.is_tmpfs);
+        assert!(info.size_bytes.unwrap() > 0);
+        assert!(info.used_bytes.unwrap() <= info.size_bytes.unwrap());
+        assert_eq!(info.dev, host_shm_dev());
+    }
+}
