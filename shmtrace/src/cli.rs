@@ -74,6 +74,34 @@ pub struct TargetArgs {
     #[arg(short, long, conflicts_with = "pid")]
     pub all: bool,
 
+    /// Trace every process of these containers, by exact name: those running now, those
+    /// started later (docker exec), and their children, following restarts. Docker, Podman,
+    /// containerd and CRI-O are asked; with none answering, /proc is scanned. Repeat the flag
+    /// or separate names with commas.
+    #[arg(short, long, value_name = "NAME", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
+    pub container: Vec<String>,
+
+    /// Like --container, by container id or a unique prefix of it.
+    #[arg(long, value_name = "ID", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
+    pub container_id: Vec<String>,
+
+    /// Kubernetes: only the containers of this pod.
+    #[arg(long, value_name = "POD")]
+    pub pod: Option<String>,
+
+    /// Kubernetes: only pods in this namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Wait for a container that is not running (or does not exist yet) to start.
+    #[arg(long)]
+    pub wait: bool,
+
+    /// Ask the Docker (or Podman) daemon at this socket instead of the usual places
+    /// (DOCKER_HOST, /var/run/docker.sock, /run/docker.sock, Podman's sockets).
+    #[arg(long, value_name = "PATH")]
+    pub docker_socket: Option<PathBuf>,
+
     /// Show only failures: failed calls, fatal signals, abnormal exits, OOM kills.
     /// Successful data-path calls (write, ftruncate, fallocate, close) are dropped in the
     /// kernel, which also makes tracing cheaper.

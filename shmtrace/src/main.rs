@@ -18,8 +18,8 @@ mod pipeline;
 mod proc_scan;
 mod record;
 mod session;
-mod shm_fs;
 mod target;
+mod watch;
 
 use std::process::ExitCode;
 

@@ -14,7 +14,7 @@ use crate::{
     bpf::LostCounts,
     diagnose::{Capacity, Diagnoser, Diagnosis, Role, RoleKind},
     event::{Body, Event, decode},
-    model::{Annotation, ProcSnapshot, World},
+    model::{Annotation, ContainerInfo, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
     record::{self, Trigger, TriggerReason, UserRecord},
 };
@@ -36,8 +36,15 @@ impl Environment for LiveMachine {
     }
 
     fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity> {
-        pids.iter()
-            .find_map(|pid| crate::shm_fs::measure(*pid, ts_ns))
+        pids.iter().find_map(|pid| {
+            let shm = crate::container::measure_shm(*pid).ok()?;
+            Some(Capacity {
+                dev: shm.dev?,
+                size: shm.size_bytes?,
+                used: shm.used_bytes?,
+                ts_ns,
+            })
+        })
     }
 }
 
@@ -124,6 +131,25 @@ impl Pipeline {
         self.diagnoser.set_unnamed_place(label.to_owned());
     }
 
+    /// Tells which container a mount namespace is: its events are labelled with it, and its
+    /// diagnoses speak of it.
+    pub fn set_container(&mut self, info: ContainerInfo, ts_ns: u64) -> Result<()> {
+        self.output.show_places();
+        let record = UserRecord::Container(Box::new((&info).into()));
+        self.diagnoser.set_container(info);
+        self.tap_user(ts_ns, &record)
+    }
+
+    pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
+        self.diagnoser.container(mntns)
+    }
+
+    /// A measurement of a /dev/shm taken outside a failure (the session samples containers).
+    pub fn capacity(&mut self, sample: Capacity, pid: Option<u32>) -> Result<()> {
+        self.diagnoser.capacity(sample);
+        self.tap_user(sample.ts_ns, &capacity_record(sample, pid))
+    }
+
     /// Records a process found before tracing started (`--pid`).
     pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) -> Result<()> {
         self.world.seed(snapshot, ts_ns);
@@ -158,13 +184,16 @@ impl Pipeline {
         }
         let note = self.world.apply(&event);
         let role = self.role_shown(&event);
-        if self.show_events
-            && self
-                .filter
-                .keep(&event, &role, &self.diagnoser.place(event.mntns))
-        {
+        let place = self.diagnoser.place(event.mntns);
+        if self.show_events && self.filter.keep(&event, &role, &place) {
             self.output
-                .event(&event, &note, &role)
+                .event(
+                    &event,
+                    &note,
+                    &role,
+                    &place,
+                    self.diagnoser.container(event.mntns),
+                )
                 .context("writing output")?;
         }
         if let Some(trigger) = trigger(&event, &note, &role)
@@ -190,9 +219,8 @@ impl Pipeline {
             }),
             UserRecord::Lost(counters) => self.lost = counters.to_counts().0,
             UserRecord::Container(container) => {
-                if let (Some(mntns), Some(name)) = (container.mntns, &container.name) {
-                    self.diagnoser.set_place(mntns, format!("container {name}"));
-                }
+                self.output.show_places();
+                self.diagnoser.set_container(container.to_info());
             }
             UserRecord::WriterLoss(loss) => self.output.notice(&format!(
                 "the recorder could not write {} records ({}): the trace has a hole here",
@@ -313,20 +341,21 @@ impl Pipeline {
         };
         self.measured.insert(event.mntns);
         self.diagnoser.capacity(sample);
-        self.tap_user(
-            event.ts_ns,
-            &UserRecord::Capacity(record::CapacitySample {
-                pid: Some(subject),
-                container: None,
-                capacity: record::ShmCapacity {
-                    dev: sample.dev,
-                    size_bytes: sample.size,
-                    used_bytes: sample.used,
-                    available_bytes: sample.size.saturating_sub(sample.used),
-                },
-            }),
-        )
+        self.tap_user(event.ts_ns, &capacity_record(sample, Some(subject)))
     }
+}
+
+fn capacity_record(sample: Capacity, pid: Option<u32>) -> UserRecord {
+    UserRecord::Capacity(record::CapacitySample {
+        pid,
+        container: None,
+        capacity: record::ShmCapacity {
+            dev: sample.dev,
+            size_bytes: sample.size,
+            used_bytes: sample.used,
+            available_bytes: sample.size.saturating_sub(sample.used),
+        },
+    })
 }
 
 /// What makes the flight recorder write its window: ENOSPC, a SIGBUS fault, a worker's death.

@@ -14,6 +14,7 @@ use crate::{
     event::{Body, ExitStatus, decode, names},
     pipeline::{LiveMachine, Pipeline},
     target::RunningCommand,
+    watch::Watch,
 };
 
 /// When a live trace ends.
@@ -41,10 +42,13 @@ const GRACE: Duration = Duration::from_millis(100);
 /// tenth tick).
 const TICK: Duration = Duration::from_millis(100);
 const TICKS_PER_LOST_CHECK: u32 = 10;
+/// How often followed containers are checked for restarts and their /dev/shm measured.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Session {
     tracer: Tracer,
     pipeline: Pipeline,
+    watch: Option<Watch>,
     verbose: bool,
     started: Instant,
 }
@@ -54,9 +58,16 @@ impl Session {
         Session {
             tracer,
             pipeline,
+            watch: None,
             verbose,
             started: Instant::now(),
         }
+    }
+
+    /// Follows containers (restarts, /dev/shm use) while tracing.
+    pub fn with_watch(mut self, watch: Watch) -> Session {
+        self.watch = Some(watch);
+        self
     }
 
     pub async fn run(mut self, mut ending: Ending) -> Result<Outcome> {
@@ -75,6 +86,7 @@ impl Session {
             signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
         let mut ticker = tokio::time::interval(TICK);
         let mut ticks = 0u32;
+        let mut watch_ticker = tokio::time::interval(WATCH_EVERY);
 
         let mut command_done = match &ending {
             Ending::Command(command) => {
@@ -111,6 +123,10 @@ impl Session {
                 _ = terminate.recv() => {
                     outcome.interrupted = true;
                     break;
+                }
+                _ = watch_ticker.tick(), if self.watch.is_some() => {
+                    let watch = self.watch.as_mut().expect("guarded");
+                    watch.check(&mut self.tracer, &mut self.pipeline).await?;
                 }
                 _ = ticker.tick() => {
                     ticks += 1;

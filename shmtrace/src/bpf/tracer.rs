@@ -137,6 +137,15 @@ impl Tracer {
             .map_err(|e| map_error("TARGET_MNTNS", e))
     }
 
+    /// Stops following mount namespace `inum` (a container that stopped: its number may be
+    /// reused by an unrelated namespace).
+    pub fn remove_mount_namespace(&mut self, inum: u32) -> Result<(), BpfError> {
+        match self.target_mntns.remove(&inum) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_error("TARGET_MNTNS", e)),
+        }
+    }
+
     /// Follows every process in cgroup v2 `id` (a container on a cgroup v2 host).
     pub fn add_cgroup(&mut self, id: u64) -> Result<(), BpfError> {
         self.target_cgroups

@@ -1,37 +1,74 @@
 //! What live tracing, recording and the demo share: load the probes, start or find the target,
 //! run a session until it ends.
-use std::{collections::HashSet, ffi::OsString};
+use std::{
+    collections::HashSet,
+    ffi::OsString,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{Context, Result, bail};
 
 use crate::{
     bpf::{Tracer, TracerOptions},
     cli::TargetArgs,
+    container::{Container, Query, Resolver},
     event::escape,
     pipeline::Pipeline,
     proc_scan,
     record::TargetDescription,
     session::{Ending, Outcome, Session, now_boot_ns},
     target,
+    watch::{self, Watch},
 };
 
 /// What a live trace follows.
 pub enum What {
     Command(Vec<OsString>),
     Pids(Vec<u32>),
-    All,
+    /// Containers, looked up through their runtimes.
+    Containers {
+        queries: Vec<Query>,
+        wait: bool,
+        docker_socket: Option<PathBuf>,
+    },
+    All {
+        docker_socket: Option<PathBuf>,
+    },
 }
 
 impl What {
     /// From the target options; checks that given pids exist.
     pub fn from_args(args: &TargetArgs) -> Result<What> {
+        let containers = !args.container.is_empty() || !args.container_id.is_empty();
         if !args.command.is_empty() {
-            if !args.pid.is_empty() || args.all {
-                bail!("give either a command after --, or --pid/--all, not both");
+            if !args.pid.is_empty() || args.all || containers {
+                bail!("give either a command after --, or --pid, --container or --all, not both");
             }
             Ok(What::Command(args.command.clone()))
+        } else if containers {
+            let narrow = |query: Query| Query {
+                pod: args.pod.clone(),
+                namespace: args.namespace.clone(),
+                ..query
+            };
+            let queries = args
+                .container
+                .iter()
+                .map(|name| narrow(Query::name(name)))
+                .chain(args.container_id.iter().map(|id| narrow(Query::id(id))))
+                .collect();
+            Ok(What::Containers {
+                queries,
+                wait: args.wait,
+                docker_socket: args.docker_socket.clone(),
+            })
+        } else if args.pod.is_some() || args.namespace.is_some() || args.wait {
+            bail!("--pod, --namespace and --wait go with --container NAME")
         } else if args.all {
-            Ok(What::All)
+            Ok(What::All {
+                docker_socket: args.docker_socket.clone(),
+            })
         } else if !args.pid.is_empty() {
             target::check_pids(&args.pid)?;
             Ok(What::Pids(args.pid.clone()))
@@ -62,7 +99,7 @@ impl What {
                 What::Pids(pids) => pids.clone(),
                 _ => Vec::new(),
             },
-            host_wide: matches!(self, What::All),
+            host_wide: matches!(self, What::All { .. }),
             failed_only,
             containers: Vec::new(),
         }
@@ -71,7 +108,8 @@ impl What {
 
 pub fn tracer_options(what: &What, args: &TargetArgs) -> TracerOptions {
     TracerOptions {
-        all: matches!(what, What::All),
+        all: matches!(what, What::All { .. }),
+        match_containers: matches!(what, What::Containers { .. }),
         failed_only: args.failed,
         ring_buffer_bytes: args.buffer_size,
         btf_path: args.kernel_btf.clone(),
@@ -112,6 +150,36 @@ pub fn run(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let watch = match &what {
+        What::Containers {
+            queries,
+            wait,
+            docker_socket,
+        } => {
+            let resolver = resolver(docker_socket.as_deref());
+            let containers = runtime.block_on(find_containers(&resolver, queries, *wait))?;
+            for container in &containers {
+                watch::register(container, &mut tracer, &mut pipeline)?;
+                watch::follow_processes(container, &mut tracer)?;
+            }
+            eprintln!(
+                "shmtrace: tracing {}; Ctrl-C to stop",
+                containers
+                    .iter()
+                    .map(|c| format!(
+                        "container {} ({} {})",
+                        c.display_name(),
+                        c.runtime,
+                        c.short_id()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Some(Watch::containers(resolver, containers))
+        }
+        What::All { docker_socket } => Some(Watch::host(resolver(docker_socket.as_deref()))),
+        _ => None,
+    };
     let ending = match (what, paused) {
         (What::Command(_), Some(paused)) => Ending::Command(paused.start()?),
         (What::Pids(roots), _) => {
@@ -126,12 +194,61 @@ pub fn run(
             );
             Ending::Pids(pids.into_iter().collect::<HashSet<u32>>())
         }
-        _ => {
+        (What::All { .. }, _) => {
             eprintln!(
                 "shmtrace: tracing /dev/shm use of every process on the host; Ctrl-C to stop"
             );
             Ending::Interrupt
         }
+        _ => Ending::Interrupt,
     };
-    runtime.block_on(Session::new(tracer, pipeline, verbose).run(ending))
+    let mut session = Session::new(tracer, pipeline, verbose);
+    if let Some(watch) = watch {
+        session = session.with_watch(watch);
+    }
+    runtime.block_on(session.run(ending))
 }
+
+fn resolver(docker_socket: Option<&Path>) -> Resolver {
+    match docker_socket {
+        Some(socket) => Resolver::new().docker_socket(socket),
+        None => Resolver::new(),
+    }
+}
+
+/// Looks every container up (waiting for them with `--wait`), saying which runtimes did not
+/// answer and when the /proc scan stood in for them.
+async fn find_containers(
+    resolver: &Resolver,
+    queries: &[Query],
+    wait: bool,
+) -> Result<Vec<Container>> {
+    let mut found = Vec::new();
+    for query in queries {
+        let resolution = if wait {
+            let what = query.name.as_deref().or(query.id.as_deref()).unwrap_or("?");
+            eprintln!(
+                "shmtrace: waiting for container {} to run",
+                escape::text(what)
+            );
+            resolver.wait_until_running(query, WAIT_FOREVER).await?
+        } else {
+            resolver.resolve(query).await?
+        };
+        for problem in &resolution.problems {
+            eprintln!("shmtrace: warning: {problem}");
+        }
+        if resolution.fallback {
+            eprintln!(
+                "shmtrace: no container runtime answered for it; found container {} by \
+                 scanning /proc/*/cgroup",
+                resolution.container.display_name()
+            );
+        }
+        found.push(resolution.container);
+    }
+    Ok(found)
+}
+
+/// `--wait` waits until Ctrl-C.
+const WAIT_FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

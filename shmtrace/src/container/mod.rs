@@ -244,6 +244,25 @@ impl Container {
         })
     }
 
+    /// What events, diagnoses and trace files keep of it.
+    pub fn info(&self) -> crate::model::ContainerInfo {
+        let runtime = self.runtime.as_str().to_owned();
+        crate::model::ContainerInfo {
+            started_by: crate::model::StartedBy::detect(&runtime, &self.labels),
+            runtime,
+            id: self.id.clone(),
+            name: self.name.clone(),
+            image: self.image.clone(),
+            pod: self.pod.clone(),
+            namespace: self.namespace.clone(),
+            shm_size: self.shm.size_bytes,
+            shm_used: self.shm.used_bytes,
+            ipc: self.ipc.describe(),
+            mntns: self.mntns,
+            shm_dev: self.shm.dev,
+        }
+    }
+
     /// Measures this container's /dev/shm again (size and usage now), keeping what the runtime
     /// said about its configured size. Call it when a failure happens.
     pub fn remeasure_shm(&mut self) -> Result<&ShmInfo, ShmError> {

@@ -20,7 +20,7 @@ pub use role::{Role, RoleKind, Roles};
 
 use crate::{
     event::{Body, Event, ExitStatus, Syscall},
-    model::{Annotation, ShmUsage, World},
+    model::{Annotation, ContainerInfo, ShmUsage, StartedBy, World},
 };
 
 /// Size and use of one /dev/shm file system, measured with statfs.
@@ -46,6 +46,8 @@ pub struct Diagnosis {
     pub trainer: Option<(u32, Vec<String>)>,
     /// Where it ran: `host`, a container, a namespace.
     pub place: String,
+    /// The container, when it ran in one shmtrace knows.
+    pub container: Option<ContainerInfo>,
     /// How it ended, if it did.
     pub ending: Option<ExitStatus>,
     pub cause: Cause,
@@ -83,7 +85,7 @@ pub struct Diagnoser {
     roles_version: Option<u64>,
     pending: HashMap<u32, Vec<Failure>>,
     capacity: HashMap<u32, Capacity>,
-    places: HashMap<u32, String>,
+    containers: HashMap<u32, ContainerInfo>,
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
     diagnosed: HashSet<u32>,
@@ -108,9 +110,15 @@ impl Diagnoser {
         }
     }
 
-    /// Names the place (container) behind a mount namespace.
-    pub fn set_place(&mut self, mntns: u32, label: String) {
-        self.places.insert(mntns, label);
+    /// Tells which container a mount namespace is.
+    pub fn set_container(&mut self, info: ContainerInfo) {
+        if let Some(mntns) = info.mntns {
+            self.containers.insert(mntns, info);
+        }
+    }
+
+    pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
+        self.containers.get(&mntns)
     }
 
     /// Names every mount namespace other than shmtrace's own that has no name of its own.
@@ -119,8 +127,8 @@ impl Diagnoser {
     }
 
     pub fn place(&self, mntns: u32) -> String {
-        match (self.places.get(&mntns), &self.unnamed_place) {
-            (Some(label), _) => label.clone(),
+        match (self.containers.get(&mntns), &self.unnamed_place) {
+            (Some(container), _) => container.label(),
             _ if mntns == self.host_mntns || mntns == 0 => "host".to_owned(),
             (None, Some(label)) => label.clone(),
             (None, None) => format!("mount namespace {mntns}"),
@@ -129,6 +137,12 @@ impl Diagnoser {
 
     /// A fresh measurement of a /dev/shm file system.
     pub fn capacity(&mut self, sample: Capacity) {
+        for container in self.containers.values_mut() {
+            if container.shm_dev == Some(sample.dev) {
+                container.shm_size = Some(sample.size);
+                container.shm_used = Some(sample.used);
+            }
+        }
         self.capacity.insert(sample.dev, sample);
     }
 
@@ -394,6 +408,11 @@ impl Diagnoser {
         };
         let process = world.process(pid);
         let role = self.roles.of(pid);
+        let container = self.containers.get(&mntns).cloned();
+        let started_by = container
+            .as_ref()
+            .map(|c| c.started_by.clone())
+            .unwrap_or(StartedBy::Unknown);
         let trainer = role.trainer.map(|t| {
             (
                 t,
@@ -407,6 +426,12 @@ impl Diagnoser {
             let primary = primary.expect("a cause from a failure");
             let traced = usage.as_ref().map(|u| u.demand).unwrap_or(0);
             let request = match &primary.kind {
+                // A write appends: all of it is new.
+                FailureKind::Call {
+                    syscall: "write",
+                    request,
+                    ..
+                } => *request,
                 FailureKind::Call { request, path, .. } => {
                     // What the call asked for beyond the object's size already counted.
                     let counted = path
@@ -439,6 +464,7 @@ impl Diagnoser {
                     capacity: capacity.map(|c| c.size),
                 },
                 self.nccl_seen,
+                &started_by,
             )
         });
         Diagnosis {
@@ -449,6 +475,7 @@ impl Diagnoser {
             argv: process.map(|p| p.argv.clone()).unwrap_or_default(),
             trainer,
             place: self.place(mntns),
+            container,
             ending,
             cause,
             workers_allocating: primary.map(|f| f.workers_allocating).unwrap_or(0),

@@ -1,7 +1,7 @@
 //! How big /dev/shm must be, and how to make it so for each way a container is started.
 use serde::Serialize;
 
-use crate::output::size::human;
+use crate::{model::StartedBy, output::size::human};
 
 /// What /dev/shm had to hold when it failed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -48,12 +48,15 @@ pub struct Recommendation {
     pub docker: String,
     pub compose: String,
     pub kubernetes: String,
+    /// Which of the three applies, when the container's labels tell: `docker`, `compose`,
+    /// `kubernetes`.
+    pub preferred: Option<&'static str>,
     /// Ways to need less instead.
     pub alternatives: Vec<String>,
     pub memory_note: String,
 }
 
-pub fn recommend(demand: &Demand, nccl: bool) -> Recommendation {
+pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recommendation {
     let observed = demand.others + demand.traced + demand.request;
     let mut need = observed;
     let mut basis = format!("{} held or asked for when it failed", human(observed));
@@ -78,11 +81,15 @@ pub fn recommend(demand: &Demand, nccl: bool) -> Recommendation {
         let floor = capacity + demand.request.max(1);
         if floor > need {
             need = floor;
-            basis = format!(
-                "more than the {} it has: {} asked for on top",
-                human(capacity),
-                human(demand.request)
-            );
+            basis = if demand.request > 0 {
+                format!(
+                    "the {} it has, plus the {} the failing call asked for",
+                    human(capacity),
+                    human(demand.request)
+                )
+            } else {
+                format!("more than the {} it has", human(capacity))
+            };
         }
     }
     let min_bytes = round_up(need + need * HEADROOM_PERCENT / 100);
@@ -104,11 +111,26 @@ pub fn recommend(demand: &Demand, nccl: bool) -> Recommendation {
                 .to_owned(),
         );
     }
+    let (compose_where, preferred) = match started_by {
+        StartedBy::Compose { service, .. } => (
+            format!("under services: {}:", crate::event::escape::text(service)),
+            Some("compose"),
+        ),
+        StartedBy::DockerRun | StartedBy::Podman => ("in the service".to_owned(), Some("docker")),
+        StartedBy::Kubernetes => ("in the service".to_owned(), Some("kubernetes")),
+        StartedBy::Unknown => ("in the service".to_owned(), None),
+    };
+    let run = if *started_by == StartedBy::Podman {
+        "podman"
+    } else {
+        "docker"
+    };
     Recommendation {
         min_bytes,
         basis,
-        docker: format!("docker run --shm-size={docker_size} ..."),
-        compose: format!("shm_size: \"{docker_size}\"   (in the service, docker compose)"),
+        preferred,
+        docker: format!("{run} run --shm-size={docker_size} ..."),
+        compose: format!("shm_size: \"{docker_size}\"   ({compose_where}, docker compose)"),
         kubernetes: format!(
             "volumes: [{{name: dshm, emptyDir: {{medium: Memory, sizeLimit: {k8s_size}}}}}] and \
              volumeMounts: [{{name: dshm, mountPath: /dev/shm}}]"
@@ -184,7 +206,7 @@ mod tests {
             }),
             capacity: Some(64 * MIB),
         };
-        let r = recommend(&demand, false);
+        let r = recommend(&demand, false, &StartedBy::Unknown);
         // (4 x 2 + 1) x 96 MiB = 864 MiB, + 25% = 1080 MiB -> 1152 MiB.
         assert_eq!(r.min_bytes, 1152 * MIB);
         assert_eq!(r.docker, "docker run --shm-size=1152m ...");
@@ -201,7 +223,10 @@ mod tests {
             capacity: Some(64 * MIB),
             ..Demand::default()
         };
-        assert!(recommend(&demand, true).min_bytes > 64 * MIB);
-        assert!(recommend(&demand, true).alternatives[0].contains("NCCL_SHM_DISABLE=1"));
+        assert!(recommend(&demand, true, &StartedBy::Unknown).min_bytes > 64 * MIB);
+        assert!(
+            recommend(&demand, true, &StartedBy::Unknown).alternatives[0]
+                .contains("NCCL_SHM_DISABLE=1")
+        );
     }
 }

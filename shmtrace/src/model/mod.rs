@@ -4,10 +4,12 @@
 //!
 //! The model is fed only events and `/proc` snapshots taken by the caller, never reads the
 //! machine itself, so a recorded trace replays into the same state.
+mod container_info;
 mod object;
 mod process;
 mod world;
 
+pub use container_info::{ContainerInfo, StartedBy};
 pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
 pub use world::{Annotation, ProcSnapshot, ShmUsage, SnapshotFd, SnapshotMapping, World};

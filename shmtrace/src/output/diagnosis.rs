@@ -5,6 +5,7 @@ use super::{clock::Clock, json::SCHEMA_VERSION, size::human};
 use crate::{
     diagnose::{Cause, Diagnosis, RoleKind},
     event::{ExitStatus, names},
+    model::ContainerInfo,
 };
 
 pub const TITLE: &str = "━━━ shmtrace diagnosis ━━━";
@@ -33,7 +34,13 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
         };
         add("trainer", format!("pid {pid}: {command}"));
     }
-    add("where", d.place.clone());
+    add(
+        "where",
+        d.container
+            .as_ref()
+            .map(ContainerInfo::describe)
+            .unwrap_or_else(|| d.place.clone()),
+    );
     if let Some(capacity) = d.capacity {
         let percent = if capacity.size > 0 {
             capacity.used * 100 / capacity.size
@@ -51,9 +58,10 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
     }
     if let Some(usage) = &d.usage {
         let mut text = format!(
-            "{} in {} live objects of traced processes",
+            "{} in {} live object{} of traced processes",
             human(usage.demand),
-            usage.objects
+            usage.objects,
+            if usage.objects == 1 { "" } else { "s" }
         );
         if d.workers_allocating > 0 {
             text.push_str(&format!(
@@ -74,9 +82,16 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
                 "needs",
                 format!("at least {}: {}", human(r.min_bytes), r.basis),
             );
-            add("fix", r.docker.clone());
-            add("", r.compose.clone());
-            add("", format!("Kubernetes: {}", r.kubernetes));
+            let mut forms = vec![
+                ("docker", r.docker.clone()),
+                ("compose", r.compose.clone()),
+                ("kubernetes", format!("Kubernetes: {}", r.kubernetes)),
+            ];
+            // The way this container was started first.
+            forms.sort_by_key(|(kind, _)| Some(*kind) != r.preferred);
+            for (i, (_, form)) in forms.into_iter().enumerate() {
+                add(if i == 0 { "fix" } else { "" }, form);
+            }
             for alternative in &r.alternatives {
                 add("or", alternative.clone());
             }
@@ -136,6 +151,7 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
         "trainer_pid": d.trainer.as_ref().map(|(pid, _)| pid),
         "trainer_argv": d.trainer.as_ref().map(|(_, argv)| argv),
         "place": d.place,
+        "container": d.container,
         "ending": ending,
         "cause": d.cause,
         "shm_is_the_cause": d.cause == Cause::ShmFull,

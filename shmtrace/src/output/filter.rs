@@ -57,9 +57,9 @@ impl Filter {
     }
 }
 
-/// `trainer` selects `container trainer`; `host` selects `host`.
+/// `trainer` selects the container `trainer`, and `ml/job-0/trainer` (Kubernetes) too.
 fn place_matches(wanted: &str, place: &str) -> bool {
-    place == wanted || place.strip_prefix("container ") == Some(wanted)
+    place == wanted || place.rsplit('/').next() == Some(wanted)
 }
 
 /// The name an event has in JSON and in filters.

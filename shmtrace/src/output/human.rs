@@ -296,7 +296,8 @@ impl<W: Write> HumanWriter<W> {
         }
     }
 
-    pub fn line(&mut self, line: &Line) -> io::Result<()> {
+    /// `place`: the container (or `host`) to show first, when containers are involved.
+    pub fn line(&mut self, line: &Line, place: Option<&str>) -> io::Result<()> {
         let dim = Style::new().dimmed();
         let red = Style::new().fg_color(Some(AnsiColor::Red.into())).bold();
         let magenta = Style::new()
@@ -308,8 +309,11 @@ impl<W: Write> HumanWriter<W> {
             Severity::Failure => (red, red),
             Severity::Death => (magenta, magenta),
         };
+        let place = place
+            .map(|p| format!("{} ", self.paint(Style::new().bold(), &format!("{p:<12}"))))
+            .unwrap_or_default();
         let text = format!(
-            "{}  {} {:<15} {:<9} {}",
+            "{}  {place}{} {:<15} {:<9} {}",
             self.paint(dim, &line.time),
             self.paint(pid_style, &format!("{:>7}", line.pid)),
             line.comm,

@@ -13,6 +13,7 @@ use crate::{
         names::{self, errno_name},
     },
     model::Annotation,
+    model::ContainerInfo,
 };
 
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
@@ -86,6 +87,8 @@ pub struct JsonEvent<'a> {
     pub worker_index: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trainer_pid: Option<u32>,
+    /// The container the acting process runs in; `null` on the host (or when not known).
+    pub container: Option<&'a ContainerInfo>,
 }
 
 fn hex(addr: u64) -> String {
@@ -97,6 +100,7 @@ pub fn to_json<'a>(
     event: &'a Event,
     note: &'a Annotation,
     role: &Role,
+    container: Option<&'a ContainerInfo>,
     clock: &Clock,
 ) -> Option<JsonEvent<'a>> {
     if note.irrelevant {
@@ -142,6 +146,7 @@ pub fn to_json<'a>(
         role: role.kind,
         worker_index: role.worker_index,
         trainer_pid: role.trainer,
+        container,
     };
     match &event.body {
         Body::Call(call) => fill_call(&mut out, call, note),

@@ -18,7 +18,7 @@ use crate::{
     bpf::LostCounts,
     diagnose::{Cause, Diagnosis, Role},
     event::{Body, Event},
-    model::Annotation,
+    model::{Annotation, ContainerInfo},
 };
 
 /// Where rendered events go and in which format.
@@ -27,6 +27,8 @@ pub struct Output {
     clock: Clock,
     /// Also repeat notices on stderr (output goes to a file nobody is watching).
     notices_to_stderr: bool,
+    /// Show where each event happened (containers are involved).
+    show_places: bool,
 }
 
 enum Sink {
@@ -56,16 +58,29 @@ impl Output {
             sink,
             clock,
             notices_to_stderr,
+            show_places: false,
         }
     }
 
-    pub fn event(&mut self, event: &Event, note: &Annotation, role: &Role) -> io::Result<()> {
+    /// From now on, text lines say where (host or container) each event happened.
+    pub fn show_places(&mut self) {
+        self.show_places = true;
+    }
+
+    pub fn event(
+        &mut self,
+        event: &Event,
+        note: &Annotation,
+        role: &Role,
+        place: &str,
+        container: Option<&ContainerInfo>,
+    ) -> io::Result<()> {
         match &mut self.sink {
             Sink::Human(w) => match human::format(event, note, role, &self.clock) {
-                Some(line) => w.line(&line),
+                Some(line) => w.line(&line, self.show_places.then_some(place)),
                 None => Ok(()),
             },
-            Sink::Json(w) => match json::to_json(event, note, role, &self.clock) {
+            Sink::Json(w) => match json::to_json(event, note, role, container, &self.clock) {
                 Some(record) => w.record(&record),
                 None => Ok(()),
             },

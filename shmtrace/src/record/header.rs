@@ -275,3 +275,69 @@ mod tests {
         assert_ne!(CgroupLayout::detect(), CgroupLayout::Unknown);
     }
 }
+
+/// The container fields with no slot of their own travel in `extra`, under these keys.
+const EXTRA_POD: &str = "pod";
+const EXTRA_NAMESPACE: &str = "namespace";
+const EXTRA_IPC: &str = "ipc";
+const EXTRA_STARTED_BY: &str = "started_by";
+
+impl From<&crate::model::ContainerInfo> for ContainerDescription {
+    fn from(info: &crate::model::ContainerInfo) -> ContainerDescription {
+        let mut extra = BTreeMap::new();
+        let text = |s: &str| ciborium::Value::Text(s.to_owned());
+        if let Some(pod) = &info.pod {
+            extra.insert(EXTRA_POD.to_owned(), text(pod));
+        }
+        if let Some(namespace) = &info.namespace {
+            extra.insert(EXTRA_NAMESPACE.to_owned(), text(namespace));
+        }
+        extra.insert(EXTRA_IPC.to_owned(), text(&info.ipc));
+        if let Ok(started_by) = ciborium::Value::serialized(&info.started_by) {
+            extra.insert(EXTRA_STARTED_BY.to_owned(), started_by);
+        }
+        ContainerDescription {
+            id: info.id.clone(),
+            name: Some(info.name.clone()),
+            runtime: Some(info.runtime.clone()),
+            image: info.image.clone(),
+            mntns: info.mntns,
+            shm: info.shm_size.map(|size| ShmCapacity {
+                dev: info.shm_dev.unwrap_or(0),
+                size_bytes: size,
+                used_bytes: info.shm_used.unwrap_or(0),
+                available_bytes: size.saturating_sub(info.shm_used.unwrap_or(0)),
+            }),
+            extra,
+            ..ContainerDescription::default()
+        }
+    }
+}
+
+impl ContainerDescription {
+    /// Back to the form events and diagnoses use.
+    pub fn to_info(&self) -> crate::model::ContainerInfo {
+        let text = |key: &str| match self.extra.get(key) {
+            Some(ciborium::Value::Text(value)) => Some(value.clone()),
+            _ => None,
+        };
+        crate::model::ContainerInfo {
+            runtime: self.runtime.clone().unwrap_or_else(|| "unknown".to_owned()),
+            id: self.id.clone(),
+            name: self.name.clone().unwrap_or_default(),
+            image: self.image.clone(),
+            pod: text(EXTRA_POD),
+            namespace: text(EXTRA_NAMESPACE),
+            shm_size: self.shm.map(|s| s.size_bytes),
+            shm_used: self.shm.map(|s| s.used_bytes),
+            ipc: text(EXTRA_IPC).unwrap_or_default(),
+            started_by: self
+                .extra
+                .get(EXTRA_STARTED_BY)
+                .and_then(|v| v.deserialized().ok())
+                .unwrap_or_default(),
+            mntns: self.mntns,
+            shm_dev: self.shm.map(|s| s.dev).filter(|dev| *dev != 0),
+        }
+    }
+}
