@@ -37,7 +37,7 @@ import ctypes
 import multiprocessing as mp
 from multiprocessing.reduction import ForkingPickler, DupFd
 
-from _workload import (set_comm, mmap_shared, munmap, fill, pages,
+from _workload import (set_comm, mmap_shared, munmap, fill, pages,  # noqa: F401
                        set_worker_signal_handlers)
 
 MP_STATUS_CHECK_INTERVAL = 5.0  # torch.utils.data._utils.MP_STATUS_CHECK_INTERVAL
