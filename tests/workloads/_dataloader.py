@@ -28,6 +28,8 @@ import os
 import queue
 import random
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -67,17 +69,18 @@ class SharedStorage:
     __del__ = close
 
 
-def new_shared(size, alloc="fallocate", errno_bug="none"):
-    """MapAllocator(handle, SHAREDMEM|EXCLUSIVE|KEEPFD|UNLINK, size).
+def _map_allocator(name, size, alloc, errno_bug):
+    """The creating half of ATen's MapAllocator for a new shared-memory file:
+    shm_open(O_CREAT|O_EXCL) -> ftruncate -> [fallocate] -> write 1 byte -> mmap.
 
     alloc: "fallocate" = PyTorch >= 2.10, "write" = PyTorch <= 2.9.
     errno_bug: PyTorch 2.10/2.11 read errno instead of posix_fallocate's return
     value: "stale" prints a stale errno (EAGAIN), "ignored" carries on as if
     fallocate were unsupported, so the shortage shows up later as SIGBUS.
+    Returns (fd, addr).
     """
-    # at::NewProcessWideShmHandle(); shm_open() adds O_NOFOLLOW|O_CLOEXEC
-    name = f"/torch_{os.getpid()}_{random.getrandbits(32)}_{next(_handle_counter)}"
     path = "/dev/shm" + name
+    # shm_open() adds O_NOFOLLOW|O_CLOEXEC to PyTorch's O_RDWR|O_CREAT|O_EXCL
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
@@ -116,7 +119,22 @@ def new_shared(size, alloc="fallocate", errno_bug="none"):
         raise RuntimeError(f"unable to mmap {size} bytes from file <{name}>: "
                            f"{e.strerror} ({e.errno})") from None
     os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
-    os.unlink(path)  # shm_unlink(): gone from `ls /dev/shm`, pages still used
+    return fd, addr
+
+
+def _new_handle():
+    """at::NewProcessWideShmHandle()"""
+    return f"/torch_{os.getpid()}_{random.getrandbits(32)}_{next(_handle_counter)}"
+
+
+def new_shared(size, alloc="fallocate", errno_bug="none", strategy="file_descriptor"):
+    """storage._new_shared(size) in a DataLoader worker."""
+    if strategy == "file_system":
+        return FilenameStorage.create(size, alloc, errno_bug)
+    # MapAllocator(handle, SHAREDMEM|EXCLUSIVE|KEEPFD|UNLINK, size)
+    name = _new_handle()
+    fd, addr = _map_allocator(name, size, alloc, errno_bug)
+    os.unlink("/dev/shm" + name)  # shm_unlink(): gone from `ls /dev/shm`, pages still used
     return SharedStorage(fd, addr, size)
 
 
@@ -145,6 +163,99 @@ def reduce_storage(storage):
 
 
 ForkingPickler.register(SharedStorage, reduce_storage)
+
+
+# --------------------------------------------------------------------------
+# Sharing strategy `file_system`: libshm's THManagedMapAllocator around a
+# RefcountedMapAllocator. The file keeps its name in /dev/shm while in use
+# (it travels by name, not by fd) and is unlinked by whoever drops the last
+# reference; a torch_shm_manager daemon per creating process unlinks what is
+# left when all its clients are gone -- unless it is killed too.
+# --------------------------------------------------------------------------
+
+MAP_ALLOC_ALIGNMENT = 64  # the refcount header in front of the data
+_MANAGER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_shm_manager.py")
+_own_manager = None      # socket path of the manager this process started
+_manager_socks = {}      # socket path -> connected client socket
+
+
+def _manager_socket(handle):
+    sock = _manager_socks.get(handle)
+    if sock is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(handle)
+        _manager_socks[handle] = sock
+    return sock
+
+
+def _start_manager():
+    """libshm start_manager(): fork+exec torch_shm_manager, read its socket path."""
+    global _own_manager
+    if _own_manager is None:
+        p = subprocess.Popen([sys.executable, _MANAGER], stdout=subprocess.PIPE)
+        _own_manager = p.stdout.readline().decode().strip()
+        p.stdout.close()
+    return _own_manager
+
+
+class FilenameStorage:
+    def __init__(self, manager, name, size, base):
+        self.manager, self.name, self.size, self.base = manager, name, size, base
+        self.addr = base + MAP_ALLOC_ALIGNMENT  # the data follows the refcount
+        self.sent = False
+
+    @classmethod
+    def create(cls, size, alloc, errno_bug):
+        manager = _start_manager()
+        name = _new_handle()
+        # THManagedMapAllocatorInit registers the name before the file exists
+        _manager_socket(manager).sendall(f"REG {name}\n".encode())
+        fd, addr = _map_allocator(name, size + MAP_ALLOC_ALIGNMENT, alloc, errno_bug)
+        os.close(fd)  # no KEEPFD: the name is the handle
+        ctypes.c_int.from_address(addr).value = 1  # refcount
+        return cls(manager, name, size, addr)
+
+    @classmethod
+    def attach(cls, manager, name, size):
+        """_new_shared_filename_cpu: shm_open(O_RDWR) an existing object by name."""
+        _manager_socket(manager).sendall(f"REG {name}\n".encode())
+        fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        os.fstat(fd)
+        addr = mmap_shared(fd, size + MAP_ALLOC_ALIGNMENT)
+        os.posix_fadvise(fd, 0, size + MAP_ALLOC_ALIGNMENT, os.POSIX_FADV_SEQUENTIAL)
+        os.close(fd)
+        return cls(manager, name, size, addr)
+
+    def close(self):
+        if self.addr is None:
+            return
+        # The sender's _shared_incref() when pickling and the receiver's
+        # incref/decref pair cancel out: a sent storage is released by the
+        # receiver, which takes the count to 0 and unlinks. (Real PyTorch
+        # updates the count atomically; here only one side writes it.)
+        if not self.sent:
+            ctypes.c_int.from_address(self.base).value = 0
+            os.unlink("/dev/shm" + self.name)
+            try:
+                _manager_socket(self.manager).sendall(f"FREE {self.name}\n".encode())
+            except OSError:
+                pass
+        munmap(self.base, self.size + MAP_ALLOC_ALIGNMENT)
+        self.addr = None
+
+    __del__ = close
+
+
+def rebuild_storage_filename(manager, name, size):
+    return FilenameStorage.attach(manager, name, size)
+
+
+def reduce_filename_storage(storage):
+    storage.sent = True  # storage._shared_incref()
+    return (rebuild_storage_filename, (storage.manager, storage.name, storage.size))
+
+
+ForkingPickler.register(FilenameStorage, reduce_filename_storage)
 
 
 class PinnedStorage:
@@ -185,7 +296,8 @@ def collate(cfg, index):
     per_tensor = cfg.batch_bytes // cfg.tensors_per_batch
     batch = []
     for _ in range(cfg.tensors_per_batch):
-        t = new_shared(per_tensor, cfg.alloc, cfg.errno_bug)
+        t = new_shared(per_tensor, cfg.alloc, cfg.errno_bug,
+                       getattr(cfg, "strategy", "file_descriptor"))
         fill(t.addr, t.size, index & 0xFF)
         batch.append(t)
     return batch
@@ -507,8 +619,14 @@ def required_shm(cfg):
     """Upper bound of /dev/shm bytes in use at once. Batches: the
     prefetch_factor x workers outstanding ones, the one just received and the
     one the training loop still holds while asking for the next."""
-    per_batch = cfg.tensors_per_batch * pages(cfg.batch_bytes // cfg.tensors_per_batch)
-    return (cfg.workers * cfg.prefetch_factor + 2) * per_batch + sem_pages(cfg)
+    return (cfg.workers * cfg.prefetch_factor + 2) * batch_pages(cfg) + sem_pages(cfg)
+
+
+def batch_pages(cfg):
+    """tmpfs bytes of one batch: one file per tensor, whole pages, plus the
+    64-byte refcount header under the file_system strategy."""
+    header = MAP_ALLOC_ALIGNMENT if getattr(cfg, "strategy", "") == "file_system" else 0
+    return cfg.tensors_per_batch * pages(cfg.batch_bytes // cfg.tensors_per_batch + header)
 
 
 def train_step(cfg, batch):

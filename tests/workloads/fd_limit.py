@@ -52,9 +52,8 @@ def main():
         print(required_nofile(cfg))
         return 0
     # every kept batch stays in /dev/shm, plus those in flight
-    per_batch = cfg.tensors_per_batch * dl.pages(cfg.batch_bytes // cfg.tensors_per_batch)
     print_required(cfg, (cfg.batches * cfg.epochs + cfg.workers * cfg.prefetch_factor + 1)
-                   * per_batch + dl.sem_pages(cfg))
+                   * dl.batch_pages(cfg) + dl.sem_pages(cfg))
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (cfg.nofile, hard))
