@@ -618,8 +618,14 @@ def sem_pages(cfg):
 def required_shm(cfg):
     """Upper bound of /dev/shm bytes in use at once. Batches: the
     prefetch_factor x workers outstanding ones, the one just received and the
-    one the training loop still holds while asking for the next."""
-    return (cfg.workers * cfg.prefetch_factor + 2) * batch_pages(cfg) + sem_pages(cfg)
+    one the training loop still holds while asking for the next. From the
+    second epoch on, forked workers also inherit the fd and mapping of the
+    previous epoch's last batch (still bound to the loop variable when the
+    new workers fork), which keeps it alive for the whole epoch."""
+    batches = cfg.workers * cfg.prefetch_factor + 2
+    if cfg.start_method == "fork" and cfg.epochs > 1:
+        batches += 1
+    return batches * batch_pages(cfg) + sem_pages(cfg)
 
 
 def batch_pages(cfg):
