@@ -38,7 +38,7 @@ expect() {
 }
 
 expect 1 pytorch_fallocate.py
-expect 1 pytorch_fallocate.py --start-method forkserver --pin-memory
+expect 1 pytorch_fallocate.py --start-method forkserver --pin-memory --batch-bytes 1M
 expect 1 pytorch_fallocate.py --errno-bug stale
 expect 1 pytorch_mmap_sigbus.py
 expect 1 nccl_shm.py
