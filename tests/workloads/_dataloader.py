@@ -1,7 +1,7 @@
-"""A miniature torch.utils.data.DataLoader (multi-process, sharing strategy
-`file_descriptor`, the Linux default), close enough to the real one that the
-kernel sees the same calls: the same /dev/shm objects, sizes, fd passing,
-thread names, signals and exits. Only stdlib; no PyTorch.
+"""A miniature torch.utils.data.DataLoader (multi-process; sharing strategy
+`file_descriptor`, the Linux default, or `file_system`), close enough to the
+real one that the kernel sees the same calls: the same /dev/shm objects,
+sizes, fd passing, thread names, signals and exits. Only stdlib; no PyTorch.
 
 What it keeps from PyTorch, and why it matters to shmtrace:
 - workers are multiprocessing processes (fork, or forkserver: then they are
@@ -39,7 +39,7 @@ import ctypes
 import multiprocessing as mp
 from multiprocessing.reduction import ForkingPickler, DupFd
 
-from _workload import (set_comm, mmap_shared, munmap, fill, pages,  # noqa: F401
+from _workload import (set_comm, mmap_shared, munmap, fill, pages,
                        set_worker_signal_handlers)
 
 MP_STATUS_CHECK_INTERVAL = 5.0  # torch.utils.data._utils.MP_STATUS_CHECK_INTERVAL

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 
-from _workload import (parse_size, pages, human, mkstemp, fallocate, mmap_shared,
+from _workload import (parse_size, pages, mkstemp, fallocate, mmap_shared,
                        munmap, fill, add_required_flag, print_required)
 
 NCCL_VERSION = {False: "2.21.5", True: "2.18.1"}
