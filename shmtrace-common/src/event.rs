@@ -83,10 +83,13 @@ pub enum Syscall {
     Shmat = 13,
     Shmdt = 14,
     Shmctl = 15,
+    /// Reported only when it dropped descriptors passed to it (`MSG_CTRUNC`): the receiver is
+    /// out of file descriptors.
+    Recvmsg = 16,
 }
 
 impl Syscall {
-    pub const ALL: [Syscall; 15] = [
+    pub const ALL: [Syscall; 16] = [
         Syscall::Openat,
         Syscall::Openat2,
         Syscall::Ftruncate,
@@ -102,6 +105,7 @@ impl Syscall {
         Syscall::Shmat,
         Syscall::Shmdt,
         Syscall::Shmctl,
+        Syscall::Recvmsg,
     ];
 
     /// The kernel's name, as in `/sys/kernel/tracing/events/syscalls/sys_enter_<name>`.
@@ -122,6 +126,7 @@ impl Syscall {
             Syscall::Shmat => "shmat",
             Syscall::Shmdt => "shmdt",
             Syscall::Shmctl => "shmctl",
+            Syscall::Recvmsg => "recvmsg",
         }
     }
 }
@@ -153,6 +158,9 @@ pub mod flags {
     /// In the kernel only: the call opened the /dev/shm directory itself, whose file system
     /// is learned and nothing is reported.
     pub const SHM_DIRECTORY: u16 = 1 << 5;
+    /// In the kernel only: a call outside /dev/shm, reported only if it fails for want of file
+    /// descriptors (EMFILE, ENFILE) or, for `recvmsg`, drops the descriptors sent to it.
+    pub const FD_LIMIT_ONLY: u16 = 1 << 6;
 }
 
 /// Who did what, and when. Starts every record.

@@ -5,6 +5,7 @@ mod memfd;
 mod oom;
 mod open;
 mod process;
+mod recvmsg;
 mod signal;
 mod syscall;
 mod sysv;

@@ -8,7 +8,7 @@
 //! Both are stashed as `[dfd, filename, flags, mode, resolve, usize]`, so userspace reads flags
 //! and mode from the same place whichever call it was.
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::Syscall;
+use shmtrace_common::{Syscall, flags};
 
 use super::syscall::{self, arg};
 use crate::{kernel, scope};
@@ -54,7 +54,14 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let scope_flags = scope::in_scope(tgid, task, &off)?;
     let dfd = arg(ctx, 0) as i32;
     let filename = arg(ctx, 1);
-    let path_flags = syscall::shm_path(task, dfd, filename, &off)?;
+    let path_flags = match syscall::shm_path(task, dfd, filename, &off) {
+        Some(path_flags) => path_flags,
+        // Elsewhere, a followed process's open matters only if it runs out of descriptors.
+        None => {
+            scope::tracked(tgid, task, &off)?;
+            flags::FD_LIMIT_ONLY
+        }
+    };
     let args = if call == Syscall::Openat2 {
         // SAFETY: a user pointer; a bad one is an error, not a fault.
         let how = unsafe { bpf_probe_read_user(arg(ctx, 2) as *const OpenHow) }.ok()?;

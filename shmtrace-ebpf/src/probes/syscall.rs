@@ -4,7 +4,7 @@
 //! 8 bytes from offset 16 (`sys_enter_*`), or `long ret` at 16 (`sys_exit_*`).
 use aya_ebpf::{
     cty::c_void,
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user_str},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_probe_read_user_str},
     programs::TracePointContext,
 };
 use shmtrace_common::{
@@ -130,6 +130,25 @@ pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> Option<u
     Some(flags::RELATIVE_TO_SHM)
 }
 
+const EMFILE: i64 = 24;
+const ENFILE: i64 = 23;
+/// `MSG_CTRUNC`: control data (here: passed descriptors) did not fit and was dropped.
+const MSG_CTRUNC: u32 = 0x8;
+/// Offset of `msg_flags` in `struct user_msghdr` (UAPI, 64-bit).
+const MSGHDR_FLAGS: u64 = 48;
+
+/// `msg_flags` of a successful `recvmsg` that set `MSG_CTRUNC`.
+#[inline(always)]
+fn dropped_descriptors(pending: &Pending, ret: i64) -> Option<u32> {
+    if ret < 0 {
+        return None;
+    }
+    // SAFETY: a user pointer; a bad one is an error, not a fault.
+    let msg_flags: u32 =
+        unsafe { bpf_probe_read_user((pending.args[1] + MSGHDR_FLAGS) as *const u32) }.ok()?;
+    (msg_flags & MSG_CTRUNC != 0).then_some(msg_flags)
+}
+
 /// Calls whose success userspace does not need in failures-only mode.
 #[inline(always)]
 fn is_data_path(call: u16) -> bool {
@@ -165,7 +184,7 @@ pub fn on_exit(ctx: &TracePointContext) {
         return;
     };
     // SAFETY: a pointer to a live map value; copied before the entry is removed.
-    let pending = unsafe { *pending };
+    let mut pending = unsafe { *pending };
     let _ = INFLIGHT.remove(tid);
     // SAFETY: `ret` is part of every sys_exit record.
     let ret = unsafe { ctx.read_at::<i64>(RET_OFFSET).unwrap_or(0) };
@@ -173,6 +192,16 @@ pub fn on_exit(ctx: &TracePointContext) {
     if pending.flags & flags::SHM_DIRECTORY != 0 {
         learn_directory(kernel::current_task(), ret, &kernel::offsets());
         return;
+    }
+    if pending.flags & flags::FD_LIMIT_ONLY != 0 {
+        if pending.syscall == Syscall::Recvmsg as u16 {
+            match dropped_descriptors(&pending, ret) {
+                Some(msg_flags) => pending.args[3] = msg_flags as u64,
+                None => return,
+            }
+        } else if ret != -EMFILE && ret != -ENFILE {
+            return;
+        }
     }
     let config = CONFIG.load();
     if config.failed_only != 0 && ret >= 0 && is_data_path(pending.syscall) {

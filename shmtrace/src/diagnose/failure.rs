@@ -103,7 +103,11 @@ impl Failure {
                     .as_ref()
                     .map(|p| format!(" on {p}"))
                     .unwrap_or_default();
-                format!("{syscall}{size}{on} returned {errno}")
+                if *syscall == "recvmsg" {
+                    format!("recvmsg dropped the descriptors sent to it ({errno})")
+                } else {
+                    format!("{syscall}{size}{on} returned {errno}")
+                }
             }
             FailureKind::Fault {
                 signal,
@@ -139,6 +143,17 @@ pub fn classify(
     note: &Annotation,
 ) -> Option<(u32, Cause, FailureKind, Option<u32>)> {
     match &event.body {
+        Body::Call(call) if call.dropped_descriptors() => Some((
+            event.pid,
+            Cause::FdLimit,
+            FailureKind::Call {
+                syscall: call.syscall.name(),
+                errno: names::msg_flags(call.args[3]),
+                path: None,
+                request: 0,
+            },
+            None,
+        )),
         Body::Call(call) => {
             let errno = call.errno()?;
             let cause = call_cause(call, errno);

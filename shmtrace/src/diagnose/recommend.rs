@@ -18,8 +18,10 @@ pub struct Demand {
     pub capacity: Option<u64>,
 }
 
-/// `workers x prefetch x batch`: what a DataLoader keeps in /dev/shm at once, plus the batch
-/// the trainer is consuming.
+/// What a DataLoader keeps in /dev/shm at once: `workers x prefetch` batches in flight, plus
+/// the batch the trainer holds while it asks for the next, plus one a forked worker inherits
+/// from the previous epoch; and a page per multiprocessing semaphore (three per worker and
+/// the trainer's queue, and a few more), which stays used after its name is gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct DataloaderDemand {
     pub workers: u32,
@@ -31,7 +33,9 @@ pub struct DataloaderDemand {
 
 impl DataloaderDemand {
     pub fn total(&self) -> u64 {
-        (u64::from(self.workers) * u64::from(self.prefetch) + 1) * self.batch_bytes
+        let batches = u64::from(self.workers) * u64::from(self.prefetch) + 3;
+        let semaphores = (3 * (u64::from(self.workers) + 1) + 5) * 4096;
+        batches * self.batch_bytes + semaphores
     }
 }
 
@@ -65,7 +69,7 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
         if steady > need {
             need = steady;
             basis = format!(
-                "({} workers x {} batches in flight + 1) x {} per batch = {}",
+                "({} workers x {} batches in flight + 3) x {} per batch, and semaphores: {}",
                 loader.workers,
                 loader.prefetch,
                 human(loader.batch_bytes),
@@ -207,11 +211,11 @@ mod tests {
             capacity: Some(64 * MIB),
         };
         let r = recommend(&demand, false, &StartedBy::Unknown);
-        // (4 x 2 + 1) x 96 MiB = 864 MiB, + 25% = 1080 MiB -> 1152 MiB.
-        assert_eq!(r.min_bytes, 1152 * MIB);
-        assert_eq!(r.docker, "docker run --shm-size=1152m ...");
+        // (4 x 2 + 3) x 96 MiB + 20 pages = 1056 MiB + 80 KiB, + 25% -> 1408 MiB.
+        assert_eq!(r.min_bytes, 1408 * MIB);
+        assert_eq!(r.docker, "docker run --shm-size=1408m ...");
         assert!(r.basis.contains("4 workers x 2 batches"), "{}", r.basis);
-        assert!(r.kubernetes.contains("sizeLimit: 1152Mi"));
+        assert!(r.kubernetes.contains("sizeLimit: 1408Mi"));
         assert!(r.alternatives[0].contains("num_workers"));
     }
 

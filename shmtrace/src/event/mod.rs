@@ -75,8 +75,15 @@ impl Call {
         (self.ret < 0 && self.ret >= -4095).then(|| (-self.ret) as i32)
     }
 
+    /// An error, or a `recvmsg` that dropped the descriptors sent to it.
     pub fn failed(&self) -> bool {
-        self.errno().is_some()
+        self.errno().is_some() || self.dropped_descriptors()
+    }
+
+    /// A `recvmsg` whose `MSG_CTRUNC` says passed descriptors were dropped: the receiver has
+    /// no room for them (its file descriptor limit).
+    pub fn dropped_descriptors(&self) -> bool {
+        self.syscall == Syscall::Recvmsg && self.args[3] & libc::MSG_CTRUNC as u64 != 0
     }
 
     /// The path as the user would write it: relative names get their /dev/shm directory.

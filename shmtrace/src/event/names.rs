@@ -164,6 +164,24 @@ pub fn shmctl_command(cmd: u64) -> String {
     }
 }
 
+/// `MSG_CTRUNC|MSG_CMSG_CLOEXEC`: `recvmsg` flags.
+pub fn msg_flags(flags: u64) -> String {
+    flag_list(
+        flags,
+        &[
+            (libc::MSG_OOB as u64, "MSG_OOB"),
+            (libc::MSG_PEEK as u64, "MSG_PEEK"),
+            (libc::MSG_CTRUNC as u64, "MSG_CTRUNC"),
+            (libc::MSG_TRUNC as u64, "MSG_TRUNC"),
+            (libc::MSG_DONTWAIT as u64, "MSG_DONTWAIT"),
+            (libc::MSG_EOR as u64, "MSG_EOR"),
+            (libc::MSG_WAITALL as u64, "MSG_WAITALL"),
+            (libc::MSG_CMSG_CLOEXEC as u64, "MSG_CMSG_CLOEXEC"),
+        ],
+        "0",
+    )
+}
+
 /// `SIGBUS`, or `SIG35` for real-time and unknown signals.
 pub fn signal_name(signo: i32) -> String {
     match nix::sys::signal::Signal::try_from(signo) {

@@ -114,7 +114,13 @@ pub struct World {
     totals: Totals,
     /// Bumped whenever a fact that roles depend on changes (lineage, names, creations).
     version: u64,
+    /// Names of objects recently freed, by inode: a descriptor passed to another process
+    /// (SCM_RIGHTS, which is not traced) brings one back.
+    recently_freed: HashMap<InodeId, String>,
 }
+
+/// Bound on `recently_freed`.
+const RECENTLY_FREED: usize = 4096;
 
 impl World {
     pub fn new() -> World {
@@ -373,10 +379,18 @@ impl World {
             | Syscall::Close => {
                 let Some(file) = call.file else { return };
                 let inode = file.inode;
-                let path = self.name_for_fd(event.pid, call.fd, inode);
+                let path = self
+                    .name_for_fd(event.pid, call.fd, inode)
+                    .or_else(|| self.recently_freed.get(&inode).cloned());
+                let is_new = !self.objects.contains_key(&inode);
                 let object = self.object_entry(inode, event.mntns, event.ts_ns);
                 if object.path.is_none() {
                     object.path = path;
+                }
+                if is_new {
+                    // First seen through a descriptor: one passed from another process, whose
+                    // name is normally gone already (PyTorch unlinks before passing it).
+                    object.linked = false;
                 }
                 let request = match call.syscall {
                     Syscall::Ftruncate => call.args[1],
@@ -440,6 +454,7 @@ impl World {
                 }
             }
             Syscall::MemfdCreate
+            | Syscall::Recvmsg
             | Syscall::Shmget
             | Syscall::Shmat
             | Syscall::Shmdt
@@ -541,11 +556,20 @@ impl World {
         }
         let object = self.objects.remove(&inode).expect("present");
         self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
-        self.totals.objects_freed += 1;
+        // An object brought back by a passed descriptor was counted when first freed.
+        if !self.recently_freed.contains_key(&inode) {
+            self.totals.objects_freed += 1;
+        }
         let usage = self.usage.entry(inode.dev).or_default();
         usage.change(object.footprint(), (0, 0));
         usage.objects = usage.objects.saturating_sub(1);
         note.freed.push(object.display_name());
+        if let Some(path) = object.path {
+            if self.recently_freed.len() >= RECENTLY_FREED {
+                self.recently_freed.clear();
+            }
+            self.recently_freed.insert(inode, path);
+        }
     }
 
     fn fault_site(&self, pid: u32, addr: u64) -> Option<FaultSite> {

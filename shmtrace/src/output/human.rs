@@ -231,6 +231,7 @@ fn call_text(call: &Call, note: &Annotation) -> String {
         }
         Syscall::Shmat => format!("{}, {}, {:#x}", a[0] as i32, addr_text(a[1]), a[2]),
         Syscall::Shmdt => addr_text(a[0]),
+        Syscall::Recvmsg => format!("{}, {}", a[0] as i32, names::msg_flags(a[2])),
         Syscall::Shmctl => format!(
             "{}, {}, {}",
             a[0] as i32,
@@ -247,6 +248,11 @@ fn result_text(call: &Call) -> String {
     }
     match call.syscall {
         Syscall::Mmap | Syscall::Shmat => format!("{:#x}", call.ret),
+        Syscall::Recvmsg => format!(
+            "{} [{}: the descriptors sent were dropped, out of file descriptors?]",
+            call.ret,
+            names::msg_flags(call.args[3])
+        ),
         _ => call.ret.to_string(),
     }
 }

@@ -260,6 +260,7 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
             }
         }
         Syscall::Shmdt => out.addr = Some(hex(a[0])),
+        Syscall::Recvmsg => out.flags = Some(names::msg_flags(a[3])),
         Syscall::Shmctl => {
             out.shmid = Some(a[0] as i32 as i64);
             out.flags = Some(names::shmctl_command(a[1]));

@@ -92,7 +92,8 @@ impl Summary {
             .table
             .iter()
             .filter(|(_, role, stats)| {
-                *role != RoleKind::Other || stats.peak_bytes > 0 || stats.failures > 0
+                stats.processes > 0
+                    && (*role != RoleKind::Other || stats.peak_bytes > 0 || stats.failures > 0)
             })
             .collect();
         if !rows.is_empty() {
