@@ -2,7 +2,8 @@
 //!
 //! The pipeline: `bpf` (probes in the kernel, ring buffer) -> `event` (decoded records) ->
 //! `model` (processes and /dev/shm objects) -> `diagnose` (roles, failures, advice) ->
-//! `output` (text, JSON, summary), with `record` as a tap that writes trace files.
+//! `output` (text, JSON, summary), with `record` as a tap that writes trace files and `report`
+//! as an observer that draws a recorded trace (HTML, Perfetto).
 //! `pipeline` runs records through those steps, `session` feeds it live, `commands` are the
 //! subcommands, `target` says what to trace, `demo` is the built-in demonstration.
 mod bpf;
@@ -17,6 +18,7 @@ mod output;
 mod pipeline;
 mod proc_scan;
 mod record;
+mod report;
 mod session;
 mod target;
 mod watch;

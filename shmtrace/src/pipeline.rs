@@ -1,5 +1,5 @@
 //! The path every record takes, live or replayed: decode, model, diagnose, show, and copy to
-//! a tap (a trace file).
+//! a tap (a trace file); an observer may watch it all to draw a picture (`report --html`).
 //!
 //! Live tracing and replay differ only in where records come from and in the
 //! [`Environment`]: live, a process first seen is looked up in /proc and /dev/shm is measured
@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use crate::{
     bpf::LostCounts,
-    diagnose::{Capacity, Diagnoser, Diagnosis, Role, RoleKind},
+    diagnose::{Capacity, Diagnoser, Diagnosis, Role, RoleKind, Roles},
     event::{Body, Event, decode},
     model::{Annotation, ContainerInfo, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
@@ -73,6 +73,23 @@ pub trait Tap {
     fn finish(self: Box<Self>, world: &World, now_ns: u64) -> Result<Option<String>>;
 }
 
+/// Watches what the pipeline learns, in order, to describe the whole trace afterwards (the
+/// HTML and Perfetto pictures of `report`). It sees every event and diagnosis, whatever the
+/// filter shows.
+pub trait Observer {
+    /// An event, once the model has applied it; `role` and `place` as the output shows them.
+    fn event(&mut self, event: &Event, note: &Annotation, role: &Role, place: &str, world: &World);
+    /// A process learned from /proc, with what it already held.
+    fn seeded(&mut self, pid: u32, ts_ns: u64, world: &World);
+    fn capacity(&mut self, sample: &Capacity);
+    fn container(&mut self, info: &ContainerInfo);
+    fn diagnosis(&mut self, diagnosis: &Diagnosis);
+    /// The trace ended at `end_ns`; `roles` are as known at the end. Returns what to tell the
+    /// user (`wrote report.html`).
+    fn finish(self: Box<Self>, world: &World, roles: &Roles, end_ns: u64)
+    -> Result<Option<String>>;
+}
+
 pub struct Pipeline {
     world: World,
     diagnoser: Diagnoser,
@@ -82,6 +99,7 @@ pub struct Pipeline {
     /// Show each event, or only diagnoses and the summary.
     show_events: bool,
     tap: Option<Box<dyn Tap>>,
+    observer: Option<Box<dyn Observer>>,
     /// Mount namespaces whose /dev/shm was measured once.
     measured: HashSet<u32>,
     lost: LostCounts,
@@ -98,6 +116,7 @@ impl Pipeline {
             filter,
             show_events: true,
             tap: None,
+            observer: None,
             measured: HashSet::new(),
             lost: LostCounts::default(),
             malformed: 0,
@@ -112,6 +131,11 @@ impl Pipeline {
 
     pub fn with_tap(mut self, tap: Box<dyn Tap>) -> Pipeline {
         self.tap = Some(tap);
+        self
+    }
+
+    pub fn with_observer(mut self, observer: Box<dyn Observer>) -> Pipeline {
+        self.observer = Some(observer);
         self
     }
 
@@ -136,6 +160,9 @@ impl Pipeline {
     pub fn set_container(&mut self, info: ContainerInfo, ts_ns: u64) -> Result<()> {
         self.output.show_places();
         let record = UserRecord::Container(Box::new((&info).into()));
+        if let Some(observer) = &mut self.observer {
+            observer.container(&info);
+        }
         self.diagnoser.set_container(info);
         self.tap_user(ts_ns, &record)
     }
@@ -146,13 +173,13 @@ impl Pipeline {
 
     /// A measurement of a /dev/shm taken outside a failure (the session samples containers).
     pub fn capacity(&mut self, sample: Capacity, pid: Option<u32>) -> Result<()> {
-        self.diagnoser.capacity(sample);
+        self.learn_capacity(sample);
         self.tap_user(sample.ts_ns, &capacity_record(sample, pid))
     }
 
     /// Records a process found before tracing started (`--pid`).
     pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) -> Result<()> {
-        self.world.seed(snapshot, ts_ns);
+        self.learn_process(snapshot, ts_ns);
         self.tap_user(ts_ns, &UserRecord::Snapshot(snapshot.into()))
     }
 
@@ -185,6 +212,9 @@ impl Pipeline {
         let note = self.world.apply(&event);
         let role = self.role_shown(&event);
         let place = self.diagnoser.place(event.mntns);
+        if let Some(observer) = &mut self.observer {
+            observer.event(&event, &note, &role, &place, &self.world);
+        }
         if self.show_events && self.filter.keep(&event, &role, &place) {
             self.output
                 .event(
@@ -210,8 +240,8 @@ impl Pipeline {
     /// One userspace record of a recorded trace.
     pub fn user_record(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()> {
         match record {
-            UserRecord::Snapshot(snapshot) => self.world.seed(&snapshot.to_model(), ts_ns),
-            UserRecord::Capacity(sample) => self.diagnoser.capacity(Capacity {
+            UserRecord::Snapshot(snapshot) => self.learn_process(&snapshot.to_model(), ts_ns),
+            UserRecord::Capacity(sample) => self.learn_capacity(Capacity {
                 dev: sample.capacity.dev,
                 size: sample.capacity.size_bytes,
                 used: sample.capacity.used_bytes,
@@ -220,7 +250,11 @@ impl Pipeline {
             UserRecord::Lost(counters) => self.lost = counters.to_counts().0,
             UserRecord::Container(container) => {
                 self.output.show_places();
-                self.diagnoser.set_container(container.to_info());
+                let info = container.to_info();
+                if let Some(observer) = &mut self.observer {
+                    observer.container(&info);
+                }
+                self.diagnoser.set_container(info);
             }
             UserRecord::WriterLoss(loss) => self.output.notice(&format!(
                 "the recorder could not write {} records ({}): the trace has a hole here",
@@ -271,6 +305,12 @@ impl Pipeline {
         {
             self.output.notice(&message)?;
         }
+        if let Some(observer) = self.observer.take() {
+            let roles = self.diagnoser.roles(&self.world);
+            if let Some(message) = observer.finish(&self.world, roles, now_ns)? {
+                self.output.notice(&message)?;
+            }
+        }
         let summary = Summary::new(
             &self.world,
             self.lost.clone(),
@@ -283,7 +323,24 @@ impl Pipeline {
         Ok(summary)
     }
 
+    fn learn_process(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) {
+        self.world.seed(snapshot, ts_ns);
+        if let Some(observer) = &mut self.observer {
+            observer.seeded(snapshot.pid, ts_ns, &self.world);
+        }
+    }
+
+    fn learn_capacity(&mut self, sample: Capacity) {
+        self.diagnoser.capacity(sample);
+        if let Some(observer) = &mut self.observer {
+            observer.capacity(&sample);
+        }
+    }
+
     fn show_diagnosis(&mut self, diagnosis: Diagnosis) -> Result<()> {
+        if let Some(observer) = &mut self.observer {
+            observer.diagnosis(&diagnosis);
+        }
         if self.filter.keep_diagnosis(&diagnosis) {
             self.output
                 .diagnosis(&diagnosis)
@@ -340,7 +397,7 @@ impl Pipeline {
             return Ok(());
         };
         self.measured.insert(event.mntns);
-        self.diagnoser.capacity(sample);
+        self.learn_capacity(sample);
         self.tap_user(event.ts_ns, &capacity_record(sample, Some(subject)))
     }
 }

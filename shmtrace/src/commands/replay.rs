@@ -12,6 +12,7 @@ use crate::{
     output::filter::Filter,
     pipeline::{Pipeline, Recorded},
     record::{self, Record, TraceHeader, TraceSet, WriterOptions},
+    report::{About, Pictures},
 };
 
 pub fn report(args: &ReportArgs) -> Result<ExitCode> {
@@ -30,6 +31,15 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
     )?;
     let mut pipeline =
         Pipeline::new(World::new(), diagnoser(&header), output, Filter::default()).diagnoses_only();
+    if args.html.is_some() || args.perfetto.is_some() {
+        let about = About {
+            description: describe(&header),
+            clock: header.clock(),
+            tool_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let pictures = Pictures::new(about, args.html.as_deref(), args.perfetto.as_deref())?;
+        pipeline = pipeline.with_observer(Box::new(pictures));
+    }
     pipeline.notice(&describe(&header))?;
     replay(set, &mut pipeline)
 }
@@ -83,7 +93,22 @@ fn describe(header: &TraceHeader) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        _ => "?".to_owned(),
+        _ if !header.target.containers.is_empty() => header
+            .target
+            .containers
+            .iter()
+            .map(|c| {
+                let name = c
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| c.id.chars().take(12).collect());
+                format!("container {}", crate::event::escape::text(&name))
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        // `record --container` learns its containers after the header is written: their
+        // records in the trace name them.
+        _ => "containers".to_owned(),
     };
     let host = header.hostname.as_deref().unwrap_or("?");
     let start = header.clock().rfc3339(header.start_boot_ns);

@@ -86,8 +86,15 @@ pub struct Failure {
 impl Failure {
     /// One line: `fallocate of 96.0 MiB on /dev/shm/torch_1_2_0 returned ENOSPC`.
     pub fn headline(&self) -> String {
+        self.kind.headline()
+    }
+}
+
+impl FailureKind {
+    /// One line, as [`Failure::headline`]; also the label of a failure in the report pictures.
+    pub fn headline(&self) -> String {
         use crate::output::size::human;
-        match &self.kind {
+        match self {
             FailureKind::Call {
                 syscall,
                 errno,

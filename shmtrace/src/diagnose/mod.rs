@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use failure::{Cause, Failure, FailureKind};
+pub use failure::{Cause, Failure, FailureKind, classify};
 pub use recommend::{DataloaderDemand, Demand, Recommendation};
 pub use role::{Role, RoleKind, Roles};
 

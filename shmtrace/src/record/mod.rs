@@ -25,7 +25,7 @@ mod user;
 mod writer;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use carry::world_snapshots;
 pub use flight::{FlightOptions, FlightRecorder, FlightStats, Triggered};
