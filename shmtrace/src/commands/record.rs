@@ -140,16 +140,23 @@ impl Tap for FileTap {
 
     fn finish(mut self: Box<Self>, world: &World, now_ns: u64) -> Result<Option<String>> {
         let writer = self.writer.take().expect("finished once");
-        let path = writer.path().to_owned();
+        // The last flush may rotate further: name the file written last, not the current one.
         let stats = writer.finish(&mut || world_snapshots(world, now_ns))?;
         let mut message = format!(
             "wrote {}: {} records, {} bytes in {} file{}",
-            path.display(),
+            stats.last_path.display(),
             stats.records,
             stats.bytes,
             stats.files,
             if stats.files == 1 { "" } else { "s" }
         );
+        if stats.files_removed > 0 {
+            message.push_str(&format!(
+                " ({} older file{} removed by --keep)",
+                stats.files_removed,
+                if stats.files_removed == 1 { "" } else { "s" }
+            ));
+        }
         if stats.records_dropped > 0 {
             message.push_str(&format!(
                 "; {} records could not be written",

@@ -92,6 +92,8 @@ pub struct WriteStats {
     /// Files created, and old ones deleted by `keep`.
     pub files: u32,
     pub files_removed: u32,
+    /// The file written last (with rotation, the newest of the set), once finished.
+    pub last_path: PathBuf,
 }
 
 /// What a flush did.
@@ -372,6 +374,7 @@ impl TraceWriter {
     pub fn finish(mut self, carry: CarryOver<'_>) -> Result<WriteStats, WriteError> {
         self.flush(carry)?;
         self.sync()?;
+        self.stats.last_path = self.path;
         Ok(self.stats)
     }
 

@@ -269,3 +269,30 @@ fn decoded_bodies_are_what_the_probes_meant() {
     assert!(matches!(&events[0].body, Body::Exec(e) if e.argv.len() == 4));
     assert!(matches!(&events[4].body, Body::Call(c) if c.errno() == Some(libc::ENOSPC)));
 }
+
+#[test]
+fn finish_names_the_file_written_last_when_its_flush_rotates() {
+    // A burst faster than the flush interval leaves much queued for `finish`, whose flush
+    // rotates several times: the stats must name the newest file, not the one open before.
+    let dir = TempDir::new("rotate-at-finish");
+    let base = dir.join("trace.shmtrace");
+    let options = WriterOptions {
+        rotation: Some(Rotation {
+            max_size: 64 << 10,
+            keep: Some(3),
+        }),
+        ..WriterOptions::default()
+    };
+    let mut writer = TraceWriter::create(&base, test_header(), options).unwrap();
+    let first = writer.path().to_owned();
+    for i in 0..4_000u64 {
+        writer
+            .write_kernel(&Bytes::from(openat(i, 4242, "/dev/shm/burst", 5, i)))
+            .unwrap();
+    }
+    let stats = writer.finish(&mut no_carry).unwrap();
+    assert!(stats.files > 3, "{stats:?}");
+    let files = rotation::discover(&base).unwrap();
+    assert_eq!(stats.last_path, *files.last().unwrap());
+    assert_ne!(stats.last_path, first);
+}
