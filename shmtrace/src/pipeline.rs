@@ -260,7 +260,10 @@ impl Pipeline {
                 "the recorder could not write {} records ({}): the trace has a hole here",
                 loss.records, loss.reason
             ))?,
-            UserRecord::Trigger(_) | UserRecord::Note { .. } | UserRecord::Unknown => {}
+            UserRecord::Trigger(_)
+            | UserRecord::Note { .. }
+            | UserRecord::End
+            | UserRecord::Unknown => {}
         }
         Ok(())
     }

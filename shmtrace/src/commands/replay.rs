@@ -128,17 +128,20 @@ fn describe(header: &TraceHeader) -> String {
 /// Runs every record through the pipeline. A file that ends early (a recorder that was
 /// killed) is reported and what came before is used; a corrupt one is an error, after the
 /// report of what came before it.
-fn replay(set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
+fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
     let mut first_ts = None;
     let mut last_ts = 0;
     let mut failure = None;
-    for entry in set {
+    let mut truncated = false;
+    let clock = set.header().clock();
+    for entry in set.by_ref() {
         let entry = match entry {
             Ok(entry) => entry,
             Err(error) if error.is_truncation() => {
                 pipeline.notice(&format!(
                     "{error}; everything before it was read (was the recorder killed?)"
                 ))?;
+                truncated = true;
                 break;
             }
             Err(error) => {
@@ -152,6 +155,14 @@ fn replay(set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
             Record::Kernel(bytes) => pipeline.kernel_record(bytes, &mut Recorded)?,
             Record::User(user) => pipeline.user_record(entry.ts_ns, user)?,
         }
+    }
+    if !truncated && failure.is_none() && !set.closed() {
+        pipeline.notice(&format!(
+            "the trace ends early, at {}, without the end mark of a finished recording: the \
+             recorder was killed or the machine stopped; everything it had written was read \
+             (it writes at least every 100 ms)",
+            clock.rfc3339(last_ts)
+        ))?;
     }
     let seconds = last_ts.saturating_sub(first_ts.unwrap_or(last_ts)) as f64 / 1e9;
     pipeline.finish(seconds, last_ts)?;
@@ -178,6 +189,11 @@ fn redact(input: &Path, output: &Path) -> Result<ExitCode> {
     }
     if let Some(error) = stats.input_error {
         eprintln!("shmtrace: the input ended badly: {error}; the records before it were kept");
+    }
+    if stats.input_cut_short {
+        eprintln!(
+            "shmtrace: the input recording was cut short (no end mark); the copy says so too"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -146,6 +146,8 @@ pub struct TraceReader<R> {
     block: Option<Block>,
     finished: bool,
     skipped: u64,
+    /// The last record read was the writer's end mark.
+    closed: bool,
 }
 
 /// A decompressed block being read.
@@ -183,6 +185,7 @@ impl<R: Read> TraceReader<R> {
             block: None,
             finished: false,
             skipped: 0,
+            closed: false,
         })
     }
 
@@ -194,6 +197,13 @@ impl<R: Read> TraceReader<R> {
     /// shmtrace, and marked as safe to skip).
     pub fn skipped(&self) -> u64 {
         self.skipped
+    }
+
+    /// Whether the last record read was the writer's end mark: once the file is read, `false`
+    /// means it was cut short (the recorder was killed), even where it ends on a clean frame
+    /// boundary.
+    pub fn closed(&self) -> bool {
+        self.closed
     }
 
     fn error(&self, offset: u64, in_block: Option<u64>, reason: Reason) -> ReadError {
@@ -362,20 +372,24 @@ impl<R: Read> Iterator for TraceReader<R> {
     type Item = Result<Entry, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.finished {
-            return None;
-        }
-        match self.next_entry() {
-            Ok(Some(entry)) => Some(Ok(entry)),
-            Ok(None) => {
-                self.finished = true;
-                None
+        while !self.finished {
+            match self.next_entry() {
+                // A loop, not recursion: a hostile file may hold any number of end marks.
+                Ok(Some(entry)) if entry.record == Record::User(UserRecord::End) => {
+                    self.closed = true;
+                }
+                Ok(Some(entry)) => {
+                    self.closed = false;
+                    return Some(Ok(entry));
+                }
+                Ok(None) => self.finished = true,
+                Err(error) => {
+                    self.finished = true;
+                    return Some(Err(error));
+                }
             }
-            Err(error) => {
-                self.finished = true;
-                Some(Err(error))
-            }
         }
+        None
     }
 }
 
@@ -610,6 +624,14 @@ impl TraceSet {
         self.skipped += self.current.skipped();
         self.current = next;
         Ok(true)
+    }
+}
+
+impl TraceSet {
+    /// Whether the last file read so far ended with the writer's end mark: after the last
+    /// record, `false` means the recording was cut short.
+    pub fn closed(&self) -> bool {
+        self.current.closed()
     }
 }
 

@@ -39,6 +39,8 @@ pub struct RedactStats {
     pub user_dropped: u64,
     /// Where the input went bad, if it did: the copy holds everything before it.
     pub input_error: Option<ReadError>,
+    /// The input lacks the end mark of a finished recording; so does the copy.
+    pub input_cut_short: bool,
     pub written: WriteStats,
 }
 
@@ -68,22 +70,21 @@ pub fn redact_file(
         return Err(RedactError::SamePath);
     }
     let set = TraceSet::open(input).map_err(RedactError::Open)?;
-    let header = set.header().clone();
-    redact(&header, set, output, options)
+    redact(set, output, options)
 }
 
-/// Redacts `entries` (read under `header`) into `output`.
+/// Redacts the records of `set` into `output`.
 pub fn redact(
-    header: &TraceHeader,
-    entries: impl Iterator<Item = Result<Entry, ReadError>>,
+    mut set: TraceSet,
     output: &Path,
     mut options: WriterOptions,
 ) -> Result<RedactStats, RedactError> {
+    let header = &set.header().clone();
     let mut redactor = Redactor::new().map_err(RedactError::Random)?;
     options.rotation = None;
     let mut writer = TraceWriter::create(output, redactor.header(header), options)?;
     let mut stats = RedactStats::default();
-    for entry in entries {
+    for entry in set.by_ref() {
         let entry = match entry {
             Ok(entry) => entry,
             Err(error) => {
@@ -114,7 +115,13 @@ pub fn redact(
             writer.flush(&mut no_carry)?;
         }
     }
-    stats.written = writer.finish(&mut no_carry)?;
+    // A copy of a recording that was cut short is no more complete than it.
+    stats.input_cut_short = stats.input_error.is_none() && !set.closed();
+    stats.written = if stats.input_cut_short || stats.input_error.is_some() {
+        writer.finish_cut_short(&mut no_carry)?
+    } else {
+        writer.finish(&mut no_carry)?
+    };
     Ok(stats)
 }
 
@@ -239,7 +246,8 @@ impl Redactor {
             UserRecord::Note { text } => UserRecord::Note {
                 text: names.text(text),
             },
-            UserRecord::Unknown => return None,
+            // Readers keep end marks to themselves; the copy gets its own.
+            UserRecord::End | UserRecord::Unknown => return None,
         })
     }
 

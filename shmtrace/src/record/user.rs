@@ -57,6 +57,10 @@ pub enum UserRecord {
     Note {
         text: String,
     },
+    /// The writer closed the file: the last record of every complete file. A file without it
+    /// was cut short (the recorder was killed, or the machine stopped). Readers take it in
+    /// themselves (`TraceReader::closed`) rather than hand it on.
+    End,
     /// A record type this version does not know (written by a newer shmtrace).
     #[serde(other)]
     Unknown,

@@ -80,6 +80,10 @@ pub struct Rotation {
 /// The smallest `max_size` accepted: room for a header and a few blocks.
 pub const MIN_ROTATION_SIZE: u64 = 64 << 10;
 
+/// Room kept at the end of a rotated file for its end mark (a frame of about 30 bytes, or a
+/// zstd block of it).
+const END_MARK_ROOM: u64 = 128;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteStats {
     /// Records written by flushes that succeeded.
@@ -373,9 +377,37 @@ impl TraceWriter {
     /// Flushes, syncs and closes. Returns what was written over the writer's life.
     pub fn finish(mut self, carry: CarryOver<'_>) -> Result<WriteStats, WriteError> {
         self.flush(carry)?;
+        self.close_file()?;
+        self.stats.last_path = self.path;
+        Ok(self.stats)
+    }
+
+    /// Like [`finish`](Self::finish), but leaves the file without its end mark, so that it
+    /// reads as cut short: for a copy of a recording that was itself cut short (`--redact`).
+    pub fn finish_cut_short(mut self, carry: CarryOver<'_>) -> Result<WriteStats, WriteError> {
+        self.flush(carry)?;
         self.sync()?;
         self.stats.last_path = self.path;
         Ok(self.stats)
+    }
+
+    /// Ends the current file with the end mark (`UserRecord::End`), which tells a reader that
+    /// nothing is missing after it, and syncs it.
+    fn close_file(&mut self) -> Result<(), WriteError> {
+        let mut frame = Vec::new();
+        format::encode_frame(
+            &mut frame,
+            FrameKind::User,
+            self.last_ts,
+            &UserRecord::End.to_cbor(),
+        );
+        let block = self.block(&frame);
+        self.append(&block).map_err(|source| WriteError::Write {
+            path: self.path.clone(),
+            dropped: 0,
+            source,
+        })?;
+        self.sync()
     }
 
     fn block(&mut self, frames: &[u8]) -> Vec<u8> {
@@ -399,7 +431,8 @@ impl TraceWriter {
     fn needs_rotation(&self, block_len: u64) -> bool {
         match self.options.rotation {
             Some(rotation) => {
-                self.file_len > self.header_len && self.file_len + block_len > rotation.max_size
+                self.file_len > self.header_len
+                    && self.file_len + block_len + END_MARK_ROOM > rotation.max_size
             }
             None => false,
         }
@@ -408,7 +441,7 @@ impl TraceWriter {
     /// Closes the current file and starts the next, with its own header and the carried-over
     /// records, then deletes files beyond `keep`.
     fn rotate(&mut self, carry: CarryOver<'_>) -> Result<PathBuf, WriteError> {
-        self.sync()?;
+        self.close_file()?;
         self.header.sequence += 1;
         let path = rotation::numbered(&self.base, self.header.sequence);
         let (file, header_len) = open_with_header(&path, &self.header)?;

@@ -201,8 +201,11 @@ fn unknown_record_kinds_stop_unless_skippable() {
     );
     frame[16..20].copy_from_slice(&crc.to_le_bytes());
     skippable.extend_from_slice(&frame);
-    skippable
-        .extend_from_slice(&bytes[bytes.len() - (20 + size_of::<shmtrace_common::ForkEvent>())..]);
+    // Then the last kernel record again (the fork before the writer's end mark).
+    let fork_end = bytes.len() - end_mark_len();
+    skippable.extend_from_slice(
+        &bytes[fork_end - (20 + size_of::<shmtrace_common::ForkEvent>())..fork_end],
+    );
     let path = dir.join("skip.shmtrace");
     std::fs::write(&path, &skippable).unwrap();
     let mut reader = TraceReader::open(&path).unwrap();
@@ -247,4 +250,11 @@ fn a_rotated_set_from_another_recording_is_refused() {
         error.to_string().contains("belongs to another recording"),
         "{error}"
     );
+}
+
+/// Bytes of the end mark a finished file ends with.
+fn end_mark_len() -> usize {
+    let mut frame = Vec::new();
+    encode_frame(&mut frame, FrameKind::User, 0, &UserRecord::End.to_cbor());
+    frame.len()
 }

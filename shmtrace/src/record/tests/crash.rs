@@ -101,6 +101,10 @@ fn kill_mid_write(compressed: bool) {
     if let Some(error) = error {
         assert!(error.is_truncation(), "{error}");
     }
+    // Either way the file lacks the end mark, so a reader can say it was cut short.
+    let mut reader = crate::record::TraceReader::open(&path).unwrap();
+    for _ in reader.by_ref() {}
+    assert!(!reader.closed());
     eprintln!(
         "kill -9 ({}): {flushed} records reported flushed, {} read back",
         if compressed { "zstd" } else { "plain" },

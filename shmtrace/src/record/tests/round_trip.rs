@@ -296,3 +296,86 @@ fn finish_names_the_file_written_last_when_its_flush_rotates() {
     assert_eq!(stats.last_path, *files.last().unwrap());
     assert_ne!(stats.last_path, first);
 }
+
+#[test]
+fn finished_files_end_with_the_end_mark_and_cut_ones_do_not() {
+    let dir = TempDir::new("end-mark");
+    let path = dir.join("trace.shmtrace");
+    write_sample(&path, None);
+    let mut reader = TraceReader::open(&path).unwrap();
+    let entries: Vec<_> = reader.by_ref().collect::<Result<_, _>>().unwrap();
+    assert!(reader.closed());
+    // The mark is the reader's own business, not a record.
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.record != Record::User(UserRecord::End))
+    );
+
+    // Cut exactly at the mark, as a SIGKILL between two flushes leaves a file: it reads
+    // without error, and says it was cut short.
+    let bytes = std::fs::read(&path).unwrap();
+    let mut mark = Vec::new();
+    crate::record::format::encode_frame(
+        &mut mark,
+        crate::record::format::FrameKind::User,
+        0,
+        &UserRecord::End.to_cbor(),
+    );
+    let cut = dir.join("cut.shmtrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - mark.len()]).unwrap();
+    let mut reader = TraceReader::open(&cut).unwrap();
+    let again: Vec<_> = reader.by_ref().collect::<Result<_, _>>().unwrap();
+    assert_eq!(again, entries);
+    assert!(!reader.closed());
+
+    // A redacted copy is as complete as its input.
+    let copy = dir.join("copy.shmtrace");
+    let stats = crate::record::redact_file(&cut, &copy, WriterOptions::default()).unwrap();
+    assert!(stats.input_cut_short);
+    let mut set = TraceSet::open(&copy).unwrap();
+    for _ in set.by_ref() {}
+    assert!(!set.closed());
+    let whole = dir.join("whole.shmtrace");
+    let stats = crate::record::redact_file(&path, &whole, WriterOptions::default()).unwrap();
+    assert!(!stats.input_cut_short);
+    let mut set = TraceSet::open(&whole).unwrap();
+    for _ in set.by_ref() {}
+    assert!(set.closed());
+}
+
+#[test]
+fn every_rotated_file_is_closed_and_so_is_the_set() {
+    let dir = TempDir::new("end-mark-rotated");
+    let base = dir.join("trace.shmtrace");
+    let options = WriterOptions {
+        rotation: Some(Rotation {
+            max_size: 64 << 10,
+            keep: None,
+        }),
+        ..WriterOptions::default()
+    };
+    let mut writer = TraceWriter::create(&base, test_header(), options).unwrap();
+    for i in 0..2_000u64 {
+        writer
+            .write_kernel(&openat(i, 4242, "/dev/shm/burst", 5, i))
+            .unwrap();
+        if i % 100 == 99 {
+            writer.flush(&mut no_carry).unwrap();
+        }
+    }
+    writer.finish(&mut no_carry).unwrap();
+    let files = rotation::discover(&base).unwrap();
+    assert!(files.len() > 2);
+    for file in &files {
+        assert!(std::fs::metadata(file).unwrap().len() <= 64 << 10);
+        let mut reader = TraceReader::open(file).unwrap();
+        for entry in reader.by_ref() {
+            entry.unwrap();
+        }
+        assert!(reader.closed(), "{}", file.display());
+    }
+    let mut set = TraceSet::open(&base).unwrap();
+    assert_eq!(set.by_ref().filter(|e| e.is_ok()).count(), 2_000);
+    assert!(set.closed());
+}
