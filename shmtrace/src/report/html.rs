@@ -144,7 +144,10 @@ fn usage(page: &mut String, timeline: &Timeline, scale: &Scale) {
 <p class="legend"><span class="key demand"></span>demand: sizes of the traced processes' live objects
 <span class="key measured"></span>in use, as measured (statfs)
 <span class="key capacity"></span>size
-<span class="key enospc"></span>ENOSPC <span class="key sigbus"></span>SIGBUS</p>"#
+<span class="key enospc"></span>ENOSPC <span class="key sigbus"></span>SIGBUS</p>
+<p class="note">Demand can exceed the size: a file's pages are taken only as they are written, so
+a size set with ftruncate costs nothing until it is filled, and filling it is where ENOSPC or
+SIGBUS strikes.</p>"#
     );
     let mut any = false;
     for (dev, device) in timeline.devices() {

@@ -286,5 +286,15 @@ fn rows<'a>(pid: u32, spans: &'a [Span], scale: &Scale) -> Vec<Vec<Bar<'a>>> {
             }),
         }
     }
+    // The rows with the biggest objects on top: a batch matters more than a semaphore.
+    rows.sort_by_key(|row| {
+        std::cmp::Reverse(
+            row.iter()
+                .flat_map(|bar| &bar.spans)
+                .map(|s| s.bytes)
+                .max()
+                .unwrap_or(0),
+        )
+    });
     rows
 }
