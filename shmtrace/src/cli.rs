@@ -229,12 +229,16 @@ pub struct ReportArgs {
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
-    /// Also write a self-contained HTML page: /dev/shm use over time, a lane per process,
-    /// failures and deaths, and the diagnosis.
+    /// Also write a self-contained HTML page: /dev/shm use over time against its size, a lane
+    /// per process with each /dev/shm object it held, failures and deaths marked, and the
+    /// diagnosis. It has no script and fetches nothing, so it can be attached to a bug report
+    /// (docs/reports.md).
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
 
-    /// Also write the trace in Chrome's trace event format, for Perfetto or chrome://tracing.
+    /// Also write the trace in Chrome's trace event format (JSON), for Perfetto or
+    /// chrome://tracing: processes, holds of /dev/shm objects as slices, failures and deaths as
+    /// instants, /dev/shm use as counters.
     #[arg(long, value_name = "FILE")]
     pub perfetto: Option<PathBuf>,
 
