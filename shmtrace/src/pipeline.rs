@@ -84,10 +84,15 @@ pub trait Observer {
     fn capacity(&mut self, sample: &Capacity);
     fn container(&mut self, info: &ContainerInfo);
     fn diagnosis(&mut self, diagnosis: &Diagnosis);
-    /// The trace ended at `end_ns`; `roles` are as known at the end. Returns what to tell the
-    /// user (`wrote report.html`).
-    fn finish(self: Box<Self>, world: &World, roles: &Roles, end_ns: u64)
-    -> Result<Option<String>>;
+    /// The trace ended at `end_ns`; `roles` are as known at the end, `lost` counts the events
+    /// the kernel could not deliver. Returns what to tell the user (`wrote report.html`).
+    fn finish(
+        self: Box<Self>,
+        world: &World,
+        roles: &Roles,
+        lost: u64,
+        end_ns: u64,
+    ) -> Result<Option<String>>;
 }
 
 pub struct Pipeline {
@@ -310,7 +315,7 @@ impl Pipeline {
         }
         if let Some(observer) = self.observer.take() {
             let roles = self.diagnoser.roles(&self.world);
-            if let Some(message) = observer.finish(&self.world, roles, now_ns)? {
+            if let Some(message) = observer.finish(&self.world, roles, self.lost.total(), now_ns)? {
                 self.output.notice(&message)?;
             }
         }

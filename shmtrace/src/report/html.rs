@@ -78,6 +78,13 @@ pub fn render(timeline: &Timeline, about: &About) -> String {
 }
 
 fn counts(timeline: &Timeline) -> String {
+    let lost = match timeline.lost() {
+        0 => String::new(),
+        n => format!(
+            "\n<p class=\"lost\">{n} events were lost (the kernel's ring buffer was full): \
+             the pictures have gaps. Record with a larger --buffer-size.</p>"
+        ),
+    };
     let failures = timeline
         .marks()
         .iter()
@@ -99,7 +106,7 @@ fn counts(timeline: &Timeline) -> String {
         plural(failures, "s"),
         deaths,
         plural(deaths, "s"),
-    )
+    ) + &lost
 }
 
 fn plural(n: usize, suffix: &'static str) -> &'static str {

@@ -220,14 +220,19 @@ fn draw_bar(out: &mut String, bar: &Bar, scale: &Scale, y: f64) {
         y + 1.0,
         ROW - 3.0
     );
-    let fits = ((width - 6.0) / CHAR_WIDTH).floor();
-    if fits >= 4.0 {
+    let fits = ((width - 6.0) / CHAR_WIDTH).floor() as usize;
+    // A count cut short says nothing: `×17375` rather than `17375…`.
+    let label = match bar.spans.len() {
+        n if n > 1 && label.chars().count() > fits => format!("×{n}"),
+        _ => label,
+    };
+    if fits >= 4 && (bar.spans.len() == 1 || label.chars().count() <= fits) {
         let _ = write!(
             out,
             r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
             bar.x1 + 3.0,
             y + ROW - 5.0,
-            Html(&truncate(&label, fits as usize))
+            Html(&truncate(&label, fits))
         );
     }
     let _ = writeln!(out, "<title>{}</title></g>", Html(&title));
@@ -274,8 +279,13 @@ fn rows<'a>(pid: u32, spans: &'a [Span], scale: &Scale) -> Vec<Vec<Bar<'a>>> {
         };
         let row = &mut rows[row];
         match row.last_mut() {
-            // Too short to see apart from the bar before it: one bar, counted.
-            Some(bar) if x2 - x1 < 3.0 && x1 - bar.x2 < 2.0 && bar.x2 - bar.x1 < 40.0 => {
+            // Too short to see apart from the bar before it (itself short, or already standing
+            // for several): one bar, counted.
+            Some(bar)
+                if x2 - x1 < 3.0
+                    && x1 - bar.x2 < 2.0
+                    && (bar.spans.len() > 1 || bar.x2 - bar.x1 < 3.0) =>
+            {
                 bar.x2 = bar.x2.max(x2);
                 bar.spans.push(span);
             }
@@ -297,4 +307,42 @@ fn rows<'a>(pid: u32, spans: &'a [Span], scale: &Scale) -> Vec<Vec<Bar<'a>>> {
         )
     });
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::InodeId;
+
+    fn span(start_ns: u64, end_ns: u64, ino: u64) -> Span {
+        Span {
+            pid: 7,
+            inode: InodeId { dev: 26, ino },
+            name: format!("/dev/shm/burst_{ino}"),
+            bytes: 4096,
+            start_ns,
+            end_ns: Some(end_ns),
+        }
+    }
+
+    #[test]
+    fn a_burst_of_short_holds_is_one_counted_bar_and_long_holds_stay_apart() {
+        let scale = Scale::new(0, (0, 1_000_000_000));
+        // A thousand holds of 10 µs one after another, then one held for half the trace.
+        let mut spans: Vec<Span> = (0..1000)
+            .map(|i| span(i * 100_000, i * 100_000 + 10_000, i))
+            .collect();
+        spans.push(span(400_000_000, 900_000_000, 5000));
+        spans.push(span(900_000_100, 900_010_000, 5001));
+        let laid = rows(7, &spans, &scale);
+        assert_eq!(laid.len(), 1);
+        let counts: Vec<usize> = laid[0].iter().map(|bar| bar.spans.len()).collect();
+        assert_eq!(counts, [1000, 1, 1]);
+        // Holds at the same time get rows of their own, the biggest on top.
+        let mut overlapping = vec![span(0, 500_000_000, 1), span(100, 400_000_000, 2)];
+        overlapping[1].bytes = 1 << 20;
+        let laid = rows(7, &overlapping, &scale);
+        assert_eq!(laid.len(), 2);
+        assert_eq!(laid[0][0].spans[0].bytes, 1 << 20);
+    }
 }

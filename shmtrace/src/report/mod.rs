@@ -90,9 +90,10 @@ impl Observer for Pictures {
         mut self: Box<Self>,
         world: &World,
         roles: &Roles,
+        lost: u64,
         end_ns: u64,
     ) -> Result<Option<String>> {
-        self.timeline.finish(world, roles, end_ns);
+        self.timeline.finish(world, roles, lost, end_ns);
         let mut wrote = Vec::new();
         if let Some(path) = &self.html {
             write(path, |out| html::write(out, &self.timeline, &self.about))?;

@@ -58,7 +58,7 @@ fn call(ts_ns: u64, pid: u32, c: Call) -> Vec<u8> {
 }
 
 /// Runs records through a pipeline that writes both pictures; returns the page and the JSON.
-fn pictures(kernel: &[Vec<u8>], capacity: Option<Capacity>) -> (String, Value) {
+fn pictures(kernel: &[Vec<u8>], capacity: Option<Capacity>, lost: u64) -> (String, Value) {
     let dir = TempDir::new("report");
     let html = dir.join("report.html");
     let perfetto = dir.join("trace.json");
@@ -81,6 +81,11 @@ fn pictures(kernel: &[Vec<u8>], capacity: Option<Capacity>) -> (String, Value) {
         pipeline
             .kernel_record(&Bytes::from(record.clone()), &mut Recorded)
             .unwrap();
+    }
+    if lost > 0 {
+        let mut counts = crate::bpf::LostCounts::default();
+        counts.add(EventKind::Syscall, lost);
+        pipeline.lost(counts, last).unwrap();
     }
     pipeline.finish(1.0, last + 1_000_000).unwrap();
     let page = std::fs::read_to_string(&html).unwrap();
@@ -121,7 +126,7 @@ fn one_mib(ts_ns: u64) -> Capacity {
 
 #[test]
 fn draws_usage_lanes_failures_deaths_and_the_diagnosis() {
-    let (page, _) = pictures(&dataloader(), Some(one_mib(T0)));
+    let (page, _) = pictures(&dataloader(), Some(one_mib(T0)), 0);
     assert!(page.starts_with("<!DOCTYPE html>"));
     for needle in [
         r#"class="usage-demand""#,
@@ -152,7 +157,7 @@ fn draws_usage_lanes_failures_deaths_and_the_diagnosis() {
 
 #[test]
 fn perfetto_has_processes_holds_marks_and_counters() {
-    let (_, json) = pictures(&dataloader(), Some(one_mib(T0)));
+    let (_, json) = pictures(&dataloader(), Some(one_mib(T0)), 0);
     let events = json["traceEvents"].as_array().unwrap();
     let of = |ph: &str| events.iter().filter(|e| e["ph"] == ph).collect::<Vec<_>>();
     let name = of("M")
@@ -196,7 +201,7 @@ fn hostile_names_stay_text() {
         records::openat(T0 + 1_000, 4243, evil, 11, 77),
         records::fallocate_enospc(T0 + 2_000, 4243, 11, 77),
     ];
-    let (page, json) = pictures(&kernel, None);
+    let (page, json) = pictures(&kernel, None, 0);
     assert!(!page.contains("<script>"), "{page}");
     assert!(!page.contains("<img"), "{page}");
     assert!(!page.contains(r#""onmouseover"#), "{page}");
@@ -240,7 +245,7 @@ fn spans_follow_descriptors_mappings_forks_and_exits() {
         let note = world.apply(&event);
         timeline.event(&event, &note, "host", &world);
     }
-    timeline.finish(&world, &Roles::compute(&world), T0 + 100);
+    timeline.finish(&world, &Roles::compute(&world), 0, T0 + 100);
     let spans = timeline.spans();
     assert_eq!(spans.len(), 2, "{spans:?}");
     let parent = spans.iter().find(|s| s.pid == 4242).unwrap();
@@ -277,4 +282,12 @@ fn axes_read_in_round_numbers() {
     assert_eq!(ticks[0].1, "1.4 s");
     assert!(ticks.windows(2).all(|w| w[0].0 < w[1].0));
     assert!(ticks.iter().all(|(x, _)| *x >= chart::LEFT));
+}
+
+#[test]
+fn lost_events_are_said_on_the_page() {
+    let (page, _) = pictures(&dataloader(), None, 1234);
+    assert!(page.contains("1234 events were lost"), "{page}");
+    let (page, _) = pictures(&dataloader(), None, 0);
+    assert!(!page.contains("were lost"));
 }

@@ -142,6 +142,8 @@ pub struct Timeline {
     lanes: Vec<Lane>,
     /// Processes seen that held no /dev/shm object and neither failed nor died badly.
     quiet_processes: usize,
+    /// Events the kernel dropped (its ring buffer was full): the pictures have gaps.
+    lost: u64,
 }
 
 impl Timeline {
@@ -215,8 +217,9 @@ impl Timeline {
 
     /// Closes the books: lanes for the processes worth drawing, with their final names and
     /// roles.
-    pub fn finish(&mut self, world: &World, roles: &Roles, end_ns: u64) {
+    pub fn finish(&mut self, world: &World, roles: &Roles, lost: u64, end_ns: u64) {
         self.saw(end_ns);
+        self.lost = lost;
         let mut drawn: BTreeSet<u32> = self.spans.iter().map(|s| s.pid).collect();
         drawn.extend(self.marks.iter().map(|m| m.pid));
         self.lanes = drawn
@@ -316,6 +319,10 @@ impl Timeline {
 
     pub fn quiet_processes(&self) -> usize {
         self.quiet_processes
+    }
+
+    pub fn lost(&self) -> u64 {
+        self.lost
     }
 
     fn saw(&mut self, ts_ns: u64) {
