@@ -233,13 +233,13 @@ pub struct ReportArgs {
     /// per process with each /dev/shm object it held, failures and deaths marked, and the
     /// diagnosis. It has no script and fetches nothing, so it can be attached to a bug report
     /// (docs/reports.md).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "redact")]
     pub html: Option<PathBuf>,
 
     /// Also write the trace in Chrome's trace event format (JSON), for Perfetto or
     /// chrome://tracing: processes, holds of /dev/shm objects as slices, failures and deaths as
     /// instants, /dev/shm use as counters.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "redact")]
     pub perfetto: Option<PathBuf>,
 
     /// When to use colour.
@@ -400,5 +400,30 @@ mod tests {
         assert!(record.compress);
         assert_eq!(record.target.command, ["python", "x.py"]);
         assert!(Cli::try_parse_from(["shmtrace", "report", "t", "--redact"]).is_err());
+        // Pictures are drawn from a trace, not from the act of redacting it.
+        assert!(
+            Cli::try_parse_from([
+                "shmtrace", "report", "t", "--redact", "-o", "r", "--html", "r.html"
+            ])
+            .is_err()
+        );
+        let cli = Cli::try_parse_from([
+            "shmtrace",
+            "report",
+            "t",
+            "--html",
+            "r.html",
+            "--perfetto",
+            "t.json",
+        ])
+        .unwrap();
+        let Some(Command::Report(report)) = cli.command else {
+            panic!("not report")
+        };
+        assert_eq!(report.html.as_deref(), Some(std::path::Path::new("r.html")));
+        assert_eq!(
+            report.perfetto.as_deref(),
+            Some(std::path::Path::new("t.json"))
+        );
     }
 }
