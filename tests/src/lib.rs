@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end tests: the real shmtrace binary, run as root against the real
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
 pub mod docker;
+pub mod live;
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},
