@@ -64,16 +64,24 @@ impl LiveTracer {
     pub fn stop(mut self) -> (ExitStatus, String, Vec<Value>) {
         // Let the last events through the ring buffer before interrupting.
         std::thread::sleep(Duration::from_millis(300));
-        nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT).unwrap();
+        if self.child.try_wait().unwrap().is_none() {
+            nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT).unwrap();
+        }
+        self.finish("shmtrace did not stop after Ctrl-C")
+    }
+
+    /// Waits for shmtrace to end by itself (every traced process exited), then as `stop`.
+    pub fn wait(self) -> (ExitStatus, String, Vec<Value>) {
+        self.finish("shmtrace did not end after its targets exited")
+    }
+
+    fn finish(mut self, complaint: &str) -> (ExitStatus, String, Vec<Value>) {
         let deadline = Instant::now() + Duration::from_secs(15);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "shmtrace did not stop after Ctrl-C"
-            );
+            assert!(Instant::now() < deadline, "{complaint}");
             std::thread::sleep(Duration::from_millis(50));
         };
         let mut rest = String::new();
