@@ -21,6 +21,7 @@ use crate::{
     bpf::TracerOptions,
     cli::OutputArgs,
     commands::{
+        DefaultStream,
         live::{self, What},
         trace,
     },
@@ -55,12 +56,8 @@ pub fn run(output: &OutputArgs) -> Result<ExitCode> {
         exe.into_os_string(),
         OsString::from("__demo-workload"),
     ]);
-    // The demo's output goes to stdout, whatever a traced command would do.
-    let mut output = output.clone();
-    if output.output.is_none() {
-        output.output = Some("/dev/stdout".into());
-    }
-    let mut pipeline = trace::pipeline(&what, &output, false)?;
+    // The demo's trace goes to stdout, whatever a traced command's would do.
+    let mut pipeline = trace::pipeline(output, DefaultStream::Stdout, false)?;
     pipeline.name_other_namespaces("the demo's private namespace");
     let outcome = live::run(what, &TracerOptions::default(), pipeline, output.verbose)?;
     match outcome.command_status {

@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end tests: the real shmtrace binary, run as root against the real
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
 pub mod docker;
+pub mod live;
 pub mod recording;
 use std::{
     path::{Path, PathBuf},
@@ -142,8 +143,8 @@ pub fn tempdir() -> PathBuf {
     dir
 }
 
-/// Names of the BPF programs currently loaded in the kernel.
-pub fn loaded_bpf_programs() -> Vec<String> {
+/// The BPF programs loaded in the kernel now: (id, name).
+pub fn loaded_bpf_programs() -> Vec<(u64, String)> {
     let output = Command::new("bpftool")
         .args(["prog", "list", "--json"])
         .output()
@@ -153,28 +154,41 @@ pub fn loaded_bpf_programs() -> Vec<String> {
         .map(|progs| {
             progs
                 .iter()
-                .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                .filter_map(|p| Some((p["id"].as_u64()?, p["name"].as_str()?.to_owned())))
                 .collect()
         })
         .unwrap_or_default()
 }
 
-/// Waits (up to 5 s: the kernel frees programs after an RCU grace period) until none of
-/// shmtrace's programs is loaded.
-pub fn assert_no_shmtrace_programs_left() {
-    let ours = |name: &str| {
-        name.starts_with("sys_enter_")
-            || name.starts_with("sys_exit_")
-            || name == "signal_generate"
-            || name.starts_with("sched_process_")
-            || name == "task_rename"
-            || name == "mark_victim"
-    };
+/// Whether a program name is one of shmtrace's (the kernel keeps 15 characters of it).
+fn is_shmtrace_program(name: &str) -> bool {
+    name.starts_with("sys_enter_")
+        || name.starts_with("sys_exit_")
+        || name == "signal_generate"
+        || name.starts_with("sched_process_")
+        || name == "task_rename"
+        || name == "mark_victim"
+}
+
+/// The highest program id loaded now. Ids only grow: a program with a higher id was loaded
+/// later.
+pub fn bpf_program_watermark() -> u64 {
+    loaded_bpf_programs()
+        .iter()
+        .map(|(id, _)| *id)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Waits (up to 5 s: the kernel frees programs after an RCU grace period) until no shmtrace
+/// program loaded after `watermark` is left. Programs of other tracers that started before
+/// (another test's, say) are not ours to judge.
+pub fn assert_no_shmtrace_programs_left_since(watermark: u64) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let left: Vec<String> = loaded_bpf_programs()
+        let left: Vec<(u64, String)> = loaded_bpf_programs()
             .into_iter()
-            .filter(|n| ours(n))
+            .filter(|(id, name)| *id > watermark && is_shmtrace_program(name))
             .collect();
         if left.is_empty() {
             return;

@@ -2,55 +2,13 @@
 //! lost events, the demo, and every error a user can run into.
 use std::{
     io::{BufRead, BufReader, Write},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::{Command, Stdio},
 };
 
-use nix::{sys::signal::Signal, unistd::Pid};
 use shmtrace_tests::{
-    assert_no_shmtrace_programs_left, exerciser, read_json_lines, require_root, serial, shmtrace,
-    tempdir, trace_exerciser,
+    assert_no_shmtrace_programs_left_since, bpf_program_watermark, exerciser, live::LiveTracer,
+    require_root, serial, shmtrace, trace_exerciser,
 };
-
-/// Starts shmtrace and waits for its "tracing ..." line on stderr (it is attached by then).
-fn start_tracer(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
-    let mut child = shmtrace()
-        .args(args)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting shmtrace");
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = stderr.read_line(&mut line).unwrap();
-        assert!(n > 0, "shmtrace ended before it started tracing");
-        if line.starts_with("shmtrace: tracing") {
-            return (child, stderr);
-        }
-    }
-}
-
-fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process did not exit within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn rest(mut stderr: BufReader<std::process::ChildStderr>) -> String {
-    let mut text = String::new();
-    let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-    text
-}
 
 #[test]
 fn attaches_to_a_running_process_and_its_private_shm() {
@@ -70,16 +28,11 @@ fn attaches_to_a_running_process_and_its_private_shm() {
         .unwrap();
     let pid = target.id().to_string();
 
-    let dir = tempdir();
-    let out = dir.join("trace.jsonl");
-    let (mut tracer, stderr) =
-        start_tracer(&["--json", "-o", out.to_str().unwrap(), "--pid", &pid]);
+    let tracer = LiveTracer::start(&["--pid", &pid]);
     target.stdin.take().unwrap().write_all(b"go\n").unwrap();
     target.wait().unwrap();
-    let status = wait_with_timeout(&mut tracer, Duration::from_secs(10));
-    let stderr = rest(stderr);
+    let (status, stderr, records) = tracer.wait();
     assert!(status.success(), "{stderr}");
-    let records = read_json_lines(&out);
     let fallocate = records
         .iter()
         .find(|r| r["event"] == "fallocate")
@@ -91,27 +44,21 @@ fn attaches_to_a_running_process_and_its_private_shm() {
             .iter()
             .any(|r| r["event"] == "exit" && r["pid"].as_u64().unwrap().to_string() == pid)
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn host_wide_mode_sees_untraced_processes_and_ctrl_c_detaches_cleanly() {
     let _guard = serial();
     require_root();
-    let dir = tempdir();
-    let out = dir.join("trace.jsonl");
-    let (mut tracer, stderr) = start_tracer(&["--all", "--json", "-o", out.to_str().unwrap()]);
+    let watermark = bpf_program_watermark();
+    let tracer = LiveTracer::start(&["--all"]);
     let worker = Command::new(exerciser())
         .args(["--private-shm", "1m", "fallocate-enospc"])
         .status()
         .unwrap();
     assert!(worker.success());
-    std::thread::sleep(Duration::from_millis(300));
-    nix::sys::signal::kill(Pid::from_raw(tracer.id() as i32), Signal::SIGINT).unwrap();
-    let status = wait_with_timeout(&mut tracer, Duration::from_secs(10));
-    let stderr = rest(stderr);
+    let (status, stderr, records) = tracer.stop();
     assert_eq!(status.code(), Some(130), "interrupted: {stderr}");
-    let records = read_json_lines(&out);
     assert!(
         records
             .iter()
@@ -122,8 +69,7 @@ fn host_wide_mode_sees_untraced_processes_and_ctrl_c_detaches_cleanly() {
         records.iter().any(|r| r["event"] == "summary"),
         "a summary after Ctrl-C"
     );
-    assert_no_shmtrace_programs_left();
-    let _ = std::fs::remove_dir_all(dir);
+    assert_no_shmtrace_programs_left_since(watermark);
 }
 
 #[test]
@@ -181,6 +127,7 @@ fn error_of(args: &[&str]) -> (Option<i32>, String) {
 fn clear_errors() {
     let _guard = serial();
     require_root();
+    let watermark = bpf_program_watermark();
     let (code, text) = error_of(&["--pid", "999999999"]);
     assert_eq!(code, Some(1));
     assert!(text.contains("no process with pid 999999999"), "{text}");
@@ -191,7 +138,7 @@ fn clear_errors() {
         text.contains("/no/such/program: command not found"),
         "{text}"
     );
-    assert_no_shmtrace_programs_left();
+    assert_no_shmtrace_programs_left_since(watermark);
 
     let (code, text) = error_of(&[]);
     assert_eq!(code, Some(1));
@@ -239,6 +186,7 @@ fn unprivileged_users_are_told_what_to_do() {
 fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
     let _guard = serial();
     require_root();
+    let watermark = bpf_program_watermark();
     let before: Vec<_> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(Result::ok)
@@ -284,5 +232,5 @@ fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
         !mounts.contains("shmtrace-demo"),
         "the demo left its tmpfs mounted: {mounts}"
     );
-    assert_no_shmtrace_programs_left();
+    assert_no_shmtrace_programs_left_since(watermark);
 }

@@ -52,7 +52,7 @@ pub fn build(verify_only: bool) -> Result<()> {
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTUP_TOOLCHAIN"))
     .context("building the eBPF object needs nightly with rust-src and bpf-linker (see .ci/run)")?;
-    let built = target_dir.join(TARGET).join("release/shmtrace");
+    let built = target_dir.join(TARGET).join("release/shmtrace-ebpf");
     if verify_only {
         println!("the eBPF sources build ({})", built.display());
         return Ok(());

@@ -81,11 +81,11 @@ pub fn run(command: &mut Command) -> Result<()> {
 }
 
 fn test(extra: &[String]) -> Result<()> {
+    // The default members: everything but the eBPF crate, which builds only for the BPF
+    // target (`build-ebpf`).
+    run(cargo().current_dir(root()).args(["build", "--all-targets"]))?;
     run(cargo()
         .current_dir(root())
-        .args(["build", "--workspace", "--all-targets"]))?;
-    run(cargo()
-        .current_dir(root())
-        .args(["test", "--workspace", "--no-fail-fast"])
+        .args(["test", "--no-fail-fast"])
         .args(extra))
 }

@@ -35,11 +35,16 @@ pub fn open_output(
 ) -> Result<Output> {
     let (writer, terminal, to_file): (Box<dyn io::Write + Send>, bool, bool) = match path {
         Some(path) => {
-            let file = File::create(path)
-                .with_context(|| format!("cannot write the output to {}", path.display()))?;
-            let terminal = file.is_terminal();
             let text = path.to_string_lossy();
             let is_stdio = text.starts_with("/dev/std") || text.starts_with("/dev/fd/");
+            // `-o /dev/stdout` must not truncate the file the shell redirected stdout to.
+            let file = File::options()
+                .write(true)
+                .create(true)
+                .truncate(!is_stdio)
+                .open(path)
+                .with_context(|| format!("cannot write the output to {}", path.display()))?;
+            let terminal = file.is_terminal();
             (Box::new(io::LineWriter::new(file)), terminal, !is_stdio)
         }
         None if default == DefaultStream::Stderr => {

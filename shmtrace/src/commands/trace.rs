@@ -22,18 +22,22 @@ pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
     init_logging(output.verbose);
     let what = What::from_args(target)?;
     let options = live::tracer_options(&what, target);
-    let pipeline = pipeline(&what, output, target.failed)?;
-    let outcome = live::run(what, &options, pipeline, output.verbose)?;
-    Ok(exit_code(&outcome))
-}
-
-/// The pipeline of a live trace shown on the terminal.
-pub fn pipeline(what: &What, output: &OutputArgs, failed_only: bool) -> Result<Pipeline> {
     let default = if what.is_command() {
         DefaultStream::Stderr
     } else {
         DefaultStream::Stdout
     };
+    let pipeline = pipeline(output, default, target.failed)?;
+    let outcome = live::run(what, &options, pipeline, output.verbose)?;
+    Ok(exit_code(&outcome))
+}
+
+/// The pipeline of a live trace shown on the terminal (`default` when no file is named).
+pub fn pipeline(
+    output: &OutputArgs,
+    default: DefaultStream,
+    failed_only: bool,
+) -> Result<Pipeline> {
     let output = open_output_args(output, default, Clock::now())?;
     let filter = if failed_only {
         Filter::failed_only()

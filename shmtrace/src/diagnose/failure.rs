@@ -28,13 +28,6 @@ pub enum Cause {
     Other,
 }
 
-impl Cause {
-    /// Whether a larger /dev/shm is the remedy.
-    pub fn is_shm_size(self) -> bool {
-        self == Cause::ShmFull
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum FailureKind {

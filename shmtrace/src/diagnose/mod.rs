@@ -146,10 +146,6 @@ impl Diagnoser {
         self.capacity.insert(sample.dev, sample);
     }
 
-    pub fn latest_capacity(&self, dev: u32) -> Option<&Capacity> {
-        self.capacity.get(&dev)
-    }
-
     /// Roles as of the model's current state.
     pub fn roles(&mut self, world: &World) -> &Roles {
         if self.roles_version != Some(world.version()) {

@@ -69,8 +69,9 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
         if steady > need {
             need = steady;
             basis = format!(
-                "({} workers x {} batches in flight + 3) x {} per batch, and semaphores: {}",
+                "({} worker{} x {} batches in flight + 3) x {} per batch, and semaphores: {}",
                 loader.workers,
+                if loader.workers == 1 { "" } else { "s" },
                 loader.prefetch,
                 human(loader.batch_bytes),
                 human(loader.total())

@@ -163,6 +163,7 @@ impl World {
         self.usage.get(&dev)
     }
 
+    /// Use of every /dev/shm file system seen (the report's use-over-time chart).
     pub fn usages(&self) -> impl Iterator<Item = (u32, &ShmUsage)> {
         self.usage.iter().map(|(dev, usage)| (*dev, usage))
     }
@@ -261,7 +262,7 @@ impl World {
                     let maps: Vec<InodeId> = process.mappings.drain(..).map(|m| m.inode).collect();
                     (fds, maps)
                 };
-                self.release(released.0, released.1, event.ts_ns, &mut note);
+                self.release(released.0, released.1, &mut note);
             }
             Body::Exit(status) => {
                 if matches!(status, ExitStatus::Signal { .. }) {
@@ -278,7 +279,7 @@ impl World {
                     let maps: Vec<InodeId> = process.mappings.drain(..).map(|m| m.inode).collect();
                     (fds, maps)
                 };
-                self.release(released.0, released.1, event.ts_ns, &mut note);
+                self.release(released.0, released.1, &mut note);
             }
             Body::Rename { pid, tid, comm } => {
                 if pid != tid {
@@ -368,7 +369,7 @@ impl World {
                     // A descriptor number reused without a close we saw (or one a /proc
                     // snapshot already showed): the old reference is gone.
                     if let Some(previous) = previous {
-                        self.release(vec![previous.inode], Vec::new(), event.ts_ns, note);
+                        self.release(vec![previous.inode], Vec::new(), note);
                     }
                 }
             }
@@ -412,7 +413,7 @@ impl World {
                             inode,
                             offset: call.args[5],
                         });
-                        self.adjust_mappings(changes, event.ts_ns, note);
+                        self.adjust_mappings(changes, note);
                         self.object_entry(inode, event.mntns, event.ts_ns).mappings += 1;
                     }
                     // close releases the descriptor even when it reports an error, except EBADF.
@@ -420,7 +421,7 @@ impl World {
                         let process = self.processes.get_mut(&event.pid).expect("ensured");
                         let removed = call.fd.and_then(|fd| process.fds.remove(&fd));
                         if removed.is_some() {
-                            self.release(vec![inode], Vec::new(), event.ts_ns, note);
+                            self.release(vec![inode], Vec::new(), note);
                         }
                     }
                     _ => {}
@@ -439,7 +440,7 @@ impl World {
                     }
                     None => note.irrelevant = true,
                 }
-                self.adjust_mappings(changes, event.ts_ns, note);
+                self.adjust_mappings(changes, note);
             }
             Syscall::Unlink | Syscall::Unlinkat => {
                 let Some(path) = call.display_path() else {
@@ -514,7 +515,7 @@ impl World {
         self.processes.insert(child_pid, child);
     }
 
-    fn adjust_mappings(&mut self, changes: Vec<(InodeId, i32)>, ts_ns: u64, note: &mut Annotation) {
+    fn adjust_mappings(&mut self, changes: Vec<(InodeId, i32)>, note: &mut Annotation) {
         for (inode, delta) in changes {
             if let Some(object) = self.objects.get_mut(&inode) {
                 object.mappings = object.mappings.saturating_add_signed(delta);
@@ -524,13 +525,7 @@ impl World {
     }
 
     /// Drops descriptors and mappings of `fds` and `maps` inodes.
-    fn release(
-        &mut self,
-        fds: Vec<InodeId>,
-        maps: Vec<InodeId>,
-        ts_ns: u64,
-        note: &mut Annotation,
-    ) {
+    fn release(&mut self, fds: Vec<InodeId>, maps: Vec<InodeId>, note: &mut Annotation) {
         for inode in &fds {
             if let Some(object) = self.objects.get_mut(inode) {
                 object.fds = object.fds.saturating_sub(1);
