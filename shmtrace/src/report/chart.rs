@@ -169,12 +169,22 @@ pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale:
     }
 
     // What statfs measured: used, and the size as the ceiling.
-    if !device.samples.is_empty() {
-        let mut samples = device.samples.clone();
-        samples.sort_by_key(|s| s.ts_ns);
+    let mut all = device.samples.clone();
+    all.sort_by_key(|s| s.ts_ns);
+    // The window shows the measurements in it, after the last one before it (which still held
+    // at its start).
+    let first = all
+        .iter()
+        .rposition(|s| s.ts_ns <= scale.start_ns)
+        .unwrap_or(0);
+    let shown: Vec<_> = all[first..]
+        .iter()
+        .filter(|s| s.ts_ns <= scale.end_ns)
+        .collect();
+    if !shown.is_empty() {
         // A measurement holds until the next one: a step line, not a guess in between.
         let mut used = String::new();
-        for (i, sample) in samples.iter().enumerate() {
+        for (i, sample) in shown.iter().enumerate() {
             let x = scale.x(sample.ts_ns);
             if i == 0 {
                 let _ = write!(used, "M{x:.1},{:.1}", y(sample.used));
@@ -182,13 +192,13 @@ pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale:
                 let _ = write!(
                     used,
                     " L{x:.1},{:.1} L{x:.1},{:.1}",
-                    y(samples[i - 1].used),
+                    y(shown[i - 1].used),
                     y(sample.used)
                 );
             }
         }
         let _ = writeln!(out, r#"<path class="usage-measured" d="{used}"/>"#);
-        for sample in samples.iter().take(MAX_POINTS) {
+        for sample in shown.iter().take(MAX_POINTS) {
             let _ = writeln!(
                 out,
                 r#"<circle class="sample" cx="{:.1}" cy="{:.1}" r="2.5"><title>{}: {} of {} used (statfs)</title></circle>"#,
@@ -199,32 +209,32 @@ pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale:
                 human(sample.size)
             );
         }
-        // The size can change (a remount); draw it as measured, across the whole trace.
-        let mut d = String::new();
-        let mut last: Option<u64> = None;
-        for (i, sample) in samples.iter().enumerate() {
-            let x = if i == 0 { LEFT } else { scale.x(sample.ts_ns) };
-            match last {
-                None => {
-                    let _ = write!(d, "M{x:.1},{:.1}", y(sample.size));
-                }
-                Some(size) if size != sample.size => {
-                    let _ = write!(d, " L{x:.1},{:.1} L{x:.1},{:.1}", y(size), y(sample.size));
-                }
-                Some(_) => {}
+    }
+    // The size can change (a remount): drawn as measured, across the whole width.
+    let mut d = String::new();
+    let mut last: Option<u64> = None;
+    for sample in &all {
+        let x = scale.x(sample.ts_ns);
+        match last {
+            None => {
+                let _ = write!(d, "M{LEFT:.1},{:.1}", y(sample.size));
             }
-            last = Some(sample.size);
+            Some(size) if size != sample.size => {
+                let _ = write!(d, " L{x:.1},{:.1} L{x:.1},{:.1}", y(size), y(sample.size));
+            }
+            Some(_) => {}
         }
-        if let Some(size) = last {
-            let _ = write!(d, " L{:.1},{:.1}", WIDTH - RIGHT, y(size));
-            let _ = writeln!(
-                out,
-                r#"<path class="capacity" d="{d}"/><text class="capacity-label" x="{:.1}" y="{:.1}" text-anchor="end">size {}</text>"#,
-                WIDTH - RIGHT - 4.0,
-                y(size) - 5.0,
-                human(size)
-            );
-        }
+        last = Some(sample.size);
+    }
+    if let Some(size) = last {
+        let _ = write!(d, " L{:.1},{:.1}", WIDTH - RIGHT, y(size));
+        let _ = writeln!(
+            out,
+            r#"<path class="capacity" d="{d}"/><text class="capacity-label" x="{:.1}" y="{:.1}" text-anchor="end">size {}</text>"#,
+            WIDTH - RIGHT - 4.0,
+            y(size) - 5.0,
+            human(size)
+        );
     }
 
     // Labels of failures close together go one under the other.

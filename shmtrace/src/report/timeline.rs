@@ -168,8 +168,9 @@ impl Timeline {
                 }
                 if let Some(file) = call.file {
                     self.resize(file.inode, world);
-                    let label = self.devices.entry(file.inode.dev).or_default();
-                    label.label.get_or_insert_with(|| place.to_owned());
+                    // Until a container claims it, a file system is named after where it is used.
+                    let device = self.devices.entry(file.inode.dev).or_default();
+                    device.label.get_or_insert_with(|| place.to_owned());
                 }
             }
             Body::Fork { child_pid } => {
