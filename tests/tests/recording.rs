@@ -155,7 +155,7 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
         "shmtrace: tracing container",
     );
     container.signal("go");
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(4));
     let killed_at = wall_now_ns();
     let stderr = recorder.kill();
     drop(container);
@@ -188,9 +188,12 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
         .max_by_key(|ts| rfc3339_seconds(ts))
         .expect("events");
     let before_kill = (killed_at - rfc3339_seconds(last)) as f64 / 1e9;
-    // The recorder writes at least every 100 ms; allow for a busy machine.
+    eprintln!("{objects} objects recorded; the last event {before_kill:.3} s before the kill");
+    // The recorder flushes what it has read at least every 100 ms (the last event is typically
+    // 0.2 s before the kill here); on a machine busy with other work it reads the ring buffer
+    // later, hence the margin, which still excludes a file stuck at an early flush.
     assert!(
-        (-0.05..1.0).contains(&before_kill),
+        (-0.05..2.0).contains(&before_kill),
         "the last event is {before_kill:.3} s before the kill"
     );
     let summary = replay("report", &file, &[]);
