@@ -141,11 +141,12 @@ fn a_recorded_container_failure_reports_the_live_diagnosis() {
 fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
     let _guard = serial();
     require_root();
-    // Steady activity the recorder keeps up with: 20 objects, a new process, every ~25 ms.
+    // Steady activity a recorder keeps up with even on a busy machine: 10 objects from a new
+    // process every ~60 ms.
     let container = Container::run(
         "rec-kill",
         &[],
-        &format!("{WAIT_FOR_GO}; while true; do /x/shm-exerciser burst 20; sleep 0.02; done"),
+        &format!("{WAIT_FOR_GO}; while true; do /x/shm-exerciser burst 10; sleep 0.05; done"),
     );
     let dir = tempdir();
     let file = dir.join("trace.shmtrace");
@@ -180,7 +181,7 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
                 .starts_with("/dev/shm/burst_")
         })
         .count();
-    assert!(objects > 500, "only {objects} objects before the kill");
+    assert!(objects > 200, "only {objects} objects before the kill");
     let last = show
         .records
         .iter()
@@ -189,11 +190,10 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
         .expect("events");
     let before_kill = (killed_at - rfc3339_seconds(last)) as f64 / 1e9;
     eprintln!("{objects} objects recorded; the last event {before_kill:.3} s before the kill");
-    // The recorder flushes what it has read at least every 100 ms (the last event is typically
-    // 0.2 s before the kill here); on a machine busy with other work it reads the ring buffer
-    // later, hence the margin, which still excludes a file stuck at an early flush.
+    // The recorder flushes what it has read at least every 100 ms: the last event is typically
+    // 0.1 to 0.25 s before the kill here, even with the machine busy with other work.
     assert!(
-        (-0.05..2.0).contains(&before_kill),
+        (-0.05..1.0).contains(&before_kill),
         "the last event is {before_kill:.3} s before the kill"
     );
     let summary = replay("report", &file, &[]);
