@@ -1,16 +1,573 @@
-//! Placeholder, replaced by the benchmark implementation.
-use anyhow::{Result, bail};
+//! `cargo xtask bench`: what tracing costs a PyTorch-like /dev/shm workload, for shmtrace
+//! against strace and perf trace, in one run (method: docs/BENCHMARKS.md).
+//!
+//! For each case (object size), every variant (untraced, or a tracer running the workload)
+//! runs several times, interleaved round by round so that drifting machine load spreads over
+//! all of them. Then a table of medians and ratios to untraced, and where shmtrace's own time
+//! goes, probe by probe.
+//!
+//! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
+//! - `variants`: how each variant runs it, and what each tracer reports back;
+//! - `measure`: one process's wall time, CPU, context switches and peak memory;
+//! - `probes`: BPF run-time statistics per program;
+//! - `stats`, `table`: medians, spreads and the printed tables.
+mod churn;
+mod measure;
+mod probes;
+mod stats;
+mod table;
+mod variants;
+
+use std::{
+    ffi::OsString,
+    fs,
+    path::PathBuf,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use self::{
+    stats::Spread,
+    variants::{Outcome, Setup, Variant},
+};
+use crate::{cargo, root, run as run_command};
 
 #[derive(clap::Args)]
-pub struct BenchArgs {}
-
-#[derive(clap::Args)]
-pub struct ChurnArgs {}
-
-pub fn run(_: &BenchArgs) -> Result<()> {
-    bail!("not written yet")
+pub struct BenchArgs {
+    /// A short run (fewer objects and rounds), well under a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Object sizes, one case each (suffixes K, M, G) [default: 1M,4K].
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Objects each worker makes per run [default: 3 GiB worth, within 2000..=50000; a sixth
+    /// of that, within 300..=8000, with --quick].
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Workload processes making objects at the same time.
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// Runs of each variant [default: 5, or 3 with --quick].
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Variants to run, by name [default: all]: untraced, shmtrace, shmtrace-json,
+    /// shmtrace-null, shmtrace-failed, shmtrace-idle, strace, strace-seccomp, perf-trace.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// Also write(2) a header into each object (exercises the write probe).
+    #[arg(long)]
+    write_call: bool,
+    /// Write every byte of each mapping (a tensor copy), not one byte per page.
+    #[arg(long)]
+    fill: bool,
+    /// Skip the per-probe cost analysis.
+    #[arg(long)]
+    no_probe_costs: bool,
+    /// The shmtrace binary [default: build and use target/release/shmtrace].
+    #[arg(long, value_name = "PATH")]
+    shmtrace: Option<PathBuf>,
+    /// Also write every measurement to FILE as JSON.
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
 }
 
-pub fn churn(_: &ChurnArgs) -> Result<()> {
-    bail!("not written yet")
+/// Options of the workload (`cargo xtask churn`), which `bench` runs under each tracer.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ChurnArgs {
+    /// Bytes per object (suffixes K, M, G).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    pub size: u64,
+    /// Objects each worker creates and removes.
+    #[arg(long, default_value_t = 10_000)]
+    pub iterations: u64,
+    /// Worker processes; with 1 the loop runs in this process, otherwise in forked children.
+    #[arg(long, default_value_t = 1)]
+    pub workers: u32,
+    /// Also write(2) a 64-byte header into each object before mapping it.
+    #[arg(long)]
+    pub write_call: bool,
+    /// Write every byte of the mapping (a tensor copy), not one byte per page.
+    #[arg(long)]
+    pub fill: bool,
+    /// Marks the object names (`torch_<pid>_<tag>_<n>`), so leftovers can be found and removed.
+    #[arg(long, default_value = "churn")]
+    pub tag: String,
+    /// Wait for a line on stdin before the loop, and for stdin to close after the report, so
+    /// the benchmark can read the probes' statistics around the loop.
+    #[arg(long)]
+    pub hold: bool,
+}
+
+pub fn churn(args: &ChurnArgs) -> Result<()> {
+    churn::run(args)
+}
+
+/// All runs of one variant in one case.
+pub struct VariantResult {
+    variant: &'static Variant,
+    outcomes: Vec<Outcome>,
+    errors: Vec<String>,
+    unavailable: Option<String>,
+}
+
+impl VariantResult {
+    fn spread(&self, value: impl Fn(&Outcome) -> Option<f64>) -> Option<Spread> {
+        Spread::of(&self.outcomes.iter().filter_map(value).collect::<Vec<_>>())
+    }
+    fn loop_times(&self) -> Option<Spread> {
+        self.spread(|o| Some(o.workload.loop_seconds))
+    }
+    fn wall_times(&self) -> Option<Spread> {
+        self.spread(|o| Some(o.top.wall_seconds))
+    }
+    fn workload_cpu(&self) -> Option<Spread> {
+        self.spread(|o| Some(o.workload.cpu_seconds))
+    }
+    fn tracer_cpu(&self) -> Option<Spread> {
+        self.spread(|o| o.tracer.as_ref().map(|t| t.cpu_seconds))
+    }
+    fn tracer_peak_rss_kb(&self) -> Option<u64> {
+        self.outcomes
+            .iter()
+            .filter_map(|o| o.tracer.as_ref().map(|t| t.peak_rss_kb))
+            .max()
+    }
+    fn events(&self) -> Option<u64> {
+        self.spread(|o| o.reported.events.map(|e| e as f64))
+            .map(|s| s.median as u64)
+    }
+    fn lost(&self) -> Option<u64> {
+        self.outcomes.iter().filter_map(|o| o.reported.lost).max()
+    }
+    /// `ok` when every run's tracer output matched the calls made, else the first mismatch.
+    fn calls_seen(&self) -> String {
+        if self.outcomes.iter().all(|o| o.reported.per_call.is_none()) {
+            return "-".into();
+        }
+        let bad: Vec<String> = self.outcomes.iter().filter_map(Outcome::mismatch).collect();
+        match bad.first() {
+            None => "ok".into(),
+            Some(first) => format!("{} of {} runs: {first}", bad.len(), self.outcomes.len()),
+        }
+    }
+}
+
+/// The benchmark's scheduling priority, and so its children's.
+const NICE: libc::c_int = -10;
+
+/// Set by SIGINT/SIGTERM; checked between runs.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Removes the workload's leftover objects and the scratch directory however the benchmark
+/// ends, a tracer having killed the workload mid-loop included.
+struct Cleanup {
+    tag: String,
+    scratch: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        churn::remove_leftovers(&self.tag);
+        let _ = fs::remove_dir_all(&self.scratch);
+    }
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the benchmark needs root: shmtrace loads BPF programs, strace and perf trace trace");
+    }
+    let started = Instant::now();
+    // Ahead of unrelated work on the machine (builds, other tests), which would otherwise add
+    // more noise than the differences measured. Children inherit it.
+    // SAFETY: setpriority has no memory-safety preconditions.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, NICE) };
+    let selected = select_variants(&args.variants)?;
+    let sizes = if args.sizes.is_empty() {
+        vec![1 << 20, 4 << 10]
+    } else {
+        args.sizes.clone()
+    };
+    let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
+    let shmtrace = match &args.shmtrace {
+        Some(path) => path.clone(),
+        None => {
+            run_command(cargo().current_dir(root()).args([
+                "build",
+                "--release",
+                "--quiet",
+                "-p",
+                "shmtrace",
+            ]))?;
+            root().join("target/release/shmtrace")
+        }
+    };
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let tag = format!("bench{}", std::process::id());
+    let scratch = std::env::temp_dir().join(format!("shmtrace-{tag}"));
+    fs::create_dir_all(&scratch)?;
+    let _cleanup = Cleanup {
+        tag: tag.clone(),
+        scratch: scratch.clone(),
+    };
+    let setup = Setup { shmtrace, scratch };
+    let exe = std::env::current_exe().context("finding the xtask binary")?;
+
+    println!("# shmtrace benchmark\n");
+    println!("{}\n", machine_description(&setup));
+    let unavailable: Vec<Option<String>> = selected
+        .iter()
+        .map(|v| v.available(&setup).err().map(|e| format!("{e:#}")))
+        .collect();
+
+    let mut saved = Vec::new();
+    for size in sizes {
+        let iterations = args
+            .iterations
+            .unwrap_or_else(|| default_iterations(size, args.quick));
+        let objects = iterations * args.workers as u64;
+        check_room(size, args.workers)?;
+        let mut workload: Vec<OsString> = vec![exe.clone().into(), "churn".into()];
+        for (flag, value) in [
+            ("--size", size.to_string()),
+            ("--iterations", iterations.to_string()),
+            ("--workers", args.workers.to_string()),
+            ("--tag", tag.clone()),
+        ] {
+            workload.push(flag.into());
+            workload.push(value.into());
+        }
+        if args.write_call {
+            workload.push("--write-call".into());
+        }
+        if args.fill {
+            workload.push("--fill".into());
+        }
+        let title = format!(
+            "{} objects × {iterations} per worker, {} worker{}, {rounds} rounds{}{}",
+            human_size(size),
+            args.workers,
+            if args.workers == 1 { "" } else { "s" },
+            if args.write_call {
+                ", with write(2)"
+            } else {
+                ""
+            },
+            if args.fill {
+                ", filling each mapping"
+            } else {
+                ""
+            },
+        );
+        println!("## {title}\n");
+
+        let mut results: Vec<VariantResult> = selected
+            .iter()
+            .zip(&unavailable)
+            .map(|(variant, unavailable)| VariantResult {
+                variant,
+                outcomes: Vec::new(),
+                errors: Vec::new(),
+                unavailable: unavailable.clone(),
+            })
+            .collect();
+        // A discarded warm-up: the first run pays for cold caches and /dev/shm growth.
+        let _ = Variant::run(&variants::ALL[0], &setup, &workload);
+        churn::remove_leftovers(&tag);
+        for round in 0..rounds {
+            eprint!("round {}/{rounds}:", round + 1);
+            let n = results.len();
+            for k in 0..n {
+                // Rotate the order each round, so no variant always follows the same one.
+                let result = &mut results[(k + round as usize) % n];
+                if result.unavailable.is_some() {
+                    continue;
+                }
+                if INTERRUPTED.load(Ordering::SeqCst) {
+                    bail!("interrupted");
+                }
+                eprint!(" {}", result.variant.name);
+                match result.variant.run(&setup, &workload) {
+                    Ok(outcome) => result.outcomes.push(outcome),
+                    Err(error) => result.errors.push(format!("{error:#}")),
+                }
+                churn::remove_leftovers(&tag);
+            }
+            eprintln!();
+        }
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            bail!("interrupted");
+        }
+        let (text, notes) = table::variants(&results);
+        println!("{text}");
+        for note in &notes {
+            println!("- {note}");
+        }
+        if !notes.is_empty() {
+            println!();
+        }
+
+        let probe_report = if args.no_probe_costs {
+            None
+        } else {
+            Some(probe_costs(&setup, &workload, objects, &results))
+        };
+        saved.push(json!({
+            "case": title,
+            "size": size,
+            "iterations": iterations,
+            "workers": args.workers,
+            "rounds": rounds,
+            "table": text,
+            "notes": notes,
+            "probes": probe_report,
+            "runs": raw_runs(&results),
+        }));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "Benchmark took {elapsed:.0} s. Load average at the end: {}.",
+        load_average()
+    );
+    if let Some(path) = &args.save {
+        let all =
+            json!({ "machine": machine_description(&setup), "seconds": elapsed, "cases": saved });
+        fs::write(path, serde_json::to_string_pretty(&all)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs and prints the per-probe analysis; returns its table for `--save`.
+fn probe_costs(
+    setup: &Setup,
+    workload: &[OsString],
+    objects: u64,
+    results: &[VariantResult],
+) -> String {
+    println!("### Where shmtrace's time goes (BPF run-time statistics, one extra run)\n");
+    let median_loop = |name: &str| {
+        results
+            .iter()
+            .find(|r| r.variant.name == name)
+            .and_then(VariantResult::loop_times)
+            .map(|s| s.median)
+    };
+    let traced = ["shmtrace-null", "shmtrace", "shmtrace-json"]
+        .iter()
+        .find_map(|name| {
+            let label = variants::ALL.iter().find(|v| v.name == *name)?.label;
+            Some((label, median_loop(name)?))
+        });
+    let full = probes::measure(setup, &[], workload, objects);
+    churn::remove_leftovers(&workload_tag(workload));
+    let failed = probes::measure(setup, &["--failed"], workload, objects);
+    churn::remove_leftovers(&workload_tag(workload));
+    let text = match (full, failed) {
+        (Ok(full), failed) => {
+            let mut text =
+                table::probes(&full, failed.as_ref().ok(), median_loop("untraced"), traced);
+            if let Err(error) = failed {
+                text += &format!("The --failed run failed: {error:#}\n");
+            }
+            text
+        }
+        (Err(error), _) => format!("Not measured: {error:#}\n"),
+    };
+    println!("{text}");
+    text
+}
+
+fn workload_tag(workload: &[OsString]) -> String {
+    workload
+        .iter()
+        .skip_while(|a| *a != "--tag")
+        .nth(1)
+        .map(|t| t.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn raw_runs(results: &[VariantResult]) -> serde_json::Value {
+    results
+        .iter()
+        .map(|r| {
+            json!({
+                "variant": r.variant.name,
+                "unavailable": r.unavailable,
+                "errors": r.errors,
+                "runs": r.outcomes.iter().map(|o| json!({
+                    "loop_seconds": o.workload.loop_seconds,
+                    "wall_seconds": o.top.wall_seconds,
+                    "workload_cpu_seconds": o.workload.cpu_seconds,
+                    "tracer_cpu_seconds": o.tracer.as_ref().map(|t| t.cpu_seconds),
+                    "tracer_peak_rss_kb": o.tracer.as_ref().map(|t| t.peak_rss_kb),
+                    "events": o.reported.events,
+                    "lost": o.reported.lost,
+                    "per_call": o.reported.per_call,
+                    "calls": o.workload.calls,
+                    "mismatch": o.mismatch(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+fn select_variants(names: &[String]) -> Result<Vec<&'static Variant>> {
+    if names.is_empty() {
+        return Ok(variants::ALL.iter().collect());
+    }
+    let mut selected: Vec<&'static Variant> = Vec::new();
+    // Untraced always runs: every ratio is to it.
+    selected.push(&variants::ALL[0]);
+    for name in names {
+        let Some(variant) = variants::ALL.iter().find(|v| v.name == name) else {
+            let known: Vec<&str> = variants::ALL.iter().map(|v| v.name).collect();
+            bail!("no variant {name:?}; known: {}", known.join(", "));
+        };
+        if !selected.iter().any(|s| s.name == variant.name) {
+            selected.push(variant);
+        }
+    }
+    Ok(selected)
+}
+
+/// Enough objects for a run to last a second or two untraced (about 3 GiB worth); a sixth of
+/// that for --quick.
+fn default_iterations(size: u64, quick: bool) -> u64 {
+    let (bytes, low, high) = if quick {
+        (512u64 << 20, 300, 8_000)
+    } else {
+        (3u64 << 30, 2_000, 50_000)
+    };
+    (bytes / size.max(1)).clamp(low, high)
+}
+
+/// The workload holds at most one object per worker at a time.
+fn check_room(size: u64, workers: u32) -> Result<()> {
+    // SAFETY: an all-zero statvfs is valid; statvfs fills it.
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut fs) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("statvfs /dev/shm");
+    }
+    let free = fs.f_bavail as u64 * fs.f_frsize as u64;
+    let needed = size * workers as u64;
+    if free < needed * 2 {
+        bail!(
+            "/dev/shm has {} free; the workload needs {} at a time",
+            human_size(free),
+            human_size(needed)
+        );
+    }
+    Ok(())
+}
+
+fn machine_description(setup: &Setup) -> String {
+    let read = |path: &str| {
+        fs::read_to_string(path)
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let first_line = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| {
+                let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                text.lines().next().unwrap_or("").trim().to_owned()
+            })
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| format!("{program}: not found"))
+    };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "Machine: {cores} cores ({cpu}), Linux {}, Debian {}. Load average at the start: {}. \
+         Benchmark processes run at nice {NICE}.\n\
+         Tools: {}; {}; {}.",
+        read("/proc/sys/kernel/osrelease"),
+        read("/etc/debian_version"),
+        load_average(),
+        first_line(&setup.shmtrace.to_string_lossy(), &["--version"]),
+        first_line("strace", &["-V"]),
+        first_line("perf", &["version"]),
+    )
+}
+
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn human_size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+/// `1M`, `4K`, `4096`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, shift) = match text.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&text[..i], 10),
+        Some((i, 'M' | 'm')) => (&text[..i], 20),
+        Some((i, 'G' | 'g')) => (&text[..i], 30),
+        _ => (text, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{text:?} is not a size like 1M, 4K or 4096"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("big").is_err());
+        assert_eq!(human_size(4096), "4 KiB");
+        assert_eq!(human_size(1 << 20), "1 MiB");
+        assert_eq!(human_size(1000), "1000 B");
+    }
+
+    #[test]
+    fn default_iterations_stay_in_range() {
+        assert_eq!(default_iterations(1 << 20, false), 3072);
+        assert_eq!(default_iterations(4096, false), 50_000);
+        assert_eq!(default_iterations(1 << 30, false), 2_000);
+        assert_eq!(default_iterations(4096, true), 8_000);
+    }
 }
