@@ -53,8 +53,9 @@ pub struct BenchArgs {
     /// Runs of each variant [default: 5, or 3 with --quick].
     #[arg(long)]
     rounds: Option<u32>,
-    /// Variants to run, by name [default: all]: untraced, shmtrace, shmtrace-json,
-    /// shmtrace-null, shmtrace-failed, shmtrace-idle, strace, strace-seccomp, perf-trace.
+    /// Variants to run, by name [default: all; with --quick: untraced, shmtrace, strace,
+    /// perf-trace]: untraced, shmtrace, shmtrace-json, shmtrace-null, shmtrace-failed,
+    /// shmtrace-idle, strace, strace-seccomp, perf-trace.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Also write(2) a header into each object (exercises the write probe).
@@ -63,7 +64,7 @@ pub struct BenchArgs {
     /// Write every byte of each mapping (a tensor copy), not one byte per page.
     #[arg(long)]
     fill: bool,
-    /// Skip the per-probe cost analysis.
+    /// Skip the per-probe cost analysis (two extra shmtrace runs per case, one with --quick).
     #[arg(long)]
     no_probe_costs: bool,
     /// The shmtrace binary [default: build and use target/release/shmtrace].
@@ -109,6 +110,8 @@ pub fn churn(args: &ChurnArgs) -> Result<()> {
 pub struct VariantResult {
     variant: &'static Variant,
     outcomes: Vec<Outcome>,
+    /// The round each of `outcomes` ran in.
+    rounds: Vec<u32>,
     errors: Vec<String>,
     unavailable: Option<String>,
 }
@@ -117,14 +120,25 @@ impl VariantResult {
     fn spread(&self, value: impl Fn(&Outcome) -> Option<f64>) -> Option<Spread> {
         Spread::of(&self.outcomes.iter().filter_map(value).collect::<Vec<_>>())
     }
+    /// This variant's `value` over `base`'s, round by round, and the median of those ratios:
+    /// load that drifts between rounds weighs on both sides of each ratio alike.
+    fn paired_ratio(&self, base: &VariantResult, value: impl Fn(&Outcome) -> f64) -> Option<f64> {
+        let ratios: Vec<f64> = self
+            .rounds
+            .iter()
+            .zip(&self.outcomes)
+            .filter_map(|(round, outcome)| {
+                let i = base.rounds.iter().position(|r| r == round)?;
+                Some(value(outcome) / value(&base.outcomes[i]))
+            })
+            .collect();
+        Spread::of(&ratios).map(|s| s.median)
+    }
     fn loop_times(&self) -> Option<Spread> {
         self.spread(|o| Some(o.workload.loop_seconds))
     }
     fn wall_times(&self) -> Option<Spread> {
         self.spread(|o| Some(o.top.wall_seconds))
-    }
-    fn workload_cpu(&self) -> Option<Spread> {
-        self.spread(|o| Some(o.workload.cpu_seconds))
     }
     fn tracer_cpu(&self) -> Option<Spread> {
         self.spread(|o| o.tracer.as_ref().map(|t| t.cpu_seconds))
@@ -189,7 +203,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // more noise than the differences measured. Children inherit it.
     // SAFETY: setpriority has no memory-safety preconditions.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, NICE) };
-    let selected = select_variants(&args.variants)?;
+    let selected = select_variants(&args.variants, args.quick)?;
     let sizes = if args.sizes.is_empty() {
         vec![1 << 20, 4 << 10]
     } else {
@@ -278,6 +292,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .map(|(variant, unavailable)| VariantResult {
                 variant,
                 outcomes: Vec::new(),
+                rounds: Vec::new(),
                 errors: Vec::new(),
                 unavailable: unavailable.clone(),
             })
@@ -299,7 +314,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 }
                 eprint!(" {}", result.variant.name);
                 match result.variant.run(&setup, &workload) {
-                    Ok(outcome) => result.outcomes.push(outcome),
+                    Ok(outcome) => {
+                        result.outcomes.push(outcome);
+                        result.rounds.push(round);
+                    }
                     Err(error) => result.errors.push(format!("{error:#}")),
                 }
                 churn::remove_leftovers(&tag);
@@ -321,7 +339,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let probe_report = if args.no_probe_costs {
             None
         } else {
-            Some(probe_costs(&setup, &workload, objects, &results))
+            Some(probe_costs(
+                &setup,
+                &workload,
+                objects,
+                &results,
+                !args.quick,
+            ))
         };
         saved.push(json!({
             "case": title,
@@ -355,8 +379,9 @@ fn probe_costs(
     workload: &[OsString],
     objects: u64,
     results: &[VariantResult],
+    with_failed: bool,
 ) -> String {
-    println!("### Where shmtrace's time goes (BPF run-time statistics, one extra run)\n");
+    println!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
         results
             .iter()
@@ -372,13 +397,13 @@ fn probe_costs(
         });
     let full = probes::measure(setup, &[], workload, objects);
     churn::remove_leftovers(&workload_tag(workload));
-    let failed = probes::measure(setup, &["--failed"], workload, objects);
+    let failed = with_failed.then(|| probes::measure(setup, &["--failed"], workload, objects));
     churn::remove_leftovers(&workload_tag(workload));
     let text = match (full, failed) {
         (Ok(full), failed) => {
-            let mut text =
-                table::probes(&full, failed.as_ref().ok(), median_loop("untraced"), traced);
-            if let Err(error) = failed {
+            let failed_report = failed.as_ref().and_then(|f| f.as_ref().ok());
+            let mut text = table::probes(&full, failed_report, median_loop("untraced"), traced);
+            if let Some(Err(error)) = failed {
                 text += &format!("The --failed run failed: {error:#}\n");
             }
             text
@@ -423,10 +448,16 @@ fn raw_runs(results: &[VariantResult]) -> serde_json::Value {
         .collect()
 }
 
-fn select_variants(names: &[String]) -> Result<Vec<&'static Variant>> {
-    if names.is_empty() {
-        return Ok(variants::ALL.iter().collect());
-    }
+/// Each shmtrace run costs about 2.5 s besides the workload (mostly detaching its probes), so
+/// --quick keeps one shmtrace variant.
+const QUICK_VARIANTS: [&str; 3] = ["shmtrace", "strace", "perf-trace"];
+
+fn select_variants(names: &[String], quick: bool) -> Result<Vec<&'static Variant>> {
+    let names: Vec<String> = match (names.is_empty(), quick) {
+        (false, _) => names.to_vec(),
+        (true, true) => QUICK_VARIANTS.map(String::from).to_vec(),
+        (true, false) => return Ok(variants::ALL.iter().collect()),
+    };
     let mut selected: Vec<&'static Variant> = Vec::new();
     // Untraced always runs: every ratio is to it.
     selected.push(&variants::ALL[0]);
@@ -442,13 +473,13 @@ fn select_variants(names: &[String]) -> Result<Vec<&'static Variant>> {
     Ok(selected)
 }
 
-/// Enough objects for a run to last a second or two untraced (about 3 GiB worth); a sixth of
-/// that for --quick.
+/// Enough objects for a run to last a second or two untraced (about 3 GiB worth, at most
+/// 30000: strace takes ten times as long); a sixth of that for --quick.
 fn default_iterations(size: u64, quick: bool) -> u64 {
     let (bytes, low, high) = if quick {
-        (512u64 << 20, 300, 8_000)
+        (512u64 << 20, 300, 5_000)
     } else {
-        (3u64 << 30, 2_000, 50_000)
+        (3u64 << 30, 2_000, 30_000)
     };
     (bytes / size.max(1)).clamp(low, high)
 }
@@ -566,8 +597,8 @@ mod tests {
     #[test]
     fn default_iterations_stay_in_range() {
         assert_eq!(default_iterations(1 << 20, false), 3072);
-        assert_eq!(default_iterations(4096, false), 50_000);
+        assert_eq!(default_iterations(4096, false), 30_000);
         assert_eq!(default_iterations(1 << 30, false), 2_000);
-        assert_eq!(default_iterations(4096, true), 8_000);
+        assert_eq!(default_iterations(4096, true), 5_000);
     }
 }

@@ -4,6 +4,7 @@ use super::{
     VariantResult,
     probes::{ProbeCost, ProbeReport},
     stats::Spread,
+    variants::Outcome,
 };
 
 /// Pads cells so columns line up; the first row is the header.
@@ -42,9 +43,10 @@ pub fn markdown(rows: &[Vec<String>]) -> String {
 /// The main table of one case: every variant against the untraced runs.
 pub fn variants(results: &[VariantResult]) -> (String, Vec<String>) {
     let base = results.iter().find(|r| !r.variant.traced());
-    let base_loop = base.and_then(|b| b.loop_times());
-    let base_wall = base.and_then(|b| b.wall_times());
-    let base_cpu = base.and_then(|b| b.workload_cpu());
+    let ratio = |result: &VariantResult, value: fn(&Outcome) -> f64| -> String {
+        base.and_then(|b| result.paired_ratio(b, value))
+            .map_or("-".into(), |r| format!("{r:.3}"))
+    };
     let mut rows = vec![
         [
             "variant",
@@ -85,17 +87,14 @@ pub fn variants(results: &[VariantResult]) -> (String, Vec<String>) {
             rows.push(row);
             continue;
         }
-        let loop_t = result.loop_times();
-        let wall = result.wall_times();
-        let cpu = result.workload_cpu();
         let tracer = result.variant.traced();
         rows.push(vec![
             label,
-            timed(loop_t),
-            ratio(loop_t, base_loop),
-            timed(wall),
-            ratio(wall, base_wall),
-            ratio(cpu, base_cpu),
+            timed(result.loop_times()),
+            ratio(result, |o| o.workload.loop_seconds),
+            timed(result.wall_times()),
+            ratio(result, |o| o.top.wall_seconds),
+            ratio(result, |o| o.workload.cpu_seconds),
             if tracer {
                 result
                     .tracer_cpu()
@@ -118,13 +117,6 @@ fn timed(spread: Option<Spread>) -> String {
     spread.map_or("-".into(), |s| {
         format!("{:.3} s ±{:.1}%", s.median, s.half_range_percent())
     })
-}
-
-fn ratio(value: Option<Spread>, base: Option<Spread>) -> String {
-    match (value, base) {
-        (Some(v), Some(b)) if b.median > 0.0 => format!("{:.3}", v.median / b.median),
-        _ => "-".into(),
-    }
 }
 
 /// Per-probe costs, and how much of the measured overhead they explain. `failed` is the same
@@ -153,6 +145,7 @@ pub fn probes(
         .map(String::from)
         .to_vec(),
     ];
+    let columns = if failed.is_some() { 8 } else { 6 };
     let with_failed = |name: &str| -> (String, String) {
         match failed.and_then(|f| f.probe(name)) {
             Some(p) if p.runs > 0 => (
@@ -191,10 +184,30 @@ pub fn probes(
             format!("{:.0}", f.total_ns() as f64 / objects)
         }),
     ]);
+    for row in &mut rows {
+        row.truncate(columns);
+    }
     let mut out = markdown(&rows);
     let bpf_us = total_ns / objects / 1000.0;
+    let side_us = |prefix: &str| {
+        report
+            .probes
+            .iter()
+            .filter(|p| p.name.starts_with(prefix))
+            .map(|p| p.run_ns as f64)
+            .sum::<f64>()
+            / objects
+            / 1000.0
+    };
     out += &format!(
-        "\nIn BPF programs: {bpf_us:.2} µs per object ({} with --failed). This run's loop, with \
+        "\nPer object: syscall entry probes {:.2} µs, exit probes (where records are written) \
+         {:.2} µs, others {:.2} µs.",
+        side_us("sys_enter_"),
+        side_us("sys_exit_"),
+        bpf_us - side_us("sys_enter_") - side_us("sys_exit_"),
+    );
+    out += &format!(
+        " In BPF programs: {bpf_us:.2} µs per object ({} with --failed). This run's loop, with \
          statistics on: {:.2} µs per object. shmtrace went to sleep {} times ({:.2} per object): \
          each time, a later record had to wake it.\n",
         failed.map_or("not measured".into(), |f| format!(

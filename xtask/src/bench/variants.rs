@@ -521,7 +521,9 @@ impl Outcome {
                 (!fine).then(|| format!("{call} {seen}/{made}"))
             })
             .collect();
-        (!differences.is_empty()).then(|| differences.join(", "))
+        let shown: Vec<&str> = differences.iter().take(3).map(String::as_str).collect();
+        let more = if differences.len() > 3 { ", …" } else { "" };
+        (!differences.is_empty()).then(|| format!("{}{more}", shown.join(", ")))
     }
 }
 
