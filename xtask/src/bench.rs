@@ -9,10 +9,13 @@
 //! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
 //! - `variants`: how each variant runs it, and what each tracer reports back;
 //! - `measure`: one process's wall time, CPU, context switches and peak memory;
+//! - `pairs`: a paired measurement (two workers taking turns, one traced) that machine noise
+//!   cannot swamp;
 //! - `probes`: BPF run-time statistics per program;
 //! - `stats`, `table`: medians, spreads and the printed tables.
 mod churn;
 mod measure;
+mod pairs;
 mod probes;
 mod stats;
 mod table;
@@ -67,6 +70,9 @@ pub struct BenchArgs {
     /// Skip the per-probe cost analysis (two extra shmtrace runs per case, one with --quick).
     #[arg(long)]
     no_probe_costs: bool,
+    /// Skip the paired measurement (three extra runs per case, one with --quick).
+    #[arg(long)]
+    no_pairs: bool,
     /// The shmtrace binary [default: build and use target/release/shmtrace].
     #[arg(long, value_name = "PATH")]
     shmtrace: Option<PathBuf>,
@@ -100,6 +106,9 @@ pub struct ChurnArgs {
     /// the benchmark can read the probes' statistics around the loop.
     #[arg(long)]
     pub hold: bool,
+    /// Paired mode: two workers take turns making this many objects each (see bench/pairs.rs).
+    #[arg(long, default_value_t = 0)]
+    pub pair_block: u64,
 }
 
 pub fn churn(args: &ChurnArgs) -> Result<()> {
@@ -336,6 +345,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             println!();
         }
 
+        let pairs_table = if args.no_pairs {
+            None
+        } else {
+            Some(paired(&setup, &workload, size, args.quick))
+        };
         let probe_report = if args.no_probe_costs {
             None
         } else {
@@ -355,6 +369,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "rounds": rounds,
             "table": text,
             "notes": notes,
+            "pairs": pairs_table,
             "probes": probe_report,
             "runs": raw_runs(&results),
         }));
@@ -371,6 +386,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Runs and prints the paired measurement; returns its table for `--save`.
+fn paired(setup: &Setup, workload: &[OsString], size: u64, quick: bool) -> String {
+    let block = pairs::default_block(size);
+    println!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
+    let modes = if quick {
+        &pairs::MODES[..2]
+    } else {
+        &pairs::MODES[..]
+    };
+    let outcomes: Vec<(&pairs::PairMode, Result<pairs::PairOutcome>)> = modes
+        .iter()
+        .map(|mode| {
+            eprintln!("paired: {}", mode.label);
+            let outcome = pairs::measure(setup, mode, workload, block);
+            churn::remove_leftovers(&workload_tag(workload));
+            (mode, outcome)
+        })
+        .collect();
+    let text = table::pairs(&outcomes);
+    println!("{text}");
+    text
 }
 
 /// Runs and prints the per-probe analysis; returns its table for `--save`.

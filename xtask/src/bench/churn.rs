@@ -10,13 +10,14 @@
 use std::{
     ffi::CString,
     io::{self, Read, Write},
+    ops::Range,
     time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
-use super::ChurnArgs;
+use super::{ChurnArgs, pairs};
 
 /// The calls one iteration makes, in order. Also the `strace`/`perf trace` filter.
 pub const CALLS: [&str; 8] = [
@@ -34,13 +35,37 @@ const PAGE: usize = 4096;
 
 /// How many of each call (indexed like [`CALLS`]) succeeded.
 #[derive(Clone, Copy, Default)]
-struct Counts([u64; CALLS.len()]);
+pub struct Counts([u64; CALLS.len()]);
 
 impl Counts {
-    fn add(&mut self, other: &Counts) {
+    pub fn add(&mut self, other: &Counts) {
         for (a, b) in self.0.iter_mut().zip(other.0) {
             *a += b;
         }
+    }
+
+    pub const BYTES: usize = 8 * CALLS.len();
+
+    pub fn to_bytes(self) -> Vec<u8> {
+        self.0.iter().flat_map(|n| n.to_ne_bytes()).collect()
+    }
+
+    /// Reads what `to_bytes` wrote; `bytes` must hold `BYTES` bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Counts {
+        let mut counts = Counts::default();
+        for (slot, chunk) in counts.0.iter_mut().zip(bytes.chunks_exact(8)) {
+            *slot = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+        }
+        counts
+    }
+
+    pub fn to_json(self) -> serde_json::Value {
+        CALLS
+            .iter()
+            .zip(self.0)
+            .map(|(name, n)| (name.to_string(), n.into()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 }
 
@@ -72,26 +97,24 @@ pub fn run(args: &ChurnArgs) -> Result<()> {
     if args.tag.contains(['/', '\0']) {
         bail!("--tag must not contain '/' or NUL");
     }
+    if args.pair_block > 0 {
+        return pairs::workload(args);
+    }
     if args.hold {
-        // Let the benchmark read probe statistics before the loop: it sends one line.
+        // Let the benchmark read probe statistics before the loop.
         println!("{}", json!({ "ready": true }));
-        io::stdout().flush()?;
-        let mut byte = [0u8; 1];
-        while io::stdin().read(&mut byte)? == 1 && byte[0] != b'\n' {}
+        wait_for_go()?;
     }
     let started = Instant::now();
     let counts = if args.workers == 1 {
-        worker(args)?
+        let mut counts = Counts::default();
+        make_objects(args, 0..args.iterations, &mut counts)?;
+        counts
     } else {
         fork_workers(args)?
     };
     let seconds = started.elapsed().as_secs_f64();
     let usage = Usage::of_self_and_children();
-    let calls: serde_json::Map<String, serde_json::Value> = CALLS
-        .iter()
-        .zip(counts.0)
-        .map(|(name, n)| (name.to_string(), n.into()))
-        .collect();
     println!(
         "{}",
         json!({
@@ -99,7 +122,7 @@ pub fn run(args: &ChurnArgs) -> Result<()> {
             "size": args.size,
             "iterations": args.iterations,
             "workers": args.workers,
-            "calls": calls,
+            "calls": counts.to_json(),
             "cpu_seconds": usage.cpu_seconds,
             "maxrss_kb": usage.maxrss_kb,
             "nvcsw": usage.nvcsw,
@@ -110,6 +133,14 @@ pub fn run(args: &ChurnArgs) -> Result<()> {
         // ... and after it, until it closes our stdin.
         io::copy(&mut io::stdin(), &mut io::sink())?;
     }
+    Ok(())
+}
+
+/// Flushes stdout, then waits for the benchmark to send a line on stdin.
+pub fn wait_for_go() -> Result<()> {
+    io::stdout().flush()?;
+    let mut byte = [0u8; 1];
+    while io::stdin().read(&mut byte)? == 1 && byte[0] != b'\n' {}
     Ok(())
 }
 
@@ -128,11 +159,11 @@ fn fork_workers(args: &ChurnArgs) -> Result<Counts> {
         match unsafe { libc::fork() } {
             -1 => return Err(io::Error::last_os_error()).context("fork"),
             0 => {
-                let status = match worker(args) {
-                    Ok(counts) => {
+                let mut counts = Counts::default();
+                let status = match make_objects(args, 0..args.iterations, &mut counts) {
+                    Ok(()) => {
                         // One write of 64 bytes: atomic on a pipe, so reports never interleave.
-                        let bytes: Vec<u8> =
-                            counts.0.iter().flat_map(|n| n.to_ne_bytes()).collect();
+                        let bytes = counts.to_bytes();
                         // SAFETY: writing a local buffer.
                         let n =
                             unsafe { libc::write(write_end, bytes.as_ptr().cast(), bytes.len()) };
@@ -168,41 +199,28 @@ fn fork_workers(args: &ChurnArgs) -> Result<Counts> {
         bail!("{failed} of {} workers failed", args.workers);
     }
     let mut total = Counts::default();
-    for report in reports.chunks_exact(8 * CALLS.len()) {
-        let mut counts = Counts::default();
-        for (slot, bytes) in counts.0.iter_mut().zip(report.chunks_exact(8)) {
-            *slot = u64::from_ne_bytes(bytes.try_into().expect("8 bytes"));
-        }
-        total.add(&counts);
+    for report in reports.chunks_exact(Counts::BYTES) {
+        total.add(&Counts::from_bytes(report));
     }
     Ok(total)
 }
 
-/// The loop itself. An object is unlinked even when a call on it fails, so that a failing run
-/// does not fill /dev/shm.
-fn worker(args: &ChurnArgs) -> Result<Counts> {
+/// The loop itself, over object numbers `range`. An object is unlinked even when a call on it
+/// fails, so that a failing run does not fill /dev/shm.
+pub fn make_objects(args: &ChurnArgs, range: Range<u64>, counts: &mut Counts) -> Result<()> {
     let pid = std::process::id();
     let size = args.size as usize;
-    let mut counts = Counts::default();
     let header = [0x5au8; 64];
-    for n in 0..args.iterations {
+    for n in range {
         let name = object_name(pid, &args.tag, n);
-        let result = one_object(
-            &name,
-            size,
-            n,
-            args.write_call,
-            args.fill,
-            &header,
-            &mut counts,
-        );
+        let result = one_object(&name, size, n, args.write_call, args.fill, &header, counts);
         if result.is_err() {
             // SAFETY: a NUL-terminated path.
             unsafe { libc::unlink(name.as_ptr()) };
         }
         result.with_context(|| format!("{} (iteration {n})", name.to_string_lossy()))?;
     }
-    Ok(counts)
+    Ok(())
 }
 
 fn one_object(
@@ -280,6 +298,14 @@ fn check(ret: i32, call: &str) -> Result<i32> {
     } else {
         Ok(ret)
     }
+}
+
+/// User + system time of the calling process so far.
+pub fn own_cpu_seconds() -> f64 {
+    // SAFETY: an all-zero rusage is valid, and getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// Resource use of this process and the workers it reaped.

@@ -146,6 +146,10 @@ impl Running {
         Ok(())
     }
 
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
     pub fn close_stdin(&mut self) {
         self.stdin = None;
     }

@@ -2,6 +2,7 @@
 //! docs/BENCHMARKS.md as they are.
 use super::{
     VariantResult,
+    pairs::{PairMode, PairOutcome},
     probes::{ProbeCost, ProbeReport},
     stats::Spread,
     variants::Outcome,
@@ -230,6 +231,64 @@ pub fn probes(
             overhead / base_us * 100.0,
             overhead - bpf_us,
         );
+    }
+    out
+}
+
+/// The paired measurement: A's time over B's for each mode.
+pub fn pairs(outcomes: &[(&PairMode, anyhow::Result<PairOutcome>)]) -> String {
+    let mut rows = vec![
+        [
+            "A traced by",
+            "pairs",
+            "A/B per turn: median",
+            "A/B per turn: quartiles",
+            "A/B total",
+            "A/B CPU",
+            "tracer CPU",
+            "events",
+            "lost",
+            "calls seen",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let mut notes = String::new();
+    for (mode, outcome) in outcomes {
+        match outcome {
+            Ok(o) => rows.push(vec![
+                mode.label.to_owned(),
+                o.pairs.to_string(),
+                format!("{:.3}", o.ratio_median),
+                format!("{:.3} – {:.3}", o.ratio_q1, o.ratio_q3),
+                format!("{:.3}", o.ratio_total),
+                format!("{:.3}", o.cpu_ratio),
+                o.tracer_cpu_seconds
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                o.reported
+                    .as_ref()
+                    .and_then(|r| r.events)
+                    .map_or("-".into(), |e| e.to_string()),
+                o.reported
+                    .as_ref()
+                    .and_then(|r| r.lost)
+                    .map_or("-".into(), |l| l.to_string()),
+                o.reported.as_ref().map_or("-".into(), |r| {
+                    r.mismatch(&o.a_calls).unwrap_or_else(|| "ok".into())
+                }),
+            ]),
+            Err(error) => {
+                let mut row = vec![mode.label.to_owned(), "failed (see below)".into()];
+                row.resize(10, "-".into());
+                rows.push(row);
+                notes += &format!("- {}: {error:#}\n", mode.label);
+            }
+        }
+    }
+    let mut out = markdown(&rows);
+    if !notes.is_empty() {
+        out += "\n";
+        out += &notes;
     }
     out
 }

@@ -333,7 +333,7 @@ fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outc
 
 /// shmtrace prints nothing when its probes are attached. It is attached once it holds BPF
 /// program descriptors and has gone to sleep in its event loop, with that count steady.
-fn wait_attached(pid: u32) -> Result<()> {
+pub fn wait_attached(pid: u32) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut steady = 0;
     let mut last = 0;
@@ -401,6 +401,11 @@ fn read_shmtrace(
             ..Reported::default()
         });
     }
+    read_shmtrace_file(output, json, failed)
+}
+
+/// Events per call, total and lost, from shmtrace's output file and its summary.
+pub fn read_shmtrace_file(output: &Path, json: bool, failed: bool) -> Result<Reported> {
     let text = fs::read_to_string(output).context("reading shmtrace's output")?;
     let mut per_call: BTreeMap<String, u64> = BTreeMap::new();
     let mut events = None;
@@ -502,17 +507,22 @@ fn read_perf_trace(output: &Path) -> Result<Reported> {
 }
 
 impl Outcome {
-    /// `None` when the tracer saw what it should have; otherwise what differs, such as
-    /// `munmap 2999/3000`.
     pub fn mismatch(&self) -> Option<String> {
-        let seen = self.reported.per_call.as_ref()?;
-        let made = &self.workload.calls;
+        self.reported.mismatch(&self.workload.calls)
+    }
+}
+
+impl Reported {
+    /// `None` when the tracer saw what it should have of the calls `made`; otherwise what
+    /// differs, such as `munmap 2999/3000`.
+    pub fn mismatch(&self, made: &BTreeMap<String, u64>) -> Option<String> {
+        let seen = self.per_call.as_ref()?;
         let differences: Vec<String> = CALLS
             .iter()
             .filter_map(|call| {
                 let made = made.get(*call).copied().unwrap_or(0);
                 let seen = seen.get(*call).copied().unwrap_or(0);
-                let fine = match self.reported.expect {
+                let fine = match self.expect {
                     Expect::Nothing => true,
                     Expect::Exact => seen == made,
                     Expect::NoneShown => seen == 0,
