@@ -218,7 +218,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         args.sizes.clone()
     };
-    let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
     let shmtrace = match &args.shmtrace {
         Some(path) => path.clone(),
         None => {
@@ -253,89 +252,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .iter()
         .map(|v| v.available(&setup).err().map(|e| format!("{e:#}")))
         .collect();
-
     let mut saved = Vec::new();
     for size in sizes {
-        let iterations = args
-            .iterations
-            .unwrap_or_else(|| default_iterations(size, args.quick));
-        let objects = iterations * args.workers as u64;
+        let case = Case::new(args, size, &exe, &tag);
         check_room(size, args.workers)?;
-        let mut workload: Vec<OsString> = vec![exe.clone().into(), "churn".into()];
-        for (flag, value) in [
-            ("--size", size.to_string()),
-            ("--iterations", iterations.to_string()),
-            ("--workers", args.workers.to_string()),
-            ("--tag", tag.clone()),
-        ] {
-            workload.push(flag.into());
-            workload.push(value.into());
-        }
-        if args.write_call {
-            workload.push("--write-call".into());
-        }
-        if args.fill {
-            workload.push("--fill".into());
-        }
-        let title = format!(
-            "{} objects × {iterations} per worker, {} worker{}, {rounds} rounds{}{}",
-            human_size(size),
-            args.workers,
-            if args.workers == 1 { "" } else { "s" },
-            if args.write_call {
-                ", with write(2)"
-            } else {
-                ""
-            },
-            if args.fill {
-                ", filling each mapping"
-            } else {
-                ""
-            },
-        );
-        println!("## {title}\n");
-
-        let mut results: Vec<VariantResult> = selected
-            .iter()
-            .zip(&unavailable)
-            .map(|(variant, unavailable)| VariantResult {
-                variant,
-                outcomes: Vec::new(),
-                rounds: Vec::new(),
-                errors: Vec::new(),
-                unavailable: unavailable.clone(),
-            })
-            .collect();
-        // A discarded warm-up: the first run pays for cold caches and /dev/shm growth.
-        let _ = Variant::run(&variants::ALL[0], &setup, &workload);
-        churn::remove_leftovers(&tag);
-        for round in 0..rounds {
-            eprint!("round {}/{rounds}:", round + 1);
-            let n = results.len();
-            for k in 0..n {
-                // Rotate the order each round, so no variant always follows the same one.
-                let result = &mut results[(k + round as usize) % n];
-                if result.unavailable.is_some() {
-                    continue;
-                }
-                if INTERRUPTED.load(Ordering::SeqCst) {
-                    bail!("interrupted");
-                }
-                eprint!(" {}", result.variant.name);
-                match result.variant.run(&setup, &workload) {
-                    Ok(outcome) => {
-                        result.outcomes.push(outcome);
-                        result.rounds.push(round);
-                    }
-                    Err(error) => result.errors.push(format!("{error:#}")),
-                }
-                churn::remove_leftovers(&tag);
-            }
-            eprintln!();
-        }
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            bail!("interrupted");
-        }
+        println!("## {}\n", case.title);
+        let results = run_rounds(&case, &setup, &selected, &unavailable)?;
         let (text, notes) = table::variants(&results);
         println!("{text}");
         for note in &notes {
@@ -344,33 +266,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if !notes.is_empty() {
             println!();
         }
-
-        let pairs_table = if args.no_pairs {
-            None
-        } else {
-            Some(paired(&setup, &workload, size, args.quick))
-        };
-        let probe_report = if args.no_probe_costs {
-            None
-        } else {
-            Some(probe_costs(
-                &setup,
-                &workload,
-                objects,
-                &results,
-                !args.quick,
-            ))
-        };
+        let pairs = (!args.no_pairs).then(|| paired(&setup, &case, args.quick));
+        let probes =
+            (!args.no_probe_costs).then(|| probe_costs(&setup, &case, &results, !args.quick));
         saved.push(json!({
-            "case": title,
+            "case": case.title,
             "size": size,
-            "iterations": iterations,
+            "iterations": case.iterations,
             "workers": args.workers,
-            "rounds": rounds,
+            "rounds": case.rounds,
             "table": text,
             "notes": notes,
-            "pairs": pairs_table,
-            "probes": probe_report,
+            "pairs": pairs,
+            "probes": probes,
             "runs": raw_runs(&results),
         }));
     }
@@ -380,17 +288,126 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         load_average()
     );
     if let Some(path) = &args.save {
-        let all =
-            json!({ "machine": machine_description(&setup), "seconds": elapsed, "cases": saved });
+        let all = json!({
+            "machine": machine_description(&setup),
+            "seconds": elapsed,
+            "cases": saved,
+        });
         fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
 
+/// One object size: the workload's command line and how often to run it.
+struct Case {
+    title: String,
+    size: u64,
+    iterations: u64,
+    rounds: u32,
+    /// Objects the workload makes in all (iterations × workers).
+    objects: u64,
+    tag: String,
+    workload: Vec<OsString>,
+}
+
+impl Case {
+    fn new(args: &BenchArgs, size: u64, exe: &std::path::Path, tag: &str) -> Case {
+        let iterations = args
+            .iterations
+            .unwrap_or_else(|| default_iterations(size, args.quick));
+        let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
+        let mut workload: Vec<OsString> = vec![exe.into(), "churn".into()];
+        for (flag, value) in [
+            ("--size", size.to_string()),
+            ("--iterations", iterations.to_string()),
+            ("--workers", args.workers.to_string()),
+            ("--tag", tag.to_owned()),
+        ] {
+            workload.push(flag.into());
+            workload.push(value.into());
+        }
+        let mut extras = String::new();
+        if args.write_call {
+            workload.push("--write-call".into());
+            extras += ", with write(2)";
+        }
+        if args.fill {
+            workload.push("--fill".into());
+            extras += ", filling each mapping";
+        }
+        let plural = |n: u64, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+        Case {
+            title: format!(
+                "{} objects × {iterations} per worker, {}, {}{extras}",
+                human_size(size),
+                plural(args.workers as u64, "worker"),
+                plural(rounds as u64, "round"),
+            ),
+            size,
+            iterations,
+            rounds,
+            objects: iterations * args.workers as u64,
+            tag: tag.to_owned(),
+            workload,
+        }
+    }
+}
+
+/// Runs every available variant once a round, in an order that rotates each round.
+fn run_rounds(
+    case: &Case,
+    setup: &Setup,
+    selected: &[&'static Variant],
+    unavailable: &[Option<String>],
+) -> Result<Vec<VariantResult>> {
+    let mut results: Vec<VariantResult> = selected
+        .iter()
+        .zip(unavailable)
+        .map(|(variant, unavailable)| VariantResult {
+            variant,
+            outcomes: Vec::new(),
+            rounds: Vec::new(),
+            errors: Vec::new(),
+            unavailable: unavailable.clone(),
+        })
+        .collect();
+    // A discarded warm-up: the first run pays for cold caches and /dev/shm growth.
+    let _ = Variant::run(&variants::ALL[0], setup, &case.workload);
+    churn::remove_leftovers(&case.tag);
+    for round in 0..case.rounds {
+        eprint!("round {}/{}:", round + 1, case.rounds);
+        let n = results.len();
+        for k in 0..n {
+            // Rotate the order each round, so no variant always follows the same one.
+            let result = &mut results[(k + round as usize) % n];
+            if result.unavailable.is_some() {
+                continue;
+            }
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                bail!("interrupted");
+            }
+            eprint!(" {}", result.variant.name);
+            match result.variant.run(setup, &case.workload) {
+                Ok(outcome) => {
+                    result.outcomes.push(outcome);
+                    result.rounds.push(round);
+                }
+                Err(error) => result.errors.push(format!("{error:#}")),
+            }
+            churn::remove_leftovers(&case.tag);
+        }
+        eprintln!();
+    }
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(results)
+}
+
 /// Runs and prints the paired measurement; returns its table for `--save`.
-fn paired(setup: &Setup, workload: &[OsString], size: u64, quick: bool) -> String {
-    let block = pairs::default_block(size);
+fn paired(setup: &Setup, case: &Case, quick: bool) -> String {
+    let block = pairs::default_block(case.size);
     println!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
     let modes = if quick {
         &pairs::MODES[..2]
@@ -401,8 +418,8 @@ fn paired(setup: &Setup, workload: &[OsString], size: u64, quick: bool) -> Strin
         .iter()
         .map(|mode| {
             eprintln!("paired: {}", mode.label);
-            let outcome = pairs::measure(setup, mode, workload, block);
-            churn::remove_leftovers(&workload_tag(workload));
+            let outcome = pairs::measure(setup, mode, &case.workload, block);
+            churn::remove_leftovers(&case.tag);
             (mode, outcome)
         })
         .collect();
@@ -412,13 +429,8 @@ fn paired(setup: &Setup, workload: &[OsString], size: u64, quick: bool) -> Strin
 }
 
 /// Runs and prints the per-probe analysis; returns its table for `--save`.
-fn probe_costs(
-    setup: &Setup,
-    workload: &[OsString],
-    objects: u64,
-    results: &[VariantResult],
-    with_failed: bool,
-) -> String {
+fn probe_costs(setup: &Setup, case: &Case, results: &[VariantResult], with_failed: bool) -> String {
+    let (workload, objects) = (&case.workload, case.objects);
     println!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
         results
@@ -434,9 +446,9 @@ fn probe_costs(
             Some((label, median_loop(name)?))
         });
     let full = probes::measure(setup, &[], workload, objects);
-    churn::remove_leftovers(&workload_tag(workload));
+    churn::remove_leftovers(&case.tag);
     let failed = with_failed.then(|| probes::measure(setup, &["--failed"], workload, objects));
-    churn::remove_leftovers(&workload_tag(workload));
+    churn::remove_leftovers(&case.tag);
     let text = match (full, failed) {
         (Ok(full), failed) => {
             let failed_report = failed.as_ref().and_then(|f| f.as_ref().ok());
@@ -450,15 +462,6 @@ fn probe_costs(
     };
     println!("{text}");
     text
-}
-
-fn workload_tag(workload: &[OsString]) -> String {
-    workload
-        .iter()
-        .skip_while(|a| *a != "--tag")
-        .nth(1)
-        .map(|t| t.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 fn raw_runs(results: &[VariantResult]) -> serde_json::Value {

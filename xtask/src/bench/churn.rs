@@ -19,7 +19,8 @@ use serde_json::json;
 
 use super::{ChurnArgs, pairs};
 
-/// The calls one iteration makes, in order. Also the `strace`/`perf trace` filter.
+/// The calls an iteration makes, in order (`write` only with `--write-call`). Also the
+/// `strace` and `perf trace` filter.
 pub const CALLS: [&str; 8] = [
     "openat",
     "ftruncate",
@@ -136,6 +137,19 @@ pub fn run(args: &ChurnArgs) -> Result<()> {
     Ok(())
 }
 
+/// In a forked worker: die if the parent does, so that a killed workload leaves no worker
+/// behind holding the benchmark's stdout pipe.
+pub fn die_with_parent() {
+    // SAFETY: prctl with these arguments only sets a signal number; getppid has no
+    // preconditions, and _exit ends the process without touching shared state.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() == 1 {
+            libc::_exit(1);
+        }
+    }
+}
+
 /// Flushes stdout, then waits for the benchmark to send a line on stdin.
 pub fn wait_for_go() -> Result<()> {
     io::stdout().flush()?;
@@ -159,6 +173,7 @@ fn fork_workers(args: &ChurnArgs) -> Result<Counts> {
         match unsafe { libc::fork() } {
             -1 => return Err(io::Error::last_os_error()).context("fork"),
             0 => {
+                die_with_parent();
                 let mut counts = Counts::default();
                 let status = match make_objects(args, 0..args.iterations, &mut counts) {
                     Ok(()) => {

@@ -140,6 +140,7 @@ fn fork_turn_taker(
     match unsafe { libc::fork() } {
         -1 => Err(std::io::Error::last_os_error()).context("fork"),
         0 => {
+            churn::die_with_parent();
             for fd in every.iter().filter(|fd| !keep.contains(fd)) {
                 // SAFETY: the child's copies, which it never uses.
                 unsafe { libc::close(*fd) };
@@ -193,7 +194,7 @@ fn write_token(fd: RawFd) -> Result<()> {
 fn read_turns(pipe: OwnedFd) -> Result<Turns> {
     let mut bytes = Vec::new();
     File::from(pipe).read_to_end(&mut bytes)?;
-    if bytes.len() < Counts::BYTES + 8 || (bytes.len() - Counts::BYTES - 8) % 8 != 0 {
+    if bytes.len() < Counts::BYTES + 8 || !(bytes.len() - Counts::BYTES - 8).is_multiple_of(8) {
         bail!("a worker's report is truncated ({} bytes)", bytes.len());
     }
     let (counts, rest) = bytes.split_at(Counts::BYTES);

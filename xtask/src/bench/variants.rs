@@ -251,7 +251,7 @@ impl Variant {
             );
         }
         let workload = WorkloadReport::from_stdout(&top.stdout)?;
-        let tracer = self.traced().then(|| TracerUse {
+        let tracer = self.traced().then_some(TracerUse {
             cpu_seconds: top.own_cpu_seconds,
             peak_rss_kb: top.peak_rss_kb,
         });
