@@ -46,8 +46,8 @@ pub struct BenchArgs {
     /// Object sizes, one case each (suffixes K, M, G) [default: 1M,4K].
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     sizes: Vec<u64>,
-    /// Objects each worker makes per run [default: 3 GiB worth, within 2000..=50000; a sixth
-    /// of that, within 300..=8000, with --quick].
+    /// Objects each worker makes per run [default: 3 GiB worth, within 2000..=30000; a sixth
+    /// of that, within 300..=5000, with --quick].
     #[arg(long)]
     iterations: Option<u64>,
     /// Workload processes making objects at the same time.
@@ -70,7 +70,7 @@ pub struct BenchArgs {
     /// Skip the per-probe cost analysis (two extra shmtrace runs per case, one with --quick).
     #[arg(long)]
     no_probe_costs: bool,
-    /// Skip the paired measurement (three extra runs per case, one with --quick).
+    /// Skip the paired measurement (three extra runs per case, two with --quick).
     #[arg(long)]
     no_pairs: bool,
     /// The shmtrace binary [default: build and use target/release/shmtrace].
@@ -409,6 +409,7 @@ fn run_rounds(
 fn paired(setup: &Setup, case: &Case, quick: bool) -> String {
     let block = pairs::default_block(case.size);
     println!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
+    // --quick skips the --failed run; the control (nothing traced) costs no shmtrace start.
     let modes = if quick {
         &pairs::MODES[..2]
     } else {
