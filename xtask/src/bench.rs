@@ -266,9 +266,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if !notes.is_empty() {
             println!();
         }
-        let pairs = (!args.no_pairs).then(|| paired(&setup, &case, args.quick));
-        let probes =
-            (!args.no_probe_costs).then(|| probe_costs(&setup, &case, &results, !args.quick));
+        let (pairs, reference) = match args.no_pairs {
+            true => (None, None),
+            false => {
+                let (text, reference) = paired(&setup, &case, args.quick);
+                (Some(text), reference)
+            }
+        };
+        let probes = (!args.no_probe_costs)
+            .then(|| probe_costs(&setup, &case, &results, reference, !args.quick));
         saved.push(json!({
             "case": case.title,
             "size": size,
@@ -405,8 +411,9 @@ fn run_rounds(
     Ok(results)
 }
 
-/// Runs and prints the paired measurement; returns its table for `--save`.
-fn paired(setup: &Setup, case: &Case, quick: bool) -> String {
+/// Runs and prints the paired measurement. Returns its table for `--save`, and the per-object
+/// times of the run with shmtrace's defaults, the best reference for the probe costs.
+fn paired(setup: &Setup, case: &Case, quick: bool) -> (String, Option<table::Reference>) {
     let block = pairs::default_block(case.size);
     println!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
     // --quick skips the --failed run; the control (nothing traced) costs no shmtrace start.
@@ -426,11 +433,29 @@ fn paired(setup: &Setup, case: &Case, quick: bool) -> String {
         .collect();
     let text = table::pairs(&outcomes);
     println!("{text}");
-    text
+    let reference = outcomes.iter().find_map(|(mode, outcome)| {
+        let o = outcome
+            .as_ref()
+            .ok()
+            .filter(|_| mode.is_default_shmtrace())?;
+        Some(table::Reference {
+            source: format!("Paired run ({}, median of turns)", mode.label),
+            untraced_us: o.b_object_seconds * 1e6,
+            traced_us: o.b_object_seconds * o.ratio_median * 1e6,
+        })
+    });
+    (text, reference)
 }
 
-/// Runs and prints the per-probe analysis; returns its table for `--save`.
-fn probe_costs(setup: &Setup, case: &Case, results: &[VariantResult], with_failed: bool) -> String {
+/// Runs and prints the per-probe analysis; returns its text for `--save`. Its figures are set
+/// against `reference`, or else against the medians of the timed rounds.
+fn probe_costs(
+    setup: &Setup,
+    case: &Case,
+    results: &[VariantResult],
+    reference: Option<table::Reference>,
+    with_failed: bool,
+) -> String {
     let (workload, objects) = (&case.workload, case.objects);
     println!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
@@ -438,14 +463,21 @@ fn probe_costs(setup: &Setup, case: &Case, results: &[VariantResult], with_faile
             .iter()
             .find(|r| r.variant.name == name)
             .and_then(VariantResult::loop_times)
-            .map(|s| s.median)
+            .map(|s| s.median / objects as f64 * 1e6)
     };
-    let traced = ["shmtrace-null", "shmtrace", "shmtrace-json"]
-        .iter()
-        .find_map(|name| {
-            let label = variants::ALL.iter().find(|v| v.name == *name)?.label;
-            Some((label, median_loop(name)?))
-        });
+    let reference = reference.or_else(|| {
+        let (label, traced_us) = ["shmtrace", "shmtrace-null", "shmtrace-json"]
+            .iter()
+            .find_map(|name| {
+                let label = variants::ALL.iter().find(|v| v.name == *name)?.label;
+                Some((label, median_loop(name)?))
+            })?;
+        Some(table::Reference {
+            source: format!("Medians of the timed rounds (untraced, {label})"),
+            untraced_us: median_loop("untraced")?,
+            traced_us,
+        })
+    });
     let full = probes::measure(setup, &[], workload, objects);
     churn::remove_leftovers(&case.tag);
     let failed = with_failed.then(|| probes::measure(setup, &["--failed"], workload, objects));
@@ -453,7 +485,7 @@ fn probe_costs(setup: &Setup, case: &Case, results: &[VariantResult], with_faile
     let text = match (full, failed) {
         (Ok(full), failed) => {
             let failed_report = failed.as_ref().and_then(|f| f.as_ref().ok());
-            let mut text = table::probes(&full, failed_report, median_loop("untraced"), traced);
+            let mut text = table::probes(&full, failed_report, reference.as_ref());
             if let Some(Err(error)) = failed {
                 text += &format!("The --failed run failed: {error:#}\n");
             }

@@ -100,6 +100,7 @@ pub fn workload(args: &ChurnArgs) -> Result<()> {
             "calls": calls.to_json(),
             "pair": {
                 "block": block,
+                "iterations": args.iterations,
                 "pairs": ratios.len(),
                 "a_seconds": a_seconds,
                 "b_seconds": b_seconds,
@@ -223,6 +224,13 @@ pub struct PairMode {
     shmtrace_flags: Option<&'static [&'static str]>,
 }
 
+impl PairMode {
+    /// shmtrace with no flags: what the probe costs are set against.
+    pub fn is_default_shmtrace(&self) -> bool {
+        self.shmtrace_flags.is_some_and(|f| f.is_empty())
+    }
+}
+
 pub const MODES: [PairMode; 3] = [
     PairMode {
         label: "nothing (control)",
@@ -241,6 +249,8 @@ pub const MODES: [PairMode; 3] = [
 pub struct PairOutcome {
     pub pairs: u64,
     pub ratio_median: f64,
+    /// Worker B's (untraced) time per object.
+    pub b_object_seconds: f64,
     pub ratio_q1: f64,
     pub ratio_q3: f64,
     /// A's total block time over B's.
@@ -341,6 +351,7 @@ pub fn measure(
     Ok(PairOutcome {
         pairs: number("pairs")? as u64,
         ratio_median: number("ratio_median")?,
+        b_object_seconds: number("b_seconds")? / number("iterations")?,
         ratio_q1: number("ratio_q1")?,
         ratio_q3: number("ratio_q3")?,
         ratio_total: number("a_seconds")? / number("b_seconds")?,

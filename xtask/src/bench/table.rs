@@ -120,14 +120,21 @@ fn timed(spread: Option<Spread>) -> String {
     })
 }
 
+/// Per-object times, untraced and traced, that the probes' cost is set against.
+pub struct Reference {
+    /// Where the figures come from.
+    pub source: String,
+    pub untraced_us: f64,
+    pub traced_us: f64,
+}
+
 /// Per-probe costs, and how much of the measured overhead they explain. `failed` is the same
 /// run with `--failed`, whose data-path exits emit no record: the difference is what emitting
 /// costs.
 pub fn probes(
     report: &ProbeReport,
     failed: Option<&ProbeReport>,
-    untraced_loop: Option<f64>,
-    traced: Option<(&str, f64)>,
+    reference: Option<&Reference>,
 ) -> String {
     let objects = report.objects.max(1) as f64;
     let total_ns = report.total_ns().max(1) as f64;
@@ -219,16 +226,17 @@ pub fn probes(
         report.tracer_nvcsw,
         report.tracer_nvcsw as f64 / objects,
     );
-    if let (Some(base), Some((label, traced))) = (untraced_loop, traced) {
-        let base_us = base / objects * 1e6;
-        let traced_us = traced / objects * 1e6;
-        let overhead = traced_us - base_us;
+    if let Some(r) = reference {
+        let overhead = r.traced_us - r.untraced_us;
         out += &format!(
-            "Medians of the timed rounds: untraced {base_us:.2} µs per object, {label} \
-             {traced_us:.2} µs: {overhead:+.2} µs ({:+.1}%). BPF programs account for {bpf_us:.2} \
-             µs; the remaining {:+.2} µs is outside them (tracepoint dispatch, ring buffer \
-             wake-ups, the tracer competing for CPU and cache, and noise).\n",
-            overhead / base_us * 100.0,
+            "{}: untraced {:.2} µs per object, traced {:.2} µs: {overhead:+.2} µs ({:+.1}%). BPF \
+             programs account for {bpf_us:.2} µs of it; the other {:+.2} µs is outside them \
+             (tracepoint dispatch, handling ring buffer wake-ups, the tracer competing for CPU \
+             and cache, noise).\n",
+            r.source,
+            r.untraced_us,
+            r.traced_us,
+            overhead / r.untraced_us * 100.0,
             overhead - bpf_us,
         );
     }
