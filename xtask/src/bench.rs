@@ -9,12 +9,14 @@
 //! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
 //! - `variants`: how each variant runs it, and what each tracer reports back;
 //! - `measure`: one process's wall time, CPU, context switches and peak memory;
+//! - `neighbours`: other BPF users on the machine, which would skew the results;
 //! - `pairs`: a paired measurement (two workers taking turns, one traced) that machine noise
 //!   cannot swamp;
 //! - `probes`: BPF run-time statistics per program;
 //! - `stats`, `table`: medians, spreads and the printed tables.
 mod churn;
 mod measure;
+mod neighbours;
 mod pairs;
 mod probes;
 mod stats;
@@ -22,6 +24,7 @@ mod table;
 mod variants;
 
 use std::{
+    collections::BTreeMap,
     ffi::OsString,
     fs,
     path::PathBuf,
@@ -252,12 +255,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .iter()
         .map(|v| v.available(&setup).err().map(|e| format!("{e:#}")))
         .collect();
+    let others = neighbours::foreign_bpf_holders();
+    if !others.is_empty() {
+        eprintln!(
+            "warning: other processes hold BPF programs and may be tracing the workload too: {}",
+            describe(&others)
+        );
+    }
     let mut saved = Vec::new();
     for size in sizes {
         let case = Case::new(args, size, &exe, &tag);
         check_room(size, args.workers)?;
         println!("## {}\n", case.title);
-        let results = run_rounds(&case, &setup, &selected, &unavailable)?;
+        let mut others = BTreeMap::new();
+        let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
         let (text, notes) = table::variants(&results);
         println!("{text}");
         for note in &notes {
@@ -266,6 +277,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if !notes.is_empty() {
             println!();
         }
+        others.extend(neighbours::foreign_bpf_holders());
         let (pairs, reference) = match args.no_pairs {
             true => (None, None),
             false => {
@@ -273,8 +285,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 (Some(text), reference)
             }
         };
+        others.extend(neighbours::foreign_bpf_holders());
         let probes = (!args.no_probe_costs)
             .then(|| probe_costs(&setup, &case, &results, reference, !args.quick));
+        others.extend(neighbours::foreign_bpf_holders());
+        if !others.is_empty() {
+            println!(
+                "**Warning**: other processes held BPF programs during this case, and may have \
+                 traced the workload too (skewing every ratio): {}.\n",
+                describe(&others)
+            );
+        }
         saved.push(json!({
             "case": case.title,
             "size": size,
@@ -285,6 +306,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "notes": notes,
             "pairs": pairs,
             "probes": probes,
+            "other_bpf_users": others,
             "runs": raw_runs(&results),
         }));
     }
@@ -366,6 +388,7 @@ fn run_rounds(
     setup: &Setup,
     selected: &[&'static Variant],
     unavailable: &[Option<String>],
+    others: &mut BTreeMap<u32, String>,
 ) -> Result<Vec<VariantResult>> {
     let mut results: Vec<VariantResult> = selected
         .iter()
@@ -382,6 +405,7 @@ fn run_rounds(
     let _ = Variant::run(&variants::ALL[0], setup, &case.workload);
     churn::remove_leftovers(&case.tag);
     for round in 0..case.rounds {
+        others.extend(neighbours::foreign_bpf_holders());
         eprint!("round {}/{}:", round + 1, case.rounds);
         let n = results.len();
         for k in 0..n {
@@ -617,6 +641,15 @@ fn machine_description(setup: &Setup) -> String {
         first_line("strace", &["-V"]),
         first_line("perf", &["version"]),
     )
+}
+
+/// `123 (cmd args), 456 (...)`.
+fn describe(processes: &BTreeMap<u32, String>) -> String {
+    processes
+        .iter()
+        .map(|(pid, cmd)| format!("{pid} ({cmd})"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn load_average() -> String {
