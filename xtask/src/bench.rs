@@ -643,11 +643,18 @@ fn machine_description(setup: &Setup) -> String {
     )
 }
 
-/// `123 (cmd args), 456 (...)`.
+/// `123 (cmd args), 456 (...)`, each command cut to 60 characters.
 fn describe(processes: &BTreeMap<u32, String>) -> String {
+    const WIDTH: usize = 60;
     processes
         .iter()
-        .map(|(pid, cmd)| format!("{pid} ({cmd})"))
+        .map(|(pid, cmd)| {
+            let mut short: String = cmd.chars().take(WIDTH).collect();
+            if cmd.chars().count() > WIDTH {
+                short.push('…');
+            }
+            format!("{pid} ({short})")
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
