@@ -7,7 +7,7 @@
 //! goes, probe by probe.
 //!
 //! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
-//! - `variants`: how each variant runs it, and what each tracer reports back;
+//! - `variants`: how each variant runs it; `reported`: what each tracer reports back;
 //! - `measure`: one process's wall time, CPU, context switches and peak memory;
 //! - `neighbours`: other BPF users on the machine, which would skew the results;
 //! - `pairs`: a paired measurement (two workers taking turns, one traced) that machine noise
@@ -19,6 +19,7 @@ mod measure;
 mod neighbours;
 mod pairs;
 mod probes;
+mod reported;
 mod stats;
 mod table;
 mod variants;

@@ -21,7 +21,8 @@ use super::{
     ChurnArgs,
     churn::{self, Counts},
     measure::Running,
-    variants::{self, Reported, Setup},
+    reported::{self, Reported},
+    variants::{self, Setup},
 };
 
 // ---- The workload side ----
@@ -339,7 +340,7 @@ pub fn measure(
             if !tracer.success() {
                 bail!("shmtrace ended with {}", tracer.describe_status());
             }
-            Some(variants::read_shmtrace_file(
+            Some(reported::read_shmtrace_file(
                 &output,
                 false,
                 flags.contains(&"--failed"),

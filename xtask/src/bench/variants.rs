@@ -1,5 +1,4 @@
-//! The ways the workload is run (untraced, or under a tracer), and what each tracer tells us
-//! afterwards: events it reported per call, and events it lost.
+//! The ways the workload is run: untraced, or under one tracer or another.
 use std::{
     collections::BTreeMap,
     ffi::OsString,
@@ -15,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use super::{
     churn::CALLS,
     measure::{Finished, Running},
+    reported::{self, Reported},
 };
 
 pub struct Variant {
@@ -137,29 +137,6 @@ pub struct WorkloadReport {
     pub calls: BTreeMap<String, u64>,
 }
 
-/// What a tracer said it saw.
-#[derive(Default)]
-pub struct Reported {
-    /// The event total from the tracer's own summary (shmtrace), or lines written (perf).
-    pub events: Option<u64>,
-    pub lost: Option<u64>,
-    /// Events per call name, counted in the tracer's output.
-    pub per_call: Option<BTreeMap<String, u64>>,
-    /// How `per_call` should compare with the calls made: shmtrace must see exactly the
-    /// /dev/shm calls (none with `--failed`, as all succeed); perf trace sees these calls on
-    /// any file, so at least as many.
-    pub expect: Expect,
-}
-
-#[derive(Default, Clone, Copy, PartialEq)]
-pub enum Expect {
-    #[default]
-    Nothing,
-    Exact,
-    NoneShown,
-    AtLeast,
-}
-
 impl Variant {
     pub fn traced(&self) -> bool {
         !matches!(self.kind, Kind::Untraced)
@@ -261,7 +238,7 @@ impl Variant {
                 let json = flags.contains(&"--json");
                 read_shmtrace(sink, output, &top.stderr, json, failed)?
             }
-            Kind::PerfTrace => read_perf_trace(output)?,
+            Kind::PerfTrace => reported::read_perf_trace(output)?,
             _ => Reported::default(),
         };
         Ok(Outcome {
@@ -321,7 +298,7 @@ fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outc
             }),
             top,
             reported: Reported {
-                lost: Some(lost_from_notices(&tracer.stderr)),
+                lost: Some(reported::lost_from_notices(&tracer.stderr)),
                 ..Reported::default()
             },
         })
@@ -397,143 +374,16 @@ fn read_shmtrace(
     if sink == Sink::DevNull {
         // The summary went to /dev/null too; losses are also noticed on stderr.
         return Ok(Reported {
-            lost: Some(lost_from_notices(stderr)),
+            lost: Some(reported::lost_from_notices(stderr)),
             ..Reported::default()
         });
     }
-    read_shmtrace_file(output, json, failed)
-}
-
-/// Events per call, total and lost, from shmtrace's output file and its summary.
-pub fn read_shmtrace_file(output: &Path, json: bool, failed: bool) -> Result<Reported> {
-    let text = fs::read_to_string(output).context("reading shmtrace's output")?;
-    let mut per_call: BTreeMap<String, u64> = BTreeMap::new();
-    let mut events = None;
-    let mut lost = None;
-    for line in text.lines() {
-        if json {
-            let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            match record["event"].as_str() {
-                Some("summary") => {
-                    events = record["events"].as_u64();
-                    lost = record["lost"].as_u64();
-                }
-                Some(name) => *per_call.entry(name.to_owned()).or_default() += 1,
-                None => {}
-            }
-        } else if let Some(summary) = line.strip_prefix("shmtrace: ") {
-            // "N events in 1.2s from P processes: F failed calls, K killed by signals, L lost"
-            if let Some((n, rest)) = summary.split_once(" events in ") {
-                events = n.trim().parse().ok();
-                lost = rest
-                    .rsplit(", ")
-                    .next()
-                    .and_then(|l| l.strip_suffix(" lost"))
-                    .and_then(|l| l.trim().parse().ok());
-            }
-        } else if let Some(call) = human_call(line) {
-            *per_call.entry(call.to_owned()).or_default() += 1;
-        }
-    }
-    if events.is_none() {
-        bail!("shmtrace's output has no summary");
-    }
-    Ok(Reported {
-        events,
-        lost,
-        per_call: Some(per_call),
-        expect: if failed {
-            Expect::NoneShown
-        } else {
-            Expect::Exact
-        },
-    })
-}
-
-/// The call name of a human-format line: `TIME PID COMM call(args) = ret`.
-fn human_call(line: &str) -> Option<&str> {
-    let token = line.split_whitespace().nth(3)?;
-    let (name, _) = token.split_once('(')?;
-    Some(name)
-}
-
-/// Losses shmtrace noticed on stderr: "... (...; N lost in all)". None noticed means none.
-fn lost_from_notices(stderr: &str) -> u64 {
-    stderr
-        .lines()
-        .filter_map(|l| {
-            l.split_once("; ")?
-                .1
-                .split_once(" lost in all")?
-                .0
-                .parse()
-                .ok()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
-/// perf trace lines: `TIME ( DURATION ms): COMM/PID call(args) = ret`, and `LOST N events!`.
-fn read_perf_trace(output: &Path) -> Result<Reported> {
-    let text = fs::read_to_string(output).context("reading perf trace's output")?;
-    let mut per_call: BTreeMap<String, u64> = BTreeMap::new();
-    let mut lost = 0;
-    let mut events = 0;
-    for line in text.lines() {
-        if let Some(n) = line
-            .trim()
-            .strip_prefix("LOST ")
-            .and_then(|r| r.split_whitespace().next())
-        {
-            lost += n.parse::<u64>().unwrap_or(0);
-        } else if let Some((_, rest)) = line.split_once("): ") {
-            let Some(call) = rest.split_whitespace().nth(1) else {
-                continue;
-            };
-            if let Some((name, _)) = call.split_once('(') {
-                *per_call.entry(name.to_owned()).or_default() += 1;
-                events += 1;
-            }
-        }
-    }
-    Ok(Reported {
-        events: Some(events),
-        lost: Some(lost),
-        per_call: Some(per_call),
-        expect: Expect::AtLeast,
-    })
+    reported::read_shmtrace_file(output, json, failed)
 }
 
 impl Outcome {
     pub fn mismatch(&self) -> Option<String> {
         self.reported.mismatch(&self.workload.calls)
-    }
-}
-
-impl Reported {
-    /// `None` when the tracer saw what it should have of the calls `made`; otherwise what
-    /// differs, such as `munmap 2999/3000`.
-    pub fn mismatch(&self, made: &BTreeMap<String, u64>) -> Option<String> {
-        let seen = self.per_call.as_ref()?;
-        let differences: Vec<String> = CALLS
-            .iter()
-            .filter_map(|call| {
-                let made = made.get(*call).copied().unwrap_or(0);
-                let seen = seen.get(*call).copied().unwrap_or(0);
-                let fine = match self.expect {
-                    Expect::Nothing => true,
-                    Expect::Exact => seen == made,
-                    Expect::NoneShown => seen == 0,
-                    Expect::AtLeast => seen >= made,
-                };
-                (!fine).then(|| format!("{call} {seen}/{made}"))
-            })
-            .collect();
-        let shown: Vec<&str> = differences.iter().take(3).map(String::as_str).collect();
-        let more = if differences.len() > 3 { ", …" } else { "" };
-        (!differences.is_empty()).then(|| format!("{}{more}", shown.join(", ")))
     }
 }
 
