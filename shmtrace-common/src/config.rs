@@ -12,6 +12,9 @@ pub struct Config {
     pub failed_only: u32,
     /// shmtrace's own process, never traced.
     pub self_tgid: u32,
+    /// Wake the reader for an ordinary record only once this many bytes wait in the ring
+    /// buffer (failures always wake it; it also reads on a timer).
+    pub wakeup_bytes: u32,
 }
 
 /// Byte offsets of the kernel struct fields the programs read.

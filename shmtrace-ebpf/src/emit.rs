@@ -13,8 +13,13 @@ use shmtrace_common::{EventKind, Header, KernelOffsets};
 
 use crate::{
     kernel,
-    maps::{EVENTS, LOST},
+    maps::{CONFIG, EVENTS, LOST},
 };
+
+// `bpf_ringbuf_submit` and `bpf_ringbuf_query` flags (UAPI).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
 
 /// Reserves room for a `T`, or counts a lost `kind` record.
 #[inline(always)]
@@ -24,6 +29,19 @@ pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
         count_lost(kind);
     }
     entry
+}
+
+/// Hands a record to userspace. Waking the reader costs several microseconds in the traced
+/// call, so ordinary records do not (the reader also drains the ring on a timer); failures,
+/// signals and deaths wake it at once, and so does a ring filling up.
+#[inline(always)]
+pub fn submit<T>(entry: RingBufEntry<T>, urgent: bool) {
+    let flags = if urgent || EVENTS.query(BPF_RB_AVAIL_DATA) > CONFIG.load().wakeup_bytes as u64 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(flags);
 }
 
 #[inline(always)]

@@ -12,6 +12,7 @@ pub static CONFIG: Global<Config> = Global::new(Config {
     match_containers: 0,
     failed_only: 0,
     self_tgid: 0,
+    wakeup_bytes: 0,
 });
 
 #[unsafe(no_mangle)]

@@ -38,8 +38,8 @@ pub struct Outcome {
 /// How long to keep reading after the traced command exits, for the last events of processes
 /// that ended with it.
 const GRACE: Duration = Duration::from_millis(100);
-/// How often the pipeline's tap may flush, and how often kernel losses are checked (every
-/// tenth tick).
+/// How often ordinary records are collected from the ring buffer and the pipeline's tap may
+/// flush, and how often kernel losses are checked (every tenth tick).
 const TICK: Duration = Duration::from_millis(100);
 const TICKS_PER_LOST_CHECK: u32 = 10;
 /// How often followed containers are checked for restarts and their /dev/shm measured.
@@ -129,6 +129,10 @@ impl Session {
                     watch.check(&mut self.tracer, &mut self.pipeline).await?;
                 }
                 _ = ticker.tick() => {
+                    // Ordinary records do not wake the reader (it costs the traced call
+                    // microseconds): they are collected here.
+                    reader.drain(&mut batch);
+                    self.handle(&mut batch, &mut ending)?;
                     ticks += 1;
                     if ticks % TICKS_PER_LOST_CHECK == 0 {
                         self.check_lost()?;
@@ -161,6 +165,9 @@ impl Session {
     }
 
     fn handle(&mut self, batch: &mut Vec<Bytes>, ending: &mut Ending) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         for record in batch.drain(..) {
             self.pipeline.kernel_record(&record, &mut LiveMachine)?;
             if let Ending::Pids(live) = ending
@@ -177,6 +184,8 @@ impl Session {
                 }
             }
         }
+        // Output is buffered; a batch at a time reaches the terminal or file.
+        self.pipeline.output().flush()?;
         Ok(())
     }
 

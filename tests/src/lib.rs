@@ -180,15 +180,43 @@ pub fn bpf_program_watermark() -> u64 {
         .unwrap_or(0)
 }
 
+/// Ids of the BPF programs some live process holds a descriptor to (`prog_id:` in
+/// /proc/PID/fdinfo): a running tracer's programs.
+fn held_bpf_programs() -> std::collections::HashSet<u64> {
+    let mut held = std::collections::HashSet::new();
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return held;
+    };
+    for process in processes.filter_map(Result::ok) {
+        let Ok(fds) = std::fs::read_dir(process.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.filter_map(Result::ok) {
+            let Ok(info) = std::fs::read_to_string(fd.path()) else {
+                continue;
+            };
+            held.extend(
+                info.lines()
+                    .filter_map(|line| line.strip_prefix("prog_id:"))
+                    .filter_map(|id| id.trim().parse::<u64>().ok()),
+            );
+        }
+    }
+    held
+}
+
 /// Waits (up to 5 s: the kernel frees programs after an RCU grace period) until no shmtrace
-/// program loaded after `watermark` is left. Programs of other tracers that started before
-/// (another test's, say) are not ours to judge.
+/// program loaded after `watermark` is left that no live process holds: a tracer that exited
+/// must leave nothing behind, while another one still running (another test's, say) keeps
+/// its own.
 pub fn assert_no_shmtrace_programs_left_since(watermark: u64) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
+        let held = held_bpf_programs();
         let left: Vec<(u64, String)> = loaded_bpf_programs()
             .into_iter()
             .filter(|(id, name)| *id > watermark && is_shmtrace_program(name))
+            .filter(|(id, _)| !held.contains(id))
             .collect();
         if left.is_empty() {
             return;

@@ -222,7 +222,7 @@ fn failed_mode_keeps_failures_and_drops_successes() {
         .filter_map(|r| r["event"].as_str())
         .filter(|e| *e != "summary")
         .collect();
-    assert_eq!(kinds, ["fallocate"], "{}", trace.dump());
+    assert_eq!(kinds, ["fallocate", "diagnosis"], "{}", trace.dump());
     assert_eq!(trace.records[0]["errno"], "ENOSPC");
 }
 

@@ -40,6 +40,6 @@ fn try_mark_victim(ctx: &TracePointContext) -> Option<()> {
         (&raw mut (*event).victim_pid).write(victim);
         (&raw mut (*event)._pad).write(0);
     }
-    entry.submit(0);
+    emit::submit(entry, true);
     Some(())
 }

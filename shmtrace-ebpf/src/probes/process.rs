@@ -56,7 +56,7 @@ fn try_fork(ctx: &BtfTracePointContext) -> Option<()> {
         (&raw mut (*event).child_pid).write(child_pid);
         (&raw mut (*event)._pad).write(0);
     }
-    entry.submit(0);
+    emit::submit(entry, false);
     Some(())
 }
 
@@ -120,7 +120,7 @@ fn try_exec(ctx: &BtfTracePointContext) -> Option<()> {
             &off,
         );
     }
-    entry.submit(0);
+    emit::submit(entry, false);
     Some(())
 }
 
@@ -149,7 +149,7 @@ fn try_exit(ctx: &BtfTracePointContext) -> Option<()> {
         (&raw mut (*event).exit_code).write(exit_code);
         (&raw mut (*event)._pad).write(0);
     }
-    entry.submit(0);
+    emit::submit(entry, true);
     Some(())
 }
 
@@ -193,6 +193,6 @@ fn try_rename(ctx: &BtfTracePointContext) -> Option<()> {
         (new_comm as *mut [u8; 16]).write([0; 16]);
         bpf_probe_read_kernel_str(new_comm as *mut c_void, 16, comm as *const c_void);
     }
-    entry.submit(0);
+    emit::submit(entry, false);
     Some(())
 }

@@ -57,6 +57,6 @@ fn try_signal_generate(ctx: &BtfTracePointContext) -> Option<()> {
         (&raw mut (*event).target_tid).write(kernel::task_pid(target, &off).unwrap_or(0));
         (&raw mut (*event).target_comm).write(kernel::task_comm(target, &off).unwrap_or([0; 16]));
     }
-    entry.submit(0);
+    emit::submit(entry, true);
     Some(())
 }

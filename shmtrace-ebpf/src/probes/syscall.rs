@@ -149,6 +149,13 @@ fn dropped_descriptors(pending: &Pending, ret: i64) -> Option<u32> {
     (msg_flags & MSG_CTRUNC != 0).then_some(msg_flags)
 }
 
+/// A failed call, or one reported only because it failed (a `recvmsg` that dropped
+/// descriptors), wakes the reader at once.
+#[inline(always)]
+fn urgent(pending: &Pending, ret: i64) -> bool {
+    ret < 0 || pending.flags & flags::FD_LIMIT_ONLY != 0
+}
+
 /// Calls whose success userspace does not need in failures-only mode.
 #[inline(always)]
 fn is_data_path(call: u16) -> bool {
@@ -261,7 +268,7 @@ fn emit_call(pending: &Pending, ret: i64, task: u64, off: &KernelOffsets) {
         (&raw mut (*event).args).write(pending.args);
         (&raw mut (*event).file).write(file);
     }
-    entry.submit(0);
+    emit::submit(entry, urgent(pending, ret));
 }
 
 #[inline(always)]
@@ -323,5 +330,5 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &Ke
         (&raw mut (*call).args).write(pending.args);
         (&raw mut (*call).file).write(file);
     }
-    entry.submit(0);
+    emit::submit(entry, urgent(pending, ret));
 }

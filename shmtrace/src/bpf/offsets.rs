@@ -42,17 +42,30 @@ pub fn resolve(btf: &Btf) -> Result<KernelOffsets, BpfError> {
     })
 }
 
-/// Loads the kernel's BTF from `path` (normally `/sys/kernel/btf/vmlinux`).
-pub fn load_btf(path: &Path) -> Result<Btf, BpfError> {
-    if !path.exists() {
-        return Err(BpfError::NoBtf {
+/// Reads the kernel's BTF from `path` (normally `/sys/kernel/btf/vmlinux`), once: both this
+/// module and aya's loader parse the same bytes.
+pub fn read_btf(path: &Path) -> Result<Vec<u8>, BpfError> {
+    std::fs::read(path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::NotFound => BpfError::NoBtf {
             path: path.to_owned(),
-        });
-    }
-    Btf::from_file(path).map_err(|error| BpfError::BadBtf {
+        },
+        _ => BpfError::BadBtf {
+            path: path.to_owned(),
+            reason: error.to_string(),
+        },
+    })
+}
+
+pub fn parse_btf(bytes: &[u8], path: &Path) -> Result<Btf, BpfError> {
+    Btf::from_bytes(bytes).map_err(|error| BpfError::BadBtf {
         path: path.to_owned(),
         reason: error.to_string(),
     })
+}
+
+#[cfg(test)]
+fn load_btf(path: &Path) -> Result<Btf, BpfError> {
+    parse_btf(&read_btf(path)?, path)
 }
 
 /// Whether the kernel has a BTF tracepoint (`btf_trace_<name>`) to attach `tp_btf` to.

@@ -68,7 +68,8 @@ impl Tracer {
         if size < 4096 || !size.is_power_of_two() {
             return Err(BpfError::BadBufferSize(size));
         }
-        let kernel_btf = offsets::load_btf(&options.btf_path)?;
+        let btf_bytes = offsets::read_btf(&options.btf_path)?;
+        let kernel_btf = offsets::parse_btf(&btf_bytes, &options.btf_path)?;
         let kernel_offsets = offsets::resolve(&kernel_btf)?;
         let tracefs = preflight::tracefs()?;
         let hooks = hooks::all();
@@ -80,13 +81,14 @@ impl Tracer {
             match_containers: options.match_containers.into(),
             failed_only: options.failed_only.into(),
             self_tgid: std::process::id(),
+            wakeup_bytes: size / 4,
         };
-        let aya_btf = aya::Btf::parse_file(&options.btf_path, aya::Endianness::default()).map_err(
-            |error| BpfError::BadBtf {
+        let aya_btf = aya::Btf::parse(&btf_bytes, aya::Endianness::default()).map_err(|error| {
+            BpfError::BadBtf {
                 path: options.btf_path.clone(),
                 reason: error.to_string(),
-            },
-        )?;
+            }
+        })?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global("CONFIG", &config, true)

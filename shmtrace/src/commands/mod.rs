@@ -45,13 +45,17 @@ pub fn open_output(
                 .open(path)
                 .with_context(|| format!("cannot write the output to {}", path.display()))?;
             let terminal = file.is_terminal();
-            (Box::new(io::LineWriter::new(file)), terminal, !is_stdio)
+            (Box::new(io::BufWriter::new(file)), terminal, !is_stdio)
         }
-        None if default == DefaultStream::Stderr => {
-            (Box::new(io::stderr()), io::stderr().is_terminal(), false)
-        }
+        // Buffered: the session flushes after each batch of records, so a burst costs a few
+        // writes, not one per line.
+        None if default == DefaultStream::Stderr => (
+            Box::new(io::BufWriter::new(io::stderr())),
+            io::stderr().is_terminal(),
+            false,
+        ),
         None => (
-            Box::new(io::LineWriter::new(io::stdout())),
+            Box::new(io::BufWriter::new(io::stdout())),
             io::stdout().is_terminal(),
             false,
         ),

@@ -74,6 +74,10 @@ pub struct Failure {
     /// DataLoader workers holding objects on it at the failure.
     #[serde(skip)]
     pub workers_allocating: u32,
+    /// What the failing call asked for beyond what its object already counts for in
+    /// `usage` (a fallocate after an ftruncate of the same size asks for nothing new).
+    #[serde(skip)]
+    pub unmet: u64,
 }
 
 impl Failure {

@@ -335,6 +335,23 @@ impl Diagnoser {
             .process(pid)
             .map(|p| p.comm.clone())
             .unwrap_or_else(|| event.comm.clone());
+        let unmet = match &kind {
+            // A write appends: all of it is new.
+            FailureKind::Call {
+                syscall: "write",
+                request,
+                ..
+            } => *request,
+            FailureKind::Call { request, path, .. } => {
+                let counted = path
+                    .as_ref()
+                    .and_then(|p| world.live_objects().find(|o| o.path.as_ref() == Some(p)))
+                    .map(|o| o.footprint().0)
+                    .unwrap_or(0);
+                request.saturating_sub(counted)
+            }
+            _ => 0,
+        };
         Failure {
             ts_ns: event.ts_ns,
             pid,
@@ -346,6 +363,7 @@ impl Diagnoser {
             usage: dev.and_then(|d| world.usage(d).cloned()),
             capacity: dev.and_then(|d| self.capacity.get(&d).copied()),
             workers_allocating,
+            unmet,
         }
     }
 
@@ -421,24 +439,7 @@ impl Diagnoser {
         let recommendation = (cause == Cause::ShmFull).then(|| {
             let primary = primary.expect("a cause from a failure");
             let traced = usage.as_ref().map(|u| u.demand).unwrap_or(0);
-            let request = match &primary.kind {
-                // A write appends: all of it is new.
-                FailureKind::Call {
-                    syscall: "write",
-                    request,
-                    ..
-                } => *request,
-                FailureKind::Call { request, path, .. } => {
-                    // What the call asked for beyond the object's size already counted.
-                    let counted = path
-                        .as_ref()
-                        .and_then(|p| world.live_objects().find(|o| o.path.as_ref() == Some(p)))
-                        .map(|o| o.footprint().0)
-                        .unwrap_or(0);
-                    request.saturating_sub(counted)
-                }
-                _ => 0,
-            };
+            let request = primary.unmet;
             let dataloader = role
                 .trainer
                 .or((role.kind == RoleKind::Trainer).then_some(pid))

@@ -125,18 +125,20 @@ impl Output {
         Ok(())
     }
 
-    /// A remark about the trace itself, such as the traced command exiting.
+    /// A remark about the trace itself, such as the traced command exiting: in the text
+    /// stream, and on stderr when nobody watches the stream (JSON, or a file).
     pub fn notice(&mut self, text: &str) -> io::Result<()> {
-        match &mut self.sink {
-            Sink::Human(w) => w.notice(text)?,
-            Sink::Json(_) => eprintln!("shmtrace: {text}"),
+        if let Sink::Human(w) = &mut self.sink {
+            w.notice(text)?;
         }
-        if self.notices_to_stderr {
+        if self.notices_to_stderr || matches!(self.sink, Sink::Json(_)) {
+            self.flush()?;
             eprintln!("shmtrace: {text}");
         }
         Ok(())
     }
 
+    /// The closing summary; also on stderr when the output goes to a file.
     pub fn summary(&mut self, summary: &Summary) -> io::Result<()> {
         match &mut self.sink {
             Sink::Human(w) => {
@@ -145,6 +147,11 @@ impl Output {
                 }
             }
             Sink::Json(w) => w.record(&summary.json())?,
+        }
+        if self.notices_to_stderr {
+            for line in summary.lines() {
+                eprintln!("{line}");
+            }
         }
         Ok(())
     }

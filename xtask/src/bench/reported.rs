@@ -1,0 +1,157 @@
+//! What a tracer reports back: events per call, the total, and events lost, read from its
+//! output; and whether that matches the calls the workload made.
+use std::{collections::BTreeMap, fs, path::Path};
+
+use anyhow::{Context, Result, bail};
+
+use super::churn::CALLS;
+
+/// What a tracer said it saw.
+#[derive(Default)]
+pub struct Reported {
+    /// The event total from the tracer's own summary (shmtrace), or lines written (perf).
+    pub events: Option<u64>,
+    pub lost: Option<u64>,
+    /// Events per call name, counted in the tracer's output.
+    pub per_call: Option<BTreeMap<String, u64>>,
+    /// How `per_call` should compare with the calls made: shmtrace must see exactly the
+    /// /dev/shm calls (none with `--failed`, as all succeed); perf trace sees these calls on
+    /// any file, so at least as many.
+    pub expect: Expect,
+}
+
+#[derive(Default, Clone, Copy, PartialEq)]
+pub enum Expect {
+    #[default]
+    Nothing,
+    Exact,
+    NoneShown,
+    AtLeast,
+}
+
+/// Events per call, total and lost, from shmtrace's output file and its summary.
+pub fn read_shmtrace_file(output: &Path, json: bool, failed: bool) -> Result<Reported> {
+    let text = fs::read_to_string(output).context("reading shmtrace's output")?;
+    let mut per_call: BTreeMap<String, u64> = BTreeMap::new();
+    let mut events = None;
+    let mut lost = None;
+    for line in text.lines() {
+        if json {
+            let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            match record["event"].as_str() {
+                Some("summary") => {
+                    events = record["events"].as_u64();
+                    lost = record["lost"].as_u64();
+                }
+                Some(name) => *per_call.entry(name.to_owned()).or_default() += 1,
+                None => {}
+            }
+        } else if let Some(summary) = line.strip_prefix("shmtrace: ") {
+            // "N events in 1.2s from P processes: F failed calls, K killed by signals, L lost"
+            if let Some((n, rest)) = summary.split_once(" events in ") {
+                events = n.trim().parse().ok();
+                lost = rest
+                    .rsplit(", ")
+                    .next()
+                    .and_then(|l| l.strip_suffix(" lost"))
+                    .and_then(|l| l.trim().parse().ok());
+            }
+        } else if let Some(call) = human_call(line) {
+            *per_call.entry(call.to_owned()).or_default() += 1;
+        }
+    }
+    if events.is_none() {
+        bail!("shmtrace's output has no summary");
+    }
+    Ok(Reported {
+        events,
+        lost,
+        per_call: Some(per_call),
+        expect: if failed {
+            Expect::NoneShown
+        } else {
+            Expect::Exact
+        },
+    })
+}
+
+/// The call name of a human-format line: `TIME PID COMM call(args) = ret`.
+fn human_call(line: &str) -> Option<&str> {
+    let token = line.split_whitespace().nth(3)?;
+    let (name, _) = token.split_once('(')?;
+    Some(name)
+}
+
+/// Losses shmtrace noticed on stderr: "... (...; N lost in all)". None noticed means none.
+pub fn lost_from_notices(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            l.split_once("; ")?
+                .1
+                .split_once(" lost in all")?
+                .0
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// perf trace lines: `TIME ( DURATION ms): COMM/PID call(args) = ret`, and `LOST N events!`.
+pub fn read_perf_trace(output: &Path) -> Result<Reported> {
+    let text = fs::read_to_string(output).context("reading perf trace's output")?;
+    let mut per_call: BTreeMap<String, u64> = BTreeMap::new();
+    let mut lost = 0;
+    let mut events = 0;
+    for line in text.lines() {
+        if let Some(n) = line
+            .trim()
+            .strip_prefix("LOST ")
+            .and_then(|r| r.split_whitespace().next())
+        {
+            lost += n.parse::<u64>().unwrap_or(0);
+        } else if let Some((_, rest)) = line.split_once("): ") {
+            let Some(call) = rest.split_whitespace().nth(1) else {
+                continue;
+            };
+            if let Some((name, _)) = call.split_once('(') {
+                *per_call.entry(name.to_owned()).or_default() += 1;
+                events += 1;
+            }
+        }
+    }
+    Ok(Reported {
+        events: Some(events),
+        lost: Some(lost),
+        per_call: Some(per_call),
+        expect: Expect::AtLeast,
+    })
+}
+
+impl Reported {
+    /// `None` when the tracer saw what it should have of the calls `made`; otherwise what
+    /// differs, such as `munmap 2999/3000`.
+    pub fn mismatch(&self, made: &BTreeMap<String, u64>) -> Option<String> {
+        let seen = self.per_call.as_ref()?;
+        let differences: Vec<String> = CALLS
+            .iter()
+            .filter_map(|call| {
+                let made = made.get(*call).copied().unwrap_or(0);
+                let seen = seen.get(*call).copied().unwrap_or(0);
+                let fine = match self.expect {
+                    Expect::Nothing => true,
+                    Expect::Exact => seen == made,
+                    Expect::NoneShown => seen == 0,
+                    Expect::AtLeast => seen >= made,
+                };
+                (!fine).then(|| format!("{call} {seen}/{made}"))
+            })
+            .collect();
+        let shown: Vec<&str> = differences.iter().take(3).map(String::as_str).collect();
+        let more = if differences.len() > 3 { ", …" } else { "" };
+        (!differences.is_empty()).then(|| format!("{}{more}", shown.join(", ")))
+    }
+}

@@ -1,0 +1,393 @@
+//! The ways the workload is run: untraced, or under one tracer or another.
+use std::{
+    collections::BTreeMap,
+    ffi::OsString,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{
+    churn::CALLS,
+    measure::{Finished, Running},
+    reported::{self, Reported},
+};
+
+pub struct Variant {
+    /// Short name, for `--variants`.
+    pub name: &'static str,
+    /// What a user would type, for the table.
+    pub label: &'static str,
+    kind: Kind,
+}
+
+enum Kind {
+    Untraced,
+    Shmtrace {
+        flags: &'static [&'static str],
+        sink: Sink,
+    },
+    /// shmtrace attached and tracing another process; the workload runs untraced beside it.
+    /// What every other process on the host pays while shmtrace runs.
+    ShmtraceIdle,
+    Strace {
+        seccomp: bool,
+    },
+    PerfTrace,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Sink {
+    File,
+    DevNull,
+}
+
+pub const ALL: [Variant; 9] = [
+    Variant {
+        name: "untraced",
+        label: "untraced",
+        kind: Kind::Untraced,
+    },
+    Variant {
+        name: "shmtrace",
+        label: "shmtrace -o FILE",
+        kind: Kind::Shmtrace {
+            flags: &[],
+            sink: Sink::File,
+        },
+    },
+    Variant {
+        name: "shmtrace-json",
+        label: "shmtrace --json -o FILE",
+        kind: Kind::Shmtrace {
+            flags: &["--json"],
+            sink: Sink::File,
+        },
+    },
+    Variant {
+        name: "shmtrace-null",
+        label: "shmtrace -o /dev/null",
+        kind: Kind::Shmtrace {
+            flags: &[],
+            sink: Sink::DevNull,
+        },
+    },
+    Variant {
+        name: "shmtrace-failed",
+        label: "shmtrace --failed -o FILE",
+        kind: Kind::Shmtrace {
+            flags: &["--failed"],
+            sink: Sink::File,
+        },
+    },
+    Variant {
+        name: "shmtrace-idle",
+        label: "untraced, shmtrace --pid OTHER",
+        kind: Kind::ShmtraceIdle,
+    },
+    Variant {
+        name: "strace",
+        label: "strace -f -o /dev/null",
+        kind: Kind::Strace { seccomp: false },
+    },
+    Variant {
+        name: "strace-seccomp",
+        label: "strace -f --seccomp-bpf",
+        kind: Kind::Strace { seccomp: true },
+    },
+    Variant {
+        name: "perf-trace",
+        label: "perf trace -o FILE",
+        kind: Kind::PerfTrace,
+    },
+];
+
+/// What a run needs besides the workload's command line.
+pub struct Setup {
+    pub shmtrace: PathBuf,
+    /// Where tracers write their output; emptied after each run.
+    pub scratch: PathBuf,
+}
+
+/// A finished run of one variant.
+pub struct Outcome {
+    /// The workload, reaped by whoever started it.
+    pub workload: WorkloadReport,
+    /// The process we started: the workload itself, or the tracer running it.
+    pub top: Finished,
+    /// For tracers: the tracer process (`top`, or the idle shmtrace).
+    pub tracer: Option<TracerUse>,
+    pub reported: Reported,
+}
+
+pub struct TracerUse {
+    /// The tracer's own CPU time, without the workload's.
+    pub cpu_seconds: f64,
+    pub peak_rss_kb: u64,
+}
+
+/// What the workload said about itself.
+pub struct WorkloadReport {
+    pub loop_seconds: f64,
+    pub cpu_seconds: f64,
+    pub calls: BTreeMap<String, u64>,
+}
+
+impl Variant {
+    pub fn traced(&self) -> bool {
+        !matches!(self.kind, Kind::Untraced)
+    }
+
+    /// Whether the tools this variant needs are here; `Err` says which is missing and why.
+    pub fn available(&self, setup: &Setup) -> Result<()> {
+        let probe = |program: &Path, args: &[&str]| -> Result<()> {
+            let out = Command::new(program)
+                .args(args)
+                .output()
+                .with_context(|| format!("{} cannot be run", program.display()))?;
+            if !out.status.success() {
+                bail!(
+                    "`{} {}` failed: {}",
+                    program.display(),
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok(())
+        };
+        match self.kind {
+            Kind::Untraced => Ok(()),
+            Kind::Shmtrace { .. } | Kind::ShmtraceIdle => probe(&setup.shmtrace, &["--version"]),
+            Kind::Strace { .. } => probe(Path::new("strace"), &["-V"]),
+            // perf trace needs tracefs and syscall tracepoints; try it for real.
+            Kind::PerfTrace => probe(
+                Path::new("perf"),
+                &["trace", "-e", "close", "-o", "/dev/null", "--", "true"],
+            ),
+        }
+    }
+
+    /// Runs `workload` once this way.
+    pub fn run(&self, setup: &Setup, workload: &[OsString]) -> Result<Outcome> {
+        let output = setup.scratch.join("trace.out");
+        let result = self.run_with(setup, workload, &output);
+        let _ = fs::remove_file(&output);
+        result
+    }
+
+    fn run_with(&self, setup: &Setup, workload: &[OsString], output: &Path) -> Result<Outcome> {
+        if let Kind::ShmtraceIdle = self.kind {
+            return run_beside_idle_shmtrace(setup, workload);
+        }
+        let mut command = match self.kind {
+            Kind::Untraced => direct(workload),
+            Kind::Shmtrace { flags, sink } => {
+                let mut c = Command::new(&setup.shmtrace);
+                c.args(flags).arg("-o");
+                match sink {
+                    Sink::File => c.arg(output),
+                    Sink::DevNull => c.arg("/dev/null"),
+                };
+                c.arg("--").args(workload);
+                c
+            }
+            Kind::Strace { seccomp } => {
+                let mut c = Command::new("strace");
+                c.args(["-f", "-qq"]);
+                if seccomp {
+                    c.arg("--seccomp-bpf");
+                }
+                c.arg("-e")
+                    .arg(format!("trace={}", CALLS.join(",")))
+                    .args(["-o", "/dev/null", "--"])
+                    .args(workload);
+                c
+            }
+            Kind::PerfTrace => {
+                let mut c = Command::new("perf");
+                c.args(["trace", "-e", &CALLS.join(",")])
+                    .arg("-o")
+                    .arg(output)
+                    .arg("--")
+                    .args(workload);
+                c
+            }
+            Kind::ShmtraceIdle => unreachable!("handled above"),
+        };
+        let top = Running::spawn(&mut command, false)?.finish()?;
+        if !top.success() {
+            bail!(
+                "{} ended with {}: {}",
+                self.label,
+                top.describe_status(),
+                last_lines(&top.stderr, 3)
+            );
+        }
+        let workload = WorkloadReport::from_stdout(&top.stdout)?;
+        let tracer = self.traced().then_some(TracerUse {
+            cpu_seconds: top.own_cpu_seconds,
+            peak_rss_kb: top.peak_rss_kb,
+        });
+        let reported = match self.kind {
+            Kind::Shmtrace { flags, sink } => {
+                let failed = flags.contains(&"--failed");
+                let json = flags.contains(&"--json");
+                read_shmtrace(sink, output, &top.stderr, json, failed)?
+            }
+            Kind::PerfTrace => reported::read_perf_trace(output)?,
+            _ => Reported::default(),
+        };
+        Ok(Outcome {
+            workload,
+            top,
+            tracer,
+            reported,
+        })
+    }
+}
+
+fn direct(workload: &[OsString]) -> Command {
+    let mut c = Command::new(&workload[0]);
+    c.args(&workload[1..]);
+    c
+}
+
+/// Starts shmtrace on a sleeping process, waits until its probes are attached, runs the
+/// workload untraced, then ends the sleeper (shmtrace exits when its targets are gone).
+fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outcome> {
+    let mut sleeper = Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .context("starting sleep")?;
+    let result = (|| {
+        let tracer = Running::spawn(
+            Command::new(&setup.shmtrace)
+                .args(["-o", "/dev/null", "--pid"])
+                .arg(sleeper.id().to_string()),
+            false,
+        )?;
+        let attached = wait_attached(tracer.pid());
+        let top = attached.and_then(|()| Running::spawn(&mut direct(workload), false)?.finish());
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        let tracer = tracer.finish()?;
+        let top = top?;
+        if !tracer.success() {
+            bail!(
+                "shmtrace --pid ended with {}: {}",
+                tracer.describe_status(),
+                last_lines(&tracer.stderr, 3)
+            );
+        }
+        if !top.success() {
+            bail!(
+                "the workload ended with {}: {}",
+                top.describe_status(),
+                last_lines(&top.stderr, 3)
+            );
+        }
+        Ok(Outcome {
+            workload: WorkloadReport::from_stdout(&top.stdout)?,
+            tracer: Some(TracerUse {
+                cpu_seconds: tracer.own_cpu_seconds,
+                peak_rss_kb: tracer.peak_rss_kb,
+            }),
+            top,
+            reported: Reported {
+                lost: Some(reported::lost_from_notices(&tracer.stderr)),
+                ..Reported::default()
+            },
+        })
+    })();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    result
+}
+
+/// shmtrace prints nothing when its probes are attached. It is attached once it holds BPF
+/// program descriptors and has gone to sleep in its event loop, with that count steady.
+pub fn wait_attached(pid: u32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut steady = 0;
+    let mut last = 0;
+    while Instant::now() < deadline {
+        let programs = fs::read_dir(format!("/proc/{pid}/fd"))
+            .with_context(|| format!("shmtrace ({pid}) exited before attaching"))?
+            .flatten()
+            .filter(|e| {
+                fs::read_link(e.path())
+                    .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog")
+            })
+            .count();
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let sleeping = stat
+            .rsplit(") ")
+            .next()
+            .is_some_and(|rest| rest.starts_with('S'));
+        steady = if programs > 0 && programs == last && sleeping {
+            steady + 1
+        } else {
+            0
+        };
+        last = programs;
+        if steady >= 4 {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    bail!("shmtrace ({pid}) did not attach within a minute")
+}
+
+impl WorkloadReport {
+    fn from_stdout(lines: &[String]) -> Result<WorkloadReport> {
+        let report: serde_json::Value = lines
+            .iter()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v.get("seconds").is_some())
+            .context("the workload printed no report")?;
+        let number = |key: &str| report[key].as_f64().context(format!("report has no {key}"));
+        Ok(WorkloadReport {
+            loop_seconds: number("seconds")?,
+            cpu_seconds: number("cpu_seconds")?,
+            calls: report["calls"]
+                .as_object()
+                .context("report has no calls")?
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                .collect(),
+        })
+    }
+}
+
+fn read_shmtrace(
+    sink: Sink,
+    output: &Path,
+    stderr: &str,
+    json: bool,
+    failed: bool,
+) -> Result<Reported> {
+    if sink == Sink::DevNull {
+        // The summary went to /dev/null too; losses are also noticed on stderr.
+        return Ok(Reported {
+            lost: Some(reported::lost_from_notices(stderr)),
+            ..Reported::default()
+        });
+    }
+    reported::read_shmtrace_file(output, json, failed)
+}
+
+impl Outcome {
+    pub fn mismatch(&self) -> Option<String> {
+        self.reported.mismatch(&self.workload.calls)
+    }
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
