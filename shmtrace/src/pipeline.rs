@@ -144,14 +144,6 @@ impl Pipeline {
         self
     }
 
-    pub fn world(&self) -> &World {
-        &self.world
-    }
-
-    pub fn diagnoses(&self) -> &[Diagnosis] {
-        &self.diagnoses
-    }
-
     pub fn output(&mut self) -> &mut Output {
         &mut self.output
     }
@@ -170,10 +162,6 @@ impl Pipeline {
         }
         self.diagnoser.set_container(info);
         self.tap_user(ts_ns, &record)
-    }
-
-    pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
-        self.diagnoser.container(mntns)
     }
 
     /// A measurement of a /dev/shm taken outside a failure (the session samples containers).

@@ -106,8 +106,7 @@ impl Session {
                 read = reader.read(&mut batch) => {
                     read.context("reading the ring buffer")?;
                     self.handle(&mut batch, &mut ending)?;
-                    if let Ending::Pids(live) = &ending && live.is_empty() {
-                        self.pipeline.notice("every traced process has exited")?;
+                    if all_exited(&ending) {
                         break;
                     }
                 }
@@ -133,8 +132,11 @@ impl Session {
                     // microseconds): they are collected here.
                     reader.drain(&mut batch);
                     self.handle(&mut batch, &mut ending)?;
+                    if all_exited(&ending) {
+                        break;
+                    }
                     ticks += 1;
-                    if ticks % TICKS_PER_LOST_CHECK == 0 {
+                    if ticks.is_multiple_of(TICKS_PER_LOST_CHECK) {
                         self.check_lost()?;
                     }
                     self.pipeline.tick(now_boot_ns())?;
@@ -147,6 +149,9 @@ impl Session {
             }
         }
 
+        if all_exited(&ending) {
+            self.pipeline.notice("every traced process has exited")?;
+        }
         tokio::time::sleep(GRACE).await;
         reader.drain(&mut batch);
         self.handle(&mut batch, &mut ending)?;
@@ -193,6 +198,12 @@ impl Session {
         let total = self.tracer.lost()?;
         self.pipeline.lost(total, now_boot_ns())
     }
+}
+
+/// Whether the trace follows processes and every one of them has exited. The records that
+/// say so may arrive through a wake-up or through the timer: both check.
+fn all_exited(ending: &Ending) -> bool {
+    matches!(ending, Ending::Pids(live) if live.is_empty())
 }
 
 /// `CLOCK_BOOTTIME` now, the clock of the kernel's timestamps.

@@ -113,7 +113,6 @@ pub fn tracer_options(what: &What, args: &TargetArgs) -> TracerOptions {
         failed_only: args.failed,
         ring_buffer_bytes: args.buffer_size,
         btf_path: args.kernel_btf.clone(),
-        ..TracerOptions::default()
     }
 }
 

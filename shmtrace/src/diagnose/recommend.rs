@@ -164,7 +164,7 @@ pub fn round_up(bytes: u64) -> u64 {
 
 /// `512m`, `2g`: docker's `--shm-size` and compose's `shm_size` units.
 pub fn docker_size(bytes: u64) -> String {
-    if bytes % (1 << 30) == 0 {
+    if bytes.is_multiple_of(1 << 30) {
         format!("{}g", bytes >> 30)
     } else {
         format!("{}m", bytes.div_ceil(1 << 20))
@@ -173,7 +173,7 @@ pub fn docker_size(bytes: u64) -> String {
 
 /// `512Mi`, `2Gi`: Kubernetes quantities.
 pub fn kubernetes_size(bytes: u64) -> String {
-    if bytes % (1 << 30) == 0 {
+    if bytes.is_multiple_of(1 << 30) {
         format!("{}Gi", bytes >> 30)
     } else {
         format!("{}Mi", bytes.div_ceil(1 << 20))

@@ -42,11 +42,9 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
             .unwrap_or_else(|| d.place.clone()),
     );
     if let Some(capacity) = d.capacity {
-        let percent = if capacity.size > 0 {
-            capacity.used * 100 / capacity.size
-        } else {
-            0
-        };
+        let percent = (capacity.used * 100)
+            .checked_div(capacity.size)
+            .unwrap_or(0);
         add(
             "/dev/shm",
             format!(

@@ -234,48 +234,6 @@ pub(super) fn random_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn header_round_trips_through_cbor_with_unknown_container_fields() {
-        let mut header = TraceHeader::for_this_host(TargetDescription {
-            command: Some(vec!["python3".into(), "train.py".into()]),
-            ..Default::default()
-        });
-        let mut container = ContainerDescription {
-            id: "ab".repeat(32),
-            runtime: Some("docker".into()),
-            shm: Some(ShmCapacity {
-                dev: 26,
-                size_bytes: 64 << 20,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        container
-            .extra
-            .insert("restart_count".into(), ciborium::Value::Integer(3.into()));
-        header.target.containers.push(container);
-        let back: TraceHeader = ciborium::from_reader(&header.to_cbor()[..]).unwrap();
-        assert_eq!(back, header);
-        assert!(!header.kernel_release.is_empty());
-        assert_eq!(header.recording_id.len(), 32);
-        // Boot time plus the offset is the wall clock the header was made at.
-        let start = header.clock().wall(header.start_boot_ns).as_nanosecond();
-        assert_eq!(start, i128::from(header.start_unix_ns));
-    }
-
-    #[test]
-    fn measures_this_hosts_dev_shm() {
-        let cap = ShmCapacity::measure(Path::new("/dev/shm")).unwrap();
-        assert!(cap.size_bytes > 0);
-        assert!(cap.used_bytes <= cap.size_bytes);
-        assert_ne!(CgroupLayout::detect(), CgroupLayout::Unknown);
-    }
-}
-
 /// The container fields with no slot of their own travel in `extra`, under these keys.
 const EXTRA_POD: &str = "pod";
 const EXTRA_NAMESPACE: &str = "namespace";
@@ -339,5 +297,47 @@ impl ContainerDescription {
             mntns: self.mntns,
             shm_dev: self.shm.map(|s| s.dev).filter(|dev| *dev != 0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_through_cbor_with_unknown_container_fields() {
+        let mut header = TraceHeader::for_this_host(TargetDescription {
+            command: Some(vec!["python3".into(), "train.py".into()]),
+            ..Default::default()
+        });
+        let mut container = ContainerDescription {
+            id: "ab".repeat(32),
+            runtime: Some("docker".into()),
+            shm: Some(ShmCapacity {
+                dev: 26,
+                size_bytes: 64 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        container
+            .extra
+            .insert("restart_count".into(), ciborium::Value::Integer(3.into()));
+        header.target.containers.push(container);
+        let back: TraceHeader = ciborium::from_reader(&header.to_cbor()[..]).unwrap();
+        assert_eq!(back, header);
+        assert!(!header.kernel_release.is_empty());
+        assert_eq!(header.recording_id.len(), 32);
+        // Boot time plus the offset is the wall clock the header was made at.
+        let start = header.clock().wall(header.start_boot_ns).as_nanosecond();
+        assert_eq!(start, i128::from(header.start_unix_ns));
+    }
+
+    #[test]
+    fn measures_this_hosts_dev_shm() {
+        let cap = ShmCapacity::measure(Path::new("/dev/shm")).unwrap();
+        assert!(cap.size_bytes > 0);
+        assert!(cap.used_bytes <= cap.size_bytes);
+        assert_ne!(CgroupLayout::detect(), CgroupLayout::Unknown);
     }
 }

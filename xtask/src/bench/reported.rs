@@ -49,13 +49,14 @@ pub fn read_shmtrace_file(output: &Path, json: bool, failed: bool) -> Result<Rep
                 None => {}
             }
         } else if let Some(summary) = line.strip_prefix("shmtrace: ") {
-            // "N events in 1.2s from P processes: F failed calls, K killed by signals, L lost"
+            // "N events in 1.2s from P processes; F failed calls, K killed by a signal;
+            // L events lost"
             if let Some((n, rest)) = summary.split_once(" events in ") {
                 events = n.trim().parse().ok();
                 lost = rest
-                    .rsplit(", ")
+                    .rsplit("; ")
                     .next()
-                    .and_then(|l| l.strip_suffix(" lost"))
+                    .and_then(|l| l.strip_suffix(" events lost"))
                     .and_then(|l| l.trim().parse().ok());
             }
         } else if let Some(call) = human_call(line) {
@@ -77,11 +78,17 @@ pub fn read_shmtrace_file(output: &Path, json: bool, failed: bool) -> Result<Rep
     })
 }
 
-/// The call name of a human-format line: `TIME PID COMM call(args) = ret`.
+/// The call name of a human-format line: `TIME PID COMM [ROLE] call(args) = ret`, the role
+/// being absent, one word (`trainer`) or two (`worker 1`).
 fn human_call(line: &str) -> Option<&str> {
-    let token = line.split_whitespace().nth(3)?;
-    let (name, _) = token.split_once('(')?;
-    Some(name)
+    line.split_whitespace().skip(3).take(3).find_map(|token| {
+        let (name, _) = token.split_once('(')?;
+        let is_call = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        is_call.then_some(name)
+    })
 }
 
 /// Losses shmtrace noticed on stderr: "... (...; N lost in all)". None noticed means none.
@@ -153,5 +160,45 @@ impl Reported {
         let shown: Vec<&str> = differences.iter().take(3).map(String::as_str).collect();
         let more = if differences.len() > 3 { ", …" } else { "" };
         (!differences.is_empty()).then(|| format!("{}{more}", shown.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_call_whatever_the_role_column_holds() {
+        let line = |role: &str| {
+            format!(
+                "17:51:36.425526     7068 pt_data_worker  {role:<9} ftruncate(3</dev/shm/torch_1_2_0>, 384.0 KiB) = 0"
+            )
+        };
+        assert_eq!(human_call(&line("")), Some("ftruncate"));
+        assert_eq!(human_call(&line("trainer")), Some("ftruncate"));
+        assert_eq!(human_call(&line("worker 12")), Some("ftruncate"));
+        assert_eq!(
+            human_call("17:51:36.1  7068 sh  fork() = 7069"),
+            Some("fork")
+        );
+        assert_eq!(human_call("━━━ shmtrace diagnosis ━━━"), None);
+    }
+
+    #[test]
+    fn reads_the_summary_line() {
+        let dir = std::env::temp_dir().join(format!("xtask-reported-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("out.txt");
+        fs::write(
+            &file,
+            "17:51:36.1  7068 pt_data_worker  worker 1  openat(AT_FDCWD, \"/dev/shm/x\", O_RDWR, 0600) = 3\n\
+             shmtrace: 7 events in 0.1s from 1 processes; 0 failed calls, 0 killed by a signal; 3 events lost\n",
+        )
+        .unwrap();
+        let reported = read_shmtrace_file(&file, false, false).unwrap();
+        assert_eq!(reported.events, Some(7));
+        assert_eq!(reported.lost, Some(3));
+        assert_eq!(reported.per_call.unwrap().get("openat"), Some(&1));
+        let _ = fs::remove_dir_all(dir);
     }
 }
