@@ -79,6 +79,16 @@ struct LoaderStats {
     max_in_flight: u32,
 }
 
+/// What a later diagnosis needs of one already made: a trainer that dies after its worker
+/// failed takes the worker's cause and recommendation.
+#[derive(Clone, Debug)]
+struct Diagnosed {
+    /// When its earliest failure happened; `None` when it had none (only a fatal signal).
+    first_failure_ns: Option<u64>,
+    cause: Cause,
+    recommendation: Option<Recommendation>,
+}
+
 #[derive(Default)]
 pub struct Diagnoser {
     roles: Roles,
@@ -88,7 +98,7 @@ pub struct Diagnoser {
     containers: HashMap<u32, ContainerInfo>,
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
-    diagnosed: HashSet<u32>,
+    diagnosed: HashMap<u32, Diagnosed>,
     /// Bytes each process holds now, and the running total and peak of its group (place and
     /// role at the time).
     held: HashMap<u32, (u64, (String, RoleKind))>,
@@ -376,12 +386,7 @@ impl Diagnoser {
                 return None;
             }
             // A trainer dying after one of its workers: the worker's diagnosis says why.
-            let failed_worker = self
-                .roles
-                .workers_of(pid)
-                .map(|(worker, _)| worker)
-                .filter(|worker| self.diagnosed.contains(worker))
-                .min();
+            let failed_worker = self.first_failed_worker(pid);
             let touched_shm = world
                 .process(pid)
                 .is_some_and(|p| !p.created.is_empty() || role.kind != RoleKind::Other);
@@ -397,10 +402,52 @@ impl Diagnoser {
                 Vec::new(),
                 world,
             );
-            diagnosis.follows = failed_worker;
+            if let Some(worker) = failed_worker {
+                self.follow(&mut diagnosis, worker);
+            }
             return Some(diagnosis);
         }
         Some(self.diagnose(pid, event.mntns, event.ts_ns, Some(status), failures, world))
+    }
+
+    /// Of `trainer`'s diagnosed workers, the one whose failure came first; failing that (none
+    /// had a failure of its own, say all were killed), the lowest pid.
+    fn first_failed_worker(&self, trainer: u32) -> Option<u32> {
+        let diagnosed: Vec<(u32, &Diagnosed)> = self
+            .roles
+            .workers_of(trainer)
+            .filter_map(|(worker, _)| Some((worker, self.diagnosed.get(&worker)?)))
+            .collect();
+        diagnosed
+            .iter()
+            .filter_map(|(worker, d)| Some((d.first_failure_ns?, *worker)))
+            .min()
+            .map(|(_, worker)| worker)
+            .or_else(|| diagnosed.iter().map(|(worker, _)| *worker).min())
+    }
+
+    /// Makes `diagnosis` (of a process with no failure of its own) point to the process whose
+    /// failure it died of, and take that cause: a trainer killed by its worker's ENOSPC died of
+    /// /dev/shm too, and the same size fixes it.
+    fn follow(&mut self, diagnosis: &mut Diagnosis, followed: u32) {
+        diagnosis.follows = Some(followed);
+        let Some(other) = self.diagnosed.get(&followed).cloned() else {
+            return;
+        };
+        if other.first_failure_ns.is_none() {
+            return;
+        }
+        diagnosis.cause = other.cause;
+        diagnosis.recommendation = other.recommendation.clone();
+        diagnosis.explanation = explain(other.cause);
+        self.diagnosed.insert(
+            diagnosis.pid,
+            Diagnosed {
+                first_failure_ns: None,
+                cause: other.cause,
+                recommendation: other.recommendation,
+            },
+        );
     }
 
     fn diagnose(
@@ -412,7 +459,7 @@ impl Diagnoser {
         mut failures: Vec<Failure>,
         world: &World,
     ) -> Diagnosis {
-        self.diagnosed.insert(pid);
+        let first_failure_ns = failures.iter().map(|f| f.ts_ns).min();
         // The decisive failure first: an OOM kill explains more than the ENOSPC before it.
         failures.sort_by_key(|f| (f.cause, f.ts_ns));
         let cause = match (failures.first(), ending) {
@@ -464,6 +511,14 @@ impl Diagnoser {
                 &started_by,
             )
         });
+        self.diagnosed.insert(
+            pid,
+            Diagnosed {
+                first_failure_ns,
+                cause,
+                recommendation: recommendation.clone(),
+            },
+        );
         Diagnosis {
             ts_ns,
             pid,
@@ -517,3 +572,6 @@ fn explain(cause: Cause) -> Option<String> {
     };
     Some(text.to_owned())
 }
+
+#[cfg(test)]
+mod tests;
