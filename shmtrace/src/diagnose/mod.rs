@@ -385,8 +385,11 @@ impl Diagnoser {
             if status.success() {
                 return None;
             }
-            // A trainer dying after one of its workers: the worker's diagnosis says why.
-            let failed_worker = self.first_failed_worker(pid);
+            // A trainer dying after one of its workers, or any process after its child: that
+            // diagnosis says why.
+            let failed_worker = self
+                .first_failed_worker(pid)
+                .or_else(|| self.first_failed_child(pid, world));
             let touched_shm = world
                 .process(pid)
                 .is_some_and(|p| !p.created.is_empty() || role.kind != RoleKind::Other);
@@ -424,6 +427,17 @@ impl Diagnoser {
             .min()
             .map(|(_, worker)| worker)
             .or_else(|| diagnosed.iter().map(|(worker, _)| *worker).min())
+    }
+
+    /// Of `parent`'s children, the one diagnosed with the earliest failure: a multiprocessing
+    /// parent whose writer died of SIGBUS, a launcher whose NCCL rank failed.
+    fn first_failed_child(&self, parent: u32, world: &World) -> Option<u32> {
+        world
+            .processes()
+            .filter(|p| p.parent == Some(parent))
+            .filter_map(|p| Some((self.diagnosed.get(&p.pid)?.first_failure_ns?, p.pid)))
+            .min()
+            .map(|(_, child)| child)
     }
 
     /// Makes `diagnosis` (of a process with no failure of its own) point to the process whose

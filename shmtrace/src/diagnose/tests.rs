@@ -212,3 +212,37 @@ fn a_trainer_whose_workers_did_not_fail_is_not_blamed_on_them() {
     assert_eq!(trainer.follows, None);
     assert_eq!(trainer.cause, Cause::Other);
 }
+
+#[test]
+fn a_parent_follows_its_child_that_failed() {
+    // multiprocessing: a parent (200) whose child (201) died of a full /dev/shm, and which then
+    // exits 1 itself; another child (202) did nothing wrong.
+    let mut run = Run::new();
+    run.exec(200, &["/usr/bin/python3", "writers.py"]);
+    run.fork(200, 201);
+    run.fork(200, 202);
+    let segment = run.create(201, "python3", "/dev/shm/psm_0123abcd", 3);
+    run.fallocate_fails(201, "python3", 3, segment, 2 << 20);
+    run.exit(201, "python3", 1);
+    run.exit(202, "python3", 0);
+    run.exit(200, "python3", 1);
+
+    let child = run.of(201);
+    assert_eq!(child.cause, Cause::ShmFull);
+    let parent = run.of(200);
+    assert_eq!(parent.follows, Some(201));
+    assert_eq!(parent.cause, Cause::ShmFull);
+    assert_eq!(parent.recommendation, child.recommendation);
+    let text = crate::output::diagnosis::text(parent).join("\n");
+    assert!(text.contains("its child pid 201 failed first"), "{text}");
+}
+
+#[test]
+fn a_parent_whose_children_did_not_fail_gets_no_diagnosis() {
+    let mut run = Run::new();
+    run.exec(200, &["/bin/sh", "-c", "false"]);
+    run.fork(200, 201);
+    run.exit(201, "sh", 0);
+    run.exit(200, "sh", 1);
+    assert!(run.out.is_empty(), "{:#?}", run.out);
+}
