@@ -192,6 +192,25 @@ fn assert_trainer_follows(records: &[Value], trainer: u64, failed: &[&Value]) {
     assert_eq!(d["failures"], serde_json::json!([]), "{d}");
 }
 
+/// A parent (not a trainer) that exited 1 after its child failed: its diagnosis points to the
+/// child and carries the child's cause and recommendation.
+fn assert_parent_follows(records: &[Value], parent: u64, child: &Value) {
+    let all = diagnoses(records);
+    let d = all
+        .iter()
+        .find(|d| pid(d) == parent)
+        .unwrap_or_else(|| panic!("no diagnosis for the parent {parent}: {all:?}"));
+    assert_eq!(d["ending"]["exit_code"], 1, "{d}");
+    assert_eq!(d["follows_pid"], child["pid"], "{d}");
+    assert_eq!(d["cause"], child["cause"], "{d}");
+    assert_eq!(d["recommendation"], child["recommendation"], "{d}");
+    let text = d["text"].to_string();
+    assert!(
+        text.contains(&format!("its child pid {} failed first", child["pid"])),
+        "{text}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The summary record
 
@@ -491,6 +510,8 @@ fn nccl(legacy: bool) {
         alternatives.contains("NCCL_SHM_DISABLE=1"),
         "{alternatives}"
     );
+    // The launcher exits 1 because of that rank, and says so.
+    assert_parent_follows(&trace.records, launcher, d);
     assert_summary(&trace.records);
 
     let size = recommended(&workload, &trace.records);
@@ -533,6 +554,34 @@ fn shared_memory_sigbus() {
     assert_fault(failure, "/dev/shm/psm_", 2 * MIB);
     // Everything below the fault fitted: it happens where the 1 MiB tmpfs ran out.
     assert!(u64_of(&failure["offset"]) <= MIB, "{failure}");
+    assert_summary(&trace.records);
+
+    let size = recommended(&workload, &trace.records);
+    assert_enough_in_private_shm(&workload, size);
+}
+
+/// The same with `--workers 2`: children attach to the segment by name and write a slice
+/// each; one dies by SIGBUS, and the parent raises and exits 1 because of it.
+#[test]
+fn shared_memory_sigbus_in_a_child() {
+    let _guard = serial();
+    let script = "shared_memory_sigbus.py";
+    let workload = Workload::new(script, &["--workers", "2"]);
+    let trace = workload.trace_in_private_shm(MIB);
+    let dump = || trace.dump();
+    assert_eq!(exit_code(&trace), Some(1), "{}", dump());
+    let parent = main_pid(&trace.records, script);
+
+    let failed = shm_full(&trace.records);
+    assert_eq!(failed.len(), 1, "{}", dump());
+    let d = failed[0];
+    assert_ne!(pid(d), parent, "a writer, not the parent: {d}");
+    // Its role is not asserted: shmtrace calls a process that only attached to a psm_*
+    // segment (opened it without O_CREAT) `other`, not `python_multiprocessing`.
+    assert_shm_full(d, MIB, &dump);
+    assert_killed_by_sigbus(d);
+    assert_fault(&d["failures"][0], "/dev/shm/psm_", 2 * MIB);
+    assert_parent_follows(&trace.records, parent, d);
     assert_summary(&trace.records);
 
     let size = recommended(&workload, &trace.records);
