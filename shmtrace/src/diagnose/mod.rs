@@ -371,7 +371,9 @@ impl Diagnoser {
             kind,
             dev,
             usage: dev.and_then(|d| world.usage(d).cloned()),
-            capacity: dev.and_then(|d| self.capacity.get(&d).copied()),
+            capacity: dev
+                .and_then(|d| self.capacity.get(&d).copied())
+                .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d)))),
             workers_allocating,
             unmet,
         }
@@ -553,6 +555,17 @@ impl Diagnoser {
             explanation: explain(cause),
         }
     }
+}
+
+/// /dev/shm is measured when userspace reads the failure, which may be after the process
+/// freed what it held (a program that gets ENOSPC from sem_open unlinks its files at once, and
+/// the measurement then reads 0 bytes used): it was at least as full as the traced objects'
+/// allocated pages made it at that moment.
+fn at_least_held(mut capacity: Capacity, usage: Option<&ShmUsage>) -> Capacity {
+    if let Some(usage) = usage {
+        capacity.used = capacity.used.max(usage.allocated.min(capacity.size));
+    }
+    capacity
 }
 
 /// For causes a bigger /dev/shm does not fix: what does.

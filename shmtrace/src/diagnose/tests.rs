@@ -16,11 +16,16 @@ struct Run {
 
 impl Run {
     fn new() -> Run {
+        Run::measured(1 << 20)
+    }
+
+    /// With /dev/shm last measured `used` bytes full (of 1 MiB).
+    fn measured(used: u64) -> Run {
         let mut diagnoser = Diagnoser::new(MNTNS);
         diagnoser.capacity(Capacity {
             dev: DEV,
             size: 1 << 20,
-            used: 1 << 20,
+            used,
             ts_ns: 0,
         });
         Run {
@@ -111,6 +116,28 @@ impl Run {
                 mode: libc::S_IFREG | 0o600,
                 size: len as i64,
                 allocated: 0,
+            }),
+            path: None,
+            path_truncated: false,
+            relative_to_shm: false,
+        };
+        self.event(pid, comm, Body::Call(call));
+    }
+
+    /// `write(fd, buf, len)` returning `ret`, leaving the object `allocated` bytes big.
+    fn write(&mut self, pid: u32, comm: &str, fd: i32, inode: InodeId, len: u64, ret: i64) {
+        let allocated = self.world.object(&inode).map_or(0, |o| o.allocated)
+            + if ret > 0 { ret as u64 } else { 0 };
+        let call = Call {
+            syscall: Syscall::Write,
+            fd: Some(fd),
+            ret,
+            args: [fd as u64, 0, len, 0, 0, 0],
+            file: Some(FileRef {
+                inode,
+                mode: libc::S_IFREG | 0o600,
+                size: allocated as i64,
+                allocated,
             }),
             path: None,
             path_truncated: false,
@@ -245,4 +272,25 @@ fn a_parent_whose_children_did_not_fail_gets_no_diagnosis() {
     run.exit(201, "sh", 0);
     run.exit(200, "sh", 1);
     assert!(run.out.is_empty(), "{:#?}", run.out);
+}
+
+#[test]
+fn used_is_at_least_what_traced_objects_held_at_the_failure() {
+    // A filler writes 1 MiB, then sem_open's 32-byte write fails; /dev/shm was measured after
+    // the program had unlinked both (0 bytes used), as happens live.
+    let mut run = Run::measured(0);
+    run.exec(300, &["/usr/bin/python3", "queues.py"]);
+    let filler = run.create(300, "python3", "/dev/shm/filler", 3);
+    for _ in 0..16 {
+        run.write(300, "python3", 3, filler, 64 << 10, 64 << 10);
+    }
+    let sem = run.create(300, "python3", "/dev/shm/sem.AbCdEf", 4);
+    run.write(300, "python3", 4, sem, 32, -(libc::ENOSPC as i64));
+    run.exit(300, "python3", 1);
+
+    let d = run.of(300);
+    assert_eq!(d.cause, Cause::ShmFull);
+    let capacity = d.capacity.expect("a capacity");
+    assert_eq!(capacity.size, 1 << 20);
+    assert_eq!(capacity.used, 1 << 20, "not the 0 measured too late");
 }
