@@ -94,6 +94,15 @@ fn assert_shm_full(d: &Value, shm_size: u64, dump: &dyn Fn() -> String) {
     let failure = &d["failures"][0];
     assert_eq!(failure["pid"], d["pid"], "{d}");
     assert_eq!(failure["cause"], "shm_full", "{d}");
+    if failure["kind"] == "call" {
+        // ENOSPC: what it asked for (in pages) did not fit in what was free at that moment.
+        let request = u64_of(&failure["request"]).div_ceil(4096) * 4096;
+        let used = u64_of(&d["shm"]["used"]);
+        assert!(
+            used + request > shm_size,
+            "{used} bytes used of {shm_size} left room for the {request} it asked: {d}"
+        );
+    }
     let r = &d["recommendation"];
     let min = u64_of(&r["min_bytes"]);
     assert!(min > shm_size, "a size above the one that failed: {d}");
@@ -292,6 +301,10 @@ fn recommended(workload: &Workload, records: &[Value]) -> u64 {
         .map(|d| u64_of(&d["recommendation"]["min_bytes"]))
         .collect();
     assert!(!sizes.is_empty(), "no /dev/shm-size diagnosis");
+    eprintln!(
+        "{} {:?}: needs {required} bytes, shmtrace recommends {sizes:?}",
+        workload.script, workload.args
+    );
     for size in &sizes {
         assert!(
             *size >= required,
