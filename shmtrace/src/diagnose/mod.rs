@@ -362,6 +362,10 @@ impl Diagnoser {
             }
             _ => 0,
         };
+        let capacity = dev
+            .and_then(|d| self.capacity.get(&d).copied())
+            .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
+            .map(|c| at_least_refused(c, cause, &kind));
         Failure {
             ts_ns: event.ts_ns,
             pid,
@@ -371,9 +375,7 @@ impl Diagnoser {
             kind,
             dev,
             usage: dev.and_then(|d| world.usage(d).cloned()),
-            capacity: dev
-                .and_then(|d| self.capacity.get(&d).copied())
-                .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d)))),
+            capacity,
             workers_allocating,
             unmet,
         }
@@ -565,6 +567,35 @@ fn at_least_held(mut capacity: Capacity, usage: Option<&ShmUsage>) -> Capacity {
     if let Some(usage) = usage {
         capacity.used = capacity.used.max(usage.allocated.min(capacity.size));
     }
+    capacity
+}
+
+/// The kernel's answer bounds it too. ENOSPC from a write or fallocate of `n` bytes means
+/// fewer pages were free than the call needed, and `n` bytes span at most
+/// `ceil((n - 1) / page) + 1` pages (the offset is not known); a SIGBUS inside a /dev/shm file
+/// means not one page was free. Pages dirtied through a mapping show in no system call, so
+/// this is what keeps a diagnosis from saying 43% used at ENOSPC when the use was measured
+/// after the processes freed their memory.
+fn at_least_refused(mut capacity: Capacity, cause: Cause, kind: &FailureKind) -> Capacity {
+    const PAGE: u64 = 4096; // tmpfs allocates pages; larger pages only make this bound weaker
+    if cause != Cause::ShmFull {
+        return capacity;
+    }
+    let free_below = match kind {
+        FailureKind::Call {
+            syscall: "write" | "fallocate",
+            request,
+            ..
+        } => ((*request).max(1) - 1).div_ceil(PAGE) + 1,
+        FailureKind::Fault {
+            offset: Some(offset),
+            file_size: Some(size),
+            ..
+        } if (*offset as i64) < *size => 1,
+        _ => return capacity,
+    };
+    let floor = capacity.size.saturating_sub((free_below - 1) * PAGE);
+    capacity.used = capacity.used.max(floor);
     capacity
 }
 
