@@ -3,6 +3,7 @@
 //! with `--shm-size`; traced by the real binary or not.
 use std::{
     fs::File,
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
@@ -188,7 +189,8 @@ fn wait_container(container: &Container) -> i64 {
         .stdout(Stdio::piped())
         .spawn()
         .expect("running docker wait");
-    wait_deadline(&mut child, &format!("container {}", container.name));
+    // On a timeout the container is removed when its handle drops.
+    wait_deadline(&mut child, &format!("container {}", container.name), || {});
     let mut out = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
     out.trim()
@@ -198,15 +200,22 @@ fn wait_container(container: &Container) -> i64 {
 
 /// Runs `command` with stdout and stderr in files under `dir` (so a chatty child cannot block
 /// on a full pipe), bounded by [`DEADLINE`].
+/// It runs in a process group of its own, which a timeout kills whole: a hung workload must not
+/// outlive its test.
 fn run(mut command: Command, dir: &Path) -> Output {
     let stdout = dir.join("stdout");
     let stderr = dir.join("stderr");
     let mut child = command
         .stdout(File::create(&stdout).unwrap())
         .stderr(File::create(&stderr).unwrap())
+        .process_group(0)
         .spawn()
         .expect("starting shmtrace");
-    let status = wait_deadline(&mut child, &format!("{command:?}"));
+    let group = child.id() as i32;
+    let status = wait_deadline(&mut child, &format!("{command:?}"), || {
+        // SAFETY: kill has no memory-safety preconditions; -group names the process group.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+    });
     Output {
         status,
         stdout: std::fs::read(&stdout).unwrap_or_default(),
@@ -214,13 +223,18 @@ fn run(mut command: Command, dir: &Path) -> Output {
     }
 }
 
-fn wait_deadline(child: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
+fn wait_deadline(
+    child: &mut std::process::Child,
+    what: &str,
+    kill: impl FnOnce(),
+) -> std::process::ExitStatus {
     let deadline = Instant::now() + DEADLINE;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
         if Instant::now() > deadline {
+            kill();
             let _ = child.kill();
             let _ = child.wait();
             panic!("{what} did not finish within {DEADLINE:?}");

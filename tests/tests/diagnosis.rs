@@ -430,7 +430,10 @@ fn pytorch_forkserver_workers_are_linked_to_their_trainer() {
 fn pytorch_mmap_sigbus_kills_a_worker() {
     let _guard = serial();
     let script = "pytorch_mmap_sigbus.py";
-    let workload = Workload::new(script, &[]);
+    // Workers wait 20 ms before each batch so that none dies while the trainer is still
+    // queueing its first indices: the workload's SIGCHLD handler raising inside Queue.put
+    // leaves the queue's lock held and the trainer hangs at exit (about 1 run in 25 without).
+    let workload = Workload::new(script, &["--load-ms", "20"]);
     let trace = workload.trace_in_private_shm(MIB);
     let dump = || trace.dump();
     assert_eq!(exit_code(&trace), Some(1), "{}", dump());
