@@ -513,36 +513,35 @@ fn nccl(legacy: bool) {
     assert_eq!(exit_code(&trace), Some(1), "{}", dump());
     let launcher = main_pid(&trace.records, script);
 
+    // Usually one rank fails and the launcher stops the other (SIGTERM); two ranks writing
+    // their last segments at once may both fail first.
     let failed = shm_full(&trace.records);
-    assert_eq!(failed.len(), 1, "one rank fails first:\n{}", dump());
-    let d = failed[0];
-    assert_eq!(d["role"], "nccl", "{d}");
-    assert_ne!(pid(d), launcher, "a rank, not the launcher: {d}");
-    assert_shm_full(d, MIB, &dump);
-    let failure = &d["failures"][0];
-    if legacy {
-        assert_killed_by_sigbus(d);
-        assert_fault(failure, "/dev/shm/nccl-", 320 << 10);
-    } else {
-        assert_eq!(d["ending"]["exit_code"], 1, "{d}");
-        assert_call(
-            failure,
-            "fallocate",
-            "ENOSPC",
-            "/dev/shm/nccl-",
-            (320 << 10) + 4,
+    assert!((1..=2).contains(&failed.len()), "{}", dump());
+    for d in &failed {
+        assert_eq!(d["role"], "nccl", "{d}");
+        assert_ne!(pid(d), launcher, "a rank, not the launcher: {d}");
+        assert_shm_full(d, MIB, &dump);
+        let failure = &d["failures"][0];
+        if legacy {
+            assert_killed_by_sigbus(d);
+            assert_fault(failure, "/dev/shm/nccl-", 320 << 10);
+        } else {
+            assert_eq!(d["ending"]["exit_code"], 1, "{d}");
+            let request = (320 << 10) + 4;
+            assert_call(failure, "fallocate", "ENOSPC", "/dev/shm/nccl-", request);
+        }
+        // mkstemp's name: nccl- and six characters.
+        let name = failure["path"].as_str().unwrap();
+        assert_eq!(name.len(), "/dev/shm/nccl-XXXXXX".len(), "{name}");
+        let alternatives = d["recommendation"]["alternatives"].to_string();
+        assert!(
+            alternatives.contains("NCCL_SHM_DISABLE=1"),
+            "{alternatives}"
         );
     }
-    // mkstemp's name: nccl- and six characters.
-    let name = failure["path"].as_str().unwrap();
-    assert_eq!(name.len(), "/dev/shm/nccl-XXXXXX".len(), "{name}");
-    let alternatives = d["recommendation"]["alternatives"].to_string();
-    assert!(
-        alternatives.contains("NCCL_SHM_DISABLE=1"),
-        "{alternatives}"
-    );
-    // The launcher exits 1 because of that rank, and says so.
-    assert_parent_follows(&trace.records, launcher, d);
+    // The launcher exits 1 because of the rank that failed first, and says so.
+    let first = failed.iter().min_by_key(|d| first_failure_ts(d)).unwrap();
+    assert_parent_follows(&trace.records, launcher, first);
     assert_summary(&trace.records);
 
     let size = recommended(&workload, &trace.records);
@@ -603,16 +602,19 @@ fn shared_memory_sigbus_in_a_child() {
     assert_eq!(exit_code(&trace), Some(1), "{}", dump());
     let parent = main_pid(&trace.records, script);
 
+    // One writer faults, or both: they write their 1 MiB slices at the same time.
     let failed = shm_full(&trace.records);
-    assert_eq!(failed.len(), 1, "{}", dump());
-    let d = failed[0];
-    assert_ne!(pid(d), parent, "a writer, not the parent: {d}");
-    // Its role is not asserted: shmtrace calls a process that only attached to a psm_*
-    // segment (opened it without O_CREAT) `other`, not `python_multiprocessing`.
-    assert_shm_full(d, MIB, &dump);
-    assert_killed_by_sigbus(d);
-    assert_fault(&d["failures"][0], "/dev/shm/psm_", 2 * MIB);
-    assert_parent_follows(&trace.records, parent, d);
+    assert!((1..=2).contains(&failed.len()), "{}", dump());
+    for d in &failed {
+        assert_ne!(pid(d), parent, "a writer, not the parent: {d}");
+        // Its role is not asserted: shmtrace calls a process that only attached to a psm_*
+        // segment (opened it without O_CREAT) `other`, not `python_multiprocessing`.
+        assert_shm_full(d, MIB, &dump);
+        assert_killed_by_sigbus(d);
+        assert_fault(&d["failures"][0], "/dev/shm/psm_", 2 * MIB);
+    }
+    let first = failed.iter().min_by_key(|d| first_failure_ts(d)).unwrap();
+    assert_parent_follows(&trace.records, parent, first);
     assert_summary(&trace.records);
 
     let size = recommended(&workload, &trace.records);
