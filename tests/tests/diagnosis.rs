@@ -465,16 +465,6 @@ fn pytorch_mmap_sigbus_kills_a_worker() {
         "no worker killed by SIGBUS:\n{}",
         dump()
     );
-    // The trainer saw it: its SIGCHLD handler names a worker shmtrace says SIGBUS killed.
-    let stderr = trace.stderr();
-    assert!(
-        killed.iter().any(|d| stderr.contains(&format!(
-            "DataLoader worker (pid {}) is killed by signal: Bus error",
-            d["pid"]
-        ))),
-        "the trainer's message names none of {:?}:\n{stderr}",
-        killed.iter().map(|d| pid(d)).collect::<Vec<_>>()
-    );
     // The kernel's word for it: the worker exited by SIGBUS.
     for d in &killed {
         let exit = trace
