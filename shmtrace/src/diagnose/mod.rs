@@ -79,6 +79,16 @@ struct LoaderStats {
     max_in_flight: u32,
 }
 
+/// What a later diagnosis needs of one already made: a trainer that dies after its worker
+/// failed takes the worker's cause and recommendation.
+#[derive(Clone, Debug)]
+struct Diagnosed {
+    /// When its earliest failure happened; `None` when it had none (only a fatal signal).
+    first_failure_ns: Option<u64>,
+    cause: Cause,
+    recommendation: Option<Recommendation>,
+}
+
 #[derive(Default)]
 pub struct Diagnoser {
     roles: Roles,
@@ -88,7 +98,7 @@ pub struct Diagnoser {
     containers: HashMap<u32, ContainerInfo>,
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
-    diagnosed: HashSet<u32>,
+    diagnosed: HashMap<u32, Diagnosed>,
     /// Bytes each process holds now, and the running total and peak of its group (place and
     /// role at the time).
     held: HashMap<u32, (u64, (String, RoleKind))>,
@@ -352,6 +362,10 @@ impl Diagnoser {
             }
             _ => 0,
         };
+        let capacity = dev
+            .and_then(|d| self.capacity.get(&d).copied())
+            .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
+            .map(|c| at_least_refused(c, cause, &kind));
         Failure {
             ts_ns: event.ts_ns,
             pid,
@@ -361,7 +375,7 @@ impl Diagnoser {
             kind,
             dev,
             usage: dev.and_then(|d| world.usage(d).cloned()),
-            capacity: dev.and_then(|d| self.capacity.get(&d).copied()),
+            capacity,
             workers_allocating,
             unmet,
         }
@@ -375,13 +389,11 @@ impl Diagnoser {
             if status.success() {
                 return None;
             }
-            // A trainer dying after one of its workers: the worker's diagnosis says why.
+            // A trainer dying after one of its workers, or any process after its child: that
+            // diagnosis says why.
             let failed_worker = self
-                .roles
-                .workers_of(pid)
-                .map(|(worker, _)| worker)
-                .filter(|worker| self.diagnosed.contains(worker))
-                .min();
+                .first_failed_worker(pid)
+                .or_else(|| self.first_failed_child(pid, world));
             let touched_shm = world
                 .process(pid)
                 .is_some_and(|p| !p.created.is_empty() || role.kind != RoleKind::Other);
@@ -397,10 +409,63 @@ impl Diagnoser {
                 Vec::new(),
                 world,
             );
-            diagnosis.follows = failed_worker;
+            if let Some(worker) = failed_worker {
+                self.follow(&mut diagnosis, worker);
+            }
             return Some(diagnosis);
         }
         Some(self.diagnose(pid, event.mntns, event.ts_ns, Some(status), failures, world))
+    }
+
+    /// Of `trainer`'s diagnosed workers, the one whose failure came first; failing that (none
+    /// had a failure of its own, say all were killed), the lowest pid.
+    fn first_failed_worker(&self, trainer: u32) -> Option<u32> {
+        let diagnosed: Vec<(u32, &Diagnosed)> = self
+            .roles
+            .workers_of(trainer)
+            .filter_map(|(worker, _)| Some((worker, self.diagnosed.get(&worker)?)))
+            .collect();
+        diagnosed
+            .iter()
+            .filter_map(|(worker, d)| Some((d.first_failure_ns?, *worker)))
+            .min()
+            .map(|(_, worker)| worker)
+            .or_else(|| diagnosed.iter().map(|(worker, _)| *worker).min())
+    }
+
+    /// Of `parent`'s children, the one diagnosed with the earliest failure: a multiprocessing
+    /// parent whose writer died of SIGBUS, a launcher whose NCCL rank failed.
+    fn first_failed_child(&self, parent: u32, world: &World) -> Option<u32> {
+        world
+            .processes()
+            .filter(|p| p.parent == Some(parent))
+            .filter_map(|p| Some((self.diagnosed.get(&p.pid)?.first_failure_ns?, p.pid)))
+            .min()
+            .map(|(_, child)| child)
+    }
+
+    /// Makes `diagnosis` (of a process with no failure of its own) point to the process whose
+    /// failure it died of, and take that cause: a trainer killed by its worker's ENOSPC died of
+    /// /dev/shm too, and the same size fixes it.
+    fn follow(&mut self, diagnosis: &mut Diagnosis, followed: u32) {
+        diagnosis.follows = Some(followed);
+        let Some(other) = self.diagnosed.get(&followed).cloned() else {
+            return;
+        };
+        if other.first_failure_ns.is_none() {
+            return;
+        }
+        diagnosis.cause = other.cause;
+        diagnosis.recommendation = other.recommendation.clone();
+        diagnosis.explanation = explain(other.cause);
+        self.diagnosed.insert(
+            diagnosis.pid,
+            Diagnosed {
+                first_failure_ns: None,
+                cause: other.cause,
+                recommendation: other.recommendation,
+            },
+        );
     }
 
     fn diagnose(
@@ -412,7 +477,7 @@ impl Diagnoser {
         mut failures: Vec<Failure>,
         world: &World,
     ) -> Diagnosis {
-        self.diagnosed.insert(pid);
+        let first_failure_ns = failures.iter().map(|f| f.ts_ns).min();
         // The decisive failure first: an OOM kill explains more than the ENOSPC before it.
         failures.sort_by_key(|f| (f.cause, f.ts_ns));
         let cause = match (failures.first(), ending) {
@@ -464,6 +529,14 @@ impl Diagnoser {
                 &started_by,
             )
         });
+        self.diagnosed.insert(
+            pid,
+            Diagnosed {
+                first_failure_ns,
+                cause,
+                recommendation: recommendation.clone(),
+            },
+        );
         Diagnosis {
             ts_ns,
             pid,
@@ -484,6 +557,46 @@ impl Diagnoser {
             explanation: explain(cause),
         }
     }
+}
+
+/// /dev/shm is measured when userspace reads the failure, which may be after the process
+/// freed what it held (a program that gets ENOSPC from sem_open unlinks its files at once, and
+/// the measurement then reads 0 bytes used): it was at least as full as the traced objects'
+/// allocated pages made it at that moment.
+fn at_least_held(mut capacity: Capacity, usage: Option<&ShmUsage>) -> Capacity {
+    if let Some(usage) = usage {
+        capacity.used = capacity.used.max(usage.allocated.min(capacity.size));
+    }
+    capacity
+}
+
+/// The kernel's answer bounds it too. ENOSPC from a write or fallocate of `n` bytes means
+/// fewer pages were free than the call needed, and `n` bytes span at most
+/// `ceil((n - 1) / page) + 1` pages (the offset is not known); a SIGBUS inside a /dev/shm file
+/// means not one page was free. Pages dirtied through a mapping show in no system call, so
+/// this is what keeps a diagnosis from saying 43% used at ENOSPC when the use was measured
+/// after the processes freed their memory.
+fn at_least_refused(mut capacity: Capacity, cause: Cause, kind: &FailureKind) -> Capacity {
+    const PAGE: u64 = 4096; // tmpfs allocates pages; larger pages only make this bound weaker
+    if cause != Cause::ShmFull {
+        return capacity;
+    }
+    let free_below = match kind {
+        FailureKind::Call {
+            syscall: "write" | "fallocate",
+            request,
+            ..
+        } => ((*request).max(1) - 1).div_ceil(PAGE) + 1,
+        FailureKind::Fault {
+            offset: Some(offset),
+            file_size: Some(size),
+            ..
+        } if (*offset as i64) < *size => 1,
+        _ => return capacity,
+    };
+    let floor = capacity.size.saturating_sub((free_below - 1) * PAGE);
+    capacity.used = capacity.used.max(floor);
+    capacity
 }
 
 /// For causes a bigger /dev/shm does not fix: what does.
@@ -517,3 +630,6 @@ fn explain(cause: Cause) -> Option<String> {
     };
     Some(text.to_owned())
 }
+
+#[cfg(test)]
+mod tests;

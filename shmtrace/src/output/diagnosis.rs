@@ -16,10 +16,15 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     let mut add = |label: &'static str, text: String| out.push((label, text));
     add("", headline(d));
-    if let Some(worker) = d.follows {
+    if let Some(pid) = d.follows {
+        let whose = if d.role.kind == RoleKind::Trainer {
+            "DataLoader worker"
+        } else {
+            "child"
+        };
         add(
             "because",
-            format!("its DataLoader worker pid {worker} failed first (diagnosed above)"),
+            format!("its {whose} pid {pid} failed first (diagnosed above)"),
         );
         return out;
     }
