@@ -151,6 +151,11 @@ impl Pipeline {
         &mut self.output
     }
 
+    /// A container stopped: its mount namespace number may come back for another one.
+    pub fn forget_container(&mut self, mntns: u32) {
+        self.diagnoser.forget_container(mntns);
+    }
+
     pub fn name_other_namespaces(&mut self, label: &str) {
         self.diagnoser.set_unnamed_place(label.to_owned());
     }

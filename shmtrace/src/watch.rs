@@ -3,7 +3,7 @@
 //! (its namespace number may be reused). Each traced container's /dev/shm is measured every
 //! second, for the use-over-time picture and for `shm_used` in events. In host-wide mode, new
 //! containers are learned so that events are labelled with them.
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use anyhow::Result;
 
@@ -21,10 +21,11 @@ pub enum Watch {
         resolver: Resolver,
         followed: Vec<Followed>,
     },
-    /// `--all`: every container, for labels.
+    /// `--all`: every running container, for labels, by mount namespace. Namespace numbers
+    /// are reused once a container is gone, so the map is rebuilt from what runs now.
     Host {
         resolver: Resolver,
-        known: HashSet<String>,
+        labelled: HashMap<u32, String>,
     },
 }
 
@@ -52,7 +53,7 @@ impl Watch {
     pub fn host(resolver: Resolver) -> Watch {
         Watch::Host {
             resolver,
-            known: HashSet::new(),
+            labelled: HashMap::new(),
         }
     }
 
@@ -64,11 +65,24 @@ impl Watch {
                     follow(resolver, one, tracer, pipeline).await?;
                 }
             }
-            Watch::Host { resolver, known } => {
+            Watch::Host { resolver, labelled } => {
                 let (containers, _problems) = resolver.running().await;
-                for container in containers {
-                    if known.insert(container.id.clone()) {
-                        register(&container, tracer, pipeline)?;
+                let running: HashMap<u32, &Container> = containers
+                    .iter()
+                    .filter(|c| c.state.is_running())
+                    .filter_map(|c| Some((c.mntns?, c)))
+                    .collect();
+                labelled.retain(|mntns, id| {
+                    let still = running.get(mntns).is_some_and(|c| c.id == *id);
+                    if !still {
+                        pipeline.forget_container(*mntns);
+                    }
+                    still
+                });
+                for (mntns, container) in running {
+                    if !labelled.contains_key(&mntns) {
+                        register(container, tracer, pipeline)?;
+                        labelled.insert(mntns, container.id.clone());
                     }
                 }
             }

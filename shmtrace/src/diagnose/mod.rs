@@ -127,6 +127,10 @@ impl Diagnoser {
         }
     }
 
+    pub fn forget_container(&mut self, mntns: u32) {
+        self.containers.remove(&mntns);
+    }
+
     pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
         self.containers.get(&mntns)
     }
