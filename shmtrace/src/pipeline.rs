@@ -147,6 +147,11 @@ impl Pipeline {
         self
     }
 
+    #[cfg(test)]
+    pub fn diagnoses(&self) -> &[Diagnosis] {
+        &self.diagnoses
+    }
+
     pub fn output(&mut self) -> &mut Output {
         &mut self.output
     }

@@ -80,9 +80,10 @@ impl Watch {
                     still
                 });
                 for (mntns, container) in running {
-                    if !labelled.contains_key(&mntns) {
+                    if let std::collections::hash_map::Entry::Vacant(entry) = labelled.entry(mntns)
+                    {
                         register(container, tracer, pipeline)?;
-                        labelled.insert(mntns, container.id.clone());
+                        entry.insert(container.id.clone());
                     }
                 }
             }
