@@ -57,9 +57,17 @@ pub fn run(output: &OutputArgs) -> Result<ExitCode> {
         OsString::from("__demo-workload"),
     ]);
     // The demo's trace goes to stdout, whatever a traced command's would do.
-    let mut pipeline = trace::pipeline(output, DefaultStream::Stdout, false)?;
-    pipeline.name_other_namespaces("the demo's private namespace");
-    let outcome = live::run(what, &TracerOptions::default(), pipeline, output.verbose)?;
+    let make_pipeline = |_: &[_]| {
+        let mut pipeline = trace::pipeline(output, DefaultStream::Stdout, false)?;
+        pipeline.name_other_namespaces("the demo's private namespace");
+        Ok(pipeline)
+    };
+    let outcome = live::run(
+        what,
+        &TracerOptions::default(),
+        make_pipeline,
+        output.verbose,
+    )?;
     match outcome.command_status {
         Some(ExitStatus::Code(WORKLOAD_STATUS)) => Ok(ExitCode::SUCCESS),
         Some(_) if outcome.interrupted => Ok(ExitCode::from(130)),

@@ -14,6 +14,7 @@ use crate::{
     cli::TargetArgs,
     container::{Container, Query, Resolver},
     event::escape,
+    model::ContainerInfo,
     pipeline::Pipeline,
     proc_scan,
     record::TargetDescription,
@@ -117,10 +118,13 @@ pub fn tracer_options(what: &What, args: &TargetArgs) -> TracerOptions {
 }
 
 /// Loads the probes, starts or attaches to the target, and traces until it ends.
+/// Loads the probes, starts or attaches to the target, and traces until it ends.
+/// `make_pipeline` is called once the containers asked for are found, with them (a trace
+/// file's header lists them).
 pub fn run(
     what: What,
     options: &TracerOptions,
-    mut pipeline: Pipeline,
+    make_pipeline: impl FnOnce(&[ContainerInfo]) -> Result<Pipeline>,
     verbose: bool,
 ) -> Result<Outcome> {
     let mut tracer = Tracer::load(options)?;
@@ -135,6 +139,27 @@ pub fn run(
         }
         _ => None,
     };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let found = match &what {
+        What::Containers {
+            queries,
+            wait,
+            docker_socket,
+        } => {
+            let resolver = resolver(docker_socket.as_deref());
+            let containers = runtime.block_on(find_containers(&resolver, queries, *wait))?;
+            Some((resolver, containers))
+        }
+        _ => None,
+    };
+    let infos: Vec<ContainerInfo> = found
+        .iter()
+        .flat_map(|(_, containers)| containers.iter().map(Container::info))
+        .collect();
+    let mut pipeline = make_pipeline(&infos)?;
     let mut pids = Vec::new();
     if let What::Pids(roots) = &what {
         let now = now_boot_ns();
@@ -145,18 +170,8 @@ pub fn run(
             pids.push(pid);
         }
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let watch = match &what {
-        What::Containers {
-            queries,
-            wait,
-            docker_socket,
-        } => {
-            let resolver = resolver(docker_socket.as_deref());
-            let containers = runtime.block_on(find_containers(&resolver, queries, *wait))?;
+    let watch = match (&what, found) {
+        (What::Containers { .. }, Some((resolver, containers))) => {
             for container in &containers {
                 watch::register(container, &mut tracer, &mut pipeline)?;
                 watch::follow_processes(container, &mut tracer)?;
@@ -176,7 +191,7 @@ pub fn run(
             );
             Some(Watch::containers(resolver, containers))
         }
-        What::All { docker_socket } => Some(Watch::host(resolver(docker_socket.as_deref()))),
+        (What::All { docker_socket }, _) => Some(Watch::host(resolver(docker_socket.as_deref()))),
         _ => None,
     };
     let ending = match (what, paused) {

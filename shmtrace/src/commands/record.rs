@@ -14,12 +14,12 @@ use super::{
 use crate::{
     cli::RecordArgs,
     event,
-    model::World,
+    model::{ContainerInfo, World},
     output::{Clock, filter::Filter},
     pipeline::{Pipeline, Tap},
     record::{
-        FlightOptions, FlightRecorder, Record, Rotation, TraceHeader, TraceWriter, Trigger,
-        Triggered, UserRecord, WriterOptions, world_snapshots,
+        ContainerDescription, FlightOptions, FlightRecorder, Record, Rotation, TargetDescription,
+        TraceHeader, TraceWriter, Trigger, Triggered, UserRecord, WriterOptions, world_snapshots,
     },
 };
 
@@ -27,7 +27,31 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
     let what = What::from_args(&args.target)?;
     let options = live::tracer_options(&what, &args.target);
-    let mut header = TraceHeader::for_this_host(what.describe(args.target.failed));
+    let target = what.describe(args.target.failed);
+    let default = if what.is_command() {
+        DefaultStream::Stderr
+    } else {
+        DefaultStream::Stdout
+    };
+    // The file is created once the containers are found, so that its header lists them.
+    let make_pipeline = |containers: &[ContainerInfo]| -> Result<Pipeline> {
+        let mut target = target;
+        target.containers = containers.iter().map(ContainerDescription::from).collect();
+        let tap = open_tap(args, target)?;
+        let output = open_output(None, args.json, args.color, default, Clock::now())?;
+        Ok(
+            Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
+                .diagnoses_only()
+                .with_tap(tap),
+        )
+    };
+    let outcome = live::run(what, &options, make_pipeline, args.verbose)?;
+    Ok(exit_code(&outcome))
+}
+
+/// The trace file (or the flight recorder that writes them), with its header.
+fn open_tap(args: &RecordArgs, target: TargetDescription) -> Result<Box<dyn Tap>> {
+    let mut header = TraceHeader::for_this_host(target);
     header.host_mntns = crate::proc_scan::mount_namespace(std::process::id());
     let writer_options = WriterOptions {
         compression: args.compress.then_some(3),
@@ -37,7 +61,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }),
         ..WriterOptions::default()
     };
-    let tap: Box<dyn Tap> = if args.on_failure {
+    if args.on_failure {
         let flight = FlightOptions {
             window: seconds(args.window, "--window")?,
             tail: seconds(args.tail, "--tail")?,
@@ -49,30 +73,19 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             args.window,
             args.output.display()
         );
-        Box::new(FlightTap(FlightRecorder::new(
+        Ok(Box::new(FlightTap(FlightRecorder::new(
             &args.output,
             header,
             flight,
-        )?))
+        )?)))
     } else {
         let writer = TraceWriter::create(&args.output, header, writer_options)?;
         eprintln!("shmtrace: recording to {}", writer.path().display());
-        Box::new(FileTap {
+        Ok(Box::new(FileTap {
             writer: Some(writer),
             warned: false,
-        })
-    };
-    let default = if what.is_command() {
-        DefaultStream::Stderr
-    } else {
-        DefaultStream::Stdout
-    };
-    let output = open_output(None, args.json, args.color, default, Clock::now())?;
-    let pipeline = Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
-        .diagnoses_only()
-        .with_tap(tap);
-    let outcome = live::run(what, &options, pipeline, args.verbose)?;
-    Ok(exit_code(&outcome))
+        }))
+    }
 }
 
 fn seconds(value: f64, flag: &str) -> Result<Duration> {

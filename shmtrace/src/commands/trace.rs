@@ -27,8 +27,12 @@ pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
     } else {
         DefaultStream::Stdout
     };
-    let pipeline = pipeline(output, default, target.failed)?;
-    let outcome = live::run(what, &options, pipeline, output.verbose)?;
+    let outcome = live::run(
+        what,
+        &options,
+        |_| pipeline(output, default, target.failed),
+        output.verbose,
+    )?;
     Ok(exit_code(&outcome))
 }
 

@@ -400,7 +400,7 @@ impl Diagnoser {
                 .or_else(|| self.first_failed_child(pid, world));
             let touched_shm = world
                 .process(pid)
-                .is_some_and(|p| !p.created.is_empty() || role.kind != RoleKind::Other);
+                .is_some_and(|p| !p.opened.is_empty() || role.kind != RoleKind::Other);
             let by_signal = matches!(status, ExitStatus::Signal { .. });
             if failed_worker.is_none() && !by_signal && !touched_shm {
                 return None; // an ordinary non-zero exit, nothing to do with /dev/shm

@@ -3,7 +3,7 @@
 //!
 //! Roles come from facts the model holds: names (workers rename themselves `pt_data_worker`),
 //! lineage (a worker's trainer may be its grandparent when a forkserver started it), and the
-//! names of the /dev/shm objects a process created (`torch_*`, `nccl-*`, `psm_*`).
+//! names of the /dev/shm objects a process opened (`torch_*`, `nccl-*`, `psm_*`).
 use std::collections::HashMap;
 
 use serde::Serialize;
@@ -135,11 +135,11 @@ impl Roles {
                 RoleKind::ShmManager
             } else if process.comm == MAIN_THREAD || process.thread_names.contains(PIN_THREAD) {
                 RoleKind::Trainer
-            } else if process.created.iter().any(|name| is_nccl(name)) {
+            } else if process.opened.iter().any(|name| is_nccl(name)) {
                 RoleKind::Nccl
-            } else if process.created.iter().any(|name| is_torch(name)) {
+            } else if process.opened.iter().any(|name| is_torch(name)) {
                 RoleKind::Trainer
-            } else if process.created.iter().any(|name| is_python_mp(name)) {
+            } else if process.opened.iter().any(|name| is_python_mp(name)) {
                 RoleKind::PythonMultiprocessing
             } else {
                 continue;
@@ -186,9 +186,9 @@ fn is_named_worker(process: &Process) -> bool {
 }
 
 /// Before PyTorch 2.5 workers kept the trainer's name: a child of a Python process that
-/// creates torch_ objects is a worker.
+/// opens torch_ objects is a worker.
 fn is_unnamed_worker(world: &World, process: &Process) -> bool {
-    process.created.iter().any(|name| is_torch(name))
+    process.opened.iter().any(|name| is_torch(name))
         && process
             .parent
             .and_then(|p| world.process(p))

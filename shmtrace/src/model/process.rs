@@ -20,8 +20,9 @@ pub struct Process {
     pub exit_ns: Option<u64>,
     /// Names of the process's other threads (`pt_data_pin`, say), at most [`MAX_NAMES`].
     pub thread_names: BTreeSet<String>,
-    /// Paths of the first [`MAX_NAMES`] /dev/shm objects this process created.
-    pub created: Vec<String>,
+    /// Paths of the first [`MAX_NAMES`] /dev/shm objects this process opened (created or not):
+    /// what they are named tells what the process is (`torch_`, `nccl-`, `psm_`).
+    pub opened: Vec<String>,
 }
 
 /// Bound on the names kept per process, so a process creating millions of objects costs no
@@ -68,7 +69,7 @@ impl Process {
             exit: None,
             exit_ns: None,
             thread_names: BTreeSet::new(),
-            created: Vec::new(),
+            opened: Vec::new(),
         }
     }
 

@@ -348,15 +348,14 @@ impl World {
                     object.path = Some(path.clone());
                     object.linked = true;
                     object.fds += 1;
-                    let record_name = created && is_new;
-                    if record_name {
+                    if created && is_new {
                         object.creator = Some(event.pid);
                     }
                     self.names.insert((event.mntns, path.clone()), file.inode);
                     self.update_size(file.inode, file.size, file.allocated);
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
-                    if record_name && process.created.len() < MAX_NAMES {
-                        process.created.push(path);
+                    if process.opened.len() < MAX_NAMES && !process.opened.contains(&path) {
+                        process.opened.push(path);
                         self.version += 1;
                     }
                     let previous = process.fds.insert(

@@ -70,9 +70,20 @@ impl Summary {
             deaths_by_signal: totals.deaths_by_signal,
             objects_created: totals.objects_created,
             objects_freed: totals.objects_freed,
-            peak_bytes: totals.peak_live_bytes,
+            // What the objects took once written (their sizes), on the /dev/shm that took the
+            // most: pages written through mappings show in no system call.
+            peak_bytes: world
+                .usages()
+                .map(|(_, usage)| usage.peak_demand)
+                .max()
+                .unwrap_or(0)
+                .max(totals.peak_live_bytes),
             remaining,
-            table,
+            // A role whose processes all moved to another role by the end has no row.
+            table: table
+                .into_iter()
+                .filter(|(_, _, stats)| stats.processes > 0)
+                .collect(),
             recommendations,
         }
     }
