@@ -164,6 +164,13 @@ fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
             clock.rfc3339(last_ts)
         ))?;
     }
+    if set.skipped() > 0 {
+        pipeline.notice(&format!(
+            "{} records of kinds this version does not know (written by a newer shmtrace) \
+             were skipped",
+            set.skipped()
+        ))?;
+    }
     let seconds = last_ts.saturating_sub(first_ts.unwrap_or(last_ts)) as f64 / 1e9;
     pipeline.finish(seconds, last_ts)?;
     match failure {

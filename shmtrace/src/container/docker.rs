@@ -230,14 +230,6 @@ impl DockerClient {
         self.runtime
     }
 
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
-    pub fn api_version(&self) -> ApiVersion {
-        self.version
-    }
-
     /// Every container, running or not.
     pub async fn list(&self) -> Result<Vec<Summary>, DockerError> {
         self.get_json(&format!("/v{}/containers/json?all=1", self.version))

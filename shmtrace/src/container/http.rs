@@ -59,18 +59,6 @@ pub async fn get(socket: &Path, path: &str, timeout: Duration) -> Result<Respons
     .map_err(|_| HttpError::Timeout(timeout))?
 }
 
-/// `GET path_and_query`, returning as soon as the headers are in, for streamed bodies
-/// (Docker's `/events`). Only the connection and the headers have a deadline.
-pub async fn get_streaming(
-    socket: &Path,
-    path: &str,
-    timeout: Duration,
-) -> Result<hyper::Response<Incoming>, HttpError> {
-    tokio::time::timeout(timeout, send(socket, path))
-        .await
-        .map_err(|_| HttpError::Timeout(timeout))?
-}
-
 async fn send(socket: &Path, path: &str) -> Result<hyper::Response<Incoming>, HttpError> {
     let stream = UnixStream::connect(socket)
         .await

@@ -13,9 +13,6 @@
 //! Everything here is library code the CLI calls; nothing prints. Names and labels come from
 //! whoever created the container: display them with [`Container::display_name`] and
 //! [`crate::event::escape`], never raw.
-// Library code for the CLI to call; until `--container` is wired in, most of it is unused in
-// the binary. Remove this when it is.
-#![allow(dead_code, unused_imports)]
 
 mod cgroup;
 mod cri;
@@ -24,7 +21,6 @@ mod endpoints;
 mod error;
 mod host;
 mod http;
-mod index;
 mod resolve;
 mod rootfs;
 mod scan;
@@ -37,13 +33,16 @@ mod podman_tests;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
-pub use cgroup::{CgroupMatch, PathClass, QosClass, classify_path, parse_proc_cgroup};
-pub use endpoints::{Api, Endpoint, ProblemKind, RuntimeProblem};
 pub use error::ContainerError;
-pub use host::{HostFacts, cgroup_v2_id};
-pub use index::{ContainerIndex, Label};
-pub use resolve::{Change, Query, Resolution, Resolver};
-pub use shm::{ShmError, ShmInfo, ShmSource, host_shm_dev, measure_shm};
+pub use resolve::{Change, Query, Resolver};
+pub use shm::{ShmInfo, measure_shm};
+// What the tests reach for beyond what the CLI uses.
+#[cfg(test)]
+pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
+#[cfg(test)]
+pub use endpoints::Endpoint;
+#[cfg(test)]
+pub use shm::{ShmError, ShmSource, host_shm_dev};
 
 use crate::event::escape;
 
@@ -209,39 +208,12 @@ impl Container {
     /// The name safe to print: escaped, the short id when the name is unknown, and
     /// `namespace/pod/name` for Kubernetes containers.
     pub fn display_name(&self) -> String {
-        let name = if self.name.is_empty() {
-            self.short_id().to_owned()
-        } else {
-            escape::text(&self.name)
-        };
-        match (&self.namespace, &self.pod) {
-            (Some(namespace), Some(pod)) => {
-                format!("{}/{}/{name}", escape::text(namespace), escape::text(pod))
-            }
-            (None, Some(pod)) => format!("{}/{name}", escape::text(pod)),
-            _ => name,
-        }
-    }
-
-    /// The `container` object of JSON events: `runtime`, `id`, `name`, `image`, `pod`,
-    /// `namespace`, `shm_size`, `shm_used` (bytes, `null` when unknown), plus `found_by`
-    /// (`api` or `cgroup-scan`) and `ipc`. Strings are raw: JSON escapes what needs escaping.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "runtime": self.runtime.as_str(),
-            "id": self.id,
-            "name": self.name,
-            "image": self.image,
-            "pod": self.pod,
-            "namespace": self.namespace,
-            "shm_size": self.shm.size_bytes,
-            "shm_used": self.shm.used_bytes,
-            "found_by": match self.found_by {
-                FoundBy::Api { .. } => "api",
-                FoundBy::CgroupScan => "cgroup-scan",
-            },
-            "ipc": self.ipc.describe(),
-        })
+        crate::model::container_label(
+            &self.name,
+            &self.id,
+            self.namespace.as_deref(),
+            self.pod.as_deref(),
+        )
     }
 
     /// What events, diagnoses and trace files keep of it.
@@ -261,17 +233,6 @@ impl Container {
             mntns: self.mntns,
             shm_dev: self.shm.dev,
         }
-    }
-
-    /// Measures this container's /dev/shm again (size and usage now), keeping what the runtime
-    /// said about its configured size. Call it when a failure happens.
-    pub fn remeasure_shm(&mut self) -> Result<&ShmInfo, ShmError> {
-        let pid = self.pid.ok_or(ShmError::NotRunning)?;
-        let configured = self.shm.configured_bytes;
-        let mut fresh = measure_shm(pid)?;
-        fresh.configured_bytes = configured;
-        self.shm = fresh;
-        Ok(&self.shm)
     }
 }
 

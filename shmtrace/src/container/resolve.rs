@@ -9,7 +9,6 @@ use super::{
     endpoints::{self, Api, Endpoint, ProblemKind, RuntimeProblem},
     error::QueryText,
     host::{self, HostFacts},
-    index::id_label,
     scan,
 };
 use crate::event::escape;
@@ -200,16 +199,6 @@ impl Resolver {
         self.endpoints.insert(0, Endpoint::docker(socket.clone()));
         self.explicit.push(socket);
         self
-    }
-
-    /// How long one runtime may take to answer one call (default 5 s).
-    pub fn timeout(mut self, timeout: Duration) -> Resolver {
-        self.timeout = timeout;
-        self
-    }
-
-    pub fn endpoints(&self) -> &[Endpoint] {
-        &self.endpoints
     }
 
     /// The one container `query` names, running, with its /dev/shm measured.
@@ -567,4 +556,9 @@ fn not_found(query: String, survey: &Survey) -> ContainerError {
 
 fn short(id: &str) -> &str {
     super::short_id(id)
+}
+
+/// `docker 3f4e1bd2c2d8`: a container known only by id.
+pub fn id_label(runtime: Runtime, id: &str) -> String {
+    format!("{runtime} {}", super::short_id(id))
 }

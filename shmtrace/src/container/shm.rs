@@ -53,8 +53,6 @@ pub enum ShmSource {
 /// Why /dev/shm could not be measured.
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
-    #[error("the container is not running, so its /dev/shm cannot be measured")]
-    NotRunning,
     #[error(
         "cannot open the root of process {pid} (/proc/{pid}/root): {errno}; the process may \
          have exited, or shmtrace lacks CAP_SYS_PTRACE (run it as root)"

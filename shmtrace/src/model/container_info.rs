@@ -73,17 +73,12 @@ pub struct ContainerInfo {
 impl ContainerInfo {
     /// What to call it: `trainer`, or `namespace/pod/container` in Kubernetes. Escaped.
     pub fn label(&self) -> String {
-        use crate::event::escape::text;
-        let name = if self.name.is_empty() {
-            self.id.chars().take(12).collect()
-        } else {
-            text(&self.name)
-        };
-        match (&self.namespace, &self.pod) {
-            (Some(namespace), Some(pod)) => format!("{}/{}/{name}", text(namespace), text(pod)),
-            (None, Some(pod)) => format!("{}/{name}", text(pod)),
-            _ => name,
-        }
+        container_label(
+            &self.name,
+            &self.id,
+            self.namespace.as_deref(),
+            self.pod.as_deref(),
+        )
     }
 
     /// One line for people: `container trainer (docker, image pytorch:2.4), /dev/shm private`.
@@ -97,5 +92,21 @@ impl ContainerInfo {
             text.push_str(&format!(", /dev/shm {}", self.ipc));
         }
         text
+    }
+}
+
+/// A container's name for people: escaped, its short id when the name is unknown, and
+/// `namespace/pod/name` in Kubernetes.
+pub fn container_label(name: &str, id: &str, namespace: Option<&str>, pod: Option<&str>) -> String {
+    use crate::event::escape::text;
+    let name = if name.is_empty() {
+        id.chars().take(12).collect()
+    } else {
+        text(name)
+    };
+    match (namespace, pod) {
+        (Some(namespace), Some(pod)) => format!("{}/{}/{name}", text(namespace), text(pod)),
+        (None, Some(pod)) => format!("{}/{name}", text(pod)),
+        _ => name,
     }
 }

@@ -272,6 +272,7 @@ impl FlightRecorder {
     }
 
     /// The dump being written, during a tail.
+    #[cfg(test)]
     pub fn capturing(&self) -> Option<&Path> {
         self.capture.as_ref().map(|c| c.writer.path())
     }
@@ -281,6 +282,7 @@ impl FlightRecorder {
     }
 
     /// Records and bytes now held in the window.
+    #[cfg(test)]
     pub fn window_size(&self) -> (usize, usize) {
         (self.window.len(), self.window_bytes)
     }

@@ -128,26 +128,6 @@ pub struct ShmCapacity {
     pub available_bytes: u64,
 }
 
-impl ShmCapacity {
-    /// Measures the file system mounted at `path` (for a container:
-    /// `/proc/PID/root/dev/shm`).
-    pub fn measure(path: &Path) -> std::io::Result<ShmCapacity> {
-        use std::os::unix::fs::MetadataExt;
-        let stat = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
-        let fragment = stat.fragment_size();
-        let dev = std::fs::metadata(path)?.dev();
-        Ok(ShmCapacity {
-            dev: crate::proc_scan::kernel_dev_from_stat(dev),
-            size_bytes: stat.blocks().saturating_mul(fragment),
-            used_bytes: stat
-                .blocks()
-                .saturating_sub(stat.blocks_free())
-                .saturating_mul(fragment),
-            available_bytes: stat.blocks_available().saturating_mul(fragment),
-        })
-    }
-}
-
 /// Why and around when a flight-recorder file was written.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -334,10 +314,8 @@ mod tests {
     }
 
     #[test]
-    fn measures_this_hosts_dev_shm() {
-        let cap = ShmCapacity::measure(Path::new("/dev/shm")).unwrap();
-        assert!(cap.size_bytes > 0);
-        assert!(cap.used_bytes <= cap.size_bytes);
+    fn detects_this_hosts_cgroup_layout() {
+        // This machine is hybrid: v1 controllers and a cgroup2 hierarchy at .../unified.
         assert_ne!(CgroupLayout::detect(), CgroupLayout::Unknown);
     }
 }

@@ -10,8 +10,6 @@
 //! (crash-safe, compressed or not, rotating); `reader` reads and says where a bad file goes
 //! bad; `flight` is the in-memory window of `record --on-failure`; `redact` makes a copy safe
 //! to share, with `pseudonym`; `carry` gives a rotated file the state it starts from.
-// Until main.rs wires `record`, `report` and `show`, parts are used only by tests.
-#![allow(dead_code, unused_imports)]
 
 mod carry;
 mod flight;
@@ -28,18 +26,18 @@ mod writer;
 pub(crate) mod tests;
 
 pub use carry::world_snapshots;
-pub use flight::{FlightOptions, FlightRecorder, FlightStats, Triggered};
-pub use format::{FORMAT_VERSION, MAGIC};
-pub use header::{
-    CgroupLayout, ContainerDescription, FlightInfo, ShmCapacity, TargetDescription, TraceHeader,
-};
-pub use reader::{ReadError, Reason, TraceReader, TraceSet};
-pub use redact::{RedactError, RedactStats, Redactor, redact, redact_file};
-pub use rotation::discover;
-pub use user::{
-    CapacitySample, Entry, LostCounters, ProcessSnapshot, Record, Trigger, TriggerReason,
-    UserRecord, WriterLoss,
-};
-pub use writer::{
-    CarryOver, Flushed, Rotation, TraceWriter, WriteError, WriteStats, WriterOptions, no_carry,
-};
+pub use flight::{FlightOptions, FlightRecorder, Triggered};
+pub use header::{ContainerDescription, ShmCapacity, TargetDescription, TraceHeader};
+pub use reader::TraceSet;
+// What the tests reach for beyond what the CLI uses.
+#[cfg(test)]
+pub use reader::{ReadError, Reason, TraceReader};
+#[cfg(test)]
+pub use redact::RedactError;
+pub use redact::redact_file;
+pub use user::{CapacitySample, Record, Trigger, TriggerReason, UserRecord};
+#[cfg(test)]
+pub use user::{Entry, LostCounters, ProcessSnapshot};
+#[cfg(test)]
+pub use writer::no_carry;
+pub use writer::{Rotation, TraceWriter, WriteError, WriterOptions};

@@ -553,7 +553,6 @@ fn read_full(src: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// Reads a recording that may have been rotated into several files, in order, as one stream.
 pub struct TraceSet {
     files: VecDeque<PathBuf>,
-    all: Vec<PathBuf>,
     current: TraceReader<BufReader<File>>,
     first_header: TraceHeader,
     finished: bool,
@@ -577,12 +576,11 @@ impl TraceSet {
                 "no such trace file, and no rotated files named after it",
             ))));
         }
-        let mut files: VecDeque<PathBuf> = all.iter().cloned().collect();
+        let mut files: VecDeque<PathBuf> = all.into_iter().collect();
         let first = files.pop_front().expect("not empty");
         let current = TraceReader::open(&first)?;
         Ok(TraceSet {
             files,
-            all,
             first_header: current.header().clone(),
             current,
             finished: false,
@@ -593,10 +591,6 @@ impl TraceSet {
     /// The header of the first file (later files repeat it, with their own sequence number).
     pub fn header(&self) -> &TraceHeader {
         &self.first_header
-    }
-
-    pub fn files(&self) -> &[PathBuf] {
-        &self.all
     }
 
     pub fn skipped(&self) -> u64 {

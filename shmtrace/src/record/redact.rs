@@ -24,7 +24,7 @@ use super::{
     header::{ContainerDescription, TraceHeader, random_id},
     pseudonym::Pseudonyms,
     reader::{ReadError, TraceSet},
-    user::{Entry, ProcessSnapshot, Record, UserRecord},
+    user::{ProcessSnapshot, Record, UserRecord},
     writer::{TraceWriter, WriteError, WriteStats, WriterOptions, no_carry},
 };
 use crate::event::escape;
@@ -136,13 +136,6 @@ impl Redactor {
         Ok(Redactor {
             names: Pseudonyms::new()?,
         })
-    }
-
-    #[cfg(test)]
-    pub fn with_key(key: [u8; 32]) -> Redactor {
-        Redactor {
-            names: Pseudonyms::with_key(key),
-        }
     }
 
     pub fn header(&mut self, header: &TraceHeader) -> TraceHeader {

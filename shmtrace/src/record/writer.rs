@@ -26,7 +26,7 @@ use super::{
     format::{self, FRAME_HEAD_LEN, FrameKind, MAX_PAYLOAD},
     header::TraceHeader,
     rotation,
-    user::{Record, UserRecord, WriterLoss},
+    user::{UserRecord, WriterLoss},
 };
 
 /// The largest record a writer accepts: a block holding it and its frame head still fits in
@@ -242,10 +242,7 @@ impl TraceWriter {
         &self.path
     }
 
-    pub fn header(&self) -> &TraceHeader {
-        &self.header
-    }
-
+    #[cfg(test)]
     pub fn stats(&self) -> &WriteStats {
         &self.stats
     }
@@ -258,13 +255,6 @@ impl TraceWriter {
     /// Queues a userspace record.
     pub fn write_user(&mut self, ts_ns: u64, record: &UserRecord) -> Result<(), WriteError> {
         self.write_frame(FrameKind::User, ts_ns, &record.to_cbor())
-    }
-
-    pub fn write(&mut self, ts_ns: u64, record: &Record) -> Result<(), WriteError> {
-        match record {
-            Record::Kernel(bytes) => self.write_frame(FrameKind::Kernel, ts_ns, bytes),
-            Record::User(user) => self.write_user(ts_ns, user),
-        }
     }
 
     /// Queues an already-encoded payload (the flight recorder keeps records encoded).

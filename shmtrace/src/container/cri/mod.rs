@@ -41,12 +41,6 @@ pub enum CriError {
     },
 }
 
-impl CriError {
-    pub fn is_not_listening(&self) -> bool {
-        matches!(self, CriError::Connect { .. })
-    }
-}
-
 /// A connection to a CRI runtime.
 #[derive(Clone, Debug)]
 pub struct CriClient {
