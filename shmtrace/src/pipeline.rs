@@ -189,11 +189,15 @@ impl Pipeline {
         self.tap_user(ts_ns, &UserRecord::Snapshot(snapshot.into()))
     }
 
-    /// One raw kernel record.
+    /// One raw kernel record; returns its event, `None` for a malformed record.
     ///
     /// What the environment adds (a /proc snapshot, a /dev/shm measurement) goes to the tap
     /// before the record itself, so that a replay has it at hand when it meets the record.
-    pub fn kernel_record(&mut self, bytes: &Bytes, env: &mut dyn Environment) -> Result<()> {
+    pub fn kernel_record(
+        &mut self,
+        bytes: &Bytes,
+        env: &mut dyn Environment,
+    ) -> Result<Option<Event>> {
         let event = match decode(bytes) {
             Ok(event) => event,
             Err(error) => {
@@ -202,7 +206,7 @@ impl Pipeline {
                 if let Some(tap) = &mut self.tap {
                     tap.kernel(bytes)?;
                 }
-                return Ok(());
+                return Ok(None);
             }
         };
         if !self.world.knows(event.pid) && !matches!(event.body, Body::Exec(_)) {
@@ -240,7 +244,7 @@ impl Pipeline {
         for diagnosis in self.diagnoser.observe(&event, &note, &self.world) {
             self.show_diagnosis(diagnosis)?;
         }
-        Ok(())
+        Ok(Some(event))
     }
 
     /// One userspace record of a recorded trace.
@@ -386,13 +390,7 @@ impl Pipeline {
     /// whenever the failing processes, and all others of their namespace, are gone by the time
     /// their events are read.
     fn measure_if_needed(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
-        let failure = match &event.body {
-            Body::Call(call) => call.failed(),
-            Body::Signal(signal) => signal.addr != 0,
-            Body::Exit(status) => !status.success(),
-            Body::Oom { .. } => true,
-            _ => false,
-        };
+        let failure = event.is_failure();
         let new_file_system = match &event.body {
             // Tried once per file system, whatever the outcome: a file system that is not
             // this namespace's /dev/shm (a descriptor passed from elsewhere) costs one try.

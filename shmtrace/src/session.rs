@@ -11,7 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     bpf::{EventReader, Tracer, watch},
-    event::{Body, ExitStatus, decode, names},
+    event::{Body, ExitStatus, names},
     pipeline::{LiveMachine, Pipeline},
     target::RunningCommand,
     watch::Watch,
@@ -174,10 +174,8 @@ impl Session {
             return Ok(());
         }
         for record in batch.drain(..) {
-            self.pipeline.kernel_record(&record, &mut LiveMachine)?;
-            if let Ending::Pids(live) = ending
-                && let Ok(event) = decode(&record)
-            {
+            let event = self.pipeline.kernel_record(&record, &mut LiveMachine)?;
+            if let (Ending::Pids(live), Some(event)) = (&mut *ending, event) {
                 match event.body {
                     Body::Exit(_) => {
                         live.remove(&event.pid);

@@ -15,7 +15,7 @@ use crate::{
     cli::RecordArgs,
     event,
     model::{ContainerInfo, World},
-    output::{Clock, filter::Filter},
+    output::{Clock, filter::Filter, size::count},
     pipeline::{Pipeline, Tap},
     record::{
         ContainerDescription, FlightOptions, FlightRecorder, Record, Rotation, TargetDescription,
@@ -156,18 +156,16 @@ impl Tap for FileTap {
         // The last flush may rotate further: name the file written last, not the current one.
         let stats = writer.finish(&mut || world_snapshots(world, now_ns))?;
         let mut message = format!(
-            "wrote {}: {} records, {} bytes in {} file{}",
+            "wrote {}: {} records, {} bytes in {}",
             stats.last_path.display(),
             stats.records,
             stats.bytes,
-            stats.files,
-            if stats.files == 1 { "" } else { "s" }
+            count(stats.files, "file")
         );
         if stats.files_removed > 0 {
             message.push_str(&format!(
-                " ({} older file{} removed by --keep)",
-                stats.files_removed,
-                if stats.files_removed == 1 { "" } else { "s" }
+                " ({} removed by --keep)",
+                count(stats.files_removed, "older file")
             ));
         }
         if stats.records_dropped > 0 {
@@ -225,10 +223,7 @@ impl Tap for FlightTap {
         Self::finished(last);
         Ok(Some(match dumps {
             0 => "flight recorder: nothing failed, so no file was written".to_owned(),
-            n => format!(
-                "flight recorder: {n} failure file{} written",
-                if n == 1 { "" } else { "s" }
-            ),
+            n => format!("flight recorder: {} written", count(n, "failure file")),
         }))
     }
 }

@@ -152,7 +152,9 @@ fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
         first_ts.get_or_insert(entry.ts_ns);
         last_ts = last_ts.max(entry.ts_ns);
         match &entry.record {
-            Record::Kernel(bytes) => pipeline.kernel_record(bytes, &mut Recorded)?,
+            Record::Kernel(bytes) => {
+                pipeline.kernel_record(bytes, &mut Recorded)?;
+            }
             Record::User(user) => pipeline.user_record(entry.ts_ns, user)?,
         }
     }

@@ -1,7 +1,10 @@
 //! How big /dev/shm must be, and how to make it so for each way a container is started.
 use serde::Serialize;
 
-use crate::{model::StartedBy, output::size::human};
+use crate::{
+    model::StartedBy,
+    output::size::{count, human},
+};
 
 /// What /dev/shm had to hold when it failed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -69,9 +72,8 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
         if steady > need {
             need = steady;
             basis = format!(
-                "({} worker{} x {} batches in flight + 3) x {} per batch, and semaphores: {}",
-                loader.workers,
-                if loader.workers == 1 { "" } else { "s" },
+                "({} x {} batches in flight + 3) x {} per batch, and semaphores: {}",
+                count(loader.workers, "worker"),
                 loader.prefetch,
                 human(loader.batch_bytes),
                 human(loader.total())

@@ -51,6 +51,19 @@ pub enum Body {
     },
 }
 
+impl Event {
+    /// A failed call, a fatal signal, an unsuccessful exit or an OOM kill: what `--failed`
+    /// keeps, and what makes shmtrace measure /dev/shm before diagnosing it.
+    pub fn is_failure(&self) -> bool {
+        match &self.body {
+            Body::Call(call) => call.failed(),
+            Body::Signal(_) | Body::Oom { .. } => true,
+            Body::Exit(status) => !status.success(),
+            Body::Fork { .. } | Body::Exec(_) | Body::Rename { .. } => false,
+        }
+    }
+}
+
 /// A system call on /dev/shm (or System V shared memory) and its result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Call {

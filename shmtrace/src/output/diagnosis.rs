@@ -1,7 +1,11 @@
 //! A diagnosis, for people (a block of aligned lines) and for programs (one JSON record).
 use serde_json::{Value, json};
 
-use super::{clock::Clock, json::SCHEMA_VERSION, size::human};
+use super::{
+    clock::Clock,
+    json::SCHEMA_VERSION,
+    size::{count, human},
+};
 use crate::{
     diagnose::{Cause, Diagnosis, RoleKind},
     event::{ExitStatus, names},
@@ -61,16 +65,14 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
     }
     if let Some(usage) = &d.usage {
         let mut text = format!(
-            "{} in {} live object{} of traced processes",
+            "{} in {} of traced processes",
             human(usage.demand),
-            usage.objects,
-            if usage.objects == 1 { "" } else { "s" }
+            count(usage.objects, "live object")
         );
         if d.workers_allocating > 0 {
             text.push_str(&format!(
-                "; {} DataLoader worker{} allocating",
-                d.workers_allocating,
-                if d.workers_allocating == 1 { "" } else { "s" }
+                "; {} allocating",
+                count(d.workers_allocating, "DataLoader worker")
             ));
         }
         add("demand", text);

@@ -32,7 +32,7 @@ impl Filter {
     }
 
     pub fn keep(&self, event: &Event, role: &Role, place: &str) -> bool {
-        (!self.failed_only || super::is_failure(event))
+        (!self.failed_only || event.is_failure())
             && (self.pids.is_empty() || self.pids.contains(&event.pid))
             && (self.roles.is_empty() || self.roles.contains(&role.kind))
             && (self.events.is_empty() || self.events.iter().any(|e| e == event_name(event)))

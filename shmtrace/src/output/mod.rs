@@ -17,7 +17,7 @@ pub use summary::Summary;
 use crate::{
     bpf::LostCounts,
     diagnose::{Cause, Diagnosis, Role},
-    event::{Body, Event},
+    event::Event,
     model::{Annotation, ContainerInfo},
 };
 
@@ -161,15 +161,5 @@ impl Output {
             Sink::Human(w) => w.flush(),
             Sink::Json(w) => w.flush(),
         }
-    }
-}
-
-/// What `--failed` keeps: failed calls, fatal signals, unsuccessful exits, OOM kills.
-pub fn is_failure(event: &Event) -> bool {
-    match &event.body {
-        Body::Call(call) => call.failed(),
-        Body::Signal(_) | Body::Oom { .. } => true,
-        Body::Exit(status) => !status.success(),
-        Body::Fork { .. } | Body::Exec(_) | Body::Rename { .. } => false,
     }
 }

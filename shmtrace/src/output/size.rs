@@ -1,4 +1,4 @@
-//! Byte counts for people: `96.0 MiB`.
+//! Counts for people: `96.0 MiB`, `3 files`.
 
 /// Binary units, one decimal, exact below 1 KiB (`512 B`).
 pub fn human(bytes: u64) -> String {
@@ -15,6 +15,16 @@ pub fn human(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// `1 file`, `3 files`: a count and the word for what it counts.
+pub fn count(n: impl Into<u64>, thing: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -28,5 +38,8 @@ mod tests {
         assert_eq!(human(64 << 20), "64.0 MiB");
         assert_eq!(human((63 << 20) + (900 << 10)), "63.9 MiB");
         assert_eq!(human(u64::MAX), "16.0 EiB");
+        assert_eq!(count(1u32, "file"), "1 file");
+        assert_eq!(count(0u32, "file"), "0 files");
+        assert_eq!(count(3u64, "DataLoader worker"), "3 DataLoader workers");
     }
 }
