@@ -20,6 +20,7 @@ mod proc_scan;
 mod record;
 mod report;
 mod session;
+mod size;
 mod target;
 mod watch;
 
@@ -47,6 +48,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Record(args)) => commands::record::run(&args),
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
+        Some(Command::Size(args)) => commands::size::run(&args),
         Some(Command::Demo { output }) => demo::run(&output),
         Some(Command::DemoWorkload) => demo::workload(),
     }

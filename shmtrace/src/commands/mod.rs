@@ -2,6 +2,7 @@
 pub mod live;
 pub mod record;
 pub mod replay;
+pub mod size;
 pub mod trace;
 
 use std::{

@@ -7,6 +7,7 @@
 //! worker's diagnosis rather than diagnosed again. Capacity comes from [`Capacity`] samples fed
 //! in by the caller, so a recorded trace replays to the same diagnosis.
 mod failure;
+mod pressure;
 mod recommend;
 pub mod role;
 
@@ -15,7 +16,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 pub use failure::{Cause, Failure, FailureKind, classify};
-pub use recommend::{DataloaderDemand, Demand, Recommendation};
+pub use recommend::{DataloaderDemand, Demand, Recommendation, advise, with_headroom};
 pub use role::{Role, RoleKind, Roles};
 
 use crate::{
@@ -109,6 +110,8 @@ pub struct Diagnoser {
     /// Label for mount namespaces nobody named (the demo's private one, say).
     unnamed_place: Option<String>,
     nccl_seen: bool,
+    /// Requests failing together, and the growth of sizes asked for, per /dev/shm.
+    pressure: pressure::Pressure,
 }
 
 impl Diagnoser {
@@ -174,6 +177,7 @@ impl Diagnoser {
         self.roles(world);
         if let Body::Call(call) = &event.body {
             self.learn_loader(event.pid, call, note, world);
+            self.learn_requests(call);
             if matches!(
                 call.syscall,
                 Syscall::Openat
@@ -192,6 +196,10 @@ impl Diagnoser {
         }
         if let Some((pid, cause, kind, dev)) = failure::classify(event, note) {
             let failure = self.failure_now(event, pid, cause, kind, dev, world);
+            if let (Some(dev), FailureKind::Call { request, .. }) = (dev, &failure.kind) {
+                self.pressure
+                    .refused(dev, event.ts_ns, pid, *request, failure.unmet);
+            }
             self.outcomes.entry(pid).or_default().0 += 1;
             self.pending.entry(pid).or_default().push(failure);
         }
@@ -292,6 +300,17 @@ impl Diagnoser {
         stats.max_in_flight = stats.max_in_flight.max(in_flight);
     }
 
+    /// Sizes asked of /dev/shm objects, for the growth of requests.
+    fn learn_requests(&mut self, call: &crate::event::Call) {
+        let Some(file) = call.file else { return };
+        let request = match call.syscall {
+            Syscall::Ftruncate => call.args[1],
+            Syscall::Fallocate => call.args[2].saturating_add(call.args[3]),
+            _ => return,
+        };
+        self.pressure.asked(file.inode.dev, request);
+    }
+
     /// Recomputes what `pid` holds (each object once, however many descriptors or mappings).
     fn update_held(&mut self, pid: u32, mntns: u32, world: &World) {
         let Some(process) = world.process(pid) else {
@@ -360,7 +379,8 @@ impl Diagnoser {
                 let counted = path
                     .as_ref()
                     .and_then(|p| world.live_objects().find(|o| o.path.as_ref() == Some(p)))
-                    .map(|o| o.footprint().0)
+                    // Pages it holds: an ftruncate before a failed fallocate holds nothing.
+                    .map(|o| o.allocated)
                     .unwrap_or(0);
                 request.saturating_sub(counted)
             }
@@ -507,8 +527,8 @@ impl Diagnoser {
         let usage = primary.and_then(|f| f.usage.clone());
         let recommendation = (cause == Cause::ShmFull).then(|| {
             let primary = primary.expect("a cause from a failure");
-            let traced = usage.as_ref().map(|u| u.demand).unwrap_or(0);
-            let request = primary.unmet;
+            let traced = usage.as_ref().map(|u| u.allocated).unwrap_or(0);
+            let (burst, growth) = self.pressure.at(primary);
             let dataloader = role
                 .trainer
                 .or((role.kind == RoleKind::Trainer).then_some(pid))
@@ -517,7 +537,7 @@ impl Diagnoser {
                     let workers = self.roles.workers_of(t).count() as u32;
                     (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
                         workers,
-                        prefetch: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
+                        in_flight: stats.max_in_flight.max(1),
                         batch_bytes: stats.batch_bytes,
                     })
                 });
@@ -525,7 +545,8 @@ impl Diagnoser {
                 &Demand {
                     traced,
                     others: capacity.map(|c| c.used.saturating_sub(traced)).unwrap_or(0),
-                    request,
+                    burst,
+                    growth,
                     dataloader,
                     capacity: capacity.map(|c| c.size),
                 },

@@ -87,6 +87,9 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
                 "needs",
                 format!("at least {}: {}", human(r.min_bytes), r.basis),
             );
+            if let Some(bound) = &r.bound {
+                add("bound", bound.clone());
+            }
             let mut forms = vec![
                 ("docker", r.docker.clone()),
                 ("compose", r.compose.clone()),
