@@ -2,7 +2,10 @@
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
 pub mod docker;
 pub mod live;
+pub mod postgres;
+pub mod pytorch;
 pub mod recording;
+pub mod sizing;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},

@@ -78,6 +78,10 @@ pub struct Failure {
     /// `usage` (a fallocate after an ftruncate of the same size asks for nothing new).
     #[serde(skip)]
     pub unmet: u64,
+    /// Pages the traced objects on that file system held at the failure, counting a mapped
+    /// object by its size (pages written through a mapping show in no system call).
+    #[serde(skip)]
+    pub held: u64,
 }
 
 impl Failure {

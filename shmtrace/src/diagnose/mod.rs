@@ -402,6 +402,7 @@ impl Diagnoser {
             capacity,
             workers_allocating,
             unmet,
+            held: dev.map(|dev| held_on(dev, world)).unwrap_or(0),
         }
     }
 
@@ -527,7 +528,7 @@ impl Diagnoser {
         let usage = primary.and_then(|f| f.usage.clone());
         let recommendation = (cause == Cause::ShmFull).then(|| {
             let primary = primary.expect("a cause from a failure");
-            let traced = usage.as_ref().map(|u| u.allocated).unwrap_or(0);
+            let traced = primary.held;
             let (burst, growth) = self.pressure.at(primary);
             let dataloader = role
                 .trainer
@@ -582,6 +583,23 @@ impl Diagnoser {
             explanation: explain(cause),
         }
     }
+}
+
+/// Pages the live objects on /dev/shm `dev` hold: a mapped object counts by its size, as its
+/// pages may have been written through the mapping; others by their allocated pages, as a file
+/// that was only ftruncated holds nothing.
+fn held_on(dev: u32, world: &World) -> u64 {
+    world
+        .live_objects()
+        .filter(|o| o.inode.dev == dev)
+        .map(|o| {
+            if o.mappings > 0 {
+                o.allocated.max(o.size.max(0) as u64)
+            } else {
+                o.allocated
+            }
+        })
+        .sum()
 }
 
 /// /dev/shm is measured when userspace reads the failure, which may be after the process

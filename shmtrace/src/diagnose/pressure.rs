@@ -89,14 +89,21 @@ impl Pressure {
         (burst, self.growth(dev, request))
     }
 
-    /// How requests grew up to `request`, when it was the largest asked of `dev` so far.
+    /// How requests grew up to `request`, when it was the largest asked of `dev` so far and
+    /// the last two steps up to it each grew the size by 1.5x to 4x (a trend, like
+    /// PostgreSQL's doubling segments; not one big object after a few small ones).
     pub fn growth(&self, dev: u32, request: u64) -> Option<Growth> {
         let maxima = self.maxima.get(&dev)?;
+        let steady = |from: u64, to: u64| from > 0 && to >= from + from / 2 && to <= 4 * from;
         match maxima.as_slice() {
-            [.., from, to] if *to == request => Some(Growth {
-                from: *from,
-                to: *to,
-            }),
+            [.., before, from, to]
+                if *to == request && steady(*before, *from) && steady(*from, *to) =>
+            {
+                Some(Growth {
+                    from: *from,
+                    to: *to,
+                })
+            }
             _ => None,
         }
     }
@@ -138,5 +145,10 @@ mod tests {
         // A request no larger than one before it is no growth.
         assert_eq!(p.growth(7, 4 * MIB), None);
         assert_eq!(p.growth(8, 4 * MIB), None);
+        // Nor is one large object after small ones (a semaphore page, then a segment).
+        p.asked(9, 4096);
+        p.asked(9, 8192);
+        p.asked(9, 6 * MIB);
+        assert_eq!(p.growth(9, 6 * MIB), None);
     }
 }

@@ -153,20 +153,12 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
             }
         }
     }
-    // It failed at this size, so it needs at least that plus what was asked for.
+    // It failed at this size, so it needs more than that.
     if let Some(capacity) = demand.capacity {
-        let floor = capacity + burst.unmet.max(1);
-        if floor > need {
-            need = floor;
-            basis = if burst.unmet > 0 {
-                format!(
-                    "the {} it has, + the {} the failing calls asked for",
-                    human(capacity),
-                    human(burst.unmet)
-                )
-            } else {
-                format!("more than the {} it has", human(capacity))
-            };
+        const PAGE: u64 = 4096;
+        if capacity + PAGE > need {
+            need = capacity + PAGE;
+            basis = format!("more than the {} it has", human(capacity));
         }
     }
     let mut r = advise(need, &basis, started_by);
