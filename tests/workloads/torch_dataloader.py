@@ -5,7 +5,8 @@ Each batch is one float32 tensor of --batch-bytes, made by --workers worker
 processes with --prefetch batches queued per worker; the trainer takes --step
 seconds per batch, so the workers run ahead as far as prefetch_factor lets
 them. When /dev/shm is too small, PyTorch raises (ENOSPC from fallocate in a
-worker, or the worker dies of SIGBUS) and this exits 1. Needs the venv of
+worker, or the worker dies of SIGBUS; a batch lost in a worker's queue feeder
+thread shows as the DataLoader's timeout) and this exits 1. Needs the venv of
 tests/src/pytorch.rs.
 
     /opt/shmtrace-venv/bin/python torch_dataloader.py --workers 2 --batch-bytes 4M
@@ -39,9 +40,14 @@ def main():
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--batches", type=int, default=12)
     p.add_argument("--step", type=float, default=0.05)
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds the trainer waits for a batch before giving up")
     args = p.parse_args()
     loader = DataLoader(Batches(args.batches, args.batch_bytes // 4), batch_size=None,
-                        num_workers=args.workers, prefetch_factor=args.prefetch)
+                        num_workers=args.workers, prefetch_factor=args.prefetch,
+                        # A worker whose batch cannot be put in /dev/shm fails in its queue's
+                        # feeder thread, and the trainer would wait for that batch forever.
+                        timeout=args.timeout)
     total = 0.0
     try:
         for batch in loader:

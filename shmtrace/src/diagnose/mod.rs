@@ -112,6 +112,10 @@ pub struct Diagnoser {
     nccl_seen: bool,
     /// Requests failing together, and the growth of sizes asked for, per /dev/shm.
     pressure: pressure::Pressure,
+    /// Use of each /dev/shm when first measured: what others held before the traced
+    /// processes started, at most (the model misses pages of objects whose descriptors were
+    /// passed untraced, so use beyond the traced objects is not all others').
+    first_used: HashMap<u32, u64>,
 }
 
 impl Diagnoser {
@@ -160,6 +164,7 @@ impl Diagnoser {
                 container.shm_used = Some(sample.used);
             }
         }
+        self.first_used.entry(sample.dev).or_insert(sample.used);
         self.capacity.insert(sample.dev, sample);
     }
 
@@ -545,7 +550,12 @@ impl Diagnoser {
             recommend::recommend(
                 &Demand {
                     traced,
-                    others: capacity.map(|c| c.used.saturating_sub(traced)).unwrap_or(0),
+                    others: capacity
+                        .map(|c| {
+                            let first = self.first_used.get(&c.dev).copied().unwrap_or(c.used);
+                            c.used.saturating_sub(traced).min(first)
+                        })
+                        .unwrap_or(0),
                     burst,
                     growth,
                     dataloader,

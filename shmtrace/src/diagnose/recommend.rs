@@ -144,7 +144,10 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
             basis = format!(
                 "({} x {} in flight + 1 the trainer holds) x {} per batch = {}",
                 count(loader.workers, "worker"),
-                count(loader.in_flight.max(1), "batch"),
+                match loader.in_flight.max(1) {
+                    1 => "1 batch".to_owned(),
+                    n => format!("{n} batches"),
+                },
                 human(loader.batch_bytes),
                 human(loader.measured())
             );
