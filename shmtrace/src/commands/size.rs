@@ -24,12 +24,13 @@ use super::{
 };
 use crate::{
     cli::{ColorWhen, ReportArgs, SizeArgs},
+    clock::Clock,
     diagnose::{Capacity, Diagnosis, Role, Roles},
     event::{Body, Event},
     model::{Annotation, ContainerInfo, World},
-    output::{Clock, filter::Filter},
+    output::filter::Filter,
     pipeline::{Observer, Pipeline},
-    size::{self, SizeReport, Sizer},
+    sizing::{self, SizeReport, Sizer},
 };
 
 /// Exit status when the workload does not fit the budget.
@@ -116,7 +117,7 @@ fn write(report: &SizeReport, json: bool, path: Option<&Path>, clock: &Clock) ->
         text.push('\n');
         text
     } else {
-        size::text(report, &|ns| clock.rfc3339(ns))
+        sizing::text(report, &|ns| clock.rfc3339(ns))
     };
     match path {
         Some(path) => std::fs::write(path, text)
@@ -188,7 +189,7 @@ impl Sampler {
                                 dev,
                                 size,
                                 used,
-                                ts_ns: crate::session::now_boot_ns(),
+                                ts_ns: crate::clock::boot_ns(),
                             });
                         }
                     }
