@@ -201,3 +201,45 @@ fn size_budget_gates_ci() {
     assert_eq!(over.report["budget"]["fits"], false, "{}", over.report);
     assert!(over.succeeded, "the workload itself ran fine");
 }
+
+#[test]
+fn report_size_from_a_recording() {
+    require_root();
+    require_docker();
+    let _serial = serial();
+    let job = python_script(
+        "5 processes sizing 6 MiB segments at once",
+        "burst.py --procs 5 --size 6M",
+    );
+    let dir = shmtrace_tests::tempdir();
+    let file = dir.join("burst.shmtrace");
+    let mut started = job.start(256 * MIB);
+    let recorder = Recorder::start(
+        &[
+            "-o",
+            file.to_str().unwrap(),
+            "--container",
+            started.container(),
+        ],
+        &dir.join("stdout"),
+        "shmtrace: tracing",
+    );
+    assert!(started.go(), "the burst fits in 256 MiB");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (status, log) = recorder.interrupt();
+    assert_eq!(status.code(), Some(130), "{log}");
+    let report = replay("report", &file, &["--size"]);
+    assert!(report.output.status.success(), "{}", report.stderr());
+    let sized = &report.records[0];
+    let shm = &sized["shm"][0];
+    let peak = shm["peak_bytes"].as_u64().unwrap();
+    // The five processes hold their fallocated 6 MiB at once; the kernel reported every page.
+    assert!(peak >= 30 * MIB && peak < 32 * MIB, "{sized}");
+    let advised = shm["advice"]["min_bytes"].as_u64().unwrap();
+    assert!(
+        sizing::works(&job, advised),
+        "the {} MiB report --size advised does not work",
+        advised / MIB
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
