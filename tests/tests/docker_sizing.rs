@@ -6,7 +6,9 @@
 //! Each test prints a `ratio:` line, the figures of docs/sizing.md.
 use shmtrace_tests::{
     docker::require_docker,
-    pytorch, require_root, serial,
+    pytorch,
+    recording::{Recorder, replay},
+    require_root, serial,
     sizing::{self, Job, MIB, PostgresQuery, Script},
     workload::PYTHON,
 };
@@ -234,7 +236,7 @@ fn report_size_from_a_recording() {
     let shm = &sized["shm"][0];
     let peak = shm["peak_bytes"].as_u64().unwrap();
     // The five processes hold their fallocated 6 MiB at once; the kernel reported every page.
-    assert!(peak >= 30 * MIB && peak < 32 * MIB, "{sized}");
+    assert!((30 * MIB..32 * MIB).contains(&peak), "{sized}");
     let advised = shm["advice"]["min_bytes"].as_u64().unwrap();
     assert!(
         sizing::works(&job, advised),
