@@ -86,7 +86,14 @@ impl Pressure {
         };
         let burst = self.burst(dev, primary.ts_ns);
         let burst = if burst.unmet >= own.unmet { burst } else { own };
-        (burst, self.growth(dev, request))
+        let growth = self.growth(dev, request).or_else(|| {
+            is_postgres_segment(&primary.kind).then_some(Growth {
+                from: request / 2,
+                to: request,
+                known: Some("PostgreSQL's segments double"),
+            })
+        });
+        (burst, growth)
     }
 
     /// How requests grew up to `request`, when it was the largest asked of `dev` so far and
@@ -102,11 +109,19 @@ impl Pressure {
                 Some(Growth {
                     from: *from,
                     to: *to,
+                    known: None,
                 })
             }
             _ => None,
         }
     }
+}
+
+/// A PostgreSQL dynamic shared memory segment (`/dev/shm/PostgreSQL.N`) that could not be
+/// sized: a parallel query's shared hash table grows in segments of doubling size.
+fn is_postgres_segment(kind: &FailureKind) -> bool {
+    matches!(kind, FailureKind::Call { path: Some(path), .. }
+        if path.rsplit('/').next().is_some_and(|name| name.starts_with("PostgreSQL.")))
 }
 
 #[cfg(test)]
@@ -139,7 +154,8 @@ mod tests {
             p.growth(7, 16 * MIB),
             Some(Growth {
                 from: 8 * MIB,
-                to: 16 * MIB
+                to: 16 * MIB,
+                known: None,
             })
         );
         // A request no larger than one before it is no growth.

@@ -40,6 +40,9 @@ pub struct Burst {
 pub struct Growth {
     pub from: u64,
     pub to: u64,
+    /// Known from the program rather than seen in the trace: PostgreSQL's dynamic shared memory
+    /// areas double their segment size as they grow, and fail at their first big segment.
+    pub known: Option<&'static str>,
 }
 
 impl Growth {
@@ -130,12 +133,18 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
         let next = (burst.requested as u128 * (growth.to - growth.from) as u128
             / growth.from as u128) as u64;
         need += next;
-        basis.push_str(&format!(
-            " + {} for the next step of their growth (requests grew {} -> {})",
-            human(next),
-            human(growth.from),
-            human(growth.to)
-        ));
+        basis.push_str(&match growth.known {
+            Some(why) => format!(
+                " + {} for the next step of their growth ({why})",
+                human(next)
+            ),
+            None => format!(
+                " + {} for the next step of their growth (requests grew {} -> {})",
+                human(next),
+                human(growth.from),
+                human(growth.to)
+            ),
+        });
     }
     if let Some(loader) = demand.dataloader {
         let steady = demand.others + loader.measured();
@@ -332,6 +341,7 @@ mod tests {
             growth: Some(Growth {
                 from: 8 * MIB,
                 to: 16 * MIB,
+                known: None,
             }),
             capacity: Some(64 * MIB),
             ..Demand::default()
