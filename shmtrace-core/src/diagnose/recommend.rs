@@ -93,7 +93,7 @@ impl DataloaderDemand {
 /// PyTorch's default `prefetch_factor`.
 pub const DEFAULT_PREFETCH: u32 = 2;
 /// Headroom over the measured need: allocations are not perfectly packed, and batches vary.
-pub const HEADROOM_PERCENT: u64 = 25;
+pub const HEADROOM_PERCENT: u64 = 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Recommendation {
@@ -310,20 +310,20 @@ mod tests {
             ..Demand::default()
         };
         let r = recommend(&demand, false, &StartedBy::Unknown);
-        // (4 x 1 + 1) x 96 MiB = 480 MiB, + 25% = 600 MiB, in 16 MiB steps: 608 MiB.
-        assert_eq!(r.min_bytes, 608 * MIB);
-        assert_eq!(r.docker, "docker run --shm-size=608m ...");
+        // (4 x 1 + 1) x 96 MiB = 480 MiB, + 20% = 576 MiB.
+        assert_eq!(r.min_bytes, 576 * MIB);
+        assert_eq!(r.docker, "docker run --shm-size=576m ...");
         assert!(
             r.basis.contains("4 workers x 1 batch in flight"),
             "{}",
             r.basis
         );
-        assert!(r.basis.contains("25% headroom"), "{}", r.basis);
+        assert!(r.basis.contains("20% headroom"), "{}", r.basis);
         // The rule of thumb is shown, labelled, and is far bigger.
         let bound = r.bound.expect("a DataLoader shows the rule of thumb");
         assert!(bound.contains("bound, not used"), "{bound}");
         assert!(bound.contains("1.0 GiB"), "{bound}");
-        assert!(r.kubernetes.contains("sizeLimit: 608Mi"));
+        assert!(r.kubernetes.contains("sizeLimit: 576Mi"));
         assert!(r.alternatives[0].contains("num_workers"));
     }
 
@@ -347,8 +347,8 @@ mod tests {
             ..Demand::default()
         };
         let r = recommend(&demand, false, &StartedBy::Unknown);
-        // 48 + 40 + 80 (the next doubling of 5 x 16 MiB) = 168 MiB, + 25% = 210 MiB.
-        assert_eq!(r.min_bytes, 210 * MIB);
+        // 48 + 40 + 80 (the next doubling of 5 x 16 MiB) = 168 MiB, + 20% = 201.6 MiB.
+        assert_eq!(r.min_bytes, 202 * MIB);
         assert!(
             r.basis.contains("5 processes failing at once"),
             "{}",
