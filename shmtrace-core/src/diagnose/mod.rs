@@ -543,7 +543,9 @@ impl Diagnoser {
                     let workers = self.roles.workers_of(t).count() as u32;
                     (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
                         workers,
-                        in_flight: stats.max_in_flight.max(1),
+                        // A failure early in the run shows fewer than a DataLoader queues by
+                        // default.
+                        in_flight: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
                         batch_bytes: stats.batch_bytes,
                     })
                 });

@@ -57,7 +57,8 @@ impl Growth {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct DataloaderDemand {
     pub workers: u32,
-    /// Batches in flight per worker, the most seen at once (at least 1).
+    /// Batches in flight per worker: the most one worker held at once, and at least what a
+    /// DataLoader queues by default.
     pub in_flight: u32,
     pub batch_bytes: u64,
 }
@@ -151,7 +152,8 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
         if steady > need {
             need = steady;
             basis = format!(
-                "({} x {} in flight + 1 the trainer holds) x {} per batch = {}",
+                "({} x {} in flight (the most one worker held, at least the default \
+                 prefetch_factor of {DEFAULT_PREFETCH}) + 1 the trainer holds) x {} per batch = {}",
                 count(loader.workers, "worker"),
                 match loader.in_flight.max(1) {
                     1 => "1 batch".to_owned(),
