@@ -133,7 +133,7 @@ fn several_processes_failing_at_the_same_moment() {
 fn pytorch_dataloader_two_workers_fast_trainer() {
     let job = dataloader(
         "PyTorch DataLoader, 2 workers, 8 MiB batches, prefetch 2",
-        "--workers 2 --batch-bytes 8M --prefetch 2 --batches 12 --step 0",
+        "--workers 2 --batch-bytes 8M --prefetch 2 --batches 12 --step 0 --timeout 5",
     );
     check(&job, 8 * MIB, 512 * MIB, MIB);
 }
@@ -142,7 +142,7 @@ fn pytorch_dataloader_two_workers_fast_trainer() {
 fn pytorch_dataloader_three_workers_deep_prefetch() {
     let job = dataloader(
         "PyTorch DataLoader, 3 workers, 4 MiB batches, prefetch 4, slow trainer",
-        "--workers 3 --batch-bytes 4M --prefetch 4 --batches 24 --step 0.1",
+        "--workers 3 --batch-bytes 4M --prefetch 4 --batches 24 --step 0.1 --timeout 5",
     );
     check(&job, 8 * MIB, 512 * MIB, MIB);
 }
