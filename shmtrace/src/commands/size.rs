@@ -138,6 +138,9 @@ struct SizeObserver {
     budget: Option<u64>,
     result: Arc<Mutex<Option<SizeReport>>>,
     sampler: Option<Sampler>,
+    /// Samples taken after the last event seen: events reach the pipeline up to 100 ms late,
+    /// and a sample must meet the model as it was when the sample was taken.
+    pending: Vec<Capacity>,
 }
 
 /// A thread that measures /dev/shm file systems every [`SAMPLE_EVERY`].
@@ -221,14 +224,21 @@ impl SizeObserver {
             budget,
             result,
             sampler: live.then(Sampler::new),
+            pending: Vec::new(),
         }
     }
 
-    fn take_samples(&mut self) {
+    /// Gives the sizer the samples taken before `until_ns` (all, with `None`).
+    fn take_samples(&mut self, until_ns: Option<u64>) {
         if let Some(sampler) = &self.sampler {
-            for sample in sampler.drain() {
-                self.sizer.capacity(&sample);
-            }
+            self.pending.extend(sampler.drain());
+        }
+        self.pending.sort_by_key(|s| s.ts_ns);
+        let due = self
+            .pending
+            .partition_point(|s| until_ns.is_none_or(|until| s.ts_ns <= until));
+        for sample in self.pending.drain(..due).collect::<Vec<_>>() {
+            self.sizer.capacity(&sample);
         }
     }
 }
@@ -240,7 +250,7 @@ impl Observer for SizeObserver {
         {
             sampler.reach(file.inode.dev, event.pid);
         }
-        self.take_samples();
+        self.take_samples(Some(event.ts_ns));
         self.sizer.event(event, note, role.kind, place, world);
     }
 
@@ -269,7 +279,7 @@ impl Observer for SizeObserver {
         if let Some(sampler) = &mut self.sampler {
             sampler.stop();
         }
-        self.take_samples();
+        self.take_samples(None);
         let report = self.sizer.report(self.budget, lost);
         if let Ok(mut slot) = self.result.lock() {
             *slot = Some(report);
