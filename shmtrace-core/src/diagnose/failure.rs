@@ -82,6 +82,10 @@ pub struct Failure {
     /// object by its size (pages written through a mapping show in no system call).
     #[serde(skip)]
     pub held: u64,
+    /// Other live processes sharing an object on that file system with the failing one (a
+    /// PostgreSQL leader and its parallel workers map one segment): they may ask at once.
+    #[serde(skip)]
+    pub peers: u32,
 }
 
 impl Failure {

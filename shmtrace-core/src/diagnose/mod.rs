@@ -408,6 +408,7 @@ impl Diagnoser {
             workers_allocating,
             unmet,
             held: dev.map(|dev| held_on(dev, world)).unwrap_or(0),
+            peers: dev.map(|dev| peers_of(pid, dev, world)).unwrap_or(0),
         }
     }
 
@@ -612,6 +613,30 @@ fn held_on(dev: u32, world: &World) -> u64 {
             }
         })
         .sum()
+}
+
+/// Live processes other than `pid` that hold (by descriptor or mapping) an object on /dev/shm
+/// `dev` that `pid` holds too.
+fn peers_of(pid: u32, dev: u32, world: &World) -> u32 {
+    let holds = |p: &crate::model::Process| -> HashSet<crate::event::InodeId> {
+        p.fds
+            .values()
+            .map(|fd| fd.inode)
+            .chain(p.mappings.iter().map(|m| m.inode))
+            .filter(|inode| inode.dev == dev)
+            .collect()
+    };
+    let Some(own) = world.process(pid).map(holds) else {
+        return 0;
+    };
+    if own.is_empty() {
+        return 0;
+    }
+    world
+        .processes()
+        .filter(|p| p.pid != pid && p.alive())
+        .filter(|p| !holds(p).is_disjoint(&own))
+        .count() as u32
 }
 
 /// /dev/shm is measured when userspace reads the failure, which may be after the process

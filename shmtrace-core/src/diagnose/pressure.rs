@@ -84,8 +84,20 @@ impl Pressure {
         let Some(dev) = primary.dev else {
             return (own, None);
         };
-        let burst = self.burst(dev, primary.ts_ns);
-        let burst = if burst.unmet >= own.unmet { burst } else { own };
+        let mut burst = self.burst(dev, primary.ts_ns);
+        if burst.unmet < own.unmet {
+            burst = own;
+        }
+        // Processes sharing its objects work on the same thing and may ask as it did: a
+        // PostgreSQL worker that fails first, before the others ask, speaks for them all.
+        let sharing = primary.peers + 1;
+        if sharing > burst.processes {
+            burst = Burst {
+                processes: sharing,
+                requested: burst.requested.max(u64::from(sharing) * request),
+                unmet: burst.unmet.max(u64::from(sharing) * primary.unmet),
+            };
+        }
         let growth = self.growth(dev, request).or_else(|| {
             is_postgres_segment(&primary.kind).then_some(Growth {
                 from: request / 2,

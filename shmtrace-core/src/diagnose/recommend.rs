@@ -125,7 +125,8 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
     basis.push_str(&match burst.processes {
         0 | 1 => format!(" + {} asked for when it failed", human(burst.unmet)),
         n => format!(
-            " + {} asked for by {n} processes failing at once",
+            " + {} asked for by {n} processes at once (failing together, or sharing the \
+             failing one's objects)",
             human(burst.unmet)
         ),
     });
@@ -352,7 +353,7 @@ mod tests {
         // 48 + 40 + 80 (the next doubling of 5 x 16 MiB) = 168 MiB, + 20% = 201.6 MiB.
         assert_eq!(r.min_bytes, 202 * MIB);
         assert!(
-            r.basis.contains("5 processes failing at once"),
+            r.basis.contains("5 processes at once"),
             "{}",
             r.basis
         );

@@ -159,11 +159,14 @@ impl Sizer {
 
     pub fn diagnosis(&mut self, diagnosis: &Diagnosis) {
         if let Some(failure) = diagnosis.failures.first() {
+            let cause = serde_json::to_value(failure.cause)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
             self.failures.push(format!(
-                "{} (pid {}): {:?}",
+                "{} (pid {}): {cause}",
                 crate::event::escape::text(&diagnosis.comm),
-                diagnosis.pid,
-                failure.cause
+                diagnosis.pid
             ));
         }
     }
