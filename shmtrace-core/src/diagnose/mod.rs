@@ -616,7 +616,7 @@ fn held_on(dev: u32, world: &World) -> u64 {
 }
 
 /// Live processes other than `pid` that hold (by descriptor or mapping) an object on /dev/shm
-/// `dev` that `pid` holds too.
+/// `dev` that `pid` holds too, other than those its parent holds.
 fn peers_of(pid: u32, dev: u32, world: &World) -> u32 {
     let holds = |p: &crate::model::Process| -> HashSet<crate::event::InodeId> {
         p.fds
@@ -626,9 +626,17 @@ fn peers_of(pid: u32, dev: u32, world: &World) -> u32 {
             .filter(|inode| inode.dev == dev)
             .collect()
     };
-    let Some(own) = world.process(pid).map(holds) else {
+    let Some(process) = world.process(pid) else {
         return 0;
     };
+    // What it inherited with everyone else from its parent (PostgreSQL's postmaster maps its
+    // control segment into every backend) says nothing about who works with it.
+    let inherited = process
+        .parent
+        .and_then(|parent| world.process(parent))
+        .map(holds)
+        .unwrap_or_default();
+    let own: HashSet<_> = holds(process).difference(&inherited).copied().collect();
     if own.is_empty() {
         return 0;
     }

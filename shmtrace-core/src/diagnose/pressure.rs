@@ -91,7 +91,7 @@ impl Pressure {
         // Processes sharing its objects work on the same thing and may ask as it did: a
         // PostgreSQL worker that fails first, before the others ask, speaks for them all.
         let sharing = primary.peers + 1;
-        if sharing > burst.processes {
+        if request > 0 && sharing > burst.processes {
             burst = Burst {
                 processes: sharing,
                 requested: burst.requested.max(u64::from(sharing) * request),

@@ -352,11 +352,7 @@ mod tests {
         let r = recommend(&demand, false, &StartedBy::Unknown);
         // 48 + 40 + 80 (the next doubling of 5 x 16 MiB) = 168 MiB, + 20% = 201.6 MiB.
         assert_eq!(r.min_bytes, 202 * MIB);
-        assert!(
-            r.basis.contains("5 processes at once"),
-            "{}",
-            r.basis
-        );
+        assert!(r.basis.contains("5 processes at once"), "{}", r.basis);
         assert!(r.basis.contains("8.0 MiB -> 16.0 MiB"), "{}", r.basis);
         assert_eq!(r.bound, None);
     }
