@@ -292,6 +292,7 @@ fn fallocate_worker(worker: usize, batches: usize, ready: Option<OwnedFd>) -> i3
         };
         // SAFETY: plain syscalls on a descriptor we own.
         unsafe { libc::ftruncate(fd.as_raw_fd(), BATCH_BYTES as libc::off_t) };
+        // SAFETY: as above.
         let rc = unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, BATCH_BYTES as libc::off_t) };
         if rc != 0 {
             let error = std::io::Error::last_os_error();
