@@ -10,12 +10,14 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-use super::{
-    Endpoint, FoundBy, IpcMode, PathClass, Query, Resolver, Runtime, ShmSource, State,
-    docker_tests::{unique, wait_for},
-    parse_proc_cgroup,
+use shmtrace::{
+    container::{
+        Endpoint, FoundBy, IpcMode, PathClass, Query, Resolver, Runtime, ShmSource, State,
+        parse_proc_cgroup,
+    },
+    live::proc_scan,
 };
-use crate::live::proc_scan;
+use shmtrace_tests::runtimes::{unique, wait_for};
 
 const IMAGE: &str = "localhost/shmtrace-podman-test:1";
 const GLOBAL: &[&str] = &["--cgroup-manager", "cgroupfs", "--events-backend", "file"];

@@ -317,6 +317,3 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod containerd_tests;
