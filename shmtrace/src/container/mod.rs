@@ -15,6 +15,7 @@
 //! [`crate::event::escape`], never raw.
 
 mod cgroup;
+mod client;
 mod cri;
 mod docker;
 mod endpoints;
