@@ -13,6 +13,7 @@
 pub mod cli;
 pub mod commands;
 pub mod container;
+pub mod kernel_ids;
 pub mod live;
 
 // The core's modules, under the names this crate's modules use (`crate::record::...`).
@@ -31,7 +32,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Record(args)) => commands::record::run(&args),
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
-        Some(Command::Demo { output }) => live::demo::run(&output),
+        Some(Command::Demo { output }) => commands::demo::run(&output),
         Some(Command::DemoWorkload) => live::demo::workload(),
     }
 }

@@ -18,7 +18,7 @@ use shmtrace::{
         ContainerError, Endpoint, FoundBy, IpcMode, PathClass, QosClass, Query, Resolver, Runtime,
         State, channel, parse_proc_cgroup, proto,
     },
-    live::proc_scan,
+    kernel_ids,
 };
 use shmtrace_tests::runtimes::{IMAGE, docker, image, import_busybox_image, unique, wait_for};
 
@@ -356,7 +356,7 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
         }
     );
     let pid = container.pid.expect("the main pid, from the verbose info");
-    assert_eq!(container.mntns, proc_scan::mount_namespace(pid));
+    assert_eq!(container.mntns, kernel_ids::mount_namespace(pid));
     // containerd gives each pod a 64 MiB /dev/shm, shared by its containers.
     assert_eq!(container.shm.size_bytes, Some(64 << 20));
     assert!(container.shm.is_tmpfs);

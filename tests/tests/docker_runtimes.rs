@@ -15,7 +15,7 @@ use shmtrace::{
         Change, ContainerError, Endpoint, FoundBy, IpcMode, Query, Resolver, Runtime, ShmError,
         ShmSource, State, host_shm_dev, measure_shm,
     },
-    live::proc_scan,
+    kernel_ids,
 };
 use shmtrace_tests::runtimes::{IMAGE, SOCKET, docker, image, unique, wait_for};
 
@@ -100,8 +100,8 @@ async fn resolves_by_exact_name_never_by_substring() {
     assert_eq!(container.state, State::Running);
     assert_eq!(container.pid, Some(short.pid()));
     let mntns = container.mntns.expect("a mount namespace");
-    assert_eq!(Some(mntns), proc_scan::mount_namespace(short.pid()));
-    assert_ne!(Some(mntns), proc_scan::mount_namespace(std::process::id()));
+    assert_eq!(Some(mntns), kernel_ids::mount_namespace(short.pid()));
+    assert_ne!(Some(mntns), kernel_ids::mount_namespace(std::process::id()));
     assert!(!found.fallback);
     // Docker's default: 64 MiB, private.
     assert_eq!(container.shm.configured_bytes, Some(64 << 20));
@@ -265,7 +265,7 @@ async fn follows_a_restart_under_the_same_name() {
     assert_ne!(second.pid, first.pid);
     // The new init has a new mount namespace, but its inode number may be the old one's:
     // namespace inode numbers are recycled (seen here). Compare pids, never namespaces alone.
-    assert_eq!(second.mntns, proc_scan::mount_namespace(container.pid()));
+    assert_eq!(second.mntns, kernel_ids::mount_namespace(container.pid()));
 
     docker(&["stop", "-t", "0", &container.name]);
     assert!(matches!(
@@ -419,7 +419,7 @@ async fn a_container_cannot_redirect_the_measurement_with_symlinks() {
     use std::os::unix::fs::MetadataExt;
     assert_ne!(
         measured.dev,
-        Some(proc_scan::kernel_dev_from_stat(host_root.dev()))
+        Some(kernel_ids::kernel_dev_from_stat(host_root.dev()))
     );
 
     // `/dev/shm -> /proc/1/root/tmp`: a magic link, refused.
@@ -484,7 +484,7 @@ async fn a_daemon_that_is_down_falls_back_to_the_cgroup_scan() {
     assert_eq!(scanned.runtime, Runtime::Docker);
     assert_eq!(scanned.id, id);
     assert_eq!(scanned.pid, Some(container.pid()));
-    assert_eq!(scanned.mntns, proc_scan::mount_namespace(container.pid()));
+    assert_eq!(scanned.mntns, kernel_ids::mount_namespace(container.pid()));
     assert_eq!(scanned.shm.size_bytes, Some(64 << 20));
 
     // A socket that does not exist at all, named explicitly, is reported too.

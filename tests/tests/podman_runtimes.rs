@@ -15,7 +15,7 @@ use shmtrace::{
         Endpoint, FoundBy, IpcMode, PathClass, Query, Resolver, Runtime, ShmSource, State,
         parse_proc_cgroup,
     },
-    live::proc_scan,
+    kernel_ids,
 };
 use shmtrace_tests::runtimes::{unique, wait_for};
 
@@ -156,7 +156,7 @@ async fn finds_podman_containers_through_its_docker_api() {
     assert_eq!(found.image.as_deref(), Some(IMAGE));
     assert_eq!(found.state, State::Running);
     assert_eq!(found.pid, Some(pid));
-    assert_eq!(found.mntns, proc_scan::mount_namespace(pid));
+    assert_eq!(found.mntns, kernel_ids::mount_namespace(pid));
     assert_eq!(found.shm.configured_bytes, Some(2 << 20));
     assert_eq!(found.shm.size_bytes, Some(2 << 20));
     assert_eq!(found.shm.source, ShmSource::Measured { pid });
