@@ -14,7 +14,8 @@ pub mod role;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub use capacity::Capacity;
-use capacity::{at_least_held, at_least_refused};
+use capacity::at_least_held;
+use failure::at_least_refused;
 pub use failure::{Cause, Failure, FailureKind, classify};
 pub use recommend::{DataloaderDemand, Demand, Recommendation};
 pub use role::{Role, RoleKind, Roles};
