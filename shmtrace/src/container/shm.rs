@@ -169,13 +169,7 @@ fn size_option_from_mountinfo(text: &str) -> Option<u64> {
 
 /// `65536k`, `1m`, `2g`, `4096`: tmpfs sizes as mountinfo shows them.
 fn parse_tmpfs_size(text: &str) -> Option<u64> {
-    let (digits, shift) = match text.as_bytes().last()? {
-        b'k' | b'K' => (&text[..text.len() - 1], 10),
-        b'm' | b'M' => (&text[..text.len() - 1], 20),
-        b'g' | b'G' => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+    crate::size::parse(text).ok()
 }
 
 #[cfg(test)]
