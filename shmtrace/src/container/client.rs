@@ -5,7 +5,6 @@
 use std::{collections::BTreeMap, future::Future, pin::Pin};
 
 use super::{Container, Runtime, State, endpoints::ProblemKind};
-use crate::event::escape;
 
 /// A future a runtime client returns, boxed so that clients of different runtimes can sit in
 /// one list.
@@ -36,16 +35,17 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// As [`Container::display_name`] shows it, or `docker 3f4e1bd2c2d8` when it has no name.
     pub fn display_name(&self) -> String {
-        let name = if self.name.is_empty() {
-            id_label(self.runtime, &self.id)
-        } else {
-            escape::text(&self.name)
-        };
-        match (&self.namespace, &self.pod) {
-            (Some(ns), Some(pod)) => format!("{}/{}/{name}", escape::text(ns), escape::text(pod)),
-            _ => name,
+        if self.name.is_empty() {
+            return id_label(self.runtime, &self.id);
         }
+        crate::model::container_label(
+            &self.name,
+            &self.id,
+            self.namespace.as_deref(),
+            self.pod.as_deref(),
+        )
     }
 }
 
