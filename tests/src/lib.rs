@@ -5,6 +5,7 @@ pub mod live;
 pub mod postgres;
 pub mod pytorch;
 pub mod recording;
+pub mod runtimes;
 pub mod sizing;
 pub mod workload;
 use std::{

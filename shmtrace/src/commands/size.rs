@@ -16,9 +16,7 @@ use std::{
 use anyhow::{Context, Result};
 
 use super::{
-    DefaultStream, init_logging,
-    live::{self, What},
-    open_output,
+    DefaultStream, init_logging, open_output,
     replay::{describe, diagnoser, open, replay},
     trace::{exit_code, host_diagnoser},
 };
@@ -27,6 +25,7 @@ use crate::{
     clock::Clock,
     diagnose::{Capacity, Diagnosis, Role, Roles},
     event::{Body, Event},
+    live::launch::{self as live, What},
     model::{Annotation, ContainerInfo, World},
     output::filter::Filter,
     pipeline::{Observer, Pipeline},
