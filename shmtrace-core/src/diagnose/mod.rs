@@ -104,8 +104,7 @@ pub struct Diagnoser {
     /// Requests failing together, and the growth of sizes asked for, per /dev/shm.
     pressure: pressure::Pressure,
     /// Use of each /dev/shm when first measured: what others held before the traced
-    /// processes started, at most (the model misses pages of objects whose descriptors were
-    /// passed untraced, so use beyond the traced objects is not all others').
+    /// processes started, at most.
     first_used: HashMap<u32, u64>,
 }
 
@@ -546,8 +545,16 @@ impl Diagnoser {
                     traced,
                     others: capacity
                         .map(|c| {
-                            let first = self.first_used.get(&c.dev).copied().unwrap_or(c.used);
-                            c.used.saturating_sub(traced).min(first)
+                            let beyond = c.used.saturating_sub(traced);
+                            // A DataLoader's batches reach the trainer through descriptors
+                            // passed untraced, so the model misses some of their pages: there,
+                            // use beyond the traced objects is the batches' own, which the
+                            // DataLoader figure counts already; others' is at most what was
+                            // there before.
+                            match (&dataloader, self.first_used.get(&c.dev)) {
+                                (Some(_), Some(first)) => beyond.min(*first),
+                                _ => beyond,
+                            }
                         })
                         .unwrap_or(0),
                     burst,
