@@ -109,6 +109,8 @@ pub struct Pipeline {
     measured: HashSet<u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
     measured_devs: HashSet<u32>,
+    /// Processes whose title and container pid were read again at a failure (once each).
+    reread: HashSet<u32>,
     lost: LostCounts,
     malformed: u64,
 }
@@ -126,6 +128,7 @@ impl Pipeline {
             observer: None,
             measured: HashSet::new(),
             measured_devs: HashSet::new(),
+            reread: HashSet::new(),
             lost: LostCounts::default(),
             malformed: 0,
         }
@@ -216,6 +219,7 @@ impl Pipeline {
             }
         }
         self.measure_if_needed(&event, env)?;
+        self.reread_at_failure(&event, env)?;
         if let Some(tap) = &mut self.tap {
             tap.kernel(bytes)?;
         }
@@ -225,7 +229,7 @@ impl Pipeline {
         if let Some(observer) = &mut self.observer {
             observer.event(&event, &note, &role, &place, &self.world);
         }
-        if self.show_events && self.filter.keep(&event, &role, &place) {
+        if self.show_events && self.filter.keep(&event, &note, &role, &place) {
             self.output
                 .event(
                     &event,
@@ -257,7 +261,10 @@ impl Pipeline {
                 used: sample.capacity.used_bytes,
                 ts_ns,
             }),
-            UserRecord::Lost(counters) => self.lost = counters.to_counts().0,
+            UserRecord::Lost(counters) => {
+                self.lost = counters.to_counts().0;
+                self.diagnoser.set_lost_events(self.lost.total());
+            }
             UserRecord::Container(container) => {
                 self.output.show_places();
                 let info = container.to_info();
@@ -287,6 +294,7 @@ impl Pipeline {
         self.output.lost(&delta, &total)?;
         self.tap_user(ts_ns, &UserRecord::Lost((&total).into()))?;
         self.lost = total;
+        self.diagnoser.set_lost_events(self.lost.total());
         Ok(())
     }
 
@@ -378,6 +386,24 @@ impl Pipeline {
             Body::Rename { pid, .. } => roles.of(*pid),
             Body::Oom { victim_pid } => roles.of(*victim_pid),
             _ => roles.of_thread(event.pid, &event.comm),
+        }
+    }
+
+    /// Reads a failing process's title and container pid from /proc again, once, while it is
+    /// still alive: PostgreSQL's `postgres: parallel worker for PID 34` is set after fork,
+    /// where no event shows it. Recorded like any snapshot, so a replay shows the same.
+    fn reread_at_failure(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        let subject = match &event.body {
+            Body::Call(call) if call.failed() && call.expected_error().is_none() => event.pid,
+            Body::Signal(signal) if signal.addr != 0 => signal.target_pid,
+            _ => return Ok(()),
+        };
+        if !self.reread.insert(subject) {
+            return Ok(());
+        }
+        match env.snapshot(subject) {
+            Some(snapshot) => self.seed(&snapshot, event.ts_ns),
+            None => Ok(()),
         }
     }
 

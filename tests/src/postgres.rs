@@ -23,9 +23,7 @@ pub const FORCE_PARALLEL: &str = "SET parallel_setup_cost = 0; SET parallel_tupl
      SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 4;";
 
 fn run(command: &mut Command, what: &str) -> Output {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
         output.status.success(),
         "{what} failed: {}{}",

@@ -54,10 +54,15 @@ pub enum Body {
 impl Event {
     /// A failed call, a fatal signal, an unsuccessful exit or an OOM kill: what `--failed`
     /// keeps, and what makes shmtrace measure /dev/shm before diagnosing it.
+    ///
+    /// Not failures: an error the program asked for (see [`Call::expected_error`]), and a
+    /// signal one process sends another (a parent ending its children); the receiver's death
+    /// is judged on its own.
     pub fn is_failure(&self) -> bool {
         match &self.body {
-            Body::Call(call) => call.failed(),
-            Body::Signal(_) | Body::Oom { .. } => true,
+            Body::Call(call) => call.failed() && call.expected_error().is_none(),
+            Body::Signal(signal) => signal.addr != 0 || !signal.sent_by_other(self.pid),
+            Body::Oom { .. } => true,
             Body::Exit(status) => !status.success(),
             Body::Fork { .. } | Body::Exec(_) | Body::Rename { .. } => false,
         }
@@ -91,6 +96,31 @@ impl Call {
     /// An error, or a `recvmsg` that dropped the descriptors sent to it.
     pub fn failed(&self) -> bool {
         self.errno().is_some() || self.dropped_descriptors()
+    }
+
+    /// Why an error is part of the program's normal work rather than a failure, if it is:
+    /// programs probe what the kernel supports, check whether a name exists, and retry
+    /// with another name when one is taken. Judged from the call alone, so live and replayed
+    /// traces agree.
+    pub fn expected_error(&self) -> Option<&'static str> {
+        let errno = self.errno()?;
+        let flags = self.args[2];
+        let creates = flags & libc::O_CREAT as u64 != 0;
+        match (self.syscall, errno) {
+            // Chromium calls memfd_create("", invalid flags) to learn what the kernel
+            // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
+            (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),
+            (Syscall::Openat | Syscall::Openat2, libc::ENOENT) if !creates => {
+                Some("an existence check")
+            }
+            (Syscall::Openat | Syscall::Openat2, libc::EEXIST) => {
+                Some("a name already taken (programs retry with another)")
+            }
+            (Syscall::Unlink | Syscall::Unlinkat, libc::ENOENT) => Some("already removed"),
+            (Syscall::Shmget, libc::ENOENT) => Some("an existence check"),
+            (Syscall::Shmget, libc::EEXIST) => Some("a key already taken"),
+            _ => None,
+        }
     }
 
     /// A `recvmsg` whose `MSG_CTRUNC` says passed descriptors were dropped: the receiver has
@@ -148,6 +178,17 @@ pub struct Signal {
     pub target_pid: u32,
     pub target_tid: u32,
     pub target_comm: String,
+}
+
+impl Signal {
+    /// Sent on purpose by another process with kill(2), tgkill(2) or sigqueue(3), as a parent
+    /// ends its children at shutdown; not raised by the kernel (a fault, the OOM killer).
+    pub fn sent_by_other(&self, sender_pid: u32) -> bool {
+        const SI_USER: i32 = 0;
+        const SI_QUEUE: i32 = -1;
+        const SI_TKILL: i32 = -6;
+        sender_pid != self.target_pid && matches!(self.code, SI_USER | SI_QUEUE | SI_TKILL)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,6 +17,17 @@ pub struct Annotation {
     pub freed: Vec<String>,
     /// The event touched nothing shmtrace follows (an `munmap` of other memory, say).
     pub irrelevant: bool,
+    /// For the death of a process by a signal another process sent it on purpose (a parent
+    /// ending its children at shutdown): the sender's pid. Such a death is not a failure.
+    pub killed_by: Option<u32>,
+}
+
+impl Annotation {
+    /// Whether the event shows the program hurt: a failure ([`Event::is_failure`]) other than
+    /// a death another process asked for.
+    pub fn is_failure(&self, event: &Event) -> bool {
+        event.is_failure() && self.killed_by.is_none()
+    }
 }
 
 /// Where a fault address points.
@@ -41,6 +52,8 @@ pub struct ProcSnapshot {
     pub exe: Option<String>,
     pub argv: Vec<String>,
     pub mntns: u32,
+    /// Its pid in its own pid namespace (`NSpid` in /proc/PID/status), when that differs.
+    pub nspid: Option<u32>,
     pub fds: Vec<SnapshotFd>,
     pub mappings: Vec<SnapshotMapping>,
 }
@@ -169,15 +182,17 @@ impl World {
     }
 
     /// Adds a process found in /proc, with the /dev/shm descriptors and mappings it already
-    /// had. Does nothing for a process already known.
+    /// had. For a process already known, only refreshes its title and container pid.
     pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) {
         if self.processes.contains_key(&snapshot.pid) {
+            self.refresh(snapshot);
             return;
         }
         let mut process = Process::new(snapshot.pid, snapshot.comm.clone(), snapshot.mntns, ts_ns);
         process.parent = snapshot.ppid;
         process.exe = snapshot.exe.clone();
         process.argv = snapshot.argv.clone();
+        process.nspid = snapshot.nspid;
         for fd in &snapshot.fds {
             let object = self.object_entry(fd.inode, snapshot.mntns, ts_ns);
             object.path.get_or_insert_with(|| fd.path.clone());
@@ -214,6 +229,23 @@ impl World {
         self.processes.insert(snapshot.pid, process);
     }
 
+    /// What /proc says of a process already known, read again (at a failure): its pid in its
+    /// container, and its title when it rewrote its command line. Descriptors and mappings
+    /// come from events only.
+    fn refresh(&mut self, snapshot: &ProcSnapshot) {
+        let Some(process) = self.processes.get_mut(&snapshot.pid) else {
+            return;
+        };
+        if snapshot.nspid.is_some() {
+            process.nspid = snapshot.nspid;
+        }
+        let title = snapshot.argv.join(" ");
+        if !snapshot.argv.is_empty() && snapshot.argv != process.argv {
+            process.title = Some(title);
+        }
+        self.version += 1;
+    }
+
     /// Applies one event and says what it meant.
     pub fn apply(&mut self, event: &Event) -> Annotation {
         self.totals.events += 1;
@@ -236,7 +268,7 @@ impl World {
         let mut note = Annotation::default();
         match &event.body {
             Body::Call(call) => {
-                if call.failed() {
+                if call.failed() && call.expected_error().is_none() {
                     self.totals.failed_calls += 1;
                 }
                 self.apply_call(event, call, &mut note);
@@ -247,6 +279,7 @@ impl World {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
                     process.exe = Some(exec.filename.clone());
                     process.argv = exec.argv.clone();
+                    process.title = None;
                     process.comm = event.comm.clone();
                     let cloexec: Vec<i32> = process
                         .fds
@@ -270,6 +303,12 @@ impl World {
                 }
                 let released = {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
+                    if let (ExitStatus::Signal { signo, .. }, Some((sender, sent))) =
+                        (status, process.sent_signal)
+                        && *signo == sent
+                    {
+                        note.killed_by = Some(sender);
+                    }
                     process.exit = Some(*status);
                     process.exit_ns = Some(event.ts_ns);
                     let fds: Vec<InodeId> = std::mem::take(&mut process.fds)
@@ -291,6 +330,10 @@ impl World {
             Body::Signal(signal) => {
                 if signal.addr != 0 {
                     note.fault = self.fault_site(signal.target_pid, signal.addr);
+                } else if signal.sent_by_other(event.pid)
+                    && let Some(target) = self.processes.get_mut(&signal.target_pid)
+                {
+                    target.sent_signal = Some((event.pid, signal.signo));
                 }
             }
             Body::Oom { .. } => {}
