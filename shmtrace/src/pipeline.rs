@@ -5,7 +5,7 @@
 //! [`Environment`]: live, a process first seen is looked up in /proc and /dev/shm is measured
 //! when something fails; the results go to the tap as records, so that a replay meets the same
 //! inputs at the same place and reaches the same diagnosis without a live machine.
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -28,11 +28,42 @@ pub trait Environment {
 }
 
 /// The machine shmtrace runs on.
-pub struct LiveMachine;
+#[derive(Default)]
+pub struct LiveMachine {
+    /// /proc snapshots of failing processes, taken as soon as a batch of records arrived.
+    early: HashMap<u32, ProcSnapshot>,
+}
+
+impl LiveMachine {
+    /// Reads /proc for the processes that fail in `batch` before the batch is worked
+    /// through: a failure wakes the reader at once, but the records before it take time, and
+    /// a process that fails often exits within milliseconds (a PostgreSQL parallel worker), taking
+    /// its container pid and title with it.
+    pub fn read_failing_early(&mut self, batch: &[Bytes]) {
+        self.early.clear();
+        for record in batch {
+            let Ok(event) = decode(record) else {
+                continue;
+            };
+            let pid = match &event.body {
+                Body::Call(call) if call.failed() && call.expected_error().is_none() => event.pid,
+                Body::Signal(signal) if signal.addr != 0 => signal.target_pid,
+                _ => continue,
+            };
+            if !self.early.contains_key(&pid)
+                && let Some(snapshot) = crate::proc_scan::snapshot(pid)
+            {
+                self.early.insert(pid, snapshot);
+            }
+        }
+    }
+}
 
 impl Environment for LiveMachine {
     fn snapshot(&mut self, pid: u32) -> Option<ProcSnapshot> {
-        crate::proc_scan::snapshot(pid)
+        self.early
+            .remove(&pid)
+            .or_else(|| crate::proc_scan::snapshot(pid))
     }
 
     fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity> {
@@ -109,8 +140,10 @@ pub struct Pipeline {
     measured: HashSet<u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
     measured_devs: HashSet<u32>,
-    /// Processes whose title and container pid were read again at a failure (once each).
-    reread: HashSet<u32>,
+    /// Processes whose title and container pid were read again at their first /dev/shm call,
+    /// and at their first failure.
+    read_at_call: HashSet<u32>,
+    read_at_failure: HashSet<u32>,
     lost: LostCounts,
     malformed: u64,
 }
@@ -128,7 +161,8 @@ impl Pipeline {
             observer: None,
             measured: HashSet::new(),
             measured_devs: HashSet::new(),
-            reread: HashSet::new(),
+            read_at_call: HashSet::new(),
+            read_at_failure: HashSet::new(),
             lost: LostCounts::default(),
             malformed: 0,
         }
@@ -216,14 +250,18 @@ impl Pipeline {
             // First sight of a process that existed before: learn what it already holds.
             if let Some(snapshot) = env.snapshot(event.pid) {
                 self.seed(&snapshot, event.ts_ns)?;
+                self.read_at_call.insert(event.pid);
             }
         }
         self.measure_if_needed(&event, env)?;
-        self.reread_at_failure(&event, env)?;
+        self.reread_title(&event, env)?;
         if let Some(tap) = &mut self.tap {
             tap.kernel(bytes)?;
         }
         let note = self.world.apply(&event);
+        if let Body::Fork { child_pid } = &event.body {
+            self.read_young_child(event.pid, *child_pid, env)?;
+        }
         let role = self.role_shown(&event);
         let place = self.diagnoser.place(event.mntns);
         if let Some(observer) = &mut self.observer {
@@ -389,20 +427,50 @@ impl Pipeline {
         }
     }
 
-    /// Reads a failing process's title and container pid from /proc again, once, while it is
-    /// still alive: PostgreSQL's `postgres: parallel worker for PID 34` is set after fork,
-    /// where no event shows it. Recorded like any snapshot, so a replay shows the same.
-    fn reread_at_failure(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
-        let subject = match &event.body {
-            Body::Call(call) if call.failed() && call.expected_error().is_none() => event.pid,
-            Body::Signal(signal) if signal.addr != 0 => signal.target_pid,
+    /// Reads a process's title and container pid from /proc again, at its first /dev/shm
+    /// call and at its first failure: PostgreSQL's `postgres: parallel worker for PID 34` is
+    /// written over its command line after fork, where no event shows it, and a process that
+    /// fails may be gone by the time its failure is read. Recorded like any snapshot, so a
+    /// replay shows the same.
+    fn reread_title(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        let (subject, failed) = match &event.body {
+            Body::Call(call) => (event.pid, call.failed() && call.expected_error().is_none()),
+            Body::Signal(signal) if signal.addr != 0 => (signal.target_pid, true),
             _ => return Ok(()),
         };
-        if !self.reread.insert(subject) {
+        let first_call = self.read_at_call.insert(subject);
+        let first_failure = failed && self.read_at_failure.insert(subject);
+        if !first_call && !first_failure {
             return Ok(());
         }
         match env.snapshot(subject) {
             Some(snapshot) => self.seed(&snapshot, event.ts_ns),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads a new child's container pid while it is young, when its parent is in a
+    /// container's pid namespace: a PostgreSQL parallel worker lives a few milliseconds, and
+    /// may be gone by the time its failure is read. After the fork is applied, so the child is
+    /// known and only refreshed.
+    fn read_young_child(
+        &mut self,
+        parent: u32,
+        child: u32,
+        env: &mut dyn Environment,
+    ) -> Result<()> {
+        let contained = self
+            .world
+            .process(parent)
+            .is_some_and(|p| p.nspid.is_some());
+        if !contained || !self.world.knows(child) {
+            return Ok(());
+        }
+        match env.snapshot(child) {
+            Some(snapshot) => self.seed(
+                &snapshot,
+                self.world.process(child).map_or(0, |p| p.first_seen_ns),
+            ),
             None => Ok(()),
         }
     }

@@ -6,7 +6,7 @@
 //! `comm` and the start of the process title (/proc/PID/cmdline, which some programs rewrite).
 
 /// One program that uses /dev/shm.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct KnownUser {
     /// Its name, as its users know it.
     pub program: &'static str,
@@ -17,11 +17,22 @@ pub struct KnownUser {
     /// When its processes say what they are in their title after this prefix (PostgreSQL's
     /// `postgres: parallel worker for PID 34`): the prefix.
     pub title_role_prefix: Option<&'static str>,
+    /// Puts what the title says after the prefix in words, when it needs them.
+    pub title_role_words: Option<fn(&str) -> Option<String>>,
     /// Its own ways to need less /dev/shm, or none, each naming the setting to change.
     pub alternatives: &'static [&'static str],
     /// How its objects left behind by a killed process are best avoided, when it has a way.
     pub leftovers: Option<&'static str>,
 }
+
+/// One entry per program: the same program is the same entry.
+impl PartialEq for KnownUser {
+    fn eq(&self, other: &KnownUser) -> bool {
+        self.program == other.program
+    }
+}
+
+impl Eq for KnownUser {}
 
 pub const KNOWN: &[KnownUser] = &[
     KnownUser {
@@ -29,6 +40,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &["PostgreSQL."],
         processes: &["postgres", "postmaster"],
         title_role_prefix: Some("postgres: "),
+        title_role_words: Some(postgres_backend),
         alternatives: &[
             "PostgreSQL: dynamic_shared_memory_type = sysv (or mmap) in postgresql.conf keeps \
              parallel query's shared memory out of /dev/shm",
@@ -42,6 +54,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &["nccl-"],
         processes: &[],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "NCCL: NCCL_SHM_DISABLE=1 makes ranks on one host talk through sockets or P2P \
              instead of /dev/shm (slower)",
@@ -58,6 +71,7 @@ pub const KNOWN: &[KnownUser] = &[
             "torch_shm_manag",
         ],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "PyTorch: fewer DataLoader workers (num_workers), a smaller batch_size, or a \
              lower prefetch_factor",
@@ -73,6 +87,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &["psm_", "sem.", "pym-", "mp-"],
         processes: &[],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "Python multiprocessing: smaller or fewer shared_memory.SharedMemory blocks \
              (psm_*); its locks and queues (sem.*) need only a few pages, but a writable \
@@ -92,6 +107,7 @@ pub const KNOWN: &[KnownUser] = &[
         ],
         processes: &["chromium", "chrome", "electron", "headless_shell"],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "Chromium/Electron: --disable-dev-shm-usage puts its shared memory files in /tmp \
              instead of /dev/shm (Puppeteer: args: ['--disable-dev-shm-usage'])",
@@ -103,6 +119,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &["triton_python_backend_shm_region_"],
         processes: &["tritonserver", "triton_python_b"],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "Triton: --backend-config=python,shm-default-byte-size=... and \
              shm-growth-byte-size=... (smaller regions; 64 MiB per model instance by default), \
@@ -115,6 +132,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &["plasma"],
         processes: &["raylet", "plasma_store"],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "Ray: ray.init(object_store_memory=...) or ray start --object-store-memory=... \
              below the /dev/shm size (Ray falls back to /tmp, slower, when it does not fit)",
@@ -126,6 +144,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &[],
         processes: &["VLLM::EngineCor", "VLLM::Worker", "vllm"],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "vLLM: its documentation runs it with --ipc=host or a --shm-size of several GiB; \
              with tensor parallelism NCCL_SHM_DISABLE=1 moves NCCL off /dev/shm",
@@ -140,6 +159,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &["joblib_memmapping_folder_"],
         processes: &[],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "joblib: JOBLIB_TEMP_FOLDER=/tmp (or Parallel(temp_folder=...)) memory-maps large \
              arrays from disk instead, and max_nbytes=None turns memory-mapping off",
@@ -151,6 +171,7 @@ pub const KNOWN: &[KnownUser] = &[
         objects: &["vader_segment.", "sm_segment.", "ucx_shm_posix_", "psm2_"],
         processes: &["orted", "prted", "prterun", "mpirun"],
         title_role_prefix: None,
+        title_role_words: None,
         alternatives: &[
             "Open MPI: --mca btl ^vader (^sm in Open MPI 5) stops using shared memory between \
              local ranks, or --mca btl_vader_backing_directory /tmp moves it to disk",
@@ -160,6 +181,28 @@ pub const KNOWN: &[KnownUser] = &[
         leftovers: None,
     },
 ];
+
+/// PostgreSQL titles a client's backend `USER DATABASE HOST COMMAND` (`postgres app [local]
+/// SELECT`); its other processes name themselves (`parallel worker for PID 34`,
+/// `checkpointer`).
+fn postgres_backend(title: &str) -> Option<String> {
+    let words: Vec<&str> = title.split_whitespace().collect();
+    let [user, database, host, command @ ..] = words.as_slice() else {
+        return None;
+    };
+    let from_client = host.starts_with('[') || host.contains('(') || host.contains('.');
+    if !from_client {
+        return None;
+    }
+    let running = if command.is_empty() {
+        String::new()
+    } else {
+        format!(", running {}", command.join(" "))
+    };
+    Some(format!(
+        "backend of user {user} on database {database} from {host}{running}"
+    ))
+}
 
 fn base_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -186,7 +229,13 @@ pub fn by_process(comm: &str, title: Option<&str>) -> Option<&'static KnownUser>
 /// say so there.
 pub fn role_in_title(known: &KnownUser, title: &str) -> Option<String> {
     let role = title.strip_prefix(known.title_role_prefix?)?.trim();
-    (!role.is_empty()).then(|| role.to_owned())
+    if role.is_empty() {
+        return None;
+    }
+    known
+        .title_role_words
+        .and_then(|words| words(role))
+        .or_else(|| Some(role.to_owned()))
 }
 
 #[cfg(test)]
@@ -234,6 +283,14 @@ mod tests {
                 "/usr/lib/postgresql/15/bin/postgres -D /x"
             ),
             None
+        );
+        assert_eq!(
+            role_in_title(postgres.unwrap(), "postgres: app shop [local] SELECT"),
+            Some("backend of user app on database shop from [local], running SELECT".to_owned())
+        );
+        assert_eq!(
+            role_in_title(postgres.unwrap(), "postgres: checkpointer"),
+            Some("checkpointer".to_owned())
         );
         assert_eq!(
             by_process("pt_data_worker", None).map(|k| k.program),

@@ -380,6 +380,13 @@ impl World {
                     (ok, call.file, call.fd, call.display_path())
                 {
                     let flags = call.args[2];
+                    if self.is_stale(file.inode, flags, event.mntns) {
+                        self.retire(file.inode, note);
+                    }
+                    // Opened by its name, so it is alive: not an object freed before and
+                    // brought back by a passed descriptor, but a new one with the same
+                    // number (a restarted container's fresh /dev/shm numbers from 1 again).
+                    self.recently_freed.remove(&file.inode);
                     let created = flags & libc::O_CREAT as u64 != 0
                         && (flags & libc::O_EXCL as u64 != 0
                             || !self.objects.contains_key(&file.inode));
@@ -581,6 +588,41 @@ impl World {
         for inode in fds.into_iter().chain(maps) {
             self.free_if_released(inode, note);
         }
+    }
+
+    /// Whether a file just opened under `inode` cannot be the object the model knows by that
+    /// number. A file system cannot hand out the number of a file that still exists, so when
+    /// it does, the known one is gone without a trace: its /dev/shm was unmounted (a container
+    /// restarted; its new tmpfs numbers inodes from 1 on the same device number) or its
+    /// removal was among lost events. Proof is a create that had to be new (`O_EXCL`), or a
+    /// create in another mount namespace of a file nobody traced holds.
+    fn is_stale(&self, inode: InodeId, flags: u64, mntns: u32) -> bool {
+        let Some(known) = self.objects.get(&inode) else {
+            return false;
+        };
+        let creates = flags & libc::O_CREAT as u64 != 0;
+        let exclusive = flags & libc::O_EXCL as u64 != 0;
+        creates && (exclusive || (known.mntns != mntns && known.fds == 0 && known.mappings == 0))
+    }
+
+    /// Ends the life of an object whose file system went away with it (see `is_stale`).
+    fn retire(&mut self, inode: InodeId, note: &mut Annotation) {
+        let Some(object) = self.objects.remove(&inode) else {
+            return;
+        };
+        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
+        self.totals.objects_freed += 1;
+        let usage = self.usage.entry(inode.dev).or_default();
+        usage.change(object.footprint(), (0, 0));
+        usage.objects = usage.objects.saturating_sub(1);
+        if let Some(path) = &object.path {
+            let key = (object.mntns, path.clone());
+            if self.names.get(&key) == Some(&inode) {
+                self.names.remove(&key);
+            }
+        }
+        note.freed.push(object.display_name());
+        self.version += 1;
     }
 
     /// An unlinked object with no descriptor or mapping left has given its memory back.
