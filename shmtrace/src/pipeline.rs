@@ -262,6 +262,9 @@ impl Pipeline {
         if let Body::Fork { child_pid } = &event.body {
             self.read_young_child(event.pid, *child_pid, env)?;
         }
+        if let Body::Exit(_) = &event.body {
+            self.retire_private_shm(event.mntns);
+        }
         let role = self.role_shown(&event);
         let place = self.diagnoser.place(event.mntns);
         if let Some(observer) = &mut self.observer {
@@ -446,6 +449,29 @@ impl Pipeline {
         match env.snapshot(subject) {
             Some(snapshot) => self.seed(&snapshot, event.ts_ns),
             None => Ok(()),
+        }
+    }
+
+    /// When the last process of a container with a private /dev/shm has ended, that /dev/shm
+    /// is unmounted with everything in it. Its objects end there: a restarted container gets
+    /// a fresh /dev/shm whose files reuse the same device, inode numbers, names and even mount
+    /// namespace number, and must not be taken for the old ones.
+    fn retire_private_shm(&mut self, mntns: u32) {
+        if self
+            .world
+            .processes()
+            .any(|p| p.alive() && p.mntns == mntns)
+        {
+            return;
+        }
+        let Some(container) = self.diagnoser.container(mntns) else {
+            return;
+        };
+        if container.ipc != "private" {
+            return;
+        }
+        if let Some(dev) = container.shm_dev {
+            self.world.retire_file_system(dev, mntns);
         }
     }
 

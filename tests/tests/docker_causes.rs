@@ -397,14 +397,15 @@ fn healthy_training_loop_gives_no_false_alarm() {
 
 /// 30 `docker restart`s of a container that creates and removes a /dev/shm file each time: a
 /// restarted container's fresh /dev/shm numbers its files as the last one did, and they must
-/// stay apart.
+/// stay apart. Each start waits 1.5 s before its files, until the watcher (which checks
+/// followed containers once a second) has put the new container in the kernel filter.
 #[test]
 fn restarts_keep_objects_apart() {
     let _guard = setup();
     let container = Container::run(
         "causes-restarts",
         &["--shm-size", "1m"],
-        "dd if=/dev/zero of=/dev/shm/causes-obj bs=4k count=4 2>/dev/null; \
+        "sleep 1.5; dd if=/dev/zero of=/dev/shm/causes-obj bs=4k count=4 2>/dev/null; \
          rm /dev/shm/causes-obj; dd if=/dev/zero of=/dev/shm/causes-kept bs=4k count=1 \
          2>/dev/null; touch /work/up; sleep 600",
     );
@@ -424,8 +425,35 @@ fn restarts_keep_objects_apart() {
     let created = summary["objects_created"].as_u64().unwrap();
     let freed = summary["objects_freed"].as_u64().unwrap();
     // Each start makes two files and removes one; the kept one of each run ends with its
-    // /dev/shm at the next restart, and the last one is still there.
-    assert_eq!(created, 60, "{summary}\n{log}");
+    // /dev/shm at the next restart, and the last one is still there. (At least 60: on a busy
+    // machine another test's container may get a stopped one's mount namespace number before
+    // the watcher notices, and be traced too.)
+    assert!(created >= 60, "{summary}\n{log}");
     assert_eq!(freed, created - 1, "{summary}\n{log}");
+    let named: Vec<&Value> = summary["remaining"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/dev/shm/"))
+        })
+        .collect();
+    assert_eq!(named.len(), 1, "{summary}");
+    assert_eq!(named[0]["path"], "/dev/shm/causes-kept");
     assert_eq!(summary["lost"], 0);
+    // No death at a restart is a failure: the runtime ended them on purpose. (Not checked
+    // for the first one, started before shmtrace: the probes do not report the signal that
+    // ends a process they did not see start.)
+    let restart_deaths: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "exit" && r["signal"] == "SIGKILL" && r["comm"] == "sleep")
+        .skip(1)
+        .collect();
+    assert!(restart_deaths.len() >= 29, "{log}");
+    assert!(
+        restart_deaths.iter().all(|r| r["failure"] == false),
+        "{restart_deaths:?}"
+    );
 }

@@ -61,7 +61,11 @@ impl Event {
     pub fn is_failure(&self) -> bool {
         match &self.body {
             Body::Call(call) => call.failed() && call.expected_error().is_none(),
-            Body::Signal(signal) => signal.addr != 0 || !signal.sent_by_other(self.pid),
+            Body::Signal(signal) => {
+                signal.addr != 0
+                    || !(signal.sent_by_other(self.pid)
+                        || (signal.signo == libc::SIGKILL && signal.target_pid != self.pid))
+            }
             Body::Oom { .. } => true,
             Body::Exit(status) => !status.success(),
             Body::Fork { .. } | Body::Exec(_) | Body::Rename { .. } => false,

@@ -18,7 +18,9 @@ pub struct Annotation {
     /// The event touched nothing shmtrace follows (an `munmap` of other memory, say).
     pub irrelevant: bool,
     /// For the death of a process by a signal another process sent it on purpose (a parent
-    /// ending its children at shutdown): the sender's pid. Such a death is not a failure.
+    /// ending its children at shutdown): the sender's pid, or 0 for a termination request
+    /// (SIGTERM, SIGINT, SIGHUP) whose sender the probes do not see. Such a death is not a
+    /// failure.
     pub killed_by: Option<u32>,
 }
 
@@ -280,6 +282,7 @@ impl World {
                     process.exe = Some(exec.filename.clone());
                     process.argv = exec.argv.clone();
                     process.title = None;
+                    process.exec_ns = Some(event.ts_ns);
                     process.comm = event.comm.clone();
                     let cloexec: Vec<i32> = process
                         .fds
@@ -303,11 +306,16 @@ impl World {
                 }
                 let released = {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
-                    if let (ExitStatus::Signal { signo, .. }, Some((sender, sent))) =
-                        (status, process.sent_signal)
-                        && *signo == sent
-                    {
-                        note.killed_by = Some(sender);
+                    if let ExitStatus::Signal { signo, .. } = status {
+                        note.killed_by = match process.sent_signal {
+                            Some((sender, sent)) if sent == *signo => Some(sender),
+                            // Only ever sent on purpose, by a person, a parent or a runtime
+                            // stopping a container; the kernel raises none of them for a fault.
+                            _ if matches!(*signo, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) => {
+                                Some(0)
+                            }
+                            _ => None,
+                        };
                     }
                     process.exit = Some(*status);
                     process.exit_ns = Some(event.ts_ns);
@@ -330,13 +338,19 @@ impl World {
             Body::Signal(signal) => {
                 if signal.addr != 0 {
                     note.fault = self.fault_site(signal.target_pid, signal.addr);
-                } else if signal.sent_by_other(event.pid)
+                } else if (signal.sent_by_other(event.pid)
+                    || (signal.signo == libc::SIGKILL && signal.target_pid != event.pid))
                     && let Some(target) = self.processes.get_mut(&signal.target_pid)
                 {
                     target.sent_signal = Some((event.pid, signal.signo));
                 }
             }
-            Body::Oom { .. } => {}
+            // The OOM killer's SIGKILL is no request: its victim's death is a failure.
+            Body::Oom { victim_pid } => {
+                if let Some(victim) = self.processes.get_mut(victim_pid) {
+                    victim.sent_signal = None;
+                }
+            }
         }
         note
     }
@@ -605,13 +619,34 @@ impl World {
         creates && (exclusive || (known.mntns != mntns && known.fds == 0 && known.mappings == 0))
     }
 
+    /// Ends the lives of the objects named in mount namespace `mntns` on file system `dev`:
+    /// that namespace's private /dev/shm, unmounted when its last process ended (a container
+    /// that stopped or restarted). Returns how many.
+    pub fn retire_file_system(&mut self, dev: u32, mntns: u32) -> usize {
+        let gone: Vec<InodeId> = self
+            .objects
+            .values()
+            .filter(|o| o.inode.dev == dev && o.mntns == mntns)
+            .map(|o| o.inode)
+            .collect();
+        let mut note = Annotation::default();
+        for inode in &gone {
+            self.retire(*inode, &mut note);
+        }
+        gone.len()
+    }
+
     /// Ends the life of an object whose file system went away with it (see `is_stale`).
     fn retire(&mut self, inode: InodeId, note: &mut Annotation) {
         let Some(object) = self.objects.remove(&inode) else {
             return;
         };
         self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
-        self.totals.objects_freed += 1;
+        // Counted as freed only what was counted as created: not the objects found already
+        // there, nor /dev/shm itself held open.
+        if object.creator.is_some() {
+            self.totals.objects_freed += 1;
+        }
         let usage = self.usage.entry(inode.dev).or_default();
         usage.change(object.footprint(), (0, 0));
         usage.objects = usage.objects.saturating_sub(1);

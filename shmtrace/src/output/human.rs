@@ -108,8 +108,10 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
             for freed in &note.freed {
                 text.push_str(&format!("  [freed {freed}]"));
             }
-            if let Some(sender) = note.killed_by {
-                text.push_str(&format!("  (ended by pid {sender}, not a failure)"));
+            match note.killed_by {
+                Some(0) => text.push_str("  (a termination request, not a failure)"),
+                Some(sender) => text.push_str(&format!("  (ended by pid {sender}, not a failure)")),
+                None => {}
             }
             let severity = if status.success() {
                 Severity::Quiet

@@ -45,7 +45,8 @@ pub struct JsonEvent<'a> {
     /// Why a failed call is part of the program's normal work (`a feature probe`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expected: Option<&'static str>,
-    /// For a death by a signal another process sent on purpose: the sender.
+    /// For a death by a signal another process sent on purpose: the sender (0 for a
+    /// termination request, SIGTERM, SIGINT or SIGHUP, from a sender not traced).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killed_by_pid: Option<u32>,
 
