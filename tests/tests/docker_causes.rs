@@ -445,9 +445,10 @@ fn restarts_keep_objects_apart() {
         .unwrap()
         .iter()
         .filter(|r| {
-            r["path"]
-                .as_str()
-                .is_some_and(|p| p.starts_with("/dev/shm/causes-"))
+            r["linked"] == true
+                && r["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/dev/shm/causes-"))
         })
         .collect();
     assert_eq!(left.len(), 1, "only the last run's kept file: {summary}");
