@@ -237,3 +237,75 @@ impl ExitStatus {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(syscall: Syscall, ret: i64, flags: u64) -> Call {
+        Call {
+            syscall,
+            fd: None,
+            ret,
+            args: [0, 0, flags, 0, 0, 0],
+            file: None,
+            path: Some("/dev/shm/sem.x".into()),
+            path_truncated: false,
+            relative_to_shm: false,
+        }
+    }
+
+    #[test]
+    fn probes_checks_and_taken_names_are_expected_errors() {
+        let einval = -i64::from(libc::EINVAL);
+        let enoent = -i64::from(libc::ENOENT);
+        let eexist = -i64::from(libc::EEXIST);
+        let enospc = -i64::from(libc::ENOSPC);
+        let creat = libc::O_CREAT as u64;
+        assert_eq!(
+            call(Syscall::MemfdCreate, einval, 0).expected_error(),
+            Some("a feature probe")
+        );
+        assert_eq!(
+            call(Syscall::Openat, enoent, 0).expected_error(),
+            Some("an existence check")
+        );
+        // Creating in a /dev/shm that is not there is a failure.
+        assert_eq!(call(Syscall::Openat, enoent, creat).expected_error(), None);
+        assert!(
+            call(Syscall::Openat, eexist, creat)
+                .expected_error()
+                .is_some()
+        );
+        assert!(call(Syscall::Unlink, enoent, 0).expected_error().is_some());
+        assert_eq!(call(Syscall::Fallocate, enospc, 0).expected_error(), None);
+        assert_eq!(call(Syscall::Openat, 3, creat).expected_error(), None);
+    }
+
+    #[test]
+    fn a_kill_from_another_process_is_no_failure_but_a_fault_is() {
+        let signal = |signo, code, addr| Event {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 10,
+            tid: 10,
+            comm: "parent".into(),
+            mntns: 0,
+            cgroup_id: 0,
+            container_match: false,
+            body: Body::Signal(Signal {
+                signo,
+                code,
+                errno: 0,
+                result: 0,
+                addr,
+                target_pid: 11,
+                target_tid: 11,
+                target_comm: "child".into(),
+            }),
+        };
+        assert!(!signal(libc::SIGKILL, 0, 0).is_failure());
+        assert!(!signal(libc::SIGKILL, 0x80, 0).is_failure());
+        assert!(signal(libc::SIGBUS, 2, 0x7f00_0000).is_failure());
+    }
+}
