@@ -471,3 +471,46 @@ fn restarts_keep_objects_apart() {
         "{restart_deaths:?}"
     );
 }
+
+/// Out of file descriptors, not of /dev/shm: a DataLoader-like trainer under a low
+/// RLIMIT_NOFILE in a container. The fix advised (a higher limit) works in the same 1 MiB.
+#[test]
+fn fd_limit_in_a_container_is_not_blamed_on_shm_and_its_fix_works() {
+    let _guard = setup();
+    let run = traced(
+        "causes-fdlimit",
+        &["--shm-size", "1m"],
+        &format!("{PYTHON} fd_limit.py"),
+    );
+    assert_eq!(run.status, 1, "{}", run.dump());
+    let fd_limited: Vec<&Value> = run
+        .diagnoses()
+        .into_iter()
+        .filter(|d| d["cause"] == "fd_limit")
+        .collect();
+    assert!(!fd_limited.is_empty(), "{}", run.dump());
+    assert!(
+        run.diagnoses()
+            .iter()
+            .all(|d| d["shm_is_the_cause"] == false),
+        "{}",
+        run.dump()
+    );
+    let explanation = fd_limited[0]["explanation"].as_str().unwrap();
+    assert!(explanation.contains("--ulimit nofile"), "{explanation}");
+
+    let nofile = std::process::Command::new("/usr/bin/python3")
+        .args(["-B", "fd_limit.py", "--required-nofile"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads"))
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap();
+    assert_eq!(
+        untraced(
+            "causes-fdlimit-fixed",
+            &["--shm-size", "1m"],
+            &format!("{PYTHON} fd_limit.py --nofile {nofile}")
+        ),
+        0
+    );
+}
