@@ -213,7 +213,8 @@ impl Pipeline {
             self.retire_private_shm(event.mntns);
         }
         let role = self.role_shown(&event);
-        let place = self.diagnoser.place(event.mntns);
+        let shown_mntns = self.shown_mntns(&event);
+        let place = self.diagnoser.place(shown_mntns);
         if let Some(observer) = &mut self.observer {
             observer.event(&event, &note, &role, &place, &self.world);
         }
@@ -224,7 +225,7 @@ impl Pipeline {
                     &note,
                     &role,
                     &place,
-                    self.diagnoser.container(event.mntns),
+                    self.diagnoser.container(shown_mntns),
                 )
                 .context("writing output")?;
         }
@@ -363,6 +364,21 @@ impl Pipeline {
         match &mut self.tap {
             Some(tap) => tap.user(ts_ns, record),
             None => Ok(()),
+        }
+    }
+
+    /// The mount namespace of the process an event's line is about: a signal's line is about
+    /// its receiver, whose container it belongs to whoever sent it (the kernel tearing a
+    /// namespace down sends from a task whose namespace reads 0).
+    fn shown_mntns(&self, event: &Event) -> u32 {
+        match &event.body {
+            Body::Signal(signal) => self
+                .world
+                .process(signal.target_pid)
+                .map(|p| p.mntns)
+                .filter(|mntns| *mntns != 0)
+                .unwrap_or(event.mntns),
+            _ => event.mntns,
         }
     }
 
