@@ -238,6 +238,19 @@ pub fn role_in_title(known: &KnownUser, title: &str) -> Option<String> {
         .or_else(|| Some(role.to_owned()))
 }
 
+/// Whether two alternatives name the same setting (`num_workers`, `NCCL_SHM_DISABLE`): so a
+/// program's own advice does not repeat what the size advice already offers.
+pub fn same_setting(a: &str, b: &str) -> bool {
+    let settings = |text: &str| -> Vec<String> {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.contains('_') && w.len() >= 6)
+            .map(str::to_owned)
+            .collect()
+    };
+    let in_a = settings(a);
+    settings(b).iter().any(|w| in_a.contains(w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! in by the caller, so a recorded trace replays to the same diagnosis.
 mod failure;
 pub mod known;
+mod leftovers;
 mod recommend;
 pub mod role;
 
@@ -17,11 +18,13 @@ use serde::{Deserialize, Serialize};
 
 pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
 pub use known::KnownUser;
+pub use leftovers::Leftovers;
+use leftovers::{leftovers_on, summarise_leftovers};
 pub use recommend::{DataloaderDemand, Demand, Recommendation};
 pub use role::{Role, RoleKind, Roles};
 
 use crate::{
-    event::{Body, Event, ExitStatus, InodeId, Syscall, names},
+    event::{Body, Event, ExitStatus, InodeId, Syscall},
     model::{Annotation, ContainerInfo, ShmUsage, StartedBy, World},
 };
 
@@ -77,19 +80,6 @@ pub struct Diagnosis {
     pub program_alternatives: Vec<String>,
     /// Events the kernel could not deliver before this diagnosis: its counts may be short.
     pub lost_events: u64,
-}
-
-/// Space held on a /dev/shm by files of processes that are gone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Leftovers {
-    pub files: Vec<Leftover>,
-    pub bytes: u64,
-    /// Whether the /dev/shm would have had room for the failing request without them.
-    pub enough_without: bool,
-    /// A safe command that removes them.
-    pub remove: String,
-    /// The program's own way to leave none, when it has one.
-    pub avoid: Option<&'static str>,
 }
 
 /// Per place and role, for the closing table.
@@ -641,7 +631,7 @@ impl Diagnoser {
                 .map(|k| k.alternatives)
                 .unwrap_or_default()
                 .iter()
-                .filter(|alt| !already.iter().any(|a| same_setting(a, alt)))
+                .filter(|alt| !already.iter().any(|a| known::same_setting(a, alt)))
                 .map(|alt| (*alt).to_owned())
                 .collect(),
             _ => Vec::new(),
@@ -673,94 +663,6 @@ impl Diagnoser {
             lost_events: self.lost_events,
         }
     }
-}
-
-/// Files on `dev` that only dead processes knew: still named, holding memory, open and mapped
-/// by no traced process, made by a process that has ended. Largest first.
-fn leftovers_on(dev: u32, world: &World) -> Vec<Leftover> {
-    let mut files: Vec<Leftover> = world
-        .live_objects()
-        .filter(|o| o.inode.dev == dev && o.linked && o.fds == 0 && o.mappings == 0)
-        .filter_map(|o| {
-            let creator = world.process(o.creator?)?;
-            let ending = creator.exit?;
-            Some(Leftover {
-                path: o.display_name(),
-                bytes: o.footprint().1,
-                creator_pid: creator.pid,
-                creator_comm: creator.comm.clone(),
-                creator_ending: ending_words(ending),
-            })
-        })
-        .filter(|l| l.bytes > 0)
-        .collect();
-    files.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.path.cmp(&b.path)));
-    files
-}
-
-fn ending_words(status: ExitStatus) -> String {
-    match status {
-        ExitStatus::Code(code) => format!("exited with status {code}"),
-        ExitStatus::Signal { signo, .. } => format!("killed by {}", names::signal_name(signo)),
-    }
-}
-
-/// Whether the leftovers alone kept the failing request from fitting, and how to remove them.
-fn summarise_leftovers(
-    failure: &Failure,
-    program: Option<&'static KnownUser>,
-    container: Option<&ContainerInfo>,
-) -> Leftovers {
-    let bytes: u64 = failure.leftovers.iter().map(|l| l.bytes).sum();
-    let enough_without = failure.capacity.is_some_and(|c| {
-        c.used
-            .saturating_sub(bytes)
-            .saturating_add(failure.unmet.max(1))
-            <= c.size
-    });
-    let paths: Vec<String> = failure
-        .leftovers
-        .iter()
-        .map(|l| shell_word(&l.path))
-        .collect();
-    let rm = format!("rm -f -- {}", paths.join(" "));
-    let remove = match container {
-        Some(c) => format!("docker exec {} {rm}", shell_word(&c.name)),
-        None => rm,
-    };
-    Leftovers {
-        files: failure.leftovers.clone(),
-        bytes,
-        enough_without,
-        remove,
-        avoid: program.and_then(|k| k.leftovers),
-    }
-}
-
-/// `text` as one shell word: quoted unless it is plainly safe.
-fn shell_word(text: &str) -> String {
-    if !text.is_empty()
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:@%".contains(c))
-    {
-        text.to_owned()
-    } else {
-        format!("'{}'", text.replace('\'', "'\\''"))
-    }
-}
-
-/// Whether two alternatives name the same setting (`num_workers`, `NCCL_SHM_DISABLE`): so a
-/// program's own advice does not repeat what the size advice already offers.
-fn same_setting(a: &str, b: &str) -> bool {
-    let settings = |text: &str| -> Vec<String> {
-        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .filter(|w| w.contains('_') && w.len() >= 6)
-            .map(str::to_owned)
-            .collect()
-    };
-    let in_a = settings(a);
-    settings(b).iter().any(|w| in_a.contains(w))
 }
 
 /// /dev/shm is measured when userspace reads the failure, which may be after the process
