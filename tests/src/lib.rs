@@ -4,6 +4,7 @@ pub mod docker;
 pub mod live;
 pub mod postgres;
 pub mod recording;
+pub mod runtimes;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},
