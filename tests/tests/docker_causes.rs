@@ -397,23 +397,28 @@ fn healthy_training_loop_gives_no_false_alarm() {
 
 /// 30 `docker restart`s of a container that creates and removes a /dev/shm file each time: a
 /// restarted container's fresh /dev/shm numbers its files as the last one did, and they must
-/// stay apart. Each start waits 1.5 s before its files, until the watcher (which checks
-/// followed containers once a second) has put the new container in the kernel filter.
+/// stay apart. Each start waits until shmtrace says it follows the new container (its watcher
+/// checks once a second) before making its files.
 #[test]
 fn restarts_keep_objects_apart() {
     let _guard = setup();
     let container = Container::run(
         "causes-restarts",
         &["--shm-size", "1m"],
-        "sleep 1.5; dd if=/dev/zero of=/dev/shm/causes-obj bs=4k count=4 2>/dev/null; \
+        "while [ ! -e /work/go ]; do sleep 0.05; done; rm /work/go; \
+         dd if=/dev/zero of=/dev/shm/causes-obj bs=4k count=4 2>/dev/null; \
          rm /dev/shm/causes-obj; dd if=/dev/zero of=/dev/shm/causes-kept bs=4k count=1 \
          2>/dev/null; touch /work/up; sleep 600",
     );
+    container.signal("go");
     wait_for(&container.work.join("up"));
-    let tracer = LiveTracer::start(&["--container", &container.name]);
+    let mut tracer = LiveTracer::start(&["--container", &container.name]);
+    let followed = format!("shmtrace: container {} restarted", container.name);
     for _ in 0..30 {
         let _ = std::fs::remove_file(container.work.join("up"));
         container.restart();
+        tracer.wait_for_line(&followed);
+        container.signal("go");
         wait_for(&container.work.join("up"));
     }
     let (_, log, records) = tracer.stop();
