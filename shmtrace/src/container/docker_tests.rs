@@ -67,11 +67,12 @@ pub(super) fn import_busybox_image(tag: &str, changes: &[&str]) {
     let root = std::env::temp_dir().join(unique("rootfs"));
     let bin = root.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
+    // List the applets with the host's busybox, never by running the copy: a thread of this
+    // test process that forks while the copy is still open for writing lends its child that
+    // descriptor, and exec of the copy then fails with ETXTBSY.
+    let applets = Command::new(busybox).arg("--list").output().unwrap();
+    assert!(applets.status.success(), "{busybox} --list failed");
     std::fs::copy(busybox, bin.join("busybox")).unwrap();
-    let applets = Command::new(bin.join("busybox"))
-        .arg("--list")
-        .output()
-        .unwrap();
     for applet in String::from_utf8_lossy(&applets.stdout).lines() {
         let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
     }
