@@ -424,7 +424,7 @@ fn a_redacted_trace_keeps_no_identifying_string_and_still_diagnoses() {
     let secrets = [
         id.as_str(),
         &id[..12],
-        docker::IMAGE,
+        docker::image(),
         HOSTNAME,
         TOKEN,
         container.name.as_str(),
