@@ -202,16 +202,22 @@ impl OwnBpfObjects {
     /// object it was seen holding, and fails naming those left and who holds them. Returns
     /// the objects that were checked.
     pub fn assert_released(mut self) -> BTreeSet<Object> {
-        self.check()
+        self.check(RELEASE_LIMIT)
     }
 
-    fn check(&mut self) -> BTreeSet<Object> {
+    /// [`assert_released`](Self::assert_released) with a shorter wait, for the test that
+    /// shows the check fails when it should.
+    pub fn assert_released_within(mut self, limit: Duration) -> BTreeSet<Object> {
+        self.check(limit)
+    }
+
+    fn check(&mut self, limit: Duration) -> BTreeSet<Object> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(watcher) = self.watcher.take() {
             let _ = watcher.join();
         }
         let seen = self.seen.lock().unwrap().clone();
-        let deadline = Instant::now() + RELEASE_LIMIT;
+        let deadline = Instant::now() + limit;
         loop {
             let left: Vec<Object> = seen.iter().copied().filter(|o| exists(*o)).collect();
             if left.is_empty() {
@@ -224,7 +230,7 @@ impl OwnBpfObjects {
                     .collect();
                 panic!(
                     "shmtrace (pid {}) ended, but {} of the {} BPF objects it held are still \
-                     loaded {RELEASE_LIMIT:?} later: {}",
+                     loaded {limit:?} later: {}",
                     self.pid,
                     left.len(),
                     seen.len(),
@@ -239,7 +245,7 @@ impl OwnBpfObjects {
 impl Drop for OwnBpfObjects {
     fn drop(&mut self) {
         if self.watcher.is_some() && !std::thread::panicking() {
-            self.check();
+            self.check(RELEASE_LIMIT);
         }
         self.stop.store(true, Ordering::Relaxed);
     }

@@ -125,14 +125,30 @@ impl ShmtraceChild {
     /// Reaps shmtrace (killing it first if it still runs), then checks that its BPF objects
     /// are gone; returns them.
     pub fn assert_released(&mut self) -> std::collections::BTreeSet<Object> {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
+        self.reap();
         self.objects
             .take()
             .map(OwnBpfObjects::assert_released)
             .unwrap_or_default()
+    }
+
+    /// [`assert_released`](Self::assert_released), waiting at most `limit` for the kernel.
+    pub fn assert_released_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> std::collections::BTreeSet<Object> {
+        self.reap();
+        self.objects
+            .take()
+            .map(|objects| objects.assert_released_within(limit))
+            .unwrap_or_default()
+    }
+
+    fn reap(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
     }
 }
 
@@ -176,10 +192,7 @@ impl DerefMut for ShmtraceChild {
 
 impl Drop for ShmtraceChild {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
+        self.reap();
         // Dropping the guard checks the objects, unless the test is already failing.
         self.objects.take();
     }

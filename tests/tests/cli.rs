@@ -283,6 +283,103 @@ fn sigkill_leaves_no_bpf_object_behind() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The leak check itself must fail when an object outlives its shmtrace: here the test takes
+/// a copy of one of shmtrace's program descriptors (pidfd_getfd), as a leaked descriptor in
+/// a child would, and the check must name that program and this process as its holder.
+#[test]
+fn the_leak_check_fails_when_an_object_outlives_shmtrace() {
+    let _guard = serial();
+    require_root();
+    let dir = shmtrace_tests::tempdir();
+    let ready = dir.join("ready");
+    let mut shmtrace = shmtrace()
+        .args(["--", "sh", "-c", r#"touch "$0" && exec sleep 600"#])
+        .arg(&ready)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    shmtrace_tests::docker::wait_for(&ready);
+    let pid = shmtrace.id();
+    let sleep = children_of(pid);
+    let (fd, prog) = first_program_fd(pid).expect("shmtrace holds a program");
+    // SAFETY: plain system calls on integers; the descriptors returned are ours to close.
+    let stolen = unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0) as libc::c_int;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let copy = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
+        libc::close(pidfd);
+        copy
+    };
+    assert!(
+        stolen >= 0,
+        "pidfd_getfd: {}",
+        std::io::Error::last_os_error()
+    );
+
+    let verdict = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        shmtrace.assert_released_within(std::time::Duration::from_secs(2))
+    }));
+    // SAFETY: closing the copy taken above, once.
+    unsafe { libc::close(stolen) };
+    for child in sleep {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let message = match verdict {
+        Ok(objects) => panic!("the leak check passed with prog {prog} still held: {objects:?}"),
+        Err(panic) => panic.downcast_ref::<String>().cloned().unwrap_or_default(),
+    };
+    assert!(
+        message.contains(&format!("prog {prog} held by")),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("{} (", std::process::id())),
+        "names this test process as the holder: {message}"
+    );
+    // Once the copy is closed, the program goes.
+    let program = shmtrace_tests::bpf_objects::Object {
+        kind: shmtrace_tests::bpf_objects::Kind::Prog,
+        id: prog,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while shmtrace_tests::bpf_objects::exists(program) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{program} stays loaded"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The first descriptor of `pid` that is a BPF program, and the program's id.
+fn first_program_fd(pid: u32) -> Option<(i32, u32)> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
+    fds.filter_map(Result::ok).find_map(|entry| {
+        let fd = entry.file_name().to_str()?.parse().ok()?;
+        let info = std::fs::read_to_string(entry.path()).ok()?;
+        // A link's fdinfo names its program too: take program descriptors only.
+        if info.lines().any(|l| l.starts_with("link_id:")) {
+            return None;
+        }
+        let id = info
+            .lines()
+            .find_map(|l| l.strip_prefix("prog_id:"))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some((fd, id))
+    })
+}
+
 /// Pids whose parent is `pid`.
 fn children_of(pid: u32) -> Vec<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
