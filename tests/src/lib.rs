@@ -2,6 +2,7 @@
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
 pub mod bpf_objects;
 pub mod command;
+pub mod diagnosis;
 pub mod docker;
 pub mod live;
 pub mod recording;
