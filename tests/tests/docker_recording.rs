@@ -147,7 +147,10 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
     let container = Container::run(
         "rec-kill",
         &[],
-        &format!("{WAIT_FOR_GO}; while true; do /x/shm-exerciser burst 10; sleep 0.05; done"),
+        &format!(
+            "{WAIT_FOR_GO}; while true; do /x/shm-exerciser burst 10; echo >> /work/rounds; \
+             sleep 0.05; done"
+        ),
     );
     let dir = tempdir();
     let file = dir.join("trace.shmtrace");
@@ -157,7 +160,9 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
         "shmtrace: tracing container",
     );
     container.signal("go");
-    std::thread::sleep(Duration::from_secs(4));
+    // Kill after enough rounds for the counts below (each is 10 objects of 4 calls), however
+    // long a loaded machine takes for them, rather than after a fixed time.
+    wait_for_rounds(&container, 60);
     let killed_at = wall_now_ns();
     let stderr = recorder.kill();
     drop(container);
@@ -201,6 +206,24 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
     let summary = summary.of("summary");
     assert!(summary[0]["events"].as_u64().unwrap() > 2000, "{summary:?}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Waits (up to two minutes) until the container's loop has finished `rounds` rounds.
+fn wait_for_rounds(container: &Container, rounds: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = std::fs::read_to_string(container.work.join("rounds"))
+            .map(|text| text.lines().count())
+            .unwrap_or(0);
+        if done >= rounds {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {done} of {rounds} rounds in two minutes"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn contains(haystack: &[u8], needle: &str) -> bool {

@@ -180,11 +180,6 @@ fn unprivileged_users_are_told_what_to_do() {
 fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
     let _guard = serial();
     require_root();
-    let before: Vec<_> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.file_name())
-        .collect();
     let output = shmtrace()
         .args(["demo", "--color", "never"])
         .output()
@@ -205,15 +200,22 @@ fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
         "SIGBUS mapped back to its file: {text}"
     );
     assert!(text.contains("+++ killed by SIGBUS +++"), "{text}");
-    let after: Vec<_> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.file_name())
+    // The demo's objects lived in its private /dev/shm: none of those it names may be in the
+    // host's. (Look for exactly those: other programs may use the host's /dev/shm meanwhile.)
+    let named: std::collections::BTreeSet<&str> = text
+        .match_indices("/dev/shm/torch_")
+        .map(|(at, _)| {
+            let name = &text[at + "/dev/shm/".len()..];
+            let end = name
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(name.len());
+            &name[..end]
+        })
         .collect();
-    // Other programs may use the host's /dev/shm meanwhile: look for what the demo makes.
-    let left: Vec<_> = after
+    assert!(!named.is_empty(), "{text}");
+    let left: Vec<_> = named
         .iter()
-        .filter(|name| !before.contains(name) && name.to_string_lossy().starts_with("torch_"))
+        .filter(|name| std::path::Path::new("/dev/shm").join(name).exists())
         .collect();
     assert!(
         left.is_empty(),
