@@ -595,8 +595,10 @@ async fn a_daemon_that_is_down_falls_back_to_the_cgroup_scan() {
     let _ = std::fs::remove_file(&dead);
 }
 
+/// Polls `ready` for up to a minute: containerd and podman take many seconds to start on a
+/// loaded 2-core machine.
 pub(super) fn wait_for(mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting");
         std::thread::sleep(Duration::from_millis(100));
