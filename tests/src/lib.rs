@@ -164,8 +164,9 @@ pub fn tempdir() -> PathBuf {
     }
 }
 
-/// Serialises the tests of one test binary: some of them check what is loaded in the kernel,
-/// which other shmtrace processes running at the same time would disturb.
+/// Serialises the tests of one test binary: host-wide tracing (`--all`) sees the /dev/shm
+/// activity of every test running beside it, and the loss tests measure how a burst fills the
+/// ring buffer. (The leak check needs no lock: it follows one shmtrace's own objects.)
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
