@@ -6,6 +6,7 @@ pub mod diagnosis;
 pub mod docker;
 pub mod live;
 pub mod recording;
+pub mod runtimes;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},
