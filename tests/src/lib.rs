@@ -5,6 +5,7 @@ pub mod command;
 pub mod diagnosis;
 pub mod docker;
 pub mod live;
+pub mod postgres;
 pub mod recording;
 pub mod runtimes;
 pub mod workload;
