@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    bpf::{EventReader, Tracer, watch},
+    bpf::{EventReader, Tracer},
     event::{Body, ExitStatus, names},
     pipeline::{LiveMachine, Pipeline},
     target::RunningCommand,
@@ -49,17 +49,15 @@ pub struct Session {
     tracer: Tracer,
     pipeline: Pipeline,
     watch: Option<Watch>,
-    verbose: bool,
     started: Instant,
 }
 
 impl Session {
-    pub fn new(tracer: Tracer, pipeline: Pipeline, verbose: bool) -> Session {
+    pub fn new(tracer: Tracer, pipeline: Pipeline) -> Session {
         Session {
             tracer,
             pipeline,
             watch: None,
-            verbose,
             started: Instant::now(),
         }
     }
@@ -76,10 +74,6 @@ impl Session {
             .take_events()
             .context("the ring buffer was already taken")?;
         let mut reader = EventReader::new(ring).context("watching the ring buffer")?;
-        let mut logger = match (self.verbose, self.tracer.take_logger()) {
-            (true, Some(logger)) => Some(watch(logger).context("watching the eBPF log")?),
-            _ => None,
-        };
         let mut interrupt =
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
         let mut terminate =
@@ -140,11 +134,6 @@ impl Session {
                         self.check_lost()?;
                     }
                     self.pipeline.tick(now_boot_ns())?;
-                }
-                guard = async { logger.as_mut().expect("guarded").readable_mut().await }, if logger.is_some() => {
-                    let mut guard = guard.context("reading the eBPF log")?;
-                    guard.get_inner_mut().flush();
-                    guard.clear_ready();
                 }
             }
         }

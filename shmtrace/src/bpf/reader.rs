@@ -3,7 +3,7 @@ use std::{collections::BTreeMap, io, os::fd::AsRawFd};
 
 use aya::maps::{MapData, RingBuf};
 use bytes::{Bytes, BytesMut};
-use shmtrace_common::EventKind;
+use shmtrace_common::Loss;
 use tokio::io::{Interest, unix::AsyncFd};
 
 /// Reads raw records from the ring buffer as they arrive.
@@ -53,31 +53,43 @@ impl EventReader {
 }
 
 /// Registers an eBPF map's descriptor with the async runtime, for readability.
-pub fn watch<T: AsRawFd>(map: T) -> io::Result<AsyncFd<T>> {
+fn watch<T: AsRawFd>(map: T) -> io::Result<AsyncFd<T>> {
     // SAFETY: aya map handles own their descriptor until dropped, and the AsyncFd owns the
     // handle, so the descriptor stays open and unchanged for the AsyncFd's whole life.
     unsafe { AsyncFd::register_with_interest(map, Interest::READABLE) }
         .map_err(|error| error.into_parts().1)
 }
 
-/// Records the kernel could not write because the ring buffer was full, by kind.
+/// What the probes could not report, by reason: records the kernel could not write because the
+/// ring buffer was full (by record kind), and reads that failed (a path, a kernel field).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LostCounts {
-    by_kind: BTreeMap<EventKind, u64>,
+    by_kind: BTreeMap<Loss, u64>,
 }
 
 impl LostCounts {
-    pub fn add(&mut self, kind: EventKind, count: u64) {
+    pub fn add(&mut self, kind: Loss, count: u64) {
         if count > 0 {
-            *self.by_kind.entry(kind).or_default() += count;
+            let total = self.by_kind.entry(kind).or_default();
+            *total = total.saturating_add(count);
         }
     }
 
     pub fn total(&self) -> u64 {
-        self.by_kind.values().sum()
+        self.by_kind
+            .values()
+            .fold(0, |sum, n| sum.saturating_add(*n))
     }
 
-    pub fn by_kind(&self) -> impl Iterator<Item = (EventKind, u64)> + '_ {
+    /// `3 Syscall records (ring buffer full), 2 path reads failed`.
+    pub fn describe(&self) -> String {
+        self.by_kind()
+            .map(|(kind, n)| format!("{n} {}", describe_loss(kind)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    pub fn by_kind(&self) -> impl Iterator<Item = (Loss, u64)> + '_ {
         self.by_kind.iter().map(|(kind, count)| (*kind, *count))
     }
 
@@ -89,5 +101,16 @@ impl LostCounts {
             delta.add(kind, count.saturating_sub(before));
         }
         delta
+    }
+}
+
+/// What one kind of loss means, after its count.
+pub fn describe_loss(loss: Loss) -> String {
+    match loss {
+        Loss::RingFull(kind) => format!("{kind:?} records (ring buffer full)"),
+        Loss::PathRead => "path reads failed".into(),
+        Loss::KernelRead => "kernel field reads failed".into(),
+        Loss::UserRead => "argument reads failed".into(),
+        Loss::Pending => "calls not followed (pending-call table full)".into(),
     }
 }

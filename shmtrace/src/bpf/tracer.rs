@@ -6,17 +6,13 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
 };
-use aya_log::EbpfLogger;
-use shmtrace_common::{Config, EventKind};
+use shmtrace_common::{Config, Loss, targets::TRACKED};
 
 use super::{
     BpfError, EBPF_OBJECT, KERNEL_BTF, LostCounts,
     hooks::{self, Hook},
     offsets, preflight,
 };
-
-/// Forwards the probes' `aya-log` messages to the `log` crate.
-pub type KernelLog = EbpfLogger<&'static dyn log::Log>;
 
 /// What to trace; fixed for the life of a [`Tracer`].
 #[derive(Clone, Debug)]
@@ -49,9 +45,8 @@ impl Default for TracerOptions {
 pub struct Tracer {
     /// Attachments, owned here so that `Drop` can detach them all at once.
     links: Vec<Link>,
-    // Field order is drop order: maps and logger go before the programs they belong to.
+    // Field order is drop order: maps go before the programs they belong to.
     events: Option<RingBuf<MapData>>,
-    logger: Option<KernelLog>,
     targets: HashMap<MapData, u32, u32>,
     target_mntns: HashMap<MapData, u32, u32>,
     target_cgroups: HashMap<MapData, u64, u32>,
@@ -69,11 +64,15 @@ impl Tracer {
             return Err(BpfError::BadBufferSize(size));
         }
         let btf_bytes = offsets::read_btf(&options.btf_path)?;
-        let kernel_btf = offsets::parse_btf(&btf_bytes, &options.btf_path)?;
-        let kernel_offsets = offsets::resolve(&kernel_btf)?;
-        let tracefs = preflight::tracefs()?;
         let hooks = hooks::all();
-        hooks::check_available(&hooks, tracefs, &kernel_btf)?;
+        // btf_rs's parse is only needed for the offsets and the hook check: dropped before
+        // aya parses the same bytes, so the two are never held at once.
+        let kernel_offsets = {
+            let kernel_btf = offsets::parse_btf(&btf_bytes, &options.btf_path)?;
+            let tracefs = preflight::tracefs()?;
+            hooks::check_available(&hooks, tracefs, &kernel_btf)?;
+            offsets::resolve(&kernel_btf)?
+        };
         preflight::check_ring_buffer()?;
 
         let config = Config {
@@ -96,7 +95,7 @@ impl Tracer {
             .map_max_entries("EVENTS", size)
             .load(EBPF_OBJECT)
             .map_err(|error| BpfError::Load(Box::new(error)))?;
-        let logger = EbpfLogger::init(&mut ebpf).ok();
+        drop(btf_bytes);
         let mut links = Vec::with_capacity(hooks.len());
         for hook in &hooks {
             links.push(attach(&mut ebpf, hook, &aya_btf)?);
@@ -105,7 +104,6 @@ impl Tracer {
         Ok(Tracer {
             links,
             events: Some(take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?),
-            logger,
             targets: take_map(&mut ebpf, "TARGETS", HashMap::try_from)?,
             target_mntns: take_map(&mut ebpf, "TARGET_MNTNS", HashMap::try_from)?,
             target_cgroups: take_map(&mut ebpf, "TARGET_CGROUPS", HashMap::try_from)?,
@@ -120,15 +118,10 @@ impl Tracer {
         self.events.take()
     }
 
-    /// The kernel log forwarder, once.
-    pub fn take_logger(&mut self) -> Option<KernelLog> {
-        self.logger.take()
-    }
-
     /// Follows process `pid` (a thread-group id) and, through fork, its descendants.
     pub fn add_target(&mut self, pid: u32) -> Result<(), BpfError> {
         self.targets
-            .insert(pid, 1, 0)
+            .insert(pid, TRACKED, 0)
             .map_err(|e| map_error("TARGETS", e))
     }
 
@@ -163,15 +156,16 @@ impl Tracer {
             .map_err(|e| map_error("SHM_DEVS", e))
     }
 
-    /// Records dropped in the kernel because the ring buffer was full, so far.
+    /// What the probes could not report so far, by reason: records dropped because the ring
+    /// buffer was full, and reads that failed.
     pub fn lost(&self) -> Result<LostCounts, BpfError> {
         let mut counts = LostCounts::default();
-        for kind in EventKind::ALL {
+        for loss in Loss::all() {
             let per_cpu = self
                 .lost
-                .get(&(kind as u32), 0)
+                .get(&loss.index(), 0)
                 .map_err(|e| map_error("LOST", e))?;
-            counts.add(kind, per_cpu.iter().sum());
+            counts.add(loss, per_cpu.iter().sum());
         }
         Ok(counts)
     }
@@ -229,9 +223,12 @@ fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError
             missing: vec![format!("{} (not in the eBPF object)", hook.describe())],
         })?;
     match hook {
-        Hook::Tracepoint { category, name } => {
+        Hook::Tracepoint { category, name, .. } => {
             let program: &mut TracePoint = program.try_into().map_err(program_error)?;
-            program.load().map_err(program_error)?;
+            // The exit program serves many tracepoints: loaded once, attached to each.
+            if program.fd().is_err() {
+                program.load().map_err(program_error)?;
+            }
             let id = program.attach(category, name).map_err(program_error)?;
             Ok(Link::Tracepoint(
                 program.take_link(id).map_err(program_error)?,

@@ -45,7 +45,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 .with_tap(tap),
         )
     };
-    let outcome = live::run(what, &options, make_pipeline, args.verbose)?;
+    let outcome = live::run(what, &options, make_pipeline)?;
     Ok(exit_code(&outcome))
 }
 
