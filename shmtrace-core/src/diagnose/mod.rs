@@ -1,0 +1,635 @@
+//! From events to answers: which process died or failed, why, whether /dev/shm size is the
+//! cause, and what to change.
+//!
+//! A failure (a call returning ENOSPC, a SIGBUS inside a /dev/shm mapping, an OOM kill, ...)
+//! is held against its process; when that process dies, or when tracing ends, its failures
+//! become one [`Diagnosis`]. A trainer that dies after one of its workers is linked to the
+//! worker's diagnosis rather than diagnosed again. Capacity comes from [`Capacity`] samples fed
+//! in by the caller, so a recorded trace replays to the same diagnosis.
+mod failure;
+mod recommend;
+pub mod role;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+pub use failure::{Cause, Failure, FailureKind, classify};
+pub use recommend::{DataloaderDemand, Demand, Recommendation};
+pub use role::{Role, RoleKind, Roles};
+
+use crate::{
+    event::{Body, Event, ExitStatus, Syscall},
+    model::{Annotation, ContainerInfo, ShmUsage, StartedBy, World},
+};
+
+/// Size and use of one /dev/shm file system, measured with statfs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// `dev_t` of the file system.
+    pub dev: u32,
+    pub size: u64,
+    pub used: u64,
+    /// When it was measured (`CLOCK_BOOTTIME` ns).
+    pub ts_ns: u64,
+}
+
+/// The answer about one process that failed or died.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnosis {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub comm: String,
+    pub role: Role,
+    pub argv: Vec<String>,
+    /// The trainer a worker served: pid and command line.
+    pub trainer: Option<(u32, Vec<String>)>,
+    /// Where it ran: `host`, a container, a namespace.
+    pub place: String,
+    /// The container, when it ran in one shmtrace knows.
+    pub container: Option<ContainerInfo>,
+    /// How it ended, if it did.
+    pub ending: Option<ExitStatus>,
+    pub cause: Cause,
+    /// Its failures, the decisive one first.
+    pub failures: Vec<Failure>,
+    /// For a trainer that died after a worker's failure: that worker.
+    pub follows: Option<u32>,
+    pub capacity: Option<Capacity>,
+    pub usage: Option<ShmUsage>,
+    pub workers_allocating: u32,
+    pub recommendation: Option<Recommendation>,
+    /// Why /dev/shm size is not the answer, and what is.
+    pub explanation: Option<String>,
+}
+
+/// Per place and role, for the closing table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoleStats {
+    pub processes: u64,
+    /// Most bytes the role's processes held in /dev/shm at once.
+    pub peak_bytes: u64,
+    pub failures: u64,
+    pub deaths: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct LoaderStats {
+    batch_bytes: u64,
+    max_in_flight: u32,
+}
+
+/// What a later diagnosis needs of one already made: a trainer that dies after its worker
+/// failed takes the worker's cause and recommendation.
+#[derive(Clone, Debug)]
+struct Diagnosed {
+    /// When its earliest failure happened; `None` when it had none (only a fatal signal).
+    first_failure_ns: Option<u64>,
+    cause: Cause,
+    recommendation: Option<Recommendation>,
+}
+
+#[derive(Default)]
+pub struct Diagnoser {
+    roles: Roles,
+    pending: HashMap<u32, Vec<Failure>>,
+    capacity: HashMap<u32, Capacity>,
+    containers: HashMap<u32, ContainerInfo>,
+    host_mntns: u32,
+    loaders: HashMap<u32, LoaderStats>,
+    diagnosed: HashMap<u32, Diagnosed>,
+    /// Bytes each process holds now, and the running total and peak of its group (place and
+    /// role at the time).
+    held: HashMap<u32, (u64, (String, RoleKind))>,
+    group_now: HashMap<(String, RoleKind), u64>,
+    group_peak: HashMap<(String, RoleKind), u64>,
+    /// Failures and deaths per process.
+    outcomes: HashMap<u32, (u64, bool)>,
+    /// Label for mount namespaces nobody named (the demo's private one, say).
+    unnamed_place: Option<String>,
+    nccl_seen: bool,
+}
+
+impl Diagnoser {
+    /// `host_mntns`: shmtrace's own mount namespace, called `host`.
+    pub fn new(host_mntns: u32) -> Diagnoser {
+        Diagnoser {
+            host_mntns,
+            ..Diagnoser::default()
+        }
+    }
+
+    /// Tells which container a mount namespace is.
+    pub fn set_container(&mut self, info: ContainerInfo) {
+        if let Some(mntns) = info.mntns {
+            self.containers.insert(mntns, info);
+        }
+    }
+
+    pub fn forget_container(&mut self, mntns: u32) {
+        self.containers.remove(&mntns);
+    }
+
+    pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
+        self.containers.get(&mntns)
+    }
+
+    /// Names every mount namespace other than shmtrace's own that has no name of its own.
+    pub fn set_unnamed_place(&mut self, label: String) {
+        self.unnamed_place = Some(label);
+    }
+
+    pub fn place(&self, mntns: u32) -> String {
+        match (self.containers.get(&mntns), &self.unnamed_place) {
+            (Some(container), _) => container.label(),
+            _ if mntns == self.host_mntns || mntns == 0 => "host".to_owned(),
+            (None, Some(label)) => label.clone(),
+            (None, None) => format!("mount namespace {mntns}"),
+        }
+    }
+
+    /// A fresh measurement of a /dev/shm file system.
+    pub fn capacity(&mut self, sample: Capacity) {
+        for container in self.containers.values_mut() {
+            if container.shm_dev == Some(sample.dev) {
+                container.shm_size = Some(sample.size);
+                container.shm_used = Some(sample.used);
+            }
+        }
+        self.capacity.insert(sample.dev, sample);
+    }
+
+    /// Roles as of the model's current state.
+    pub fn roles(&mut self, world: &World) -> &Roles {
+        self.roles.update(world);
+        &self.roles
+    }
+
+    /// Takes in one event, already applied to `world`; returns the diagnoses it completes.
+    pub fn observe(&mut self, event: &Event, note: &Annotation, world: &World) -> Vec<Diagnosis> {
+        self.roles(world);
+        if let Body::Call(call) = &event.body {
+            self.learn_loader(event.pid, call, note, world);
+            if matches!(
+                call.syscall,
+                Syscall::Openat
+                    | Syscall::Openat2
+                    | Syscall::Ftruncate
+                    | Syscall::Fallocate
+                    | Syscall::Mmap
+                    | Syscall::Munmap
+                    | Syscall::Close
+            ) {
+                self.update_held(event.pid, event.mntns, world);
+            }
+            if note.object_path.as_deref().is_some_and(role::is_nccl) {
+                self.nccl_seen = true;
+            }
+        }
+        if let Some((pid, cause, kind, dev)) = failure::classify(event, note) {
+            let failure = self.failure_now(event, pid, cause, kind, dev, world);
+            self.outcomes.entry(pid).or_default().0 += 1;
+            self.pending.entry(pid).or_default().push(failure);
+        }
+        let mut out = Vec::new();
+        if let Body::Exit(status) = &event.body {
+            let group = self.group(event.pid, event.mntns);
+            self.held_to(event.pid, 0, group);
+            if !status.success() {
+                self.outcomes.entry(event.pid).or_default().1 = true;
+            }
+            if let Some(diagnosis) = self.on_death(event, *status, world) {
+                out.push(diagnosis);
+            }
+        }
+        out
+    }
+
+    /// Diagnoses for failures of processes that were still alive when tracing stopped.
+    pub fn finish(&mut self, world: &World) -> Vec<Diagnosis> {
+        let mut pids: Vec<u32> = self.pending.keys().copied().collect();
+        pids.sort();
+        pids.into_iter()
+            .filter_map(|pid| {
+                let failures = self.pending.remove(&pid)?;
+                let process = world.process(pid)?;
+                let ts = failures.last().map(|f| f.ts_ns).unwrap_or(0);
+                Some(self.diagnose(pid, process.mntns, ts, None, failures, world))
+            })
+            .collect()
+    }
+
+    /// Per place and role (as known at the end): processes, most bytes held at once,
+    /// failures, deaths.
+    pub fn table(&mut self, world: &World) -> Vec<(String, RoleKind, RoleStats)> {
+        self.roles(world);
+        let mut table: BTreeMap<(String, RoleKind), RoleStats> = BTreeMap::new();
+        for process in world.processes() {
+            let group = self.group(process.pid, process.mntns);
+            let stats = table.entry(group).or_default();
+            stats.processes += 1;
+            let (failures, died) = self.outcomes.get(&process.pid).copied().unwrap_or_default();
+            stats.failures += failures;
+            stats.deaths += u64::from(died);
+        }
+        for (group, peak) in &self.group_peak {
+            table.entry(group.clone()).or_default().peak_bytes = *peak;
+        }
+        table
+            .into_iter()
+            .map(|((place, role), stats)| (place, role, stats))
+            .collect()
+    }
+
+    fn group(&self, pid: u32, mntns: u32) -> (String, RoleKind) {
+        (self.place(mntns), self.roles.of(pid).kind)
+    }
+
+    /// DataLoader facts: batch size (the largest torch_ object its workers sized), and how
+    /// many batches one worker keeps in flight.
+    fn learn_loader(
+        &mut self,
+        pid: u32,
+        call: &crate::event::Call,
+        note: &Annotation,
+        world: &World,
+    ) {
+        let role = self.roles.of(pid);
+        let (RoleKind::DataloaderWorker, Some(trainer)) = (role.kind, role.trainer) else {
+            return;
+        };
+        if !note.object_path.as_deref().is_some_and(role::is_torch) {
+            return;
+        }
+        let size = match call.syscall {
+            Syscall::Ftruncate => call.args[1],
+            Syscall::Fallocate => call.args[3],
+            Syscall::Mmap => call.args[1],
+            _ => 0,
+        };
+        let in_flight = world
+            .process(pid)
+            .map(|p| {
+                let mut inodes: HashSet<_> = p.fds.values().map(|fd| fd.inode).collect();
+                inodes.extend(p.mappings.iter().map(|m| m.inode));
+                inodes
+                    .iter()
+                    .filter(|inode| {
+                        world
+                            .object(inode)
+                            .and_then(|o| o.path.as_deref())
+                            .is_some_and(role::is_torch)
+                    })
+                    .count() as u32
+            })
+            .unwrap_or(0);
+        let stats = self.loaders.entry(trainer).or_default();
+        stats.batch_bytes = stats.batch_bytes.max(size);
+        stats.max_in_flight = stats.max_in_flight.max(in_flight);
+    }
+
+    /// Recomputes what `pid` holds (each object once, however many descriptors or mappings).
+    fn update_held(&mut self, pid: u32, mntns: u32, world: &World) {
+        let Some(process) = world.process(pid) else {
+            return;
+        };
+        let mut inodes: HashSet<_> = process.fds.values().map(|fd| fd.inode).collect();
+        inodes.extend(process.mappings.iter().map(|m| m.inode));
+        let bytes = inodes
+            .iter()
+            .filter_map(|inode| world.object(inode))
+            .map(|o| o.footprint().0)
+            .sum();
+        let group = self.group(pid, mntns);
+        self.held_to(pid, bytes, group);
+    }
+
+    fn held_to(&mut self, pid: u32, bytes: u64, group: (String, RoleKind)) {
+        let (before, old_group) = self.held.remove(&pid).unwrap_or((0, group.clone()));
+        if let Some(now) = self.group_now.get_mut(&old_group) {
+            *now = now.saturating_sub(before);
+        }
+        let now = self.group_now.entry(group.clone()).or_default();
+        *now += bytes;
+        let now = *now;
+        let peak = self.group_peak.entry(group.clone()).or_default();
+        *peak = (*peak).max(now);
+        if bytes > 0 {
+            self.held.insert(pid, (bytes, group));
+        }
+    }
+
+    fn failure_now(
+        &self,
+        event: &Event,
+        pid: u32,
+        cause: Cause,
+        kind: FailureKind,
+        dev: Option<u32>,
+        world: &World,
+    ) -> Failure {
+        let workers_allocating = dev
+            .map(|dev| {
+                world
+                    .processes()
+                    .filter(|p| p.alive())
+                    .filter(|p| self.roles.of(p.pid).kind == RoleKind::DataloaderWorker)
+                    .filter(|p| {
+                        p.fds.values().any(|fd| fd.inode.dev == dev)
+                            || p.mappings.iter().any(|m| m.inode.dev == dev)
+                    })
+                    .count() as u32
+            })
+            .unwrap_or(0);
+        let comm = world
+            .process(pid)
+            .map(|p| p.comm.clone())
+            .unwrap_or_else(|| event.comm.clone());
+        let unmet = match &kind {
+            // A write appends: all of it is new.
+            FailureKind::Call {
+                syscall: "write",
+                request,
+                ..
+            } => *request,
+            FailureKind::Call { request, path, .. } => {
+                let counted = path
+                    .as_ref()
+                    .and_then(|p| world.live_objects().find(|o| o.path.as_ref() == Some(p)))
+                    .map(|o| o.footprint().0)
+                    .unwrap_or(0);
+                request.saturating_sub(counted)
+            }
+            _ => 0,
+        };
+        let capacity = dev
+            .and_then(|d| self.capacity.get(&d).copied())
+            .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
+            .map(|c| at_least_refused(c, cause, &kind));
+        Failure {
+            ts_ns: event.ts_ns,
+            pid,
+            tid: event.tid,
+            comm,
+            cause,
+            kind,
+            dev,
+            usage: dev.and_then(|d| world.usage(d).cloned()),
+            capacity,
+            workers_allocating,
+            unmet,
+        }
+    }
+
+    fn on_death(&mut self, event: &Event, status: ExitStatus, world: &World) -> Option<Diagnosis> {
+        let pid = event.pid;
+        let failures = self.pending.remove(&pid).unwrap_or_default();
+        let role = self.roles.of(pid);
+        if failures.is_empty() {
+            if status.success() {
+                return None;
+            }
+            // A trainer dying after one of its workers, or any process after its child: that
+            // diagnosis says why.
+            let failed_worker = self
+                .first_failed_worker(pid)
+                .or_else(|| self.first_failed_child(pid, world));
+            let touched_shm = world
+                .process(pid)
+                .is_some_and(|p| !p.opened.is_empty() || role.kind != RoleKind::Other);
+            let by_signal = matches!(status, ExitStatus::Signal { .. });
+            if failed_worker.is_none() && !by_signal && !touched_shm {
+                return None; // an ordinary non-zero exit, nothing to do with /dev/shm
+            }
+            let mut diagnosis = self.diagnose(
+                pid,
+                event.mntns,
+                event.ts_ns,
+                Some(status),
+                Vec::new(),
+                world,
+            );
+            if let Some(worker) = failed_worker {
+                self.follow(&mut diagnosis, worker);
+            }
+            return Some(diagnosis);
+        }
+        Some(self.diagnose(pid, event.mntns, event.ts_ns, Some(status), failures, world))
+    }
+
+    /// Of `trainer`'s diagnosed workers, the one whose failure came first; failing that (none
+    /// had a failure of its own, say all were killed), the lowest pid.
+    fn first_failed_worker(&self, trainer: u32) -> Option<u32> {
+        let diagnosed: Vec<(u32, &Diagnosed)> = self
+            .roles
+            .workers_of(trainer)
+            .filter_map(|(worker, _)| Some((worker, self.diagnosed.get(&worker)?)))
+            .collect();
+        diagnosed
+            .iter()
+            .filter_map(|(worker, d)| Some((d.first_failure_ns?, *worker)))
+            .min()
+            .map(|(_, worker)| worker)
+            .or_else(|| diagnosed.iter().map(|(worker, _)| *worker).min())
+    }
+
+    /// Of `parent`'s children, the one diagnosed with the earliest failure: a multiprocessing
+    /// parent whose writer died of SIGBUS, a launcher whose NCCL rank failed.
+    fn first_failed_child(&self, parent: u32, world: &World) -> Option<u32> {
+        world
+            .processes()
+            .filter(|p| p.parent == Some(parent))
+            .filter_map(|p| Some((self.diagnosed.get(&p.pid)?.first_failure_ns?, p.pid)))
+            .min()
+            .map(|(_, child)| child)
+    }
+
+    /// Makes `diagnosis` (of a process with no failure of its own) point to the process whose
+    /// failure it died of, and take that cause: a trainer killed by its worker's ENOSPC died of
+    /// /dev/shm too, and the same size fixes it.
+    fn follow(&mut self, diagnosis: &mut Diagnosis, followed: u32) {
+        diagnosis.follows = Some(followed);
+        let Some(other) = self.diagnosed.get(&followed).cloned() else {
+            return;
+        };
+        if other.first_failure_ns.is_none() {
+            return;
+        }
+        diagnosis.cause = other.cause;
+        diagnosis.recommendation = other.recommendation.clone();
+        diagnosis.explanation = explain(other.cause);
+        self.diagnosed.insert(
+            diagnosis.pid,
+            Diagnosed {
+                first_failure_ns: None,
+                cause: other.cause,
+                recommendation: other.recommendation,
+            },
+        );
+    }
+
+    fn diagnose(
+        &mut self,
+        pid: u32,
+        mntns: u32,
+        ts_ns: u64,
+        ending: Option<ExitStatus>,
+        mut failures: Vec<Failure>,
+        world: &World,
+    ) -> Diagnosis {
+        let first_failure_ns = failures.iter().map(|f| f.ts_ns).min();
+        // The decisive failure first: an OOM kill explains more than the ENOSPC before it.
+        failures.sort_by_key(|f| (f.cause, f.ts_ns));
+        let cause = match (failures.first(), ending) {
+            (Some(f), _) => f.cause,
+            (None, Some(ExitStatus::Signal { .. })) => Cause::Crash,
+            _ => Cause::Other,
+        };
+        let process = world.process(pid);
+        let role = self.roles.of(pid);
+        let container = self.containers.get(&mntns).cloned();
+        let started_by = container
+            .as_ref()
+            .map(|c| c.started_by.clone())
+            .unwrap_or(StartedBy::Unknown);
+        let trainer = role.trainer.map(|t| {
+            (
+                t,
+                world.process(t).map(|p| p.argv.clone()).unwrap_or_default(),
+            )
+        });
+        let primary = failures.first();
+        let capacity = primary.and_then(|f| f.capacity);
+        let usage = primary.and_then(|f| f.usage.clone());
+        let recommendation = (cause == Cause::ShmFull).then(|| {
+            let primary = primary.expect("a cause from a failure");
+            let traced = usage.as_ref().map(|u| u.demand).unwrap_or(0);
+            let request = primary.unmet;
+            let dataloader = role
+                .trainer
+                .or((role.kind == RoleKind::Trainer).then_some(pid))
+                .and_then(|t| {
+                    let stats = self.loaders.get(&t)?;
+                    let workers = self.roles.workers_of(t).count() as u32;
+                    (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
+                        workers,
+                        prefetch: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
+                        batch_bytes: stats.batch_bytes,
+                    })
+                });
+            recommend::recommend(
+                &Demand {
+                    traced,
+                    others: capacity.map(|c| c.used.saturating_sub(traced)).unwrap_or(0),
+                    request,
+                    dataloader,
+                    capacity: capacity.map(|c| c.size),
+                },
+                self.nccl_seen,
+                &started_by,
+            )
+        });
+        self.diagnosed.insert(
+            pid,
+            Diagnosed {
+                first_failure_ns,
+                cause,
+                recommendation: recommendation.clone(),
+            },
+        );
+        Diagnosis {
+            ts_ns,
+            pid,
+            comm: process.map(|p| p.comm.clone()).unwrap_or_default(),
+            role,
+            argv: process.map(|p| p.argv.clone()).unwrap_or_default(),
+            trainer,
+            place: self.place(mntns),
+            container,
+            ending,
+            cause,
+            workers_allocating: primary.map(|f| f.workers_allocating).unwrap_or(0),
+            failures,
+            follows: None,
+            capacity,
+            usage,
+            recommendation,
+            explanation: explain(cause),
+        }
+    }
+}
+
+/// /dev/shm is measured when userspace reads the failure, which may be after the process
+/// freed what it held (a program that gets ENOSPC from sem_open unlinks its files at once, and
+/// the measurement then reads 0 bytes used): it was at least as full as the traced objects'
+/// allocated pages made it at that moment.
+fn at_least_held(mut capacity: Capacity, usage: Option<&ShmUsage>) -> Capacity {
+    if let Some(usage) = usage {
+        capacity.used = capacity.used.max(usage.allocated.min(capacity.size));
+    }
+    capacity
+}
+
+/// The kernel's answer bounds it too. ENOSPC from a write or fallocate of `n` bytes means
+/// fewer pages were free than the call needed, and `n` bytes span at most
+/// `ceil((n - 1) / page) + 1` pages (the offset is not known); a SIGBUS inside a /dev/shm file
+/// means not one page was free. Pages dirtied through a mapping show in no system call, so
+/// this is what keeps a diagnosis from saying 43% used at ENOSPC when the use was measured
+/// after the processes freed their memory.
+fn at_least_refused(mut capacity: Capacity, cause: Cause, kind: &FailureKind) -> Capacity {
+    const PAGE: u64 = 4096; // tmpfs allocates pages; larger pages only make this bound weaker
+    if cause != Cause::ShmFull {
+        return capacity;
+    }
+    let free_below = match kind {
+        FailureKind::Call {
+            syscall: "write" | "fallocate",
+            request,
+            ..
+        } => ((*request).max(1) - 1).div_ceil(PAGE) + 1,
+        FailureKind::Fault {
+            offset: Some(offset),
+            file_size: Some(size),
+            ..
+        } if (*offset as i64) < *size => 1,
+        _ => return capacity,
+    };
+    let floor = capacity.size.saturating_sub((free_below - 1) * PAGE);
+    capacity.used = capacity.used.max(floor);
+    capacity
+}
+
+/// For causes a bigger /dev/shm does not fix: what does.
+fn explain(cause: Cause) -> Option<String> {
+    let text = match cause {
+        Cause::ShmFull => return None,
+        Cause::OomKill => {
+            "the OOM killer ended it: the memory limit was reached. /dev/shm pages count \
+             against the container's memory limit, so a bigger --shm-size alone makes this \
+             worse: raise the memory limit (docker --memory, Kubernetes resources.limits.memory) \
+             or use less /dev/shm"
+        }
+        Cause::MapLimit => {
+            "mmap failed with ENOMEM: the process reached vm.max_map_count, not the end of \
+             /dev/shm. Raise it (sysctl -w vm.max_map_count=262144) or keep fewer mappings"
+        }
+        Cause::FdLimit => {
+            "it ran out of file descriptors (EMFILE/ENFILE), not of /dev/shm. Raise the limit \
+             (ulimit -n 65536; docker run --ulimit nofile=65536:65536), or in PyTorch use \
+             torch.multiprocessing.set_sharing_strategy('file_system')"
+        }
+        Cause::SysvLimit => {
+            "a System V shared memory limit refused it (kernel.shmmax for one segment, \
+             kernel.shmall for all, kernel.shmmni for their number; see ipcs -l): raise it with \
+             sysctl, or docker run --sysctl kernel.shmmax=..."
+        }
+        Cause::Crash => {
+            "it died of a signal with no /dev/shm failure before it: not a /dev/shm problem"
+        }
+        Cause::Other => "no /dev/shm failure was seen before it ended: not a /dev/shm problem",
+    };
+    Some(text.to_owned())
+}
+
+#[cfg(test)]
+mod tests;
