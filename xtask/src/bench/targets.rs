@@ -154,9 +154,17 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
         .filter(|r| r.variant.name.starts_with("shmtrace"))
         .filter_map(VariantResult::lost)
         .sum();
+    let failed_reads: u64 = results
+        .iter()
+        .flat_map(|r| &r.outcomes)
+        .filter_map(|o| o.reported.failed_reads)
+        .sum();
     rows.push(Row::new(
         &format!("{case}: no loss with the default buffer"),
-        format!("{lost} events lost over every shmtrace run"),
+        format!(
+            "{lost} events lost to a full ring buffer over every shmtrace run; {failed_reads} \
+             probe reads failed (--all: host-wide, shown, not counted here)"
+        ),
         Some(lost == 0),
     ));
     rows
@@ -232,7 +240,11 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32) -> Vec<Row>
             let lost = reported.lost.unwrap_or(0);
             rows.push(Row::new(
                 "fork storm: no loss with the default buffer (--all)",
-                format!("{lost} events lost"),
+                format!(
+                    "{lost} events lost to a full ring buffer; {} probe reads failed host-wide \
+                     (shown, not counted here)",
+                    reported.failed_reads.unwrap_or(0)
+                ),
                 Some(lost == 0),
             ));
         }

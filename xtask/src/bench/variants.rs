@@ -377,6 +377,7 @@ fn run_beside_shmtrace_all(setup: &Setup, workload: &[OsString]) -> Result<Outco
         top,
         reported: Reported {
             lost: Some(reported::lost_from_notices(&tracer.stderr)),
+            failed_reads: Some(reported::failed_reads_from_notices(&tracer.stderr)),
             ..Reported::default()
         },
     })

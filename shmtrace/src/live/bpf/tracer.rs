@@ -98,6 +98,7 @@ impl Tracer {
             .map_err(|error| BpfError::Load(Box::new(error)))?;
         drop(btf_bytes);
         let mut links = Vec::with_capacity(hooks.len());
+        load_in_parallel(&mut ebpf, &hooks, &aya_btf)?;
         for hook in &hooks {
             links.push(attach(&mut ebpf, hook, &aya_btf)?);
         }
@@ -213,6 +214,50 @@ impl Drop for Tracer {
     }
 }
 
+/// Loads every program a hook needs, spread over the CPUs: the verifier's work is most of
+/// shmtrace's start-up, and programs are verified independently. Attaching stays in order.
+fn load_in_parallel(ebpf: &mut Ebpf, hooks: &[Hook], btf: &aya::Btf) -> Result<(), BpfError> {
+    let first_hook = |name: &str| hooks.iter().find(|hook| hook.program() == name);
+    let mut programs: Vec<(&Hook, &mut aya::programs::Program)> = ebpf
+        .programs_mut()
+        .filter_map(|(name, program)| Some((first_hook(name)?, program)))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = programs.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = programs
+            .chunks_mut(chunk)
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .iter_mut()
+                        .try_for_each(|(hook, program)| load(hook, program, btf))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|worker| worker.join().expect("a loader thread panicked"))
+    })
+}
+
+fn load(hook: &Hook, program: &mut aya::programs::Program, btf: &aya::Btf) -> Result<(), BpfError> {
+    let program_error = |source| BpfError::Program {
+        program: hook.describe(),
+        source: Box::new(source),
+    };
+    match hook {
+        Hook::Tracepoint { .. } => {
+            let program: &mut TracePoint = program.try_into().map_err(program_error)?;
+            program.load().map_err(program_error)
+        }
+        Hook::BtfTracepoint { name } => {
+            let program: &mut BtfTracePoint = program.try_into().map_err(program_error)?;
+            program.load(name, btf).map_err(program_error)
+        }
+    }
+}
+
 fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError> {
     let program_error = |source| BpfError::Program {
         program: hook.describe(),
@@ -223,21 +268,20 @@ fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError
         .ok_or_else(|| BpfError::MissingHooks {
             missing: vec![format!("{} (not in the eBPF object)", hook.describe())],
         })?;
+    // Loaded by `load_in_parallel`; the exit program is loaded once and attached to many.
+    if program.fd().is_err() {
+        load(hook, program, btf)?;
+    }
     match hook {
         Hook::Tracepoint { category, name, .. } => {
             let program: &mut TracePoint = program.try_into().map_err(program_error)?;
-            // The exit program serves many tracepoints: loaded once, attached to each.
-            if program.fd().is_err() {
-                program.load().map_err(program_error)?;
-            }
             let id = program.attach(category, name).map_err(program_error)?;
             Ok(Link::Tracepoint(
                 program.take_link(id).map_err(program_error)?,
             ))
         }
-        Hook::BtfTracepoint { name } => {
+        Hook::BtfTracepoint { .. } => {
             let program: &mut BtfTracePoint = program.try_into().map_err(program_error)?;
-            program.load(name, btf).map_err(program_error)?;
             let id = program.attach().map_err(program_error)?;
             Ok(Link::BtfTracepoint(
                 program.take_link(id).map_err(program_error)?,
