@@ -100,7 +100,7 @@ mod tests {
     use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
     use super::*;
-    use crate::bpf::EBPF_OBJECT;
+    use crate::live::bpf::EBPF_OBJECT;
 
     /// Every program in the committed object, as (name, ELF section).
     fn programs_in_object() -> BTreeSet<(String, String)> {
