@@ -3,6 +3,7 @@
 pub mod docker;
 pub mod live;
 pub mod recording;
+pub mod runtimes;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},

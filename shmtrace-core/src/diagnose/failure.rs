@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::event::{Body, Call, Event, Syscall, names};
 use crate::model::{Annotation, ShmUsage};
 
-use super::Capacity;
+use super::capacity::Capacity;
 
 /// Why it failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -216,4 +216,37 @@ fn request_bytes(call: &Call) -> u64 {
         Syscall::Shmget => a[1],
         _ => 0,
     }
+}
+
+/// The kernel's answer bounds it too. ENOSPC from a write or fallocate of `n` bytes means
+/// fewer pages were free than the call needed, and `n` bytes span at most
+/// `ceil((n - 1) / page) + 1` pages (the offset is not known); a SIGBUS inside a /dev/shm file
+/// means not one page was free. Pages dirtied through a mapping show in no system call, so
+/// this is what keeps a diagnosis from saying 43% used at ENOSPC when the use was measured
+/// after the processes freed their memory.
+pub(super) fn at_least_refused(
+    mut capacity: Capacity,
+    cause: Cause,
+    kind: &FailureKind,
+) -> Capacity {
+    const PAGE: u64 = 4096; // tmpfs allocates pages; larger pages only make this bound weaker
+    if cause != Cause::ShmFull {
+        return capacity;
+    }
+    let free_below = match kind {
+        FailureKind::Call {
+            syscall: "write" | "fallocate",
+            request,
+            ..
+        } => ((*request).max(1) - 1).div_ceil(PAGE) + 1,
+        FailureKind::Fault {
+            offset: Some(offset),
+            file_size: Some(size),
+            ..
+        } if (*offset as i64) < *size => 1,
+        _ => return capacity,
+    };
+    let floor = capacity.size.saturating_sub((free_below - 1) * PAGE);
+    capacity.used = capacity.used.max(floor);
+    capacity
 }

@@ -4,20 +4,11 @@ use std::{collections::HashSet, fs, path::Path};
 
 use crate::{
     event::{InodeId, escape},
+    kernel_ids::{kernel_dev, kernel_dev_from_stat, mount_namespace},
     model::{ProcSnapshot, SnapshotFd, SnapshotMapping},
 };
 
 const DELETED: &str = " (deleted)";
-
-/// The kernel's `dev_t` encoding (`MKDEV`): what the probes report.
-pub fn kernel_dev(major: u64, minor: u64) -> u32 {
-    shmtrace_common::KernelDev::new(major as u32, minor as u32).0
-}
-
-/// Kernel `dev_t` of a `st_dev` from stat(2) (glibc's encoding).
-pub fn kernel_dev_from_stat(st_dev: u64) -> u32 {
-    shmtrace_common::KernelDev::from_stat(st_dev).0
-}
 
 /// `0:26` to a kernel `dev_t`.
 fn parse_majmin(text: &str) -> Option<u32> {
@@ -27,13 +18,6 @@ fn parse_majmin(text: &str) -> Option<u32> {
 
 pub fn exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Mount namespace inode number of `pid`.
-pub fn mount_namespace(pid: u32) -> Option<u32> {
-    let link = fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()?;
-    let text = link.to_str()?;
-    text.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok()
 }
 
 /// `pid` and all its descendants, from the parent links in /proc.
