@@ -72,9 +72,10 @@ pub fn run(processes: u64, tag: &str) -> Result<()> {
     if failed > 0 {
         bail!("{failed} of {processes} children failed to create their object");
     }
-    // SAFETY: an all-zero rusage is valid, and getrusage fills it.
     let cpu = |who| {
+        // SAFETY: an all-zero rusage is valid.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out-pointer; getrusage fills it.
         unsafe { libc::getrusage(who, &mut usage) };
         let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
         s(usage.ru_utime) + s(usage.ru_stime)
