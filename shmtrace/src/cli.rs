@@ -160,7 +160,7 @@ pub struct OutputArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub color: ColorWhen,
 
-    /// Also print shmtrace's own diagnostics and the probes' kernel-side log.
+    /// Also print shmtrace's own diagnostics.
     #[arg(short, long)]
     pub verbose: bool,
 }

@@ -103,7 +103,6 @@ struct Diagnosed {
 #[derive(Default)]
 pub struct Diagnoser {
     roles: Roles,
-    roles_version: Option<u64>,
     pending: HashMap<u32, Vec<Failure>>,
     capacity: HashMap<u32, Capacity>,
     containers: HashMap<u32, ContainerInfo>,
@@ -187,10 +186,7 @@ impl Diagnoser {
 
     /// Roles as of the model's current state.
     pub fn roles(&mut self, world: &World) -> &Roles {
-        if self.roles_version != Some(world.version()) {
-            self.roles = Roles::compute(world);
-            self.roles_version = Some(world.version());
-        }
+        self.roles.update(world);
         &self.roles
     }
 

@@ -316,6 +316,54 @@ fn used_is_at_least_what_the_kernel_refused() {
     assert_eq!(run.of(401).capacity.unwrap().used, 1 << 20);
 }
 
+/// Roles kept current change by change agree with roles computed from scratch, after every
+/// event: named and unnamed workers, renames, a worker's own child, NCCL, a storm of short-lived
+/// workers, and a second trainer.
+#[test]
+fn updated_roles_match_roles_computed_from_scratch() {
+    fn check(run: &mut Run, step: &str) {
+        let full = Roles::compute(&run.world);
+        let updated = run.diagnoser.roles(&run.world).clone();
+        for process in run.world.processes() {
+            assert_eq!(
+                updated.of(process.pid),
+                full.of(process.pid),
+                "pid {} after {step}",
+                process.pid
+            );
+        }
+    }
+    let mut run = Run::new();
+    run.exec(100, &["python3", "train.py"]);
+    check(&mut run, "exec");
+    for child in [101, 102] {
+        run.fork(100, child);
+        check(&mut run, "fork");
+    }
+    run.create(102, "python3", "/dev/shm/torch_102_1", 3);
+    check(&mut run, "unnamed worker");
+    run.rename(101, WORKER);
+    check(&mut run, "named worker");
+    run.fork(101, 104);
+    run.create(104, WORKER, "/dev/shm/nccl-104", 3);
+    check(&mut run, "a worker's child");
+    run.exit(102, "python3", 0);
+    check(&mut run, "exit");
+    for child in 110..160 {
+        run.fork(100, child);
+        run.create(child, "python3", &format!("/dev/shm/torch_{child}_0"), 3);
+        run.exit(child, "python3", 0);
+        check(&mut run, "storm");
+    }
+    run.exec(200, &["python3", "other.py"]);
+    run.rename(200, "pt_main_thread");
+    run.fork(200, 201);
+    run.rename(201, WORKER);
+    check(&mut run, "second trainer");
+    let roles = run.diagnoser.roles(&run.world);
+    assert_eq!(roles.of(201).trainer, Some(200));
+}
+
 #[test]
 fn a_role_peak_counts_a_shared_object_once_and_includes_writes() {
     let mut run = Run::new();

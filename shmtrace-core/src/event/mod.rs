@@ -157,7 +157,7 @@ pub struct InodeId {
 impl InodeId {
     /// `major:minor`, as /proc/PID/maps and mountinfo print it.
     pub fn dev_string(&self) -> String {
-        format!("{}:{}", self.dev >> 20, self.dev & 0xfffff)
+        shmtrace_common::KernelDev(self.dev).to_string()
     }
 }
 

@@ -1,6 +1,6 @@
 //! The state machine: events in, processes and objects updated, each event annotated with what
 //! the model knows about it (which object a descriptor is, where a fault address points).
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::{Mapping, ObjectState, OpenFd, Process, ShmObject, process::MAX_NAMES};
 use crate::event::{Body, Call, Event, ExitStatus, InodeId, Syscall};
@@ -129,10 +129,18 @@ pub struct World {
     totals: Totals,
     /// Bumped whenever a fact that roles depend on changes (lineage, names, creations).
     version: u64,
+    /// Which process each recent bump was about, oldest first; entry `i` is bump
+    /// `change_base + i`. Lets roles be updated for what changed instead of recomputed over
+    /// every process ever seen ([`World::changes_since`]).
+    change_log: VecDeque<u32>,
+    change_base: u64,
     /// Names of objects recently freed, by inode: a descriptor passed to another process
     /// (SCM_RIGHTS, which is not traced) brings one back.
     recently_freed: HashMap<InodeId, String>,
 }
+
+/// Bound on `change_log`: a reader further behind recomputes from scratch.
+const CHANGE_LOG: usize = 1 << 16;
 
 /// Bound on `recently_freed`.
 const RECENTLY_FREED: usize = 4096;
@@ -159,6 +167,22 @@ impl World {
     /// derived from them can be cached.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The processes whose role-relevant facts changed after `version` (repeats possible), or
+    /// `None` when the log no longer reaches back that far.
+    pub fn changes_since(&self, version: u64) -> Option<impl Iterator<Item = u32> + '_> {
+        let skip = version.checked_sub(self.change_base)?;
+        Some(self.change_log.iter().skip(skip as usize).copied())
+    }
+
+    fn changed(&mut self, pid: u32) {
+        self.version += 1;
+        self.change_log.push_back(pid);
+        if self.change_log.len() > CHANGE_LOG {
+            self.change_log.pop_front();
+            self.change_base += 1;
+        }
     }
 
     pub fn process(&self, pid: u32) -> Option<&Process> {
@@ -227,7 +251,7 @@ impl World {
             });
         }
         self.totals.processes_seen += 1;
-        self.version += 1;
+        self.changed(snapshot.pid);
         self.processes.insert(snapshot.pid, process);
     }
 
@@ -258,11 +282,11 @@ impl World {
         {
             process.mntns = event.mntns;
         }
-        if matches!(
-            event.body,
-            Body::Fork { .. } | Body::Exec(_) | Body::Exit(_) | Body::Rename { .. }
-        ) {
-            self.version += 1;
+        match &event.body {
+            Body::Fork { child_pid, .. } => self.changed(*child_pid),
+            Body::Rename { pid, .. } => self.changed(*pid),
+            Body::Exec(_) | Body::Exit(_) => self.changed(event.pid),
+            _ => {}
         }
         if event.tid != event.pid {
             self.note_thread_name(event.pid, &event.comm);
@@ -361,7 +385,7 @@ impl World {
             && !process.thread_names.contains(name)
         {
             process.thread_names.insert(name.to_owned());
-            self.version += 1;
+            self.changed(pid);
         }
     }
 
@@ -370,7 +394,7 @@ impl World {
             return;
         }
         self.totals.processes_seen += 1;
-        self.version += 1;
+        self.changed(event.pid);
         self.processes.insert(
             event.pid,
             Process::new(event.pid, event.comm.clone(), event.mntns, event.ts_ns),
@@ -420,7 +444,9 @@ impl World {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
                     if process.opened.len() < MAX_NAMES && !process.opened.contains(&path) {
                         process.opened.push(path);
+                        // Inline, as `process` still borrows the map; `changed` trims the log.
                         self.version += 1;
+                        self.change_log.push_back(event.pid);
                     }
                     let previous = process.fds.insert(
                         fd,

@@ -100,6 +100,9 @@ impl Summary {
             self.deaths_by_signal,
             self.lost.total()
         )];
+        if self.lost.total() > 0 {
+            lines[0] += &format!(" ({})", self.lost.describe());
+        }
         let rows: Vec<_> = self
             .table
             .iter()
