@@ -59,7 +59,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
                 .with_observer(Box::new(SizeObserver::new(budget, result.clone(), true))),
         )
     };
-    let outcome = live::run(what, &options, make_pipeline, args.verbose)?;
+    let outcome = live::run(what, &options, make_pipeline)?;
     let report = take(&result)?;
     let fits = write(&report, args.json, args.output.as_deref(), &Clock::now())?;
     Ok(if fits {
