@@ -2,6 +2,11 @@
 //!
 //! Every record starts with a [`Header`]; `Header::kind` says which struct follows. Userspace
 //! validates the kind and the record length before reading a body.
+//!
+//! These structs are also the body of trace files, so their layout is an ABI: with the `user`
+//! feature they derive zerocopy's `IntoBytes` (which only compiles for structs without
+//! padding), `layout.rs` asserts every size and offset, and [`crate::LAYOUT_HASH`] changes
+//! whenever one of them does.
 
 /// `TASK_COMM_LEN`.
 pub const COMM_LEN: usize = 16;
@@ -43,8 +48,6 @@ impl EventKind {
         EventKind::Rename,
         EventKind::Oom,
     ];
-    /// Size of the lost-event counter array, indexed by kind.
-    pub const COUNT: u32 = 9;
 }
 
 impl TryFrom<u16> for EventKind {
@@ -168,7 +171,12 @@ pub mod flags {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct Header {
     /// An [`EventKind`].
@@ -197,7 +205,12 @@ pub struct Header {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct FileRef {
     /// The file system's `dev_t`, in the kernel's encoding (`major << 20 | minor`).
@@ -216,7 +229,12 @@ pub struct FileRef {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct SyscallEvent {
     pub header: Header,
@@ -238,7 +256,12 @@ pub struct SyscallEvent {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct PathEvent {
     pub call: SyscallEvent,
@@ -251,7 +274,12 @@ pub struct PathEvent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct SignalEvent {
     /// The sender: for a fault, the faulting task itself.
@@ -274,7 +302,12 @@ pub struct SignalEvent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct ForkEvent {
     pub header: Header,
@@ -287,7 +320,12 @@ pub struct ForkEvent {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct ExecEvent {
     pub header: Header,
@@ -303,7 +341,12 @@ pub struct ExecEvent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct ExitEvent {
     pub header: Header,
@@ -318,7 +361,12 @@ pub struct ExitEvent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct RenameEvent {
     pub header: Header,
@@ -332,7 +380,12 @@ pub struct RenameEvent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "user",
-    derive(zerocopy::FromBytes, zerocopy::KnownLayout, zerocopy::Immutable)
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::KnownLayout,
+        zerocopy::Immutable
+    )
 )]
 pub struct OomEvent {
     pub header: Header,

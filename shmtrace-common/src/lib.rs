@@ -3,10 +3,17 @@
 //! Everything here is `#[repr(C)]` and made only of integers and byte arrays, so any bit pattern
 //! the kernel hands over is a valid value. Enumerations travel as plain integers; userspace turns
 //! them into Rust enums with `TryFrom`, never by transmuting.
-#![no_std]
+#![cfg_attr(not(test), no_std)]
 
 pub mod config;
+pub mod dev;
 pub mod event;
+pub mod layout;
+pub mod loss;
+pub mod targets;
 
 pub use config::{Config, KernelOffsets};
+pub use dev::KernelDev;
 pub use event::*;
+pub use layout::LAYOUT_HASH;
+pub use loss::Loss;

@@ -16,3 +16,4 @@ pub mod pipeline;
 pub mod record;
 pub mod report;
 pub mod size;
+pub mod sizing;

@@ -1,7 +1,8 @@
-//! Writing records into the ring buffer.
+//! Writing records into the ring buffer, and counting what could not be written.
 //!
-//! Records are built in place in reserved ring buffer memory (they are too big for the stack).
-//! A full buffer is never silent: the record's kind is counted in `LOST`.
+//! Small records are built whole on the stack and copied in with one write ([`send`]); the two
+//! big ones (a path, a command line) are filled in place in reserved memory ([`reserve`], then
+//! [`submit`]). Every loss is counted in `LOST` by its reason ([`count`]).
 use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
@@ -9,7 +10,7 @@ use aya_ebpf::{
     },
     maps::ring_buf::RingBufEntry,
 };
-use shmtrace_common::{EventKind, Header, KernelOffsets};
+use shmtrace_common::{EventKind, Header, KernelOffsets, Loss};
 
 use crate::{
     kernel,
@@ -21,12 +22,49 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
-/// Reserves room for a `T`, or counts a lost `kind` record.
+/// Counts one loss.
+#[inline(always)]
+pub fn count(loss: Loss) {
+    if let Some(counter) = LOST.get_ptr_mut(loss.index()) {
+        // SAFETY: a per-CPU slot, so no other program writes it concurrently.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// The header that starts every record, for the current task.
+#[inline(always)]
+pub fn header(kind: EventKind, flags: u16, task: u64, off: &KernelOffsets) -> Header {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    Header {
+        kind: kind as u16,
+        flags,
+        // SAFETY: these helpers have no preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_boot_ns() },
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        mntns: kernel::task_mntns(task, off).unwrap_or(0),
+        _pad: 0,
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    }
+}
+
+/// Copies a whole record into the ring buffer, or counts it lost.
+#[inline(always)]
+pub fn send<T: Copy + 'static>(kind: EventKind, record: &T, urgent: bool) {
+    if let Some(mut entry) = reserve::<T>(kind) {
+        entry.write(*record);
+        submit(entry, urgent);
+    }
+}
+
+/// Reserves room for a `T` to fill in place, or counts a lost `kind` record.
 #[inline(always)]
 pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
     let entry = EVENTS.reserve::<T>(0);
     if entry.is_none() {
-        count_lost(kind);
+        count(Loss::RingFull(kind));
     }
     entry
 }
@@ -42,42 +80,4 @@ pub fn submit<T>(entry: RingBufEntry<T>, urgent: bool) {
         BPF_RB_NO_WAKEUP
     };
     entry.submit(flags);
-}
-
-#[inline(always)]
-pub fn count_lost(kind: EventKind) {
-    if let Some(counter) = LOST.get_ptr_mut(kind as u32) {
-        // SAFETY: a per-CPU slot, so no other program writes it concurrently.
-        unsafe { *counter += 1 };
-    }
-}
-
-/// Fills the header that starts every record, for the current task.
-///
-/// # Safety
-/// `header` must point into reserved ring buffer memory.
-#[inline(always)]
-pub unsafe fn fill_header(
-    header: *mut Header,
-    kind: EventKind,
-    flags: u16,
-    task: u64,
-    off: &KernelOffsets,
-) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let value = Header {
-        kind: kind as u16,
-        flags,
-        // SAFETY: these helpers have no preconditions.
-        cpu: unsafe { bpf_get_smp_processor_id() },
-        ts_ns: unsafe { bpf_ktime_get_boot_ns() },
-        pid: (pid_tgid >> 32) as u32,
-        tid: pid_tgid as u32,
-        mntns: kernel::task_mntns(task, off).unwrap_or(0),
-        _pad: 0,
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
-    // SAFETY: the caller guarantees `header` is valid for writes.
-    unsafe { header.write(value) };
 }

@@ -2,11 +2,11 @@
 //!
 //! aya's Rust eBPF has no CO-RE, so every field is read with `bpf_probe_read_kernel` at an
 //! offset userspace resolved from the running kernel's BTF (`OFFSETS`). A failed read yields
-//! `None`: the caller drops the detail, never the event.
+//! `None` and is counted (`Loss::KernelRead`); a NULL pointer is not a failure.
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use shmtrace_common::{FileRef, KernelOffsets};
+use shmtrace_common::{FileRef, KernelOffsets, Loss};
 
-use crate::maps::OFFSETS;
+use crate::{emit, maps::OFFSETS};
 
 #[inline(always)]
 pub fn offsets() -> KernelOffsets {
@@ -19,7 +19,11 @@ fn read<T>(base: u64, offset: u32) -> Option<T> {
         return None;
     }
     // SAFETY: bpf_probe_read_kernel tolerates any address; a bad one returns an error.
-    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T).ok() }
+    let value = unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T).ok() };
+    if value.is_none() {
+        emit::count(Loss::KernelRead);
+    }
+    value
 }
 
 #[inline(always)]

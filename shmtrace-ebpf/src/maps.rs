@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use shmtrace_common::{Config, EventKind, FileRef, KernelOffsets, PATH_LEN};
+use shmtrace_common::{Config, FileRef, KernelOffsets, Loss, PATH_LEN};
 
 #[unsafe(no_mangle)]
 pub static CONFIG: Global<Config> = Global::new(Config {
@@ -49,11 +49,12 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 
-/// Records dropped because `EVENTS` was full, per CPU, indexed by `EventKind`.
+/// Losses per CPU, indexed by `Loss::index`: records dropped because `EVENTS` was full (by
+/// kind), and reads that failed.
 #[map]
-pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
 
-/// Traced processes (thread-group ids), with `scope::TRACKED` / `scope::MAPPED` bits.
+/// Traced processes (thread-group ids), with `shmtrace_common::targets` bits.
 #[map]
 pub static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
 

@@ -4,17 +4,15 @@
 //! when its container matches (mount namespace or cgroup v2 id), or, for /dev/shm calls, in
 //! host-wide mode. Everything else returns after one or two map lookups.
 use aya_ebpf::helpers::bpf_get_current_cgroup_id;
-use shmtrace_common::{KernelOffsets, flags};
+use shmtrace_common::{
+    KernelOffsets, flags,
+    targets::{MAPPED, TRACKED},
+};
 
 use crate::{
     kernel,
     maps::{CONFIG, TARGET_CGROUPS, TARGET_MNTNS, TARGETS},
 };
-
-/// `TARGETS` value bit: lifecycle events of this process are reported.
-pub const TRACKED: u32 = 1 << 0;
-/// `TARGETS` value bit: the process has mapped a /dev/shm object, so its `munmap`s matter.
-pub const MAPPED: u32 = 1 << 1;
 
 /// `BPF_NOEXIST`: insert only if absent.
 const NOEXIST: u64 = 1;

@@ -47,6 +47,21 @@ pub enum Command {
     Report(ReportArgs),
     /// Replay the events of a recorded trace, as live tracing shows them.
     Show(ShowArgs),
+    /// Measure how much /dev/shm a workload needs, and the size to give it.
+    ///
+    /// Runs a command (`-- CMD`) or watches processes (`--pid`) or containers (`--container`)
+    /// while they work, on a /dev/shm roomy enough for them, and prints the peak of /dev/shm
+    /// memory allocated at once (pages, not nominal sizes), per /dev/shm and per role; the
+    /// moment of the peak and what was live then; and the size to set, in docker, compose and
+    /// Kubernetes terms, reached as one line says. With --budget it is a CI gate: exit status
+    /// 3 when the peak plus headroom does not fit. Diagnoses of any failure go to stderr.
+    ///
+    /// Examples:
+    ///   sudo shmtrace size -- python train.py
+    ///   sudo shmtrace size --budget 1g --container trainer
+    ///   shmtrace report --size run.shmtrace          the same, from a recording
+    #[command(verbatim_doc_comment)]
+    Size(SizeArgs),
     /// Run a built-in workload that exhausts a tiny private /dev/shm, and trace it.
     ///
     /// It needs no container: it makes a private mount namespace with a 1 MiB /dev/shm, runs a
@@ -145,7 +160,7 @@ pub struct OutputArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub color: ColorWhen,
 
-    /// Also print shmtrace's own diagnostics and the probes' kernel-side log.
+    /// Also print shmtrace's own diagnostics.
     #[arg(short, long)]
     pub verbose: bool,
 }
@@ -209,6 +224,37 @@ pub struct RecordArgs {
     pub target: TargetArgs,
 }
 
+/// `shmtrace size`.
+#[derive(Args, Debug)]
+pub struct SizeArgs {
+    #[command(flatten)]
+    pub size: SizeOptions,
+
+    /// Write the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write the result to FILE instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Log what shmtrace does (probes, containers found) to stderr.
+    #[arg(short, long)]
+    pub verbose: bool,
+
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+/// What `size` and `report --size` share.
+#[derive(Args, Debug, Default, Clone)]
+pub struct SizeOptions {
+    /// Fail (exit status 3) when the peak plus headroom, rounded as advised, is bigger than
+    /// SIZE: 512m, 1g, 1Gi, 67108864.
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
+    pub budget: Option<u64>,
+}
+
 #[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A trace file (or the first file of a rotated set).
@@ -245,6 +291,15 @@ pub struct ReportArgs {
     /// When to use colour.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub color: ColorWhen,
+
+    /// Print what `shmtrace size` prints for this trace (peak, advised size) instead of the
+    /// summary; diagnoses go to stderr.
+    #[arg(long, conflicts_with_all = ["redact", "html", "perfetto"])]
+    pub size: bool,
+
+    /// With --size: fail (exit status 3) when the peak plus headroom does not fit SIZE.
+    #[arg(long, value_name = "SIZE", requires = "size", value_parser = parse_budget)]
+    pub budget: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -315,6 +370,18 @@ impl ColorWhen {
 fn parse_size(text: &str) -> Result<u32, String> {
     let bytes = crate::size::parse(text)?;
     u32::try_from(bytes).map_err(|_| format!("{text} is too large (at most 2G)"))
+}
+
+/// A size in docker's (`512m`) or Kubernetes' (`512Mi`) terms.
+fn parse_budget(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let docker_like = trimmed
+        .strip_suffix("iB")
+        .or_else(|| trimmed.strip_suffix('i'))
+        .or_else(|| trimmed.strip_suffix('B'))
+        .unwrap_or(trimmed);
+    crate::size::parse(docker_like)
+        .map_err(|_| format!("{text:?} is not a size like 512m, 1g or 1Gi"))
 }
 
 fn parse_role(text: &str) -> Result<RoleKind, String> {

@@ -5,12 +5,12 @@ use std::fs;
 
 /// The kernel's `dev_t` encoding (`MKDEV`): what the probes report.
 pub fn kernel_dev(major: u64, minor: u64) -> u32 {
-    ((major << 20) | (minor & 0xfffff)) as u32
+    shmtrace_common::KernelDev::new(major as u32, minor as u32).0
 }
 
 /// Kernel `dev_t` of a `st_dev` from stat(2) (glibc's encoding).
 pub fn kernel_dev_from_stat(st_dev: u64) -> u32 {
-    kernel_dev(libc::major(st_dev) as u64, libc::minor(st_dev) as u64)
+    shmtrace_common::KernelDev::from_stat(st_dev).0
 }
 
 /// Mount namespace inode number of `pid`.

@@ -17,7 +17,9 @@ pub mod kernel_ids;
 pub mod live;
 
 // The core's modules, under the names this crate's modules use (`crate::record::...`).
-use shmtrace_core::{clock, diagnose, event, model, output, pipeline, record, report, size};
+use shmtrace_core::{
+    clock, diagnose, event, model, output, pipeline, record, report, size, sizing,
+};
 
 use std::process::ExitCode;
 
@@ -32,6 +34,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Record(args)) => commands::record::run(&args),
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
+        Some(Command::Size(args)) => commands::size::run(&args),
         Some(Command::Demo { output }) => commands::demo::run(&output),
         Some(Command::DemoWorkload) => live::demo::workload(),
     }

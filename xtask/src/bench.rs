@@ -15,13 +15,16 @@
 //! - `probes`: BPF run-time statistics per program;
 //! - `stats`, `table`: medians, spreads and the printed tables.
 mod churn;
+mod floor;
 mod measure;
 mod neighbours;
 mod pairs;
 mod probes;
 mod reported;
 mod stats;
+mod storm;
 mod table;
+mod targets;
 mod variants;
 
 use std::{
@@ -60,9 +63,9 @@ pub struct BenchArgs {
     /// Runs of each variant [default: 5, or 3 with --quick].
     #[arg(long)]
     rounds: Option<u32>,
-    /// Variants to run, by name [default: all; with --quick: untraced, shmtrace, strace,
-    /// perf-trace]: untraced, shmtrace, shmtrace-json, shmtrace-null, shmtrace-failed,
-    /// shmtrace-idle, strace, strace-seccomp, perf-trace.
+    /// Variants to run, by name [default: all; with --quick: untraced, floor, shmtrace-null,
+    /// shmtrace-idle, shmtrace-all]: untraced, floor, shmtrace, shmtrace-json, shmtrace-null,
+    /// shmtrace-failed, shmtrace-idle, shmtrace-all, strace, strace-seccomp, perf-trace.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Also write(2) a header into each object (exercises the write probe).
@@ -77,6 +80,9 @@ pub struct BenchArgs {
     /// Skip the paired measurement (three extra runs per case, two with --quick).
     #[arg(long)]
     no_pairs: bool,
+    /// Skip the fork storm, start-up and replay measurements of issue 12's targets.
+    #[arg(long)]
+    no_targets: bool,
     /// The shmtrace binary [default: build and use target/release/shmtrace].
     #[arg(long, value_name = "PATH")]
     shmtrace: Option<PathBuf>,
@@ -117,6 +123,18 @@ pub struct ChurnArgs {
 
 pub fn churn(args: &ChurnArgs) -> Result<()> {
     churn::run(args)
+}
+
+pub fn floor(command: &[String]) -> Result<()> {
+    floor::run(command)
+}
+
+pub fn storm(processes: u64, tag: &str) -> Result<()> {
+    storm::run(processes, tag)
+}
+
+pub fn stamp() {
+    storm::stamp()
 }
 
 /// All runs of one variant in one case.
@@ -264,12 +282,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     }
     let mut saved = Vec::new();
+    let mut target_rows = Vec::new();
     for size in sizes {
         let case = Case::new(args, size, &exe, &tag);
         check_room(size, args.workers)?;
         println!("## {}\n", case.title);
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
+        target_rows.extend(targets::from_case(&human_size(size), &results));
         let (text, notes) = table::variants(&results);
         println!("{text}");
         for note in &notes {
@@ -311,6 +331,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "runs": raw_runs(&results),
         }));
     }
+    if !args.no_targets && !INTERRUPTED.load(Ordering::SeqCst) {
+        let rounds = if args.quick { 1 } else { 3 };
+        target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds));
+        churn::remove_leftovers(&tag);
+        target_rows.extend(targets::startup(
+            &setup,
+            &exe,
+            if args.quick { 5 } else { 15 },
+        ));
+        let replayed = if args.quick { 20_000 } else { 100_000 };
+        target_rows.extend(targets::replay(&setup, &exe, &tag, replayed));
+        churn::remove_leftovers(&tag);
+    }
+    let targets_text = targets::table(&target_rows);
+    println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
     let elapsed = started.elapsed().as_secs_f64();
     println!(
         "Benchmark took {elapsed:.0} s. Load average at the end: {}.",
@@ -321,6 +356,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "machine": machine_description(&setup),
             "seconds": elapsed,
             "cases": saved,
+            "targets": targets_text,
         });
         fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -547,9 +583,8 @@ fn raw_runs(results: &[VariantResult]) -> serde_json::Value {
         .collect()
 }
 
-/// Each shmtrace run costs about 2.5 s besides the workload (mostly detaching its probes), so
-/// --quick keeps one shmtrace variant.
-const QUICK_VARIANTS: [&str; 3] = ["shmtrace", "strace", "perf-trace"];
+/// --quick keeps what issue 12's targets need: the floor, shmtrace, and its cost to others.
+const QUICK_VARIANTS: [&str; 4] = ["floor", "shmtrace-null", "shmtrace-idle", "shmtrace-all"];
 
 fn select_variants(names: &[String], quick: bool) -> Result<Vec<&'static Variant>> {
     let names: Vec<String> = match (names.is_empty(), quick) {

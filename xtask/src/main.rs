@@ -5,6 +5,7 @@
 //! - `check-ebpf`: fail if the committed object is stale against those inputs.
 //! - `test`: build everything and run every test, the real-kernel ones included (root).
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
+//! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor).
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
 mod bench;
 mod ebpf;
@@ -45,6 +46,23 @@ enum Task {
     /// The benchmark's workload (run by `bench`).
     #[command(hide = true)]
     Churn(bench::ChurnArgs),
+    /// Run a command with empty BPF programs on shmtrace's hooks: the floor of tracing cost.
+    #[command(hide = true)]
+    Floor {
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// The bench's fork storm: PROCESSES children, each creating and unlinking one object.
+    #[command(hide = true)]
+    Storm {
+        #[arg(long)]
+        processes: u64,
+        #[arg(long, default_value = "storm")]
+        tag: String,
+    },
+    /// Print the monotonic clock (the bench times shmtrace's start-up around it).
+    #[command(hide = true)]
+    Stamp,
 }
 
 fn main() -> Result<()> {
@@ -54,6 +72,12 @@ fn main() -> Result<()> {
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
+        Task::Floor { command } => bench::floor(&command),
+        Task::Storm { processes, tag } => bench::storm(processes, &tag),
+        Task::Stamp => {
+            bench::stamp();
+            Ok(())
+        }
         Task::GenCri => gen_cri::run(),
     }
 }

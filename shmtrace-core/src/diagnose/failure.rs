@@ -14,6 +14,14 @@ use super::capacity::Capacity;
 pub enum Cause {
     /// Killed by the OOM killer: the memory limit, which /dev/shm pages count against.
     OomKill,
+    /// There is no /dev/shm to create in (`docker run --ipc=none`, an image or sandbox
+    /// without one): ENOENT creating a file in it.
+    NoShm,
+    /// /dev/shm is mounted read-only: EROFS.
+    ReadOnly,
+    /// /dev/shm is full of files of processes that are gone; without them the size would
+    /// have been enough.
+    Leftovers,
     /// /dev/shm is full: ENOSPC, or SIGBUS touching a page the tmpfs could not provide.
     ShmFull,
     /// mmap ENOMEM on a /dev/shm object: too many mappings (vm.max_map_count).
@@ -78,6 +86,29 @@ pub struct Failure {
     /// `usage` (a fallocate after an ftruncate of the same size asks for nothing new).
     #[serde(skip)]
     pub unmet: u64,
+    /// Pages the traced objects on that file system held at the failure, counting a mapped
+    /// object by its size (pages written through a mapping show in no system call).
+    #[serde(skip)]
+    pub held: u64,
+    /// Other live processes sharing an object on that file system with the failing one (a
+    /// PostgreSQL leader and its parallel workers map one segment): they may ask at once.
+    #[serde(skip)]
+    pub peers: u32,
+    /// Files on the same /dev/shm that processes now gone left behind, largest first.
+    #[serde(skip)]
+    pub leftovers: Vec<Leftover>,
+}
+
+/// A /dev/shm file still named and holding memory, whose creator is gone and which no traced
+/// process has open or mapped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Leftover {
+    pub path: String,
+    pub bytes: u64,
+    pub creator_pid: u32,
+    pub creator_comm: String,
+    /// How its creator ended: `killed by SIGKILL`, `exited with status 1`.
+    pub creator_ending: String,
 }
 
 impl Failure {
@@ -160,6 +191,9 @@ pub fn classify(
         )),
         Body::Call(call) => {
             let errno = call.errno()?;
+            if call.expected_error().is_some() {
+                return None;
+            }
             let cause = call_cause(call, errno);
             let kind = FailureKind::Call {
                 syscall: call.syscall.name(),
@@ -197,8 +231,15 @@ pub fn classify(
 }
 
 fn call_cause(call: &Call, errno: i32) -> Cause {
+    let in_shm = call
+        .display_path()
+        .is_some_and(|p| p.starts_with("/dev/shm/"));
     match (call.syscall, errno) {
         (Syscall::Shmget | Syscall::Shmat | Syscall::Shmctl, _) => Cause::SysvLimit,
+        // Creating a file in a directory that does not exist: expected_error() already set
+        // aside the opens that did not ask to create.
+        (Syscall::Openat | Syscall::Openat2, libc::ENOENT) if in_shm => Cause::NoShm,
+        (_, libc::EROFS) => Cause::ReadOnly,
         (_, libc::ENOSPC) => Cause::ShmFull,
         (Syscall::Mmap, libc::ENOMEM) => Cause::MapLimit,
         (_, libc::EMFILE | libc::ENFILE) => Cause::FdLimit,

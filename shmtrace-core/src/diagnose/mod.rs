@@ -8,6 +8,9 @@
 //! in by the caller, so a recorded trace replays to the same diagnosis.
 mod capacity;
 mod failure;
+pub mod known;
+mod leftovers;
+mod pressure;
 mod recommend;
 pub mod role;
 
@@ -16,12 +19,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 pub use capacity::Capacity;
 use capacity::at_least_held;
 use failure::at_least_refused;
-pub use failure::{Cause, Failure, FailureKind, classify};
-pub use recommend::{DataloaderDemand, Demand, Recommendation};
+pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
+pub use known::KnownUser;
+pub use leftovers::Leftovers;
+use leftovers::{leftovers_on, summarise_leftovers};
+pub use recommend::{DataloaderDemand, Demand, Recommendation, advise, with_headroom};
 pub use role::{Role, RoleKind, Roles};
 
 use crate::{
-    event::{Body, Event, ExitStatus, Syscall},
+    event::{Body, Event, ExitStatus, InodeId, Syscall},
     model::{Annotation, ContainerInfo, ShmUsage, StartedBy, World},
 };
 
@@ -30,7 +36,15 @@ use crate::{
 pub struct Diagnosis {
     pub ts_ns: u64,
     pub pid: u32,
+    /// Its pid inside its container (what the program's own logs print), when it differs.
+    pub container_pid: Option<u32>,
     pub comm: String,
+    /// Its process title at the failure, when it rewrote its command line.
+    pub title: Option<String>,
+    /// The known /dev/shm user it is ([`known::KNOWN`]), by its objects or its name.
+    pub program: Option<&'static KnownUser>,
+    /// What its title says it does (`parallel worker for PID 34`).
+    pub program_role: Option<String>,
     pub role: Role,
     pub argv: Vec<String>,
     /// The trainer a worker served: pid and command line.
@@ -52,6 +66,12 @@ pub struct Diagnosis {
     pub recommendation: Option<Recommendation>,
     /// Why /dev/shm size is not the answer, and what is.
     pub explanation: Option<String>,
+    /// Files of dead processes on the /dev/shm that failed, and what they mean for the size.
+    pub leftovers: Option<Leftovers>,
+    /// Ways the program itself offers to need less /dev/shm, or none.
+    pub program_alternatives: Vec<String>,
+    /// Events the kernel could not deliver before this diagnosis: its counts may be short.
+    pub lost_events: u64,
 }
 
 /// Per place and role, for the closing table.
@@ -83,23 +103,30 @@ struct Diagnosed {
 #[derive(Default)]
 pub struct Diagnoser {
     roles: Roles,
-    roles_version: Option<u64>,
     pending: HashMap<u32, Vec<Failure>>,
     capacity: HashMap<u32, Capacity>,
     containers: HashMap<u32, ContainerInfo>,
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
     diagnosed: HashMap<u32, Diagnosed>,
-    /// Bytes each process holds now, and the running total and peak of its group (place and
-    /// role at the time).
-    held: HashMap<u32, (u64, (String, RoleKind))>,
-    group_now: HashMap<(String, RoleKind), u64>,
+    /// Objects each process holds now, with its group (place and role at the time); per
+    /// group, how many of its processes hold each object (an object shared by several counts
+    /// once), and the most bytes the group held at once.
+    held: HashMap<u32, (HashSet<InodeId>, (String, RoleKind))>,
+    group_now: HashMap<(String, RoleKind), HashMap<InodeId, u32>>,
     group_peak: HashMap<(String, RoleKind), u64>,
     /// Failures and deaths per process.
     outcomes: HashMap<u32, (u64, bool)>,
     /// Label for mount namespaces nobody named (the demo's private one, say).
     unnamed_place: Option<String>,
     nccl_seen: bool,
+    /// Requests failing together, and the growth of sizes asked for, per /dev/shm.
+    pressure: pressure::Pressure,
+    /// Use of each /dev/shm when first measured: what others held before the traced
+    /// processes started, at most.
+    first_used: HashMap<u32, u64>,
+    /// Events lost so far (the caller says): a diagnosis made after losses says so.
+    lost_events: u64,
 }
 
 impl Diagnoser {
@@ -140,6 +167,11 @@ impl Diagnoser {
         }
     }
 
+    /// How many events the kernel could not deliver so far.
+    pub fn set_lost_events(&mut self, lost: u64) {
+        self.lost_events = lost;
+    }
+
     /// A fresh measurement of a /dev/shm file system.
     pub fn capacity(&mut self, sample: Capacity) {
         for container in self.containers.values_mut() {
@@ -148,15 +180,13 @@ impl Diagnoser {
                 container.shm_used = Some(sample.used);
             }
         }
+        self.first_used.entry(sample.dev).or_insert(sample.used);
         self.capacity.insert(sample.dev, sample);
     }
 
     /// Roles as of the model's current state.
     pub fn roles(&mut self, world: &World) -> &Roles {
-        if self.roles_version != Some(world.version()) {
-            self.roles = Roles::compute(world);
-            self.roles_version = Some(world.version());
-        }
+        self.roles.update(world);
         &self.roles
     }
 
@@ -165,12 +195,14 @@ impl Diagnoser {
         self.roles(world);
         if let Body::Call(call) = &event.body {
             self.learn_loader(event.pid, call, note, world);
+            self.learn_requests(call);
             if matches!(
                 call.syscall,
                 Syscall::Openat
                     | Syscall::Openat2
                     | Syscall::Ftruncate
                     | Syscall::Fallocate
+                    | Syscall::Write
                     | Syscall::Mmap
                     | Syscall::Munmap
                     | Syscall::Close
@@ -183,17 +215,21 @@ impl Diagnoser {
         }
         if let Some((pid, cause, kind, dev)) = failure::classify(event, note) {
             let failure = self.failure_now(event, pid, cause, kind, dev, world);
+            if let (Some(dev), FailureKind::Call { request, .. }) = (dev, &failure.kind) {
+                self.pressure
+                    .refused(dev, event.ts_ns, pid, *request, failure.unmet);
+            }
             self.outcomes.entry(pid).or_default().0 += 1;
             self.pending.entry(pid).or_default().push(failure);
         }
         let mut out = Vec::new();
         if let Body::Exit(status) = &event.body {
             let group = self.group(event.pid, event.mntns);
-            self.held_to(event.pid, 0, group);
+            self.held_to(event.pid, HashSet::new(), group, world);
             if !status.success() {
                 self.outcomes.entry(event.pid).or_default().1 = true;
             }
-            if let Some(diagnosis) = self.on_death(event, *status, world) {
+            if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
                 out.push(diagnosis);
             }
         }
@@ -283,6 +319,17 @@ impl Diagnoser {
         stats.max_in_flight = stats.max_in_flight.max(in_flight);
     }
 
+    /// Sizes asked of /dev/shm objects, for the growth of requests.
+    fn learn_requests(&mut self, call: &crate::event::Call) {
+        let Some(file) = call.file else { return };
+        let request = match call.syscall {
+            Syscall::Ftruncate => call.args[1],
+            Syscall::Fallocate => call.args[2].saturating_add(call.args[3]),
+            _ => return,
+        };
+        self.pressure.asked(file.inode.dev, request);
+    }
+
     /// Recomputes what `pid` holds (each object once, however many descriptors or mappings).
     fn update_held(&mut self, pid: u32, mntns: u32, world: &World) {
         let Some(process) = world.process(pid) else {
@@ -290,27 +337,42 @@ impl Diagnoser {
         };
         let mut inodes: HashSet<_> = process.fds.values().map(|fd| fd.inode).collect();
         inodes.extend(process.mappings.iter().map(|m| m.inode));
-        let bytes = inodes
-            .iter()
+        let group = self.group(pid, mntns);
+        self.held_to(pid, inodes, group, world);
+    }
+
+    fn held_to(
+        &mut self,
+        pid: u32,
+        inodes: HashSet<InodeId>,
+        group: (String, RoleKind),
+        world: &World,
+    ) {
+        if let Some((before, old_group)) = self.held.remove(&pid)
+            && let Some(counts) = self.group_now.get_mut(&old_group)
+        {
+            for inode in before {
+                if let Some(n) = counts.get_mut(&inode) {
+                    *n -= 1;
+                    if *n == 0 {
+                        counts.remove(&inode);
+                    }
+                }
+            }
+        }
+        let counts = self.group_now.entry(group.clone()).or_default();
+        for inode in &inodes {
+            *counts.entry(*inode).or_default() += 1;
+        }
+        let now: u64 = counts
+            .keys()
             .filter_map(|inode| world.object(inode))
             .map(|o| o.footprint().0)
             .sum();
-        let group = self.group(pid, mntns);
-        self.held_to(pid, bytes, group);
-    }
-
-    fn held_to(&mut self, pid: u32, bytes: u64, group: (String, RoleKind)) {
-        let (before, old_group) = self.held.remove(&pid).unwrap_or((0, group.clone()));
-        if let Some(now) = self.group_now.get_mut(&old_group) {
-            *now = now.saturating_sub(before);
-        }
-        let now = self.group_now.entry(group.clone()).or_default();
-        *now += bytes;
-        let now = *now;
         let peak = self.group_peak.entry(group.clone()).or_default();
         *peak = (*peak).max(now);
-        if bytes > 0 {
-            self.held.insert(pid, (bytes, group));
+        if !inodes.is_empty() {
+            self.held.insert(pid, (inodes, group));
         }
     }
 
@@ -351,7 +413,8 @@ impl Diagnoser {
                 let counted = path
                     .as_ref()
                     .and_then(|p| world.live_objects().find(|o| o.path.as_ref() == Some(p)))
-                    .map(|o| o.footprint().0)
+                    // Pages it holds: an ftruncate before a failed fallocate holds nothing.
+                    .map(|o| o.allocated)
                     .unwrap_or(0);
                 request.saturating_sub(counted)
             }
@@ -361,6 +424,10 @@ impl Diagnoser {
             .and_then(|d| self.capacity.get(&d).copied())
             .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
             .map(|c| at_least_refused(c, cause, &kind));
+        let leftovers = match (cause, dev) {
+            (Cause::ShmFull, Some(dev)) => leftovers_on(dev, world),
+            _ => Vec::new(),
+        };
         Failure {
             ts_ns: event.ts_ns,
             pid,
@@ -373,15 +440,26 @@ impl Diagnoser {
             capacity,
             workers_allocating,
             unmet,
+            held: dev.map(|dev| held_on(dev, world)).unwrap_or(0),
+            peers: dev.map(|dev| peers_of(pid, dev, world)).unwrap_or(0),
+            leftovers,
         }
     }
 
-    fn on_death(&mut self, event: &Event, status: ExitStatus, world: &World) -> Option<Diagnosis> {
+    fn on_death(
+        &mut self,
+        event: &Event,
+        status: ExitStatus,
+        killed_by: Option<u32>,
+        world: &World,
+    ) -> Option<Diagnosis> {
         let pid = event.pid;
         let failures = self.pending.remove(&pid).unwrap_or_default();
         let role = self.roles.of(pid);
         if failures.is_empty() {
-            if status.success() {
+            // Ended by another process on purpose (a parent stopping its children at
+            // shutdown): nothing went wrong in it.
+            if status.success() || killed_by.is_some() {
                 return None;
             }
             // A trainer dying after one of its workers, or any process after its child: that
@@ -483,6 +561,31 @@ impl Diagnoser {
         let process = world.process(pid);
         let role = self.roles.of(pid);
         let container = self.containers.get(&mntns).cloned();
+        let title = process.and_then(|p| p.title.clone());
+        let program = failures
+            .iter()
+            .find_map(|f| match &f.kind {
+                FailureKind::Call { path: Some(p), .. }
+                | FailureKind::Fault { path: Some(p), .. } => known::by_object(p),
+                _ => None,
+            })
+            .or_else(|| {
+                process.and_then(|p| {
+                    known::by_process(&p.comm, title.as_deref())
+                        .or_else(|| p.opened.iter().find_map(|o| known::by_object(o)))
+                })
+            });
+        let program_role = program
+            .zip(title.as_deref())
+            .and_then(|(k, t)| known::role_in_title(k, t));
+        let leftovers = failures
+            .first()
+            .filter(|f| f.cause == Cause::ShmFull && !f.leftovers.is_empty())
+            .map(|f| summarise_leftovers(f, program, container.as_ref()));
+        let cause = match (&leftovers, cause) {
+            (Some(l), Cause::ShmFull) if l.enough_without => Cause::Leftovers,
+            _ => cause,
+        };
         let started_by = container
             .as_ref()
             .map(|c| c.started_by.clone())
@@ -498,8 +601,8 @@ impl Diagnoser {
         let usage = primary.and_then(|f| f.usage.clone());
         let recommendation = (cause == Cause::ShmFull).then(|| {
             let primary = primary.expect("a cause from a failure");
-            let traced = usage.as_ref().map(|u| u.demand).unwrap_or(0);
-            let request = primary.unmet;
+            let traced = primary.held;
+            let (burst, growth) = self.pressure.at(primary);
             let dataloader = role
                 .trainer
                 .or((role.kind == RoleKind::Trainer).then_some(pid))
@@ -508,15 +611,31 @@ impl Diagnoser {
                     let workers = self.roles.workers_of(t).count() as u32;
                     (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
                         workers,
-                        prefetch: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
+                        // A failure early in the run shows fewer than a DataLoader queues by
+                        // default.
+                        in_flight: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
                         batch_bytes: stats.batch_bytes,
                     })
                 });
             recommend::recommend(
                 &Demand {
                     traced,
-                    others: capacity.map(|c| c.used.saturating_sub(traced)).unwrap_or(0),
-                    request,
+                    others: capacity
+                        .map(|c| {
+                            let beyond = c.used.saturating_sub(traced);
+                            // A DataLoader's batches reach the trainer through descriptors
+                            // passed untraced, so the model misses some of their pages: there,
+                            // use beyond the traced objects is the batches' own, which the
+                            // DataLoader figure counts already; others' is at most what was
+                            // there before.
+                            match (&dataloader, self.first_used.get(&c.dev)) {
+                                (Some(_), Some(first)) => beyond.min(*first),
+                                _ => beyond,
+                            }
+                        })
+                        .unwrap_or(0),
+                    burst,
+                    growth,
                     dataloader,
                     capacity: capacity.map(|c| c.size),
                 },
@@ -532,10 +651,28 @@ impl Diagnoser {
                 recommendation: recommendation.clone(),
             },
         );
+        let already: Vec<&str> = recommendation
+            .iter()
+            .flat_map(|r| r.alternatives.iter().map(String::as_str))
+            .collect();
+        let program_alternatives = match cause {
+            Cause::ShmFull | Cause::NoShm | Cause::ReadOnly => program
+                .map(|k| k.alternatives)
+                .unwrap_or_default()
+                .iter()
+                .filter(|alt| !already.iter().any(|a| known::same_setting(a, alt)))
+                .map(|alt| (*alt).to_owned())
+                .collect(),
+            _ => Vec::new(),
+        };
         Diagnosis {
             ts_ns,
             pid,
+            container_pid: process.and_then(|p| p.nspid),
             comm: process.map(|p| p.comm.clone()).unwrap_or_default(),
+            title,
+            program,
+            program_role,
             role,
             argv: process.map(|p| p.argv.clone()).unwrap_or_default(),
             trainer,
@@ -550,14 +687,78 @@ impl Diagnoser {
             usage,
             recommendation,
             explanation: explain(cause),
+            leftovers,
+            program_alternatives,
+            lost_events: self.lost_events,
         }
     }
+}
+
+/// Pages the live objects on /dev/shm `dev` hold: a mapped object counts by its size, as its
+/// pages may have been written through the mapping; others by their allocated pages, as a file
+/// that was only ftruncated holds nothing.
+fn held_on(dev: u32, world: &World) -> u64 {
+    world
+        .live_objects()
+        .filter(|o| o.inode.dev == dev)
+        .map(|o| {
+            if o.mappings > 0 {
+                o.allocated.max(o.size.max(0) as u64)
+            } else {
+                o.allocated
+            }
+        })
+        .sum()
+}
+
+/// Live processes other than `pid` that hold (by descriptor or mapping) an object on /dev/shm
+/// `dev` that `pid` holds too, other than those its parent holds.
+fn peers_of(pid: u32, dev: u32, world: &World) -> u32 {
+    let holds = |p: &crate::model::Process| -> HashSet<crate::event::InodeId> {
+        p.fds
+            .values()
+            .map(|fd| fd.inode)
+            .chain(p.mappings.iter().map(|m| m.inode))
+            .filter(|inode| inode.dev == dev)
+            .collect()
+    };
+    let Some(process) = world.process(pid) else {
+        return 0;
+    };
+    // What it inherited with everyone else from its parent (PostgreSQL's postmaster maps its
+    // control segment into every backend) says nothing about who works with it.
+    let inherited = process
+        .parent
+        .and_then(|parent| world.process(parent))
+        .map(holds)
+        .unwrap_or_default();
+    let own: HashSet<_> = holds(process).difference(&inherited).copied().collect();
+    if own.is_empty() {
+        return 0;
+    }
+    world
+        .processes()
+        .filter(|p| p.pid != pid && p.alive())
+        .filter(|p| !holds(p).is_disjoint(&own))
+        .count() as u32
 }
 
 /// For causes a bigger /dev/shm does not fix: what does.
 fn explain(cause: Cause) -> Option<String> {
     let text = match cause {
-        Cause::ShmFull => return None,
+        Cause::ShmFull | Cause::Leftovers => return None,
+        Cause::NoShm => {
+            "there is no /dev/shm to create files in: the container was started with \
+             --ipc=none, or its image or sandbox has no /dev/shm. Give it one: drop --ipc=none \
+             (docker run --ipc=private --shm-size=64m ..., compose ipc: private), or mount a \
+             tmpfs there (docker run --tmpfs /dev/shm:rw,size=64m; Kubernetes: an emptyDir \
+             with medium: Memory mounted at /dev/shm)"
+        }
+        Cause::ReadOnly => {
+            "/dev/shm is mounted read-only (EROFS): programs need to create files there. \
+             Mount it read-write (docker run --tmpfs /dev/shm:rw,size=64m, or drop ro/readonly \
+             from its mount; Kubernetes: readOnly: false on the /dev/shm volumeMount)"
+        }
         Cause::OomKill => {
             "the OOM killer ended it: the memory limit was reached. /dev/shm pages count \
              against the container's memory limit, so a bigger --shm-size alone makes this \

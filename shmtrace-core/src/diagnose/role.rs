@@ -20,6 +20,8 @@ pub enum RoleKind {
     ShmManager,
     Nccl,
     PythonMultiprocessing,
+    /// A child sharing tensors through torch.multiprocessing that is no DataLoader worker.
+    TorchMultiprocessing,
     Other,
 }
 
@@ -32,6 +34,7 @@ impl RoleKind {
             RoleKind::ShmManager => "torch_shm_manager",
             RoleKind::Nccl => "NCCL",
             RoleKind::PythonMultiprocessing => "Python multiprocessing",
+            RoleKind::TorchMultiprocessing => "torch.multiprocessing",
             RoleKind::Other => "other",
         }
     }
@@ -64,6 +67,7 @@ impl Role {
             (RoleKind::ShmManager, _) => "shm_manager".to_owned(),
             (RoleKind::Nccl, _) => "nccl".to_owned(),
             (RoleKind::PythonMultiprocessing, _) => "multiprocessing".to_owned(),
+            (RoleKind::TorchMultiprocessing, _) => "torch_mp".to_owned(),
             (RoleKind::Other, _) => String::new(),
         }
     }
@@ -92,12 +96,134 @@ const SHM_MANAGER: &str = "torch_shm_manag";
 
 /// Roles of every process the model knows, computed together because they depend on each
 /// other (a trainer is what its workers point to).
+///
+/// Kept current with [`Roles::update`], which looks again only at the processes whose facts
+/// changed: recomputing over every process ever seen made a long run's cost grow with the
+/// square of its processes (a fork storm, DataLoaders restarting workers every epoch).
 #[derive(Clone, Debug, Default)]
 pub struct Roles {
     by_pid: HashMap<u32, Role>,
+    /// Workers per (trainer, program), in start order: a worker's index is its place here.
+    workers: HashMap<WorkerKey, Vec<(u64, u32)>>,
+    /// Where each worker was filed.
+    filed_under: HashMap<u32, WorkerKey>,
+    /// `World::version` these roles reflect; `None` before the first computation.
+    version: Option<u64>,
 }
 
+/// Workers are numbered per trainer and per program it ran (its exec time).
+type WorkerKey = (Option<u32>, Option<u64>);
+
 impl Roles {
+    /// Brings the roles up to `world`'s version: only the processes changed since then are
+    /// looked at again, or everything when the world's change log no longer reaches back.
+    pub fn update(&mut self, world: &World) {
+        if self.version == Some(world.version()) {
+            return;
+        }
+        let changed: Option<Vec<u32>> = self
+            .version
+            .and_then(|version| world.changes_since(version))
+            .map(Iterator::collect);
+        match changed {
+            Some(mut pids) => {
+                pids.sort_unstable();
+                pids.dedup();
+                for pid in pids {
+                    self.reclassify(world, pid);
+                }
+                self.version = Some(world.version());
+            }
+            None => *self = Roles::compute(world),
+        }
+    }
+
+    /// One process's role again, from its own facts and its ancestors'.
+    fn reclassify(&mut self, world: &World, pid: u32) {
+        let Some(process) = world.process(pid) else {
+            return;
+        };
+        let filed = self.filed_under.get(&pid).copied();
+        if is_named_worker(process) || is_unnamed_worker(world, process) {
+            let key = worker_key(world, process);
+            if filed == Some(key) {
+                return;
+            }
+            if let Some(old) = filed {
+                self.unfile_worker(pid, old);
+            }
+            let list = self.workers.entry(key).or_default();
+            let order = (process.first_seen_ns, pid);
+            let at = list.partition_point(|k| *k < order);
+            list.insert(at, order);
+            self.filed_under.insert(pid, key);
+            self.reindex(key, at);
+            if let Some(trainer) = key.0 {
+                self.by_pid.entry(trainer).or_insert(Role {
+                    kind: RoleKind::Trainer,
+                    ..Role::OTHER
+                });
+            }
+            return;
+        }
+        if let Some(old) = filed {
+            self.unfile_worker(pid, old);
+        }
+        // As in `compute`: a process its workers point to is their trainer, whatever else.
+        let serves_workers = self
+            .workers
+            .iter()
+            .any(|(key, list)| key.0 == Some(pid) && !list.is_empty());
+        let kind = if serves_workers {
+            Some(RoleKind::Trainer)
+        } else {
+            solo_role(world, process)
+        };
+        match kind {
+            Some(kind) => {
+                self.by_pid.insert(
+                    pid,
+                    Role {
+                        kind,
+                        ..Role::OTHER
+                    },
+                );
+            }
+            None => {
+                self.by_pid.remove(&pid);
+            }
+        }
+    }
+
+    fn unfile_worker(&mut self, pid: u32, key: WorkerKey) {
+        self.filed_under.remove(&pid);
+        self.by_pid.remove(&pid);
+        if let Some(list) = self.workers.get_mut(&key)
+            && let Some(at) = list.iter().position(|(_, p)| *p == pid)
+        {
+            list.remove(at);
+            self.reindex(key, at);
+        }
+    }
+
+    /// Worker roles of the workers filed under `key`, from position `from` on.
+    fn reindex(&mut self, key: WorkerKey, from: usize) {
+        let Some(list) = self.workers.get(&key) else {
+            return;
+        };
+        for (index, (_, pid)) in list.iter().enumerate().skip(from) {
+            self.by_pid.insert(
+                *pid,
+                Role {
+                    kind: RoleKind::DataloaderWorker,
+                    worker_index: Some(index as u32),
+                    trainer: key.0,
+                },
+            );
+        }
+    }
+
+    /// Every role from scratch.
     pub fn compute(world: &World) -> Roles {
         let mut by_pid: HashMap<u32, Role> = HashMap::new();
         // Workers first: by name, or as a child of a trainer creating torch_ objects (older
@@ -107,10 +233,20 @@ impl Roles {
             .filter(|p| is_named_worker(p) || is_unnamed_worker(world, p))
             .collect();
         workers.sort_by_key(|p| (p.first_seen_ns, p.pid));
-        let mut next_index: HashMap<Option<u32>, u32> = HashMap::new();
+        // Numbered per trainer and per program it ran: workers of a program it replaced with
+        // exec are not this program's.
+        let mut next_index: HashMap<WorkerKey, u32> = HashMap::new();
+        let mut workers_by_key: HashMap<WorkerKey, Vec<(u64, u32)>> = HashMap::new();
+        let mut filed_under = HashMap::new();
         for worker in &workers {
-            let trainer = trainer_of(world, worker);
-            let index = next_index.entry(trainer).or_default();
+            let key = worker_key(world, worker);
+            let trainer = key.0;
+            workers_by_key
+                .entry(key)
+                .or_default()
+                .push((worker.first_seen_ns, worker.pid));
+            filed_under.insert(worker.pid, key);
+            let index = next_index.entry(key).or_default();
             by_pid.insert(
                 worker.pid,
                 Role {
@@ -131,17 +267,7 @@ impl Roles {
             if by_pid.contains_key(&process.pid) {
                 continue;
             }
-            let kind = if process.comm == SHM_MANAGER {
-                RoleKind::ShmManager
-            } else if process.comm == MAIN_THREAD || process.thread_names.contains(PIN_THREAD) {
-                RoleKind::Trainer
-            } else if process.opened.iter().any(|name| is_nccl(name)) {
-                RoleKind::Nccl
-            } else if process.opened.iter().any(|name| is_torch(name)) {
-                RoleKind::Trainer
-            } else if process.opened.iter().any(|name| is_python_mp(name)) {
-                RoleKind::PythonMultiprocessing
-            } else {
+            let Some(kind) = solo_role(world, process) else {
                 continue;
             };
             by_pid.insert(
@@ -152,7 +278,12 @@ impl Roles {
                 },
             );
         }
-        Roles { by_pid }
+        Roles {
+            by_pid,
+            workers: workers_by_key,
+            filed_under,
+            version: Some(world.version()),
+        }
     }
 
     pub fn of(&self, pid: u32) -> Role {
@@ -181,18 +312,67 @@ impl Roles {
     }
 }
 
+/// Where a worker is numbered: its trainer and the program the trainer ran when the worker
+/// started (workers of a program the trainer replaced with exec are not this program's).
+fn worker_key(world: &World, worker: &Process) -> WorkerKey {
+    let trainer = trainer_of(world, worker);
+    let program = trainer
+        .and_then(|t| world.process(t))
+        .and_then(|t| t.exec_ns)
+        .filter(|exec| *exec <= worker.first_seen_ns);
+    let trainer = trainer.filter(|t| {
+        world
+            .process(*t)
+            .and_then(|t| t.exec_ns)
+            .is_none_or(|exec| exec <= worker.first_seen_ns)
+    });
+    (trainer, program)
+}
+
+/// The role a process that is not a worker has from its own facts and its parent's, if any.
+fn solo_role(world: &World, process: &Process) -> Option<RoleKind> {
+    Some(if process.comm == SHM_MANAGER {
+        RoleKind::ShmManager
+    } else if process.comm == MAIN_THREAD || process.thread_names.contains(PIN_THREAD) {
+        RoleKind::Trainer
+    } else if process.opened.iter().any(|name| is_nccl(name)) {
+        RoleKind::Nccl
+    } else if process.opened.iter().any(|name| is_torch(name)) {
+        // Forked from a process of the same program, or started by multiprocessing's
+        // spawn or forkserver: a producer; a program started on its own is a trainer.
+        let forked = process.exec_ns.is_none()
+            && process
+                .parent
+                .and_then(|p| world.process(p))
+                .is_some_and(|p| p.comm == process.comm);
+        let spawned = process.argv.iter().any(|a| a.contains("multiprocessing"));
+        if forked || spawned {
+            RoleKind::TorchMultiprocessing
+        } else {
+            RoleKind::Trainer
+        }
+    } else if process.opened.iter().any(|name| is_python_mp(name)) {
+        RoleKind::PythonMultiprocessing
+    } else {
+        return None;
+    })
+}
+
 fn is_named_worker(process: &Process) -> bool {
     WORKER_NAMES.contains(&process.comm.as_str())
 }
 
-/// Before PyTorch 2.5 workers kept the trainer's name: a child of a Python process that
-/// opens torch_ objects is a worker.
+/// PyTorch 2.3 and 2.4 named the trainer `pt_main_thread` and left its workers unnamed: a
+/// child of it that opens torch_ objects is a worker. Other children sharing tensors are
+/// torch.multiprocessing producers, not DataLoader workers.
 fn is_unnamed_worker(world: &World, process: &Process) -> bool {
     process.opened.iter().any(|name| is_torch(name))
         && process
             .parent
             .and_then(|p| world.process(p))
-            .is_some_and(|parent| parent.comm == process.comm && !is_forkserver(parent))
+            .is_some_and(|parent| {
+                parent.comm == MAIN_THREAD && process.comm == MAIN_THREAD && !is_forkserver(parent)
+            })
 }
 
 /// The training process a worker serves: its nearest ancestor that is neither a worker nor a

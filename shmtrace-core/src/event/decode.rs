@@ -167,10 +167,8 @@ mod tests {
         }
     }
 
-    fn bytes_of<T>(value: &T) -> Vec<u8> {
-        // SAFETY: test-only view of a plain-old-data struct as bytes.
-        unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size_of::<T>()) }
-            .to_vec()
+    fn bytes_of<T: zerocopy::IntoBytes + zerocopy::Immutable>(value: &T) -> Vec<u8> {
+        value.as_bytes().to_vec()
     }
 
     #[test]

@@ -1,30 +1,42 @@
-//! The count of records the kernel could not write because the ring buffer was full.
+//! What the probes could not report: records the kernel could not write because the ring buffer
+//! was full (by record kind), and reads that failed (a path, a kernel field, an argument).
 //!
 //! The loader reads these counts and every sink shows or stores them, so the type lives here,
 //! below both.
 use std::collections::BTreeMap;
 
-use shmtrace_common::EventKind;
+use shmtrace_common::Loss;
 
-/// Records the kernel could not write because the ring buffer was full, by kind.
+/// Losses by reason, counted in the kernel (`shmtrace_common::Loss`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LostCounts {
-    by_kind: BTreeMap<EventKind, u64>,
+    by_kind: BTreeMap<Loss, u64>,
 }
 
 impl LostCounts {
-    pub fn add(&mut self, kind: EventKind, count: u64) {
+    pub fn add(&mut self, kind: Loss, count: u64) {
         if count > 0 {
-            *self.by_kind.entry(kind).or_default() += count;
+            let total = self.by_kind.entry(kind).or_default();
+            *total = total.saturating_add(count);
         }
     }
 
     pub fn total(&self) -> u64 {
-        self.by_kind.values().sum()
+        self.by_kind
+            .values()
+            .fold(0, |sum, n| sum.saturating_add(*n))
     }
 
-    pub fn by_kind(&self) -> impl Iterator<Item = (EventKind, u64)> + '_ {
+    pub fn by_kind(&self) -> impl Iterator<Item = (Loss, u64)> + '_ {
         self.by_kind.iter().map(|(kind, count)| (*kind, *count))
+    }
+
+    /// `3 Syscall records (ring buffer full), 2 path reads failed`.
+    pub fn describe(&self) -> String {
+        self.by_kind()
+            .map(|(kind, n)| format!("{n} {}", describe_loss(kind)))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// What was lost since `earlier`.
@@ -35,5 +47,43 @@ impl LostCounts {
             delta.add(kind, count.saturating_sub(before));
         }
         delta
+    }
+}
+
+/// What one kind of loss means, after its count.
+pub fn describe_loss(loss: Loss) -> String {
+    match loss {
+        Loss::RingFull(kind) => format!("{kind:?} records (ring buffer full)"),
+        Loss::PathRead => "path reads failed".into(),
+        Loss::KernelRead => "kernel field reads failed".into(),
+        Loss::UserRead => "argument reads failed".into(),
+        Loss::Pending => "calls not followed (pending-call table full)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shmtrace_common::EventKind;
+
+    use super::*;
+
+    #[test]
+    fn counts_by_reason_without_wrapping() {
+        let mut counts = LostCounts::default();
+        counts.add(Loss::RingFull(EventKind::Fork), 3);
+        counts.add(Loss::PathRead, 2);
+        counts.add(Loss::PathRead, u64::MAX);
+        assert_eq!(counts.total(), u64::MAX);
+        let mut earlier = LostCounts::default();
+        earlier.add(Loss::RingFull(EventKind::Fork), 1);
+        let delta = LostCounts::default().since(&earlier);
+        assert_eq!(delta.total(), 0);
+        let mut small = LostCounts::default();
+        small.add(Loss::RingFull(EventKind::Fork), 3);
+        small.add(Loss::PathRead, 2);
+        assert_eq!(
+            small.describe(),
+            "3 Fork records (ring buffer full), 2 path reads failed"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The state machine: events in, processes and objects updated, each event annotated with what
 //! the model knows about it (which object a descriptor is, where a fault address points).
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::{Mapping, ObjectState, OpenFd, Process, ShmObject, process::MAX_NAMES};
 use crate::event::{Body, Call, Event, ExitStatus, InodeId, Syscall};
@@ -17,6 +17,19 @@ pub struct Annotation {
     pub freed: Vec<String>,
     /// The event touched nothing shmtrace follows (an `munmap` of other memory, say).
     pub irrelevant: bool,
+    /// For the death of a process by a signal another process sent it on purpose (a parent
+    /// ending its children at shutdown): the sender's pid, or 0 for a termination request
+    /// (SIGTERM, SIGINT, SIGHUP) whose sender the probes do not see. Such a death is not a
+    /// failure.
+    pub killed_by: Option<u32>,
+}
+
+impl Annotation {
+    /// Whether the event shows the program hurt: a failure ([`Event::is_failure`]) other than
+    /// a death another process asked for.
+    pub fn is_failure(&self, event: &Event) -> bool {
+        event.is_failure() && self.killed_by.is_none()
+    }
 }
 
 /// Where a fault address points.
@@ -41,6 +54,8 @@ pub struct ProcSnapshot {
     pub exe: Option<String>,
     pub argv: Vec<String>,
     pub mntns: u32,
+    /// Its pid in its own pid namespace (`NSpid` in /proc/PID/status), when that differs.
+    pub nspid: Option<u32>,
     pub fds: Vec<SnapshotFd>,
     pub mappings: Vec<SnapshotMapping>,
 }
@@ -114,10 +129,18 @@ pub struct World {
     totals: Totals,
     /// Bumped whenever a fact that roles depend on changes (lineage, names, creations).
     version: u64,
+    /// Which process each recent bump was about, oldest first; entry `i` is bump
+    /// `change_base + i`. Lets roles be updated for what changed instead of recomputed over
+    /// every process ever seen ([`World::changes_since`]).
+    change_log: VecDeque<u32>,
+    change_base: u64,
     /// Names of objects recently freed, by inode: a descriptor passed to another process
     /// (SCM_RIGHTS, which is not traced) brings one back.
     recently_freed: HashMap<InodeId, String>,
 }
+
+/// Bound on `change_log`: a reader further behind recomputes from scratch.
+const CHANGE_LOG: usize = 1 << 16;
 
 /// Bound on `recently_freed`.
 const RECENTLY_FREED: usize = 4096;
@@ -146,6 +169,22 @@ impl World {
         self.version
     }
 
+    /// The processes whose role-relevant facts changed after `version` (repeats possible), or
+    /// `None` when the log no longer reaches back that far.
+    pub fn changes_since(&self, version: u64) -> Option<impl Iterator<Item = u32> + '_> {
+        let skip = version.checked_sub(self.change_base)?;
+        Some(self.change_log.iter().skip(skip as usize).copied())
+    }
+
+    fn changed(&mut self, pid: u32) {
+        self.version += 1;
+        self.change_log.push_back(pid);
+        if self.change_log.len() > CHANGE_LOG {
+            self.change_log.pop_front();
+            self.change_base += 1;
+        }
+    }
+
     pub fn process(&self, pid: u32) -> Option<&Process> {
         self.processes.get(&pid)
     }
@@ -169,15 +208,17 @@ impl World {
     }
 
     /// Adds a process found in /proc, with the /dev/shm descriptors and mappings it already
-    /// had. Does nothing for a process already known.
+    /// had. For a process already known, only refreshes its title and container pid.
     pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) {
         if self.processes.contains_key(&snapshot.pid) {
+            self.refresh(snapshot);
             return;
         }
         let mut process = Process::new(snapshot.pid, snapshot.comm.clone(), snapshot.mntns, ts_ns);
         process.parent = snapshot.ppid;
         process.exe = snapshot.exe.clone();
         process.argv = snapshot.argv.clone();
+        process.nspid = snapshot.nspid;
         for fd in &snapshot.fds {
             let object = self.object_entry(fd.inode, snapshot.mntns, ts_ns);
             object.path.get_or_insert_with(|| fd.path.clone());
@@ -210,8 +251,25 @@ impl World {
             });
         }
         self.totals.processes_seen += 1;
-        self.version += 1;
+        self.changed(snapshot.pid);
         self.processes.insert(snapshot.pid, process);
+    }
+
+    /// What /proc says of a process already known, read again (at a failure): its pid in its
+    /// container, and its title when it rewrote its command line. Descriptors and mappings
+    /// come from events only.
+    fn refresh(&mut self, snapshot: &ProcSnapshot) {
+        let Some(process) = self.processes.get_mut(&snapshot.pid) else {
+            return;
+        };
+        if snapshot.nspid.is_some() {
+            process.nspid = snapshot.nspid;
+        }
+        let title = snapshot.argv.join(" ");
+        if !snapshot.argv.is_empty() && snapshot.argv != process.argv {
+            process.title = Some(title);
+        }
+        self.version += 1;
     }
 
     /// Applies one event and says what it meant.
@@ -224,11 +282,11 @@ impl World {
         {
             process.mntns = event.mntns;
         }
-        if matches!(
-            event.body,
-            Body::Fork { .. } | Body::Exec(_) | Body::Exit(_) | Body::Rename { .. }
-        ) {
-            self.version += 1;
+        match &event.body {
+            Body::Fork { child_pid, .. } => self.changed(*child_pid),
+            Body::Rename { pid, .. } => self.changed(*pid),
+            Body::Exec(_) | Body::Exit(_) => self.changed(event.pid),
+            _ => {}
         }
         if event.tid != event.pid {
             self.note_thread_name(event.pid, &event.comm);
@@ -236,7 +294,7 @@ impl World {
         let mut note = Annotation::default();
         match &event.body {
             Body::Call(call) => {
-                if call.failed() {
+                if call.failed() && call.expected_error().is_none() {
                     self.totals.failed_calls += 1;
                 }
                 self.apply_call(event, call, &mut note);
@@ -247,6 +305,8 @@ impl World {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
                     process.exe = Some(exec.filename.clone());
                     process.argv = exec.argv.clone();
+                    process.title = None;
+                    process.exec_ns = Some(event.ts_ns);
                     process.comm = event.comm.clone();
                     let cloexec: Vec<i32> = process
                         .fds
@@ -270,6 +330,17 @@ impl World {
                 }
                 let released = {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
+                    if let ExitStatus::Signal { signo, .. } = status {
+                        note.killed_by = match process.sent_signal {
+                            Some((sender, sent)) if sent == *signo => Some(sender),
+                            // Only ever sent on purpose, by a person, a parent or a runtime
+                            // stopping a container; the kernel raises none of them for a fault.
+                            _ if matches!(*signo, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) => {
+                                Some(0)
+                            }
+                            _ => None,
+                        };
+                    }
                     process.exit = Some(*status);
                     process.exit_ns = Some(event.ts_ns);
                     let fds: Vec<InodeId> = std::mem::take(&mut process.fds)
@@ -291,9 +362,19 @@ impl World {
             Body::Signal(signal) => {
                 if signal.addr != 0 {
                     note.fault = self.fault_site(signal.target_pid, signal.addr);
+                } else if (signal.sent_by_other(event.pid)
+                    || (signal.signo == libc::SIGKILL && signal.target_pid != event.pid))
+                    && let Some(target) = self.processes.get_mut(&signal.target_pid)
+                {
+                    target.sent_signal = Some((event.pid, signal.signo));
                 }
             }
-            Body::Oom { .. } => {}
+            // The OOM killer's SIGKILL is no request: its victim's death is a failure.
+            Body::Oom { victim_pid } => {
+                if let Some(victim) = self.processes.get_mut(victim_pid) {
+                    victim.sent_signal = None;
+                }
+            }
         }
         note
     }
@@ -304,7 +385,7 @@ impl World {
             && !process.thread_names.contains(name)
         {
             process.thread_names.insert(name.to_owned());
-            self.version += 1;
+            self.changed(pid);
         }
     }
 
@@ -313,7 +394,7 @@ impl World {
             return;
         }
         self.totals.processes_seen += 1;
-        self.version += 1;
+        self.changed(event.pid);
         self.processes.insert(
             event.pid,
             Process::new(event.pid, event.comm.clone(), event.mntns, event.ts_ns),
@@ -337,6 +418,13 @@ impl World {
                     (ok, call.file, call.fd, call.display_path())
                 {
                     let flags = call.args[2];
+                    if self.is_stale(file.inode, flags, event.mntns) {
+                        self.retire(file.inode, note);
+                    }
+                    // Opened by its name, so it is alive: not an object freed before and
+                    // brought back by a passed descriptor, but a new one with the same
+                    // number (a restarted container's fresh /dev/shm numbers from 1 again).
+                    self.recently_freed.remove(&file.inode);
                     let created = flags & libc::O_CREAT as u64 != 0
                         && (flags & libc::O_EXCL as u64 != 0
                             || !self.objects.contains_key(&file.inode));
@@ -356,7 +444,9 @@ impl World {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
                     if process.opened.len() < MAX_NAMES && !process.opened.contains(&path) {
                         process.opened.push(path);
+                        // Inline, as `process` still borrows the map; `changed` trims the log.
                         self.version += 1;
+                        self.change_log.push_back(event.pid);
                     }
                     let previous = process.fds.insert(
                         fd,
@@ -538,6 +628,62 @@ impl World {
         for inode in fds.into_iter().chain(maps) {
             self.free_if_released(inode, note);
         }
+    }
+
+    /// Whether a file just opened under `inode` cannot be the object the model knows by that
+    /// number. A file system cannot hand out the number of a file that still exists, so when
+    /// it does, the known one is gone without a trace: its /dev/shm was unmounted (a container
+    /// restarted; its new tmpfs numbers inodes from 1 on the same device number) or its
+    /// removal was among lost events. Proof is a create that had to be new (`O_EXCL`), or a
+    /// create in another mount namespace of a file nobody traced holds.
+    fn is_stale(&self, inode: InodeId, flags: u64, mntns: u32) -> bool {
+        let Some(known) = self.objects.get(&inode) else {
+            return false;
+        };
+        let creates = flags & libc::O_CREAT as u64 != 0;
+        let exclusive = flags & libc::O_EXCL as u64 != 0;
+        creates && (exclusive || (known.mntns != mntns && known.fds == 0 && known.mappings == 0))
+    }
+
+    /// Ends the lives of the objects named in mount namespace `mntns` on file system `dev`:
+    /// that namespace's private /dev/shm, unmounted when its last process ended (a container
+    /// that stopped or restarted). Returns how many.
+    pub fn retire_file_system(&mut self, dev: u32, mntns: u32) -> usize {
+        let gone: Vec<InodeId> = self
+            .objects
+            .values()
+            .filter(|o| o.inode.dev == dev && o.mntns == mntns)
+            .map(|o| o.inode)
+            .collect();
+        let mut note = Annotation::default();
+        for inode in &gone {
+            self.retire(*inode, &mut note);
+        }
+        gone.len()
+    }
+
+    /// Ends the life of an object whose file system went away with it (see `is_stale`).
+    fn retire(&mut self, inode: InodeId, note: &mut Annotation) {
+        let Some(object) = self.objects.remove(&inode) else {
+            return;
+        };
+        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
+        // Counted as freed only what was counted as created: not the objects found already
+        // there, nor /dev/shm itself held open.
+        if object.creator.is_some() {
+            self.totals.objects_freed += 1;
+        }
+        let usage = self.usage.entry(inode.dev).or_default();
+        usage.change(object.footprint(), (0, 0));
+        usage.objects = usage.objects.saturating_sub(1);
+        if let Some(path) = &object.path {
+            let key = (object.mntns, path.clone());
+            if self.names.get(&key) == Some(&inode) {
+                self.names.remove(&key);
+            }
+        }
+        note.freed.push(object.display_name());
+        self.version += 1;
     }
 
     /// An unlinked object with no descriptor or mapping left has given its memory back.

@@ -96,15 +96,11 @@ impl Output {
 
     /// Events were lost since the last report: say so, in the stream and on stderr.
     pub fn lost(&mut self, delta: &LostCounts, total: &LostCounts) -> io::Result<()> {
-        let kinds: Vec<String> = delta
-            .by_kind()
-            .map(|(kind, n)| format!("{n} {kind:?}"))
-            .collect();
         let text = format!(
-            "{} events lost: the ring buffer was full ({}; {} lost in all). Use a larger \
-             --buffer-size, or --failed to send less",
+            "{} events lost or incomplete ({}; {} lost in all). If the ring buffer was full, use \
+             a larger --buffer-size, or --failed to send less",
             delta.total(),
-            kinds.join(", "),
+            delta.describe(),
             total.total()
         );
         match &mut self.sink {

@@ -41,6 +41,10 @@ pub struct Pipeline {
     measured: HashSet<u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
     measured_devs: HashSet<u32>,
+    /// Processes whose title and container pid were read again at their first /dev/shm call,
+    /// and at their first failure.
+    read_at_call: HashSet<u32>,
+    read_at_failure: HashSet<u32>,
     lost: LostCounts,
     malformed: u64,
 }
@@ -58,6 +62,8 @@ impl Pipeline {
             observer: None,
             measured: HashSet::new(),
             measured_devs: HashSet::new(),
+            read_at_call: HashSet::new(),
+            read_at_failure: HashSet::new(),
             lost: LostCounts::default(),
             malformed: 0,
         }
@@ -145,26 +151,35 @@ impl Pipeline {
             // First sight of a process that existed before: learn what it already holds.
             if let Some(snapshot) = env.snapshot(event.pid) {
                 self.seed(&snapshot, event.ts_ns)?;
+                self.read_at_call.insert(event.pid);
             }
         }
         self.measure_if_needed(&event, env)?;
+        self.reread_title(&event, env)?;
         if let Some(tap) = &mut self.tap {
             tap.kernel(bytes)?;
         }
         let note = self.world.apply(&event);
+        if let Body::Fork { child_pid } = &event.body {
+            self.read_young_child(event.pid, *child_pid, env)?;
+        }
+        if let Body::Exit(_) = &event.body {
+            self.retire_private_shm(event.mntns);
+        }
         let role = self.role_shown(&event);
-        let place = self.diagnoser.place(event.mntns);
+        let shown_mntns = self.shown_mntns(&event);
+        let place = self.diagnoser.place(shown_mntns);
         if let Some(observer) = &mut self.observer {
             observer.event(&event, &note, &role, &place, &self.world);
         }
-        if self.show_events && self.filter.keep(&event, &role, &place) {
+        if self.show_events && self.filter.keep(&event, &note, &role, &place) {
             self.output
                 .event(
                     &event,
                     &note,
                     &role,
                     &place,
-                    self.diagnoser.container(event.mntns),
+                    self.diagnoser.container(shown_mntns),
                 )
                 .context("writing output")?;
         }
@@ -189,7 +204,10 @@ impl Pipeline {
                 used: sample.capacity.used_bytes,
                 ts_ns,
             }),
-            UserRecord::Lost(counters) => self.lost = counters.to_counts().0,
+            UserRecord::Lost(counters) => {
+                self.lost = counters.to_counts().0;
+                self.diagnoser.set_lost_events(self.lost.total());
+            }
             UserRecord::Container(container) => {
                 self.output.show_places();
                 let info = container.to_info();
@@ -219,6 +237,7 @@ impl Pipeline {
         self.output.lost(&delta, &total)?;
         self.tap_user(ts_ns, &UserRecord::Lost((&total).into()))?;
         self.lost = total;
+        self.diagnoser.set_lost_events(self.lost.total());
         Ok(())
     }
 
@@ -302,6 +321,21 @@ impl Pipeline {
         }
     }
 
+    /// The mount namespace of the process an event's line is about: a signal's line is about
+    /// its receiver, whose container it belongs to whoever sent it (the kernel tearing a
+    /// namespace down sends from a task whose namespace reads 0).
+    fn shown_mntns(&self, event: &Event) -> u32 {
+        match &event.body {
+            Body::Signal(signal) => self
+                .world
+                .process(signal.target_pid)
+                .map(|p| p.mntns)
+                .filter(|mntns| *mntns != 0)
+                .unwrap_or(event.mntns),
+            _ => event.mntns,
+        }
+    }
+
     /// The role of the process an event's line is about (a signal's receiver, say).
     fn role_shown(&mut self, event: &Event) -> Role {
         let roles = self.diagnoser.roles(&self.world);
@@ -310,6 +344,77 @@ impl Pipeline {
             Body::Rename { pid, .. } => roles.of(*pid),
             Body::Oom { victim_pid } => roles.of(*victim_pid),
             _ => roles.of_thread(event.pid, &event.comm),
+        }
+    }
+
+    /// Reads a process's title and container pid from /proc again, at its first /dev/shm
+    /// call and at its first failure: PostgreSQL's `postgres: parallel worker for PID 34` is
+    /// written over its command line after fork, where no event shows it, and a process that
+    /// fails may be gone by the time its failure is read. Recorded like any snapshot, so a
+    /// replay shows the same.
+    fn reread_title(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        let (subject, failed) = match &event.body {
+            Body::Call(call) => (event.pid, call.failed() && call.expected_error().is_none()),
+            Body::Signal(signal) if signal.addr != 0 => (signal.target_pid, true),
+            _ => return Ok(()),
+        };
+        let first_call = self.read_at_call.insert(subject);
+        let first_failure = failed && self.read_at_failure.insert(subject);
+        if !first_call && !first_failure {
+            return Ok(());
+        }
+        match env.snapshot(subject) {
+            Some(snapshot) => self.seed(&snapshot, event.ts_ns),
+            None => Ok(()),
+        }
+    }
+
+    /// When the last process of a container with a private /dev/shm has ended, that /dev/shm
+    /// is unmounted with everything in it. Its objects end there: a restarted container gets
+    /// a fresh /dev/shm whose files reuse the same device, inode numbers, names and even mount
+    /// namespace number, and must not be taken for the old ones.
+    fn retire_private_shm(&mut self, mntns: u32) {
+        if self
+            .world
+            .processes()
+            .any(|p| p.alive() && p.mntns == mntns)
+        {
+            return;
+        }
+        let Some(container) = self.diagnoser.container(mntns) else {
+            return;
+        };
+        if container.ipc != "private" {
+            return;
+        }
+        if let Some(dev) = container.shm_dev {
+            self.world.retire_file_system(dev, mntns);
+        }
+    }
+
+    /// Reads a new child's container pid while it is young, when its parent is in a
+    /// container's pid namespace: a PostgreSQL parallel worker lives a few milliseconds, and
+    /// may be gone by the time its failure is read. After the fork is applied, so the child is
+    /// known and only refreshed.
+    fn read_young_child(
+        &mut self,
+        parent: u32,
+        child: u32,
+        env: &mut dyn Environment,
+    ) -> Result<()> {
+        let contained = self
+            .world
+            .process(parent)
+            .is_some_and(|p| p.nspid.is_some());
+        if !contained || !self.world.knows(child) {
+            return Ok(());
+        }
+        match env.snapshot(child) {
+            Some(snapshot) => self.seed(
+                &snapshot,
+                self.world.process(child).map_or(0, |p| p.first_seen_ns),
+            ),
+            None => Ok(()),
         }
     }
 

@@ -37,11 +37,8 @@ impl Environment for Machine {
     }
 }
 
-fn bytes_of<T>(value: &T) -> Bytes {
-    // SAFETY: test-only view of a plain-old-data struct as bytes.
-    let bytes =
-        unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size_of::<T>()) };
-    Bytes::copy_from_slice(bytes)
+fn bytes_of<T: zerocopy::IntoBytes + zerocopy::Immutable>(value: &T) -> Bytes {
+    Bytes::copy_from_slice(value.as_bytes())
 }
 
 fn header(kind: EventKind, flags: u16, pid: u32, ts_ns: u64) -> Header {

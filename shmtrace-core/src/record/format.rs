@@ -157,13 +157,7 @@ mod tests {
             ts_ns: 123_456,
             ..Default::default()
         };
-        // SAFETY: a plain-old-data struct viewed as bytes, for the test only.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                &header as *const _ as *const u8,
-                size_of::<shmtrace_common::Header>(),
-            )
-        };
+        let bytes = zerocopy::IntoBytes::as_bytes(&header);
         assert_eq!(kernel_ts(bytes), 123_456);
         assert_eq!(kernel_ts(&bytes[..10]), 0);
     }

@@ -42,6 +42,10 @@ pub struct TraceHeader {
     /// The recorder's own mount namespace: processes in it ran on the host, not in a
     /// container.
     pub host_mntns: Option<u32>,
+    /// `shmtrace_common::LAYOUT_HASH` of the writer: kernel records are stored as the probes
+    /// wrote them, so a file whose records are laid out differently is refused. Absent in files
+    /// written before it was added, whose layout is today's.
+    pub record_layout: Option<u64>,
 }
 
 /// How the host arranges cgroups, which decides whether a cgroup id identifies a container.
@@ -169,6 +173,7 @@ impl TraceHeader {
             sequence: 0,
             flight: None,
             host_mntns: None,
+            record_layout: Some(shmtrace_common::LAYOUT_HASH),
         }
     }
 

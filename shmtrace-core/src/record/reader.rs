@@ -13,6 +13,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use shmtrace_common::LAYOUT_HASH;
 
 use super::{
     format::{
@@ -85,6 +86,13 @@ pub enum Reason {
         version: u16,
         written_by: Option<String>,
     },
+    #[error(
+        "the file's kernel records are laid out differently (layout {found:016x}, written by \
+         shmtrace {written_by}) from what this shmtrace ({ours}, layout {LAYOUT_HASH:016x}) \
+         reads; read it with the shmtrace that recorded it",
+        ours = env!("CARGO_PKG_VERSION")
+    )]
+    OtherLayout { found: u64, written_by: String },
     #[error("format version 0 does not exist: the file is corrupt")]
     ZeroVersion,
     #[error(
@@ -511,6 +519,13 @@ fn read_header(src: &mut impl Read) -> Result<(TraceHeader, u64), ReadError> {
     }
     let mut header: TraceHeader = ciborium::from_reader(&cbor[..])
         .map_err(|e| at(PREAMBLE_LEN as u64, Reason::BadHeader(e.to_string())))?;
+    if let Some(found) = header.record_layout.filter(|found| *found != LAYOUT_HASH) {
+        let written_by = crate::event::escape::text(&header.tool_version);
+        return Err(at(
+            PREAMBLE_LEN as u64,
+            Reason::OtherLayout { found, written_by },
+        ));
+    }
     header.redacted = flags & format::flags::REDACTED != 0;
     header.compressed = flags & format::flags::COMPRESSED != 0;
     Ok((header, (PREAMBLE_LEN + cbor.len()) as u64))

@@ -201,6 +201,7 @@ impl Redactor {
                 exe: s.exe.as_deref().map(|e| names.path(e)),
                 argv: s.argv.iter().map(|a| names.arg(a)).collect(),
                 mntns: s.mntns,
+                nspid: s.nspid,
                 fds: s
                     .fds
                     .iter()

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use shmtrace_common::EventKind;
+use shmtrace_common::Loss;
 
 use super::header::{ContainerDescription, ShmCapacity};
 use crate::{
@@ -75,6 +75,8 @@ pub struct ProcessSnapshot {
     pub exe: Option<String>,
     pub argv: Vec<String>,
     pub mntns: u32,
+    /// Its pid in its container's pid namespace; absent in traces of older versions.
+    pub nspid: Option<u32>,
     pub fds: Vec<SnapshotFdRecord>,
     pub mappings: Vec<SnapshotMappingRecord>,
 }
@@ -112,6 +114,7 @@ impl From<&ProcSnapshot> for ProcessSnapshot {
             exe: s.exe.clone(),
             argv: s.argv.clone(),
             mntns: s.mntns,
+            nspid: s.nspid,
             fds: s
                 .fds
                 .iter()
@@ -152,6 +155,7 @@ impl ProcessSnapshot {
             exe: self.exe.clone(),
             argv: self.argv.clone(),
             mntns: self.mntns,
+            nspid: self.nspid,
             fds: self
                 .fds
                 .iter()
@@ -196,7 +200,8 @@ pub struct CapacitySample {
     pub capacity: ShmCapacity,
 }
 
-/// Lost kernel records by `EventKind` number, cumulative since recording started.
+/// What the probes lost, by `Loss::index` (a record kind's number when the ring buffer was
+/// full, 16 and up for failed reads), cumulative since recording started.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LostCounters {
@@ -206,7 +211,10 @@ pub struct LostCounters {
 impl From<&LostCounts> for LostCounters {
     fn from(counts: &LostCounts) -> LostCounters {
         LostCounters {
-            by_kind: counts.by_kind().map(|(k, n)| (k as u16, n)).collect(),
+            by_kind: counts
+                .by_kind()
+                .map(|(k, n)| (k.index() as u16, n))
+                .collect(),
         }
     }
 }
@@ -217,9 +225,9 @@ impl LostCounters {
         let mut counts = LostCounts::default();
         let mut unknown = 0;
         for (kind, n) in &self.by_kind {
-            match EventKind::try_from(*kind) {
-                Ok(kind) => counts.add(kind, *n),
-                Err(_) => unknown += n,
+            match Loss::from_index(u32::from(*kind)) {
+                Some(kind) => counts.add(kind, *n),
+                None => unknown = u64::saturating_add(unknown, *n),
             }
         }
         (counts, unknown)
@@ -286,6 +294,8 @@ impl UserRecord {
 
 #[cfg(test)]
 mod tests {
+    use shmtrace_common::EventKind;
+
     use super::*;
 
     #[test]
@@ -297,6 +307,7 @@ mod tests {
             exe: Some("/usr/bin/python3.11".into()),
             argv: vec!["python3".into(), "train.py".into()],
             mntns: 4026531841,
+            nspid: Some(12),
             fds: vec![SnapshotFd {
                 fd: 11,
                 inode: InodeId { dev: 26, ino: 99 },
@@ -344,7 +355,8 @@ mod tests {
     #[test]
     fn lost_counters_keep_unknown_kinds_apart() {
         let mut counts = LostCounts::default();
-        counts.add(EventKind::Syscall, 5);
+        counts.add(Loss::RingFull(EventKind::Syscall), 5);
+        counts.add(Loss::PathRead, 7);
         let mut stored = LostCounters::from(&counts);
         stored.by_kind.insert(200, 2);
         let (back, unknown) = stored.to_counts();

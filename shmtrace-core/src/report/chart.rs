@@ -272,7 +272,7 @@ pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale:
 
 /// `major:minor`.
 pub fn dev_string(dev: u32) -> String {
-    format!("{}:{}", dev >> 20, dev & 0xfffff)
+    shmtrace_common::KernelDev(dev).to_string()
 }
 
 /// A step series with about one change per pixel column at most: each column keeps its peak,

@@ -85,7 +85,7 @@ fn pictures(kernel: &[Vec<u8>], capacity: Option<Capacity>, lost: u64) -> (Strin
     }
     if lost > 0 {
         let mut counts = crate::event::LostCounts::default();
-        counts.add(EventKind::Syscall, lost);
+        counts.add(shmtrace_common::Loss::RingFull(EventKind::Syscall), lost);
         pipeline.lost(counts, last).unwrap();
     }
     pipeline.finish(1.0, last + 1_000_000).unwrap();

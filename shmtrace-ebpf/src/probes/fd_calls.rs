@@ -1,108 +1,128 @@
 //! Calls on descriptors that refer to /dev/shm objects.
 //!
-//! ```text
-//! syscalls/sys_enter_ftruncate: unsigned int fd @16; off_t length @24
-//! syscalls/sys_enter_fallocate: int fd @16; int mode @24; loff_t offset @32; loff_t len @40
-//! syscalls/sys_enter_write:     unsigned int fd @16; const char *buf @24; size_t count @32
-//! syscalls/sys_enter_close:     unsigned int fd @16
-//! syscalls/sys_enter_mmap:      unsigned long addr @16, len @24, prot @32, flags @40, fd @48,
-//!                               off @56
-//! syscalls/sys_enter_munmap:    unsigned long addr @16; size_t len @24
-//! ```
 //! A descriptor counts when its inode's file system is a known /dev/shm (`SHM_DEVS`), so
 //! descriptors received over a socket (PyTorch passes them with SCM_RIGHTS) count too.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
-use super::syscall::{self, arg};
+use super::syscall::{self, enter_args};
 use crate::{kernel, scope};
 
 /// `MAP_ANONYMOUS`.
 const MAP_ANONYMOUS: u64 = 0x20;
 
+enter_args! {
+    /// `syscalls/sys_enter_ftruncate`:
+    /// ```text
+    /// field:unsigned int fd;  offset:16; size:8; signed:0;
+    /// field:off_t length;     offset:24; size:8; signed:0;
+    /// ```
+    FtruncateArgs { fd, length }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_fallocate`:
+    /// ```text
+    /// field:int fd;           offset:16; size:8; signed:0;
+    /// field:int mode;         offset:24; size:8; signed:0;
+    /// field:loff_t offset;    offset:32; size:8; signed:0;
+    /// field:loff_t len;       offset:40; size:8; signed:0;
+    /// ```
+    FallocateArgs { fd, mode, offset, len }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_write`:
+    /// ```text
+    /// field:unsigned int fd;      offset:16; size:8; signed:0;
+    /// field:const char * buf;     offset:24; size:8; signed:0;
+    /// field:size_t count;         offset:32; size:8; signed:0;
+    /// ```
+    WriteArgs { fd, buf, count }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_close`:
+    /// ```text
+    /// field:unsigned int fd;  offset:16; size:8; signed:0;
+    /// ```
+    CloseArgs { fd }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_mmap`:
+    /// ```text
+    /// field:unsigned long addr;   offset:16; size:8; signed:0;
+    /// field:unsigned long len;    offset:24; size:8; signed:0;
+    /// field:unsigned long prot;   offset:32; size:8; signed:0;
+    /// field:unsigned long flags;  offset:40; size:8; signed:0;
+    /// field:unsigned long fd;     offset:48; size:8; signed:0;
+    /// field:unsigned long off;    offset:56; size:8; signed:0;
+    /// ```
+    MmapArgs { addr, len, prot, flags, fd, off }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_munmap`:
+    /// ```text
+    /// field:unsigned long addr;   offset:16; size:8; signed:0;
+    /// field:size_t len;           offset:24; size:8; signed:0;
+    /// ```
+    MunmapArgs { addr, len }
+}
+
+/// Stashes a call on descriptor `fd` if it refers to a /dev/shm object of an in-scope process.
 #[inline(always)]
-fn enter_fd_call<const N: usize>(
-    ctx: &TracePointContext,
-    call: Syscall,
-    fd_arg: usize,
-) -> Option<()> {
+fn enter_fd_call(call: Syscall, fd: u64, args: [u64; 6]) -> Option<()> {
     let (tgid, tid) = syscall::ids();
     let off = kernel::offsets();
     let task = kernel::current_task();
     let scope_flags = scope::in_scope(tgid, task, &off)?;
-    let fd = arg(ctx, fd_arg) as i32;
+    let fd = fd as i32;
     let (inode, file) = syscall::shm_fd(task, fd, &off)?;
-    syscall::stash_with_file(
-        tid,
-        call,
-        scope_flags | flags::FILE,
-        fd,
-        syscall::args::<N>(ctx),
-        inode,
-        file,
-    );
+    syscall::stash_with_file(tid, call, scope_flags | flags::FILE, fd, args, inode, file);
     Some(())
 }
 
 #[tracepoint]
 pub fn sys_enter_ftruncate(ctx: TracePointContext) -> u32 {
-    enter_fd_call::<2>(&ctx, Syscall::Ftruncate, 0);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_ftruncate(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
-    0
-}
-
-#[tracepoint]
-pub fn sys_enter_fallocate(ctx: TracePointContext) -> u32 {
-    enter_fd_call::<4>(&ctx, Syscall::Fallocate, 0);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_fallocate(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
-    0
-}
-
-#[tracepoint]
-pub fn sys_enter_write(ctx: TracePointContext) -> u32 {
-    enter_fd_call::<3>(&ctx, Syscall::Write, 0);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_write(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
-    0
-}
-
-#[tracepoint]
-pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
-    enter_fd_call::<1>(&ctx, Syscall::Close, 0);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_close(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
-    0
-}
-
-#[tracepoint]
-pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
-    if arg(&ctx, 3) & MAP_ANONYMOUS == 0 {
-        enter_fd_call::<6>(&ctx, Syscall::Mmap, 4);
+    if let Some(args) = FtruncateArgs::read(&ctx) {
+        enter_fd_call(Syscall::Ftruncate, args.fd, args.raw());
     }
     0
 }
 
 #[tracepoint]
-pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
+pub fn sys_enter_fallocate(ctx: TracePointContext) -> u32 {
+    if let Some(args) = FallocateArgs::read(&ctx) {
+        enter_fd_call(Syscall::Fallocate, args.fd, args.raw());
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_write(ctx: TracePointContext) -> u32 {
+    if let Some(args) = WriteArgs::read(&ctx) {
+        enter_fd_call(Syscall::Write, args.fd, args.raw());
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
+    if let Some(args) = CloseArgs::read(&ctx) {
+        enter_fd_call(Syscall::Close, args.fd, args.raw());
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
+    if let Some(args) = MmapArgs::read(&ctx) {
+        if args.flags & MAP_ANONYMOUS == 0 {
+            enter_fd_call(Syscall::Mmap, args.fd, args.raw());
+        }
+    }
     0
 }
 
@@ -122,18 +142,7 @@ fn enter_munmap(ctx: &TracePointContext) -> Option<()> {
     }
     let off = kernel::offsets();
     let scope_flags = scope::in_scope(tgid, kernel::current_task(), &off)?;
-    syscall::stash(
-        tid,
-        Syscall::Munmap,
-        scope_flags,
-        -1,
-        syscall::args::<2>(ctx),
-    );
+    let args = MunmapArgs::read(ctx)?;
+    syscall::stash(tid, Syscall::Munmap, scope_flags, -1, args.raw());
     Some(())
-}
-
-#[tracepoint]
-pub fn sys_exit_munmap(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
-    0
 }

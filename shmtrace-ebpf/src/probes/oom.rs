@@ -1,9 +1,5 @@
 //! The OOM killer's choice. tmpfs pages count against a container's memory limit, so an OOM
 //! kill can be the real cause behind a "/dev/shm" crash.
-//!
-//! ```text
-//! oom/mark_victim: int pid @8   (the first field since the tracepoint exists)
-//! ```
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{EventKind, OomEvent};
 
@@ -11,6 +7,25 @@ use crate::{
     emit, kernel,
     maps::{CONFIG, TARGETS},
 };
+
+/// The start of `oom/mark_victim` (later fields, such as the victim's memory, came in later
+/// kernels and are not read):
+/// ```text
+/// field:unsigned short common_type;         offset:0; size:2; signed:0;
+/// field:unsigned char common_flags;         offset:2; size:1; signed:0;
+/// field:unsigned char common_preempt_count; offset:3; size:1; signed:0;
+/// field:int common_pid;                     offset:4; size:4; signed:1;
+/// field:int pid;                            offset:8; size:4; signed:1;
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MarkVictimArgs {
+    common_type: u16,
+    common_flags: u8,
+    common_preempt_count: u8,
+    common_pid: i32,
+    pid: i32,
+}
 
 #[tracepoint]
 pub fn mark_victim(ctx: TracePointContext) -> u32 {
@@ -20,26 +35,17 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn try_mark_victim(ctx: &TracePointContext) -> Option<()> {
-    // SAFETY: `pid` is at offset 8 of the record.
-    let victim = unsafe { ctx.read_at::<i32>(8) }.ok()? as u32;
+    // SAFETY: the record starts with these fields on every kernel that has the tracepoint.
+    let victim = unsafe { ctx.read_at::<MarkVictimArgs>(0) }.ok()?.pid as u32;
     if CONFIG.load().all == 0 && TARGETS.get_ptr(victim).is_none() {
         return None;
     }
     let off = kernel::offsets();
-    let mut entry = emit::reserve::<OomEvent>(EventKind::Oom)?;
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to reserved ring buffer memory of the right size.
-    unsafe {
-        emit::fill_header(
-            &raw mut (*event).header,
-            EventKind::Oom,
-            0,
-            kernel::current_task(),
-            &off,
-        );
-        (&raw mut (*event).victim_pid).write(victim);
-        (&raw mut (*event)._pad).write(0);
-    }
-    emit::submit(entry, true);
+    let event = OomEvent {
+        header: emit::header(EventKind::Oom, 0, kernel::current_task(), &off),
+        victim_pid: victim,
+        _pad: 0,
+    };
+    emit::send(EventKind::Oom, &event, true);
     Some(())
 }

@@ -1,17 +1,34 @@
 //! `openat` and `openat2` on /dev/shm paths.
 //!
-//! ```text
-//! syscalls/sys_enter_openat:  int dfd @16; const char *filename @24; int flags @32; umode_t mode @40
-//! syscalls/sys_enter_openat2: int dfd @16; const char *filename @24; struct open_how *how @32;
-//!                             size_t usize @40
-//! ```
 //! Both are stashed as `[dfd, filename, flags, mode, resolve, usize]`, so userspace reads flags
 //! and mode from the same place whichever call it was.
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::{Syscall, flags};
+use shmtrace_common::{Loss, Syscall, flags};
 
-use super::syscall::{self, arg};
-use crate::{kernel, scope};
+use super::syscall::{self, enter_args};
+use crate::{emit, kernel, scope};
+
+enter_args! {
+    /// `syscalls/sys_enter_openat`:
+    /// ```text
+    /// field:int dfd;                  offset:16; size:8; signed:0;
+    /// field:const char * filename;    offset:24; size:8; signed:0;
+    /// field:int flags;                offset:32; size:8; signed:0;
+    /// field:umode_t mode;             offset:40; size:8; signed:0;
+    /// ```
+    OpenatArgs { dfd, filename, flags, mode }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_openat2`:
+    /// ```text
+    /// field:int dfd;                  offset:16; size:8; signed:0;
+    /// field:const char * filename;    offset:24; size:8; signed:0;
+    /// field:struct open_how * how;    offset:32; size:8; signed:0;
+    /// field:size_t usize;             offset:40; size:8; signed:0;
+    /// ```
+    Openat2Args { dfd, filename, how, usize }
+}
 
 /// `struct open_how` (UAPI).
 #[repr(C)]
@@ -24,37 +41,31 @@ struct OpenHow {
 
 #[tracepoint]
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    enter(&ctx, Syscall::Openat);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
+    if let Some(args) = OpenatArgs::read(&ctx) {
+        let stashed = [args.dfd, args.filename, args.flags, args.mode, 0, 0];
+        enter(Syscall::Openat, stashed, None);
+    }
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_openat2(ctx: TracePointContext) -> u32 {
-    enter(&ctx, Syscall::Openat2);
+    if let Some(args) = Openat2Args::read(&ctx) {
+        let stashed = [args.dfd, args.filename, 0, 0, 0, args.usize];
+        enter(Syscall::Openat2, stashed, Some(args.how));
+    }
     0
 }
 
-#[tracepoint]
-pub fn sys_exit_openat2(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
-    0
-}
-
+/// `how`: openat2's `struct open_how *`, whose flags and mode go where openat has them.
 #[inline(always)]
-fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
+fn enter(call: Syscall, mut args: [u64; 6], how: Option<u64>) -> Option<()> {
     let (tgid, tid) = syscall::ids();
     let off = kernel::offsets();
     let task = kernel::current_task();
     let scope_flags = scope::in_scope(tgid, task, &off)?;
-    let dfd = arg(ctx, 0) as i32;
-    let filename = arg(ctx, 1);
-    let path_flags = match syscall::shm_path(task, dfd, filename, &off) {
+    let dfd = args[0] as i32;
+    let path_flags = match syscall::shm_path(task, dfd, args[1], &off) {
         Some(path_flags) => path_flags,
         // Elsewhere, a followed process's open matters only if it runs out of descriptors.
         None => {
@@ -62,20 +73,16 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
             flags::FD_LIMIT_ONLY
         }
     };
-    let args = if call == Syscall::Openat2 {
+    if let Some(how) = how {
         // SAFETY: a user pointer; a bad one is an error, not a fault.
-        let how = unsafe { bpf_probe_read_user(arg(ctx, 2) as *const OpenHow) }.ok()?;
-        [
-            dfd as u64,
-            filename,
-            how.flags,
-            how.mode,
-            how.resolve,
-            arg(ctx, 3),
-        ]
-    } else {
-        [dfd as u64, filename, arg(ctx, 2), arg(ctx, 3), 0, 0]
-    };
+        let Ok(how) = (unsafe { bpf_probe_read_user(how as *const OpenHow) }) else {
+            emit::count(Loss::UserRead);
+            return None;
+        };
+        args[2] = how.flags;
+        args[3] = how.mode;
+        args[4] = how.resolve;
+    }
     syscall::stash(tid, call, scope_flags | path_flags, -1, args);
     Some(())
 }

@@ -13,15 +13,12 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use shmtrace_common::{
-    ARGS_LEN, EventKind, ExecEvent, ExitEvent, ForkEvent, PATH_LEN, RenameEvent, flags,
+    ARGS_LEN, EventKind, ExecEvent, ExitEvent, ForkEvent, Loss, PATH_LEN, RenameEvent, flags,
+    targets::TRACKED,
 };
 
 use super::syscall::ids;
-use crate::{
-    emit, kernel,
-    maps::TARGETS,
-    scope::{self, TRACKED},
-};
+use crate::{emit, kernel, maps::TARGETS, scope};
 
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
@@ -47,16 +44,12 @@ fn try_fork(ctx: &BtfTracePointContext) -> Option<()> {
         .map(|b| unsafe { *b })
         .unwrap_or(TRACKED);
     let _ = TARGETS.insert(child_pid, bits, 0);
-
-    let mut entry = emit::reserve::<ForkEvent>(EventKind::Fork)?;
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to reserved ring buffer memory of the right size.
-    unsafe {
-        emit::fill_header(&raw mut (*event).header, EventKind::Fork, flags, task, &off);
-        (&raw mut (*event).child_pid).write(child_pid);
-        (&raw mut (*event)._pad).write(0);
-    }
-    emit::submit(entry, false);
+    let event = ForkEvent {
+        header: emit::header(EventKind::Fork, flags, task, &off),
+        child_pid,
+        _pad: 0,
+    };
+    emit::send(EventKind::Fork, &event, false);
     Some(())
 }
 
@@ -92,6 +85,7 @@ fn try_exec(ctx: &BtfTracePointContext) -> Option<()> {
         };
         if copied <= 0 {
             (filename as *mut u8).write(0);
+            emit::count(Loss::KernelRead);
         } else if copied >= PATH_LEN as i64 {
             header_flags |= flags::PATH_TRUNCATED;
         }
@@ -104,21 +98,18 @@ fn try_exec(ctx: &BtfTracePointContext) -> Option<()> {
                 header_flags |= flags::ARGS_TRUNCATED;
             }
             let args = &raw mut (*event).args;
-            if len > 0
-                && bpf_probe_read_user(args as *mut c_void, len as u32, start as *const c_void) == 0
-            {
-                args_len = len as u32;
+            if len > 0 {
+                if bpf_probe_read_user(args as *mut c_void, len as u32, start as *const c_void) == 0
+                {
+                    args_len = len as u32;
+                } else {
+                    emit::count(Loss::UserRead);
+                }
             }
         }
         (&raw mut (*event).args_len).write(args_len);
         (&raw mut (*event)._pad).write(0);
-        emit::fill_header(
-            &raw mut (*event).header,
-            EventKind::Exec,
-            header_flags,
-            task,
-            &off,
-        );
+        (&raw mut (*event).header).write(emit::header(EventKind::Exec, header_flags, task, &off));
     }
     emit::submit(entry, false);
     Some(())
@@ -140,16 +131,12 @@ fn try_exit(ctx: &BtfTracePointContext) -> Option<()> {
     }
     let flags = scope::tracked(tgid, task, &off)?;
     let _ = TARGETS.remove(tgid);
-    let exit_code = kernel::task_exit_code(task, &off).unwrap_or(0);
-    let mut entry = emit::reserve::<ExitEvent>(EventKind::Exit)?;
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to reserved ring buffer memory of the right size.
-    unsafe {
-        emit::fill_header(&raw mut (*event).header, EventKind::Exit, flags, task, &off);
-        (&raw mut (*event).exit_code).write(exit_code);
-        (&raw mut (*event)._pad).write(0);
-    }
-    emit::submit(entry, true);
+    let event = ExitEvent {
+        header: emit::header(EventKind::Exit, flags, task, &off),
+        exit_code: kernel::task_exit_code(task, &off).unwrap_or(0),
+        _pad: 0,
+    };
+    emit::send(EventKind::Exit, &event, true);
     Some(())
 }
 
@@ -176,23 +163,24 @@ fn try_rename(ctx: &BtfTracePointContext) -> Option<()> {
         TARGETS.get_ptr(target_pid)?;
         0
     };
-    let mut entry = emit::reserve::<RenameEvent>(EventKind::Rename)?;
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to reserved ring buffer memory of the right size.
-    unsafe {
-        emit::fill_header(
-            &raw mut (*event).header,
-            EventKind::Rename,
-            flags,
-            task,
-            &off,
-        );
-        (&raw mut (*event).target_pid).write(target_pid);
-        (&raw mut (*event).target_tid).write(kernel::task_pid(target, &off).unwrap_or(0));
-        let new_comm = &raw mut (*event).new_comm;
-        (new_comm as *mut [u8; 16]).write([0; 16]);
-        bpf_probe_read_kernel_str(new_comm as *mut c_void, 16, comm as *const c_void);
+    let mut new_comm = [0u8; 16];
+    // SAFETY: a 16-byte local buffer; the helper writes at most 16 bytes.
+    if unsafe {
+        bpf_probe_read_kernel_str(
+            new_comm.as_mut_ptr() as *mut c_void,
+            16,
+            comm as *const c_void,
+        )
+    } <= 0
+    {
+        emit::count(Loss::KernelRead);
     }
-    emit::submit(entry, false);
+    let event = RenameEvent {
+        header: emit::header(EventKind::Rename, flags, task, &off),
+        target_pid,
+        target_tid: kernel::task_pid(target, &off).unwrap_or(0),
+        new_comm,
+    };
+    emit::send(EventKind::Rename, &event, false);
     Some(())
 }

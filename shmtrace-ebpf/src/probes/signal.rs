@@ -37,26 +37,17 @@ fn try_signal_generate(ctx: &BtfTracePointContext) -> Option<()> {
         return None;
     }
     let (errno, code, addr) = kernel::siginfo_fault(info);
-    let mut entry = emit::reserve::<SignalEvent>(EventKind::Signal)?;
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to reserved ring buffer memory of the right size.
-    unsafe {
-        emit::fill_header(
-            &raw mut (*event).header,
-            EventKind::Signal,
-            0,
-            kernel::current_task(),
-            &off,
-        );
-        (&raw mut (*event).signo).write(signo);
-        (&raw mut (*event).code).write(code);
-        (&raw mut (*event).errno).write(errno);
-        (&raw mut (*event).result).write(result);
-        (&raw mut (*event).addr).write(addr);
-        (&raw mut (*event).target_pid).write(target_pid);
-        (&raw mut (*event).target_tid).write(kernel::task_pid(target, &off).unwrap_or(0));
-        (&raw mut (*event).target_comm).write(kernel::task_comm(target, &off).unwrap_or([0; 16]));
-    }
-    emit::submit(entry, true);
+    let event = SignalEvent {
+        header: emit::header(EventKind::Signal, 0, kernel::current_task(), &off),
+        signo,
+        code,
+        errno,
+        result,
+        addr,
+        target_pid,
+        target_tid: kernel::task_pid(target, &off).unwrap_or(0),
+        target_comm: kernel::task_comm(target, &off).unwrap_or([0; 16]),
+    };
+    emit::send(EventKind::Signal, &event, true);
     Some(())
 }

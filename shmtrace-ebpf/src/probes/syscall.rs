@@ -1,14 +1,18 @@
-//! Pairing `sys_enter_*` with `sys_exit_*`, and turning a finished call into a record.
+//! What every syscall probe shares: the tracepoint record layout, pairing `sys_enter_*` with
+//! `sys_exit_*`, and turning a finished call into a record.
 //!
-//! Syscall tracepoint records share one layout: `int __syscall_nr` at 8, then each argument as
-//! 8 bytes from offset 16 (`sys_enter_*`), or `long ret` at 16 (`sys_exit_*`).
+//! Each `sys_enter_<call>` program (one per call, in the other files of `probes/`) decides
+//! whether the call concerns /dev/shm and a traced process, and stashes it in `INFLIGHT`. One
+//! program, [`sys_exit`], is attached to every `sys_exit_<call>` tracepoint: it takes the stashed
+//! call back and emits its record.
 use aya_ebpf::{
     cty::c_void,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_probe_read_user_str},
+    macros::tracepoint,
     programs::TracePointContext,
 };
 use shmtrace_common::{
-    EventKind, FileRef, KernelOffsets, PATH_LEN, PathEvent, Syscall, SyscallEvent, flags,
+    EventKind, FileRef, KernelOffsets, Loss, PATH_LEN, PathEvent, Syscall, SyscallEvent, flags,
 };
 
 use crate::{
@@ -17,32 +21,79 @@ use crate::{
     scope,
 };
 
-const ARGS_OFFSET: usize = 16;
-const RET_OFFSET: usize = 16;
+/// The fields every syscall tracepoint record starts with:
+/// ```text
+/// field:unsigned short common_type;         offset:0; size:2; signed:0;
+/// field:unsigned char common_flags;         offset:2; size:1; signed:0;
+/// field:unsigned char common_preempt_count; offset:3; size:1; signed:0;
+/// field:int common_pid;                     offset:4; size:4; signed:1;
+/// field:int __syscall_nr;                   offset:8; size:4; signed:1;
+/// ```
+/// Arguments follow from offset 16, each in 8 bytes whatever its C type.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Common {
+    pub common_type: u16,
+    pub common_flags: u8,
+    pub common_preempt_count: u8,
+    pub common_pid: i32,
+    pub syscall_nr: i32,
+    _pad: u32,
+}
+
+/// Defines the argument struct of a `sys_enter_*` record: [`Common`], then one 8-byte slot per
+/// argument, named as in the tracepoint's format. `raw()` gives the arguments in order, as
+/// records carry them.
+macro_rules! enter_args {
+    ($(#[$doc:meta])* $name:ident { $($field:ident),+ $(,)? }) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        pub struct $name {
+            pub common: $crate::probes::syscall::Common,
+            $(pub $field: u64,)+
+        }
+
+        impl $name {
+            /// Reads the whole record at once.
+            #[inline(always)]
+            pub fn read(ctx: &aya_ebpf::programs::TracePointContext) -> Option<$name> {
+                // SAFETY: the tracepoint's record holds at least these fields (see its format).
+                unsafe { ctx.read_at::<$name>(0) }.ok()
+            }
+
+            #[inline(always)]
+            #[allow(unused_assignments, dead_code, reason = "not every call stashes them raw")]
+            pub fn raw(&self) -> [u64; 6] {
+                let mut out = [0u64; 6];
+                let mut i = 0;
+                $(
+                    out[i] = self.$field;
+                    i += 1;
+                )+
+                out
+            }
+        }
+    };
+}
+pub(crate) use enter_args;
+
+/// `sys_exit_*` records, all alike:
+/// ```text
+/// field:long ret; offset:16; size:8; signed:1;
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ExitArgs {
+    common: Common,
+    ret: i64,
+}
+
 /// `AT_FDCWD`.
 pub const AT_FDCWD: i32 = -100;
 const SHM_PREFIX: &[u8; 9] = b"/dev/shm/";
 /// Bytes `bpf_probe_read_user_str` returns for "/dev/shm" and "/dev/shm/", with the NUL.
 const SHM_DIR_LEN: i64 = 9;
-
-/// The `n`th raw argument of a `sys_enter_*` record.
-#[inline(always)]
-pub fn arg(ctx: &TracePointContext, n: usize) -> u64 {
-    // SAFETY: the offset lies within the record for every argument the call has.
-    unsafe { ctx.read_at::<u64>(ARGS_OFFSET + 8 * n).unwrap_or(0) }
-}
-
-/// Reads the first `N` arguments.
-#[inline(always)]
-pub fn args<const N: usize>(ctx: &TracePointContext) -> [u64; 6] {
-    let mut out = [0u64; 6];
-    let mut i = 0;
-    while i < N && i < 6 {
-        out[i] = arg(ctx, i);
-        i += 1;
-    }
-    out
-}
 
 /// The current thread's ids: (tgid, tid).
 #[inline(always)]
@@ -76,7 +127,7 @@ pub fn stash_with_file(
         file,
     };
     if INFLIGHT.insert(tid, &pending, 0).is_err() {
-        emit::count_lost(EventKind::Syscall);
+        emit::count(Loss::Pending);
     }
 }
 
@@ -100,6 +151,11 @@ pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> Option<u
         bpf_probe_read_user_str(buf as *mut c_void, PATH_LEN as u32, path as *const c_void)
     };
     if len <= 0 {
+        // NULL is the caller's mistake (the call fails with EFAULT); anything else is a page
+        // we could not read, and a call we cannot judge.
+        if path != 0 {
+            emit::count(Loss::PathRead);
+        }
         return None;
     }
     // SAFETY: the buffer is initialised up to `len` bytes, and `len` is at least 1.
@@ -145,7 +201,13 @@ fn dropped_descriptors(pending: &Pending, ret: i64) -> Option<u32> {
     }
     // SAFETY: a user pointer; a bad one is an error, not a fault.
     let msg_flags: u32 =
-        unsafe { bpf_probe_read_user((pending.args[1] + MSGHDR_FLAGS) as *const u32) }.ok()?;
+        match unsafe { bpf_probe_read_user((pending.args[1] + MSGHDR_FLAGS) as *const u32) } {
+            Ok(flags) => flags,
+            Err(_) => {
+                emit::count(Loss::UserRead);
+                return None;
+            }
+        };
     (msg_flags & MSG_CTRUNC != 0).then_some(msg_flags)
 }
 
@@ -183,9 +245,16 @@ fn path_arg(call: u16) -> Option<usize> {
     }
 }
 
-/// Shared body of every `sys_exit_*` program: emit the call stashed at `sys_enter`.
+/// The one exit program, attached to the `sys_exit_<call>` tracepoint of every traced call:
+/// emits the call stashed at `sys_enter`, if any.
+#[tracepoint]
+pub fn sys_exit(ctx: TracePointContext) -> u32 {
+    on_exit(&ctx);
+    0
+}
+
 #[inline(always)]
-pub fn on_exit(ctx: &TracePointContext) {
+fn on_exit(ctx: &TracePointContext) {
     let (tgid, tid) = ids();
     let Some(pending) = INFLIGHT.get_ptr(tid) else {
         return;
@@ -193,8 +262,10 @@ pub fn on_exit(ctx: &TracePointContext) {
     // SAFETY: a pointer to a live map value; copied before the entry is removed.
     let mut pending = unsafe { *pending };
     let _ = INFLIGHT.remove(tid);
-    // SAFETY: `ret` is part of every sys_exit record.
-    let ret = unsafe { ctx.read_at::<i64>(RET_OFFSET).unwrap_or(0) };
+    // SAFETY: every sys_exit record has this layout.
+    let ret = unsafe { ctx.read_at::<ExitArgs>(0) }
+        .map(|exit| exit.ret)
+        .unwrap_or(0);
 
     if pending.flags & flags::SHM_DIRECTORY != 0 {
         learn_directory(kernel::current_task(), ret, &kernel::offsets());
@@ -243,32 +314,21 @@ fn learn_directory(task: u64, ret: i64, off: &KernelOffsets) {
 
 #[inline(always)]
 fn emit_call(pending: &Pending, ret: i64, task: u64, off: &KernelOffsets) {
-    let Some(mut entry) = emit::reserve::<SyscallEvent>(EventKind::Syscall) else {
-        return;
-    };
     let mut file = pending.file;
     // The size after the call is what matters; a closed descriptor's inode may be gone.
     if pending.inode != 0 && pending.syscall != Syscall::Close as u16 {
         (file.size, file.blocks) = kernel::inode_size(pending.inode, off);
     }
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points to reserved ring buffer memory of the right size.
-    unsafe {
-        emit::fill_header(
-            &raw mut (*event).header,
-            EventKind::Syscall,
-            pending.flags,
-            task,
-            off,
-        );
-        (&raw mut (*event).syscall).write(pending.syscall);
-        (&raw mut (*event)._pad).write(0);
-        (&raw mut (*event).fd).write(pending.fd);
-        (&raw mut (*event).ret).write(ret);
-        (&raw mut (*event).args).write(pending.args);
-        (&raw mut (*event).file).write(file);
-    }
-    emit::submit(entry, urgent(pending, ret));
+    let event = SyscallEvent {
+        header: emit::header(EventKind::Syscall, pending.flags, task, off),
+        syscall: pending.syscall,
+        _pad: 0,
+        fd: pending.fd,
+        ret,
+        args: pending.args,
+        file,
+    };
+    emit::send(EventKind::Syscall, &event, urgent(pending, ret));
 }
 
 #[inline(always)]
@@ -302,7 +362,8 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &Ke
     } else {
         pending.args[1]
     };
-    // SAFETY: `event` points to reserved ring buffer memory of the right size.
+    // SAFETY: `event` points to reserved ring buffer memory of the right size; the path is
+    // read straight into it (too big for the stack), the rest is written whole.
     unsafe {
         let path = &raw mut (*event).path;
         let len = bpf_probe_read_user_str(
@@ -312,23 +373,19 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &Ke
         );
         if len <= 0 {
             (path as *mut u8).write(0);
+            emit::count(Loss::PathRead);
         } else if len >= PATH_LEN as i64 {
             header_flags |= flags::PATH_TRUNCATED;
         }
-        let call = &raw mut (*event).call;
-        emit::fill_header(
-            &raw mut (*call).header,
-            EventKind::Path,
-            header_flags,
-            task,
-            off,
-        );
-        (&raw mut (*call).syscall).write(pending.syscall);
-        (&raw mut (*call)._pad).write(0);
-        (&raw mut (*call).fd).write(fd);
-        (&raw mut (*call).ret).write(ret);
-        (&raw mut (*call).args).write(pending.args);
-        (&raw mut (*call).file).write(file);
+        (&raw mut (*event).call).write(SyscallEvent {
+            header: emit::header(EventKind::Path, header_flags, task, off),
+            syscall: pending.syscall,
+            _pad: 0,
+            fd,
+            ret,
+            args: pending.args,
+            file,
+        });
     }
     emit::submit(entry, urgent(pending, ret));
 }

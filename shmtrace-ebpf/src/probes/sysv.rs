@@ -1,70 +1,79 @@
 //! System V shared memory, reported for traced processes.
-//!
-//! ```text
-//! syscalls/sys_enter_shmget: key_t key @16; size_t size @24; int shmflg @32
-//! syscalls/sys_enter_shmat:  int shmid @16; char *shmaddr @24; int shmflg @32
-//! syscalls/sys_enter_shmdt:  char *shmaddr @16
-//! syscalls/sys_enter_shmctl: int shmid @16; int cmd @24; struct shmid_ds *buf @32
-//! ```
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::Syscall;
 
-use super::syscall;
+use super::syscall::{self, enter_args};
 use crate::{kernel, scope};
 
+enter_args! {
+    /// `syscalls/sys_enter_shmget`:
+    /// ```text
+    /// field:key_t key;    offset:16; size:8; signed:0;
+    /// field:size_t size;  offset:24; size:8; signed:0;
+    /// field:int shmflg;   offset:32; size:8; signed:0;
+    /// ```
+    ShmgetArgs { key, size, shmflg }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_shmat`:
+    /// ```text
+    /// field:int shmid;        offset:16; size:8; signed:0;
+    /// field:char * shmaddr;   offset:24; size:8; signed:0;
+    /// field:int shmflg;       offset:32; size:8; signed:0;
+    /// ```
+    ShmatArgs { shmid, shmaddr, shmflg }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_shmdt`:
+    /// ```text
+    /// field:char * shmaddr;   offset:16; size:8; signed:0;
+    /// ```
+    ShmdtArgs { shmaddr }
+}
+
+enter_args! {
+    /// `syscalls/sys_enter_shmctl`:
+    /// ```text
+    /// field:int shmid;                offset:16; size:8; signed:0;
+    /// field:int cmd;                  offset:24; size:8; signed:0;
+    /// field:struct shmid_ds * buf;    offset:32; size:8; signed:0;
+    /// ```
+    ShmctlArgs { shmid, cmd, buf }
+}
+
 #[inline(always)]
-fn enter<const N: usize>(ctx: &TracePointContext, call: Syscall) {
+fn enter(call: Syscall, args: Option<[u64; 6]>) {
     let (tgid, tid) = syscall::ids();
     let off = kernel::offsets();
     if let Some(flags) = scope::in_scope(tgid, kernel::current_task(), &off) {
-        syscall::stash(tid, call, flags, -1, syscall::args::<N>(ctx));
+        if let Some(args) = args {
+            syscall::stash(tid, call, flags, -1, args);
+        }
     }
 }
 
 #[tracepoint]
 pub fn sys_enter_shmget(ctx: TracePointContext) -> u32 {
-    enter::<3>(&ctx, Syscall::Shmget);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_shmget(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
+    enter(Syscall::Shmget, ShmgetArgs::read(&ctx).map(|a| a.raw()));
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_shmat(ctx: TracePointContext) -> u32 {
-    enter::<3>(&ctx, Syscall::Shmat);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_shmat(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
+    enter(Syscall::Shmat, ShmatArgs::read(&ctx).map(|a| a.raw()));
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_shmdt(ctx: TracePointContext) -> u32 {
-    enter::<1>(&ctx, Syscall::Shmdt);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_shmdt(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
+    enter(Syscall::Shmdt, ShmdtArgs::read(&ctx).map(|a| a.raw()));
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_shmctl(ctx: TracePointContext) -> u32 {
-    enter::<3>(&ctx, Syscall::Shmctl);
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_shmctl(ctx: TracePointContext) -> u32 {
-    syscall::on_exit(&ctx);
+    enter(Syscall::Shmctl, ShmctlArgs::read(&ctx).map(|a| a.raw()));
     0
 }

@@ -33,12 +33,7 @@ pub fn run(output: &OutputArgs) -> Result<ExitCode> {
         pipeline.name_other_namespaces("the demo's private namespace");
         Ok(pipeline)
     };
-    let outcome = launch::run(
-        what,
-        &TracerOptions::default(),
-        make_pipeline,
-        output.verbose,
-    )?;
+    let outcome = launch::run(what, &TracerOptions::default(), make_pipeline)?;
     match outcome.command_status {
         Some(ExitStatus::Code(WORKLOAD_STATUS)) => Ok(ExitCode::SUCCESS),
         Some(_) if outcome.interrupted => Ok(ExitCode::from(130)),

@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod record;
 pub mod replay;
+pub mod size;
 pub mod trace;
 
 use std::{

@@ -46,7 +46,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 .with_tap(tap),
         )
     };
-    let outcome = launch::run(what, &options, make_pipeline, args.verbose)?;
+    let outcome = launch::run(what, &options, make_pipeline)?;
     Ok(exit_code(&outcome))
 }
 

@@ -20,6 +20,9 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
         let out = args.output.as_deref().context("--redact needs -o FILE")?;
         return redact(&args.file, out);
     }
+    if args.size {
+        return super::size::from_trace(args);
+    }
     let set = open(&args.file)?;
     let header = set.header().clone();
     let output = open_output(
@@ -70,16 +73,16 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
     replay(set, &mut pipeline)
 }
 
-fn open(path: &Path) -> Result<TraceSet> {
+pub fn open(path: &Path) -> Result<TraceSet> {
     TraceSet::open(path).map_err(|error| anyhow::anyhow!("{error}"))
 }
 
-fn diagnoser(header: &TraceHeader) -> Diagnoser {
+pub fn diagnoser(header: &TraceHeader) -> Diagnoser {
     Diagnoser::new(header.host_mntns.unwrap_or(0))
 }
 
 /// `trace of python train.py on gpu-01 (Linux 6.8.0), recorded 2026-11-29 16:51:37 UTC`.
-fn describe(header: &TraceHeader) -> String {
+pub fn describe(header: &TraceHeader) -> String {
     let what = match (&header.target.command, header.target.host_wide) {
         (Some(argv), _) => argv.join(" "),
         (None, true) => "every process".to_owned(),
@@ -128,7 +131,7 @@ fn describe(header: &TraceHeader) -> String {
 /// Runs every record through the pipeline. A file that ends early (a recorder that was
 /// killed) is reported and what came before is used; a corrupt one is an error, after the
 /// report of what came before it.
-fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
+pub fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
     let mut first_ts = None;
     let mut last_ts = 0;
     let mut failure = None;

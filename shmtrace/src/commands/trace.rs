@@ -25,12 +25,7 @@ pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
     } else {
         DefaultStream::Stdout
     };
-    let outcome = launch::run(
-        what,
-        &options,
-        |_| pipeline(output, default, target.failed),
-        output.verbose,
-    )?;
+    let outcome = launch::run(what, &options, |_| pipeline(output, default, target.failed))?;
     Ok(exit_code(&outcome))
 }
 

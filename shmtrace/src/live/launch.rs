@@ -128,7 +128,6 @@ pub fn run(
     what: What,
     options: &TracerOptions,
     make_pipeline: impl FnOnce(&[ContainerInfo]) -> Result<Pipeline>,
-    verbose: bool,
 ) -> Result<Outcome> {
     let mut tracer = Tracer::load(options)?;
     target::register_shm_devs(&mut tracer, options.all)?;
@@ -219,7 +218,7 @@ pub fn run(
         }
         _ => Ending::Interrupt,
     };
-    let mut session = Session::new(tracer, pipeline, verbose);
+    let mut session = Session::new(tracer, pipeline);
     if let Some(watch) = watch {
         session = session.with_watch(watch);
     }

@@ -98,6 +98,7 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
             .map(|a| escape::text(a))
             .collect(),
         mntns,
+        nspid: container_pid(pid),
         fds: Vec::new(),
         mappings: Vec::new(),
     };
@@ -149,6 +150,15 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
         }
     }
     Some(snapshot)
+}
+
+/// `pid` as its own pid namespace numbers it (the last `NSpid` of /proc/PID/status), when
+/// it differs from the host's: the pid a container's logs print (PostgreSQL's, say).
+pub fn container_pid(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let innermost: u32 = line.split_whitespace().last()?.parse().ok()?;
+    (innermost != pid).then_some(innermost)
 }
 
 /// A /dev/shm path from /proc, escaped, with its ` (deleted)` marker split off.

@@ -13,7 +13,7 @@ use crate::{
     clock::boot_ns,
     event::{Body, ExitStatus, names},
     live::{
-        bpf::{EventReader, Tracer, watch},
+        bpf::{EventReader, Tracer},
         machine::LiveMachine,
         target::RunningCommand,
         watch::Watch,
@@ -53,17 +53,15 @@ pub struct Session {
     tracer: Tracer,
     pipeline: Pipeline,
     watch: Option<Watch>,
-    verbose: bool,
     started: Instant,
 }
 
 impl Session {
-    pub fn new(tracer: Tracer, pipeline: Pipeline, verbose: bool) -> Session {
+    pub fn new(tracer: Tracer, pipeline: Pipeline) -> Session {
         Session {
             tracer,
             pipeline,
             watch: None,
-            verbose,
             started: Instant::now(),
         }
     }
@@ -80,10 +78,6 @@ impl Session {
             .take_events()
             .context("the ring buffer was already taken")?;
         let mut reader = EventReader::new(ring).context("watching the ring buffer")?;
-        let mut logger = match (self.verbose, self.tracer.take_logger()) {
-            (true, Some(logger)) => Some(watch(logger).context("watching the eBPF log")?),
-            _ => None,
-        };
         let mut interrupt =
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
         let mut terminate =
@@ -145,11 +139,6 @@ impl Session {
                     }
                     self.pipeline.tick(boot_ns())?;
                 }
-                guard = async { logger.as_mut().expect("guarded").readable_mut().await }, if logger.is_some() => {
-                    let mut guard = guard.context("reading the eBPF log")?;
-                    guard.get_inner_mut().flush();
-                    guard.clear_ready();
-                }
             }
         }
 
@@ -177,8 +166,10 @@ impl Session {
         if batch.is_empty() {
             return Ok(());
         }
+        let mut machine = LiveMachine::default();
+        machine.read_failing_early(batch);
         for record in batch.drain(..) {
-            let event = self.pipeline.kernel_record(&record, &mut LiveMachine)?;
+            let event = self.pipeline.kernel_record(&record, &mut machine)?;
             if let (Ending::Pids(live), Some(event)) = (&mut *ending, event) {
                 match event.body {
                     Body::Exit(_) => {

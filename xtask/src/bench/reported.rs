@@ -11,7 +11,10 @@ use super::churn::CALLS;
 pub struct Reported {
     /// The event total from the tracer's own summary (shmtrace), or lines written (perf).
     pub events: Option<u64>,
+    /// Records lost to a full ring buffer.
     pub lost: Option<u64>,
+    /// Probe reads that failed (shmtrace's notices on stderr).
+    pub failed_reads: Option<u64>,
     /// Events per call name, counted in the tracer's output.
     pub per_call: Option<BTreeMap<String, u64>>,
     /// How `per_call` should compare with the calls made: shmtrace must see exactly the
@@ -50,14 +53,14 @@ pub fn read_shmtrace_file(output: &Path, json: bool, failed: bool) -> Result<Rep
             }
         } else if let Some(summary) = line.strip_prefix("shmtrace: ") {
             // "N events in 1.2s from P processes; F failed calls, K killed by a signal;
-            // L events lost"
+            // L events lost", then " (3 Syscall records (ring buffer full), ...)" when L > 0
             if let Some((n, rest)) = summary.split_once(" events in ") {
                 events = n.trim().parse().ok();
                 lost = rest
                     .rsplit("; ")
                     .next()
-                    .and_then(|l| l.strip_suffix(" events lost"))
-                    .and_then(|l| l.trim().parse().ok());
+                    .and_then(|l| l.split_once(" events lost"))
+                    .and_then(|(l, _)| l.trim().parse().ok());
             }
         } else if let Some(call) = human_call(line) {
             *per_call.entry(call.to_owned()).or_default() += 1;
@@ -69,6 +72,7 @@ pub fn read_shmtrace_file(output: &Path, json: bool, failed: bool) -> Result<Rep
     Ok(Reported {
         events,
         lost,
+        failed_reads: None,
         per_call: Some(per_call),
         expect: if failed {
             Expect::NoneShown
@@ -91,20 +95,58 @@ fn human_call(line: &str) -> Option<&str> {
     })
 }
 
-/// Losses shmtrace noticed on stderr: "... (...; N lost in all)". None noticed means none.
+/// Records shmtrace noticed it lost to a full ring buffer, from its notices on stderr:
+/// "N events lost or incomplete (3 Syscall records (ring buffer full), 2 path reads failed; M
+/// lost in all)". Failed probe reads are counted apart ([`failed_reads_from_notices`]): with
+/// `--all` they come from every process on the host, most of them not /dev/shm calls at all.
 pub fn lost_from_notices(stderr: &str) -> u64 {
-    stderr
-        .lines()
-        .filter_map(|l| {
-            l.split_once("; ")?
-                .1
-                .split_once(" lost in all")?
-                .0
-                .parse()
-                .ok()
-        })
-        .max()
-        .unwrap_or(0)
+    losses_from_notices(stderr).0
+}
+
+/// Probe reads shmtrace noticed failing (a path, a kernel field, an argument).
+pub fn failed_reads_from_notices(stderr: &str) -> u64 {
+    losses_from_notices(stderr).1
+}
+
+/// (ring buffer full, failed reads), summed over every notice.
+fn losses_from_notices(stderr: &str) -> (u64, u64) {
+    let mut ring = 0;
+    let mut reads = 0;
+    for line in stderr.lines() {
+        let Some((_, rest)) = line.split_once("events lost or incomplete (") else {
+            continue;
+        };
+        let Some((kinds, _)) = rest.split_once("; ") else {
+            continue;
+        };
+        for item in kinds.split(", ") {
+            let Some((count, what)) = item.split_once(' ') else {
+                continue;
+            };
+            let count: u64 = count.parse().unwrap_or(0);
+            if what.contains("ring buffer full") {
+                ring += count;
+            } else {
+                reads += count;
+            }
+        }
+    }
+    (ring, reads)
+}
+
+#[cfg(test)]
+mod notice_tests {
+    use super::*;
+
+    #[test]
+    fn ring_losses_and_failed_reads_apart() {
+        let stderr = "shmtrace: 5 events lost or incomplete (3 Syscall records (ring buffer full), \
+                      2 path reads failed; 5 lost in all). If ...\n\
+                      shmtrace: 1 events lost or incomplete (1 Fork records (ring buffer full); 6 \
+                      lost in all). If ...\n";
+        assert_eq!(lost_from_notices(stderr), 4);
+        assert_eq!(failed_reads_from_notices(stderr), 2);
+    }
 }
 
 /// perf trace lines: `TIME ( DURATION ms): COMM/PID call(args) = ret`, and `LOST N events!`.
@@ -133,6 +175,7 @@ pub fn read_perf_trace(output: &Path) -> Result<Reported> {
     Ok(Reported {
         events: Some(events),
         lost: Some(lost),
+        failed_reads: None,
         per_call: Some(per_call),
         expect: Expect::AtLeast,
     })

@@ -34,6 +34,11 @@ enum Kind {
     /// shmtrace attached and tracing another process; the workload runs untraced beside it.
     /// What every other process on the host pays while shmtrace runs.
     ShmtraceIdle,
+    /// `shmtrace --all` running beside the workload, which it traces as one process among all.
+    ShmtraceAll,
+    /// Empty BPF programs on shmtrace's hooks (`cargo xtask floor`): the least any tracer on
+    /// those hooks can cost.
+    Floor,
     Strace {
         seccomp: bool,
     },
@@ -46,11 +51,16 @@ enum Sink {
     DevNull,
 }
 
-pub const ALL: [Variant; 9] = [
+pub const ALL: [Variant; 11] = [
     Variant {
         name: "untraced",
         label: "untraced",
         kind: Kind::Untraced,
+    },
+    Variant {
+        name: "floor",
+        label: "empty programs, same hooks (floor)",
+        kind: Kind::Floor,
     },
     Variant {
         name: "shmtrace",
@@ -88,6 +98,11 @@ pub const ALL: [Variant; 9] = [
         name: "shmtrace-idle",
         label: "untraced, shmtrace --pid OTHER",
         kind: Kind::ShmtraceIdle,
+    },
+    Variant {
+        name: "shmtrace-all",
+        label: "beside shmtrace --all -o /dev/null",
+        kind: Kind::ShmtraceAll,
     },
     Variant {
         name: "strace",
@@ -128,6 +143,8 @@ pub struct TracerUse {
     /// The tracer's own CPU time, without the workload's.
     pub cpu_seconds: f64,
     pub peak_rss_kb: u64,
+    /// For a tracer stopped by SIGINT: seconds from the signal to its exit.
+    pub stop_seconds: Option<f64>,
 }
 
 /// What the workload said about itself.
@@ -161,7 +178,10 @@ impl Variant {
         };
         match self.kind {
             Kind::Untraced => Ok(()),
-            Kind::Shmtrace { .. } | Kind::ShmtraceIdle => probe(&setup.shmtrace, &["--version"]),
+            Kind::Floor => super::floor::attach_all().map(drop),
+            Kind::Shmtrace { .. } | Kind::ShmtraceIdle | Kind::ShmtraceAll => {
+                probe(&setup.shmtrace, &["--version"])
+            }
             Kind::Strace { .. } => probe(Path::new("strace"), &["-V"]),
             // perf trace needs tracefs and syscall tracepoints; try it for real.
             Kind::PerfTrace => probe(
@@ -180,11 +200,19 @@ impl Variant {
     }
 
     fn run_with(&self, setup: &Setup, workload: &[OsString], output: &Path) -> Result<Outcome> {
-        if let Kind::ShmtraceIdle = self.kind {
-            return run_beside_idle_shmtrace(setup, workload);
+        match self.kind {
+            Kind::ShmtraceIdle => return run_beside_idle_shmtrace(setup, workload),
+            Kind::ShmtraceAll => return run_beside_shmtrace_all(setup, workload),
+            _ => {}
         }
         let mut command = match self.kind {
             Kind::Untraced => direct(workload),
+            Kind::Floor => {
+                // workload[0] is this xtask binary, which also runs the floor.
+                let mut c = Command::new(&workload[0]);
+                c.args(["floor", "--"]).args(workload);
+                c
+            }
             Kind::Shmtrace { flags, sink } => {
                 let mut c = Command::new(&setup.shmtrace);
                 c.args(flags).arg("-o");
@@ -216,7 +244,7 @@ impl Variant {
                     .args(workload);
                 c
             }
-            Kind::ShmtraceIdle => unreachable!("handled above"),
+            Kind::ShmtraceIdle | Kind::ShmtraceAll => unreachable!("handled above"),
         };
         let top = Running::spawn(&mut command, false)?.finish()?;
         if !top.success() {
@@ -231,6 +259,7 @@ impl Variant {
         let tracer = self.traced().then_some(TracerUse {
             cpu_seconds: top.own_cpu_seconds,
             peak_rss_kb: top.peak_rss_kb,
+            stop_seconds: None,
         });
         let reported = match self.kind {
             Kind::Shmtrace { flags, sink } => {
@@ -295,6 +324,7 @@ fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outc
             tracer: Some(TracerUse {
                 cpu_seconds: tracer.own_cpu_seconds,
                 peak_rss_kb: tracer.peak_rss_kb,
+                stop_seconds: None,
             }),
             top,
             reported: Reported {
@@ -306,6 +336,51 @@ fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outc
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     result
+}
+
+/// Starts `shmtrace --all`, waits until its probes are attached, runs the workload beside it,
+/// then stops it with SIGINT as a user would, timing how long it takes to exit.
+fn run_beside_shmtrace_all(setup: &Setup, workload: &[OsString]) -> Result<Outcome> {
+    let mut tracer = Running::spawn(
+        Command::new(&setup.shmtrace).args(["--all", "-o", "/dev/null"]),
+        false,
+    )?;
+    let top = wait_attached(tracer.pid())
+        .and_then(|()| Running::spawn(&mut direct(workload), false)?.finish());
+    let signalled = Instant::now();
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(tracer.pid() as libc::pid_t, libc::SIGINT) };
+    let top = match top {
+        Ok(top) => top,
+        Err(error) => {
+            tracer.kill();
+            let _ = tracer.finish();
+            return Err(error);
+        }
+    };
+    let tracer = tracer.finish()?;
+    let stop_seconds = signalled.elapsed().as_secs_f64();
+    if !top.success() {
+        bail!(
+            "the workload ended with {}: {}",
+            top.describe_status(),
+            last_lines(&top.stderr, 3)
+        );
+    }
+    Ok(Outcome {
+        workload: WorkloadReport::from_stdout(&top.stdout)?,
+        tracer: Some(TracerUse {
+            cpu_seconds: tracer.own_cpu_seconds,
+            peak_rss_kb: tracer.peak_rss_kb,
+            stop_seconds: Some(stop_seconds),
+        }),
+        top,
+        reported: Reported {
+            lost: Some(reported::lost_from_notices(&tracer.stderr)),
+            failed_reads: Some(reported::failed_reads_from_notices(&tracer.stderr)),
+            ..Reported::default()
+        },
+    })
 }
 
 /// shmtrace prints nothing when its probes are attached. It is attached once it holds BPF

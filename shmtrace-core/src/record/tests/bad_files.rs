@@ -258,3 +258,34 @@ fn end_mark_len() -> usize {
     encode_frame(&mut frame, FrameKind::User, 0, &UserRecord::End.to_cbor());
     frame.len()
 }
+
+/// A file whose kernel records were laid out by a different build is refused, naming both
+/// layouts and the writer; a file from before the layout hash existed still reads.
+#[test]
+fn other_record_layout() {
+    let dir = TempDir::new("layout");
+    let write = |name: &str, layout: Option<u64>| {
+        let path = dir.join(name);
+        let mut header = test_header();
+        header.tool_version = "9.9.9\x1b[2J".into();
+        header.record_layout = layout;
+        let mut writer = TraceWriter::create(&path, header, WriterOptions::default()).unwrap();
+        writer.write_kernel(&fork(1, 1, 1000)).unwrap();
+        writer.finish(&mut no_carry).unwrap();
+        read_all(&path)
+    };
+    let (entries, error) = write("other.shmtrace", Some(shmtrace_common::LAYOUT_HASH ^ 1));
+    let error = error.expect("refused");
+    assert!(entries.is_empty());
+    assert!(matches!(error.reason, Reason::OtherLayout { .. }));
+    let text = error.to_string();
+    assert!(text.contains("laid out differently"), "{text}");
+    assert!(text.contains("written by shmtrace 9.9.9"), "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "the writer's version is escaped: {text}"
+    );
+    let (entries, error) = write("older.shmtrace", None);
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(entries.len(), 1);
+}

@@ -55,9 +55,8 @@ impl Drop for TempDir {
     }
 }
 
-pub fn bytes_of<T>(value: &T) -> Vec<u8> {
-    // SAFETY: the shmtrace-common structs are repr(C) integers and byte arrays.
-    unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size_of::<T>()) }.to_vec()
+pub fn bytes_of<T: zerocopy::IntoBytes + zerocopy::Immutable>(value: &T) -> Vec<u8> {
+    value.as_bytes().to_vec()
 }
 
 pub fn comm(name: &str) -> [u8; common::COMM_LEN] {
@@ -221,6 +220,7 @@ pub fn snapshot(pid: u32) -> UserRecord {
         exe: Some("/usr/bin/python3.11".into()),
         argv: vec!["python3".into(), "train.py".into()],
         mntns: 4026532400,
+        nspid: Some(7),
         fds: vec![SnapshotFd {
             fd: 5,
             inode: InodeId { dev: 26, ino: 5 },

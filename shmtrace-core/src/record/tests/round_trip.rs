@@ -24,7 +24,7 @@ fn write_sample(path: &Path, compression: Option<i32>) -> Vec<Vec<u8>> {
         writer.write_kernel(record).unwrap();
     }
     let mut lost = LostCounts::default();
-    lost.add(EventKind::Syscall, 3);
+    lost.add(shmtrace_common::Loss::RingFull(EventKind::Syscall), 3);
     writer
         .write_user(1_000_010_000, &UserRecord::Lost(LostCounters::from(&lost)))
         .unwrap();

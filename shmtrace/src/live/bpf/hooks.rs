@@ -1,4 +1,5 @@
-//! What the programs attach to. Each program is named after its attach point.
+//! What the programs attach to. Each entry program is named after its tracepoint; one exit
+//! program, `sys_exit`, serves every `sys_exit_*` tracepoint.
 use std::path::Path;
 
 use btf_rs::Btf;
@@ -9,8 +10,9 @@ use super::{BpfError, offsets};
 /// One program's attach point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hook {
-    /// A tracefs tracepoint, `events/<category>/<name>`.
+    /// A tracefs tracepoint, `events/<category>/<name>`, and the program attached to it.
     Tracepoint {
+        program: String,
         category: &'static str,
         name: String,
     },
@@ -22,18 +24,21 @@ impl Hook {
     /// The program's name in the eBPF object.
     pub fn program(&self) -> &str {
         match self {
-            Hook::Tracepoint { name, .. } => name,
+            Hook::Tracepoint { program, .. } => program,
             Hook::BtfTracepoint { name } => name,
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
-            Hook::Tracepoint { category, name } => format!("tracepoint {category}/{name}"),
+            Hook::Tracepoint { category, name, .. } => format!("tracepoint {category}/{name}"),
             Hook::BtfTracepoint { name } => format!("BTF tracepoint {name}"),
         }
     }
 }
+
+/// The program attached to every `sys_exit_*` tracepoint.
+pub const EXIT_PROGRAM: &str = "sys_exit";
 
 /// Every hook, in attach order: process lifecycle first, so no fork is missed while the
 /// syscall probes attach.
@@ -49,16 +54,22 @@ pub fn all() -> Vec<Hook> {
     .map(|name| Hook::BtfTracepoint { name })
     .collect();
     hooks.push(Hook::Tracepoint {
+        program: "mark_victim".to_owned(),
         category: "oom",
         name: "mark_victim".to_owned(),
     });
     for call in Syscall::ALL {
-        for phase in ["enter", "exit"] {
-            hooks.push(Hook::Tracepoint {
-                category: "syscalls",
-                name: format!("sys_{phase}_{}", call.name()),
-            });
-        }
+        let enter = format!("sys_enter_{}", call.name());
+        hooks.push(Hook::Tracepoint {
+            program: enter.clone(),
+            category: "syscalls",
+            name: enter,
+        });
+        hooks.push(Hook::Tracepoint {
+            program: EXIT_PROGRAM.to_owned(),
+            category: "syscalls",
+            name: format!("sys_exit_{}", call.name()),
+        });
     }
     hooks
 }
@@ -68,7 +79,7 @@ pub fn check_available(hooks: &[Hook], tracefs: &Path, btf: &Btf) -> Result<(), 
     let missing: Vec<String> = hooks
         .iter()
         .filter(|hook| match hook {
-            Hook::Tracepoint { category, name } => {
+            Hook::Tracepoint { category, name, .. } => {
                 !tracefs.join("events").join(category).join(name).is_dir()
             }
             Hook::BtfTracepoint { name } => !offsets::has_btf_tracepoint(btf, name),
@@ -79,5 +90,90 @@ pub fn check_available(hooks: &[Hook], tracefs: &Path, btf: &Btf) -> Result<(), 
         Ok(())
     } else {
         Err(BpfError::MissingHooks { missing })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+    use super::*;
+    use crate::live::bpf::EBPF_OBJECT;
+
+    /// Every program in the committed object, as (name, ELF section).
+    fn programs_in_object() -> BTreeSet<(String, String)> {
+        let file = object::File::parse(EBPF_OBJECT).expect("the committed object is ELF");
+        file.symbols()
+            .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.is_global())
+            .filter_map(|symbol| {
+                let section = file.section_by_index(symbol.section_index()?).ok()?;
+                let section = section.name().ok()?.to_owned();
+                let name = symbol.name().ok()?.to_owned();
+                (section == "tracepoint" || section.starts_with("tp_btf/"))
+                    .then_some((name, section))
+            })
+            .collect()
+    }
+
+    /// Runs without root or a kernel: the loader's hook list and the object agree, program by
+    /// program, on names, program types and attach points.
+    #[test]
+    fn every_program_in_the_object_has_its_hook_and_back() {
+        let in_object = programs_in_object();
+        let hooks = all();
+        let mut wanted = BTreeSet::new();
+        for hook in &hooks {
+            let section = match hook {
+                Hook::Tracepoint { .. } => "tracepoint".to_owned(),
+                Hook::BtfTracepoint { name } => format!("tp_btf/{name}"),
+            };
+            wanted.insert((hook.program().to_owned(), section));
+        }
+        let missing: Vec<_> = wanted.difference(&in_object).collect();
+        let unused: Vec<_> = in_object.difference(&wanted).collect();
+        assert!(
+            missing.is_empty(),
+            "hooks whose program is not in the object (or has another type): {missing:?}"
+        );
+        assert!(
+            unused.is_empty(),
+            "programs in the object that no hook attaches: {unused:?}"
+        );
+        // Attach points: each entry program to its own call's tracepoint, the exit program to
+        // every traced call's exit, and no tracepoint twice.
+        let mut attach_points = BTreeSet::new();
+        for hook in &hooks {
+            if let Hook::Tracepoint {
+                program,
+                category,
+                name,
+            } = hook
+            {
+                assert!(
+                    attach_points.insert((*category, name.clone())),
+                    "{name} twice"
+                );
+                if name.starts_with("sys_exit_") {
+                    assert_eq!(program, EXIT_PROGRAM, "{name}");
+                } else {
+                    assert_eq!(
+                        program, name,
+                        "entry programs are named after their tracepoint"
+                    );
+                }
+            }
+        }
+        for call in Syscall::ALL {
+            for phase in ["enter", "exit"] {
+                let name = format!("sys_{phase}_{}", call.name());
+                assert!(
+                    attach_points.contains(&("syscalls", name.clone())),
+                    "{name}"
+                );
+            }
+        }
+        assert_eq!(attach_points.len(), 2 * Syscall::ALL.len() + 1);
     }
 }

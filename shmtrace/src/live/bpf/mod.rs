@@ -12,7 +12,7 @@ mod tracer;
 
 use std::path::PathBuf;
 
-pub use reader::{EventReader, watch};
+pub use reader::EventReader;
 pub use tracer::{Tracer, TracerOptions};
 
 /// The eBPF object built from `shmtrace-ebpf` by `cargo xtask build-ebpf`, committed so that

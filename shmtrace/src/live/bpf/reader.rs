@@ -52,7 +52,7 @@ impl EventReader {
 }
 
 /// Registers an eBPF map's descriptor with the async runtime, for readability.
-pub fn watch<T: AsRawFd>(map: T) -> io::Result<AsyncFd<T>> {
+fn watch<T: AsRawFd>(map: T) -> io::Result<AsyncFd<T>> {
     // SAFETY: aya map handles own their descriptor until dropped, and the AsyncFd owns the
     // handle, so the descriptor stays open and unchanged for the AsyncFd's whole life.
     unsafe { AsyncFd::register_with_interest(map, Interest::READABLE) }

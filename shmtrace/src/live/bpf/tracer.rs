@@ -6,8 +6,7 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
 };
-use aya_log::EbpfLogger;
-use shmtrace_common::{Config, EventKind};
+use shmtrace_common::{Config, Loss, targets::TRACKED};
 use shmtrace_core::event::LostCounts;
 
 use super::{
@@ -15,9 +14,6 @@ use super::{
     hooks::{self, Hook},
     offsets, preflight,
 };
-
-/// Forwards the probes' `aya-log` messages to the `log` crate.
-pub type KernelLog = EbpfLogger<&'static dyn log::Log>;
 
 /// What to trace; fixed for the life of a [`Tracer`].
 #[derive(Clone, Debug)]
@@ -50,9 +46,8 @@ impl Default for TracerOptions {
 pub struct Tracer {
     /// Attachments, owned here so that `Drop` can detach them all at once.
     links: Vec<Link>,
-    // Field order is drop order: maps and logger go before the programs they belong to.
+    // Field order is drop order: maps go before the programs they belong to.
     events: Option<RingBuf<MapData>>,
-    logger: Option<KernelLog>,
     targets: HashMap<MapData, u32, u32>,
     target_mntns: HashMap<MapData, u32, u32>,
     target_cgroups: HashMap<MapData, u64, u32>,
@@ -70,11 +65,15 @@ impl Tracer {
             return Err(BpfError::BadBufferSize(size));
         }
         let btf_bytes = offsets::read_btf(&options.btf_path)?;
-        let kernel_btf = offsets::parse_btf(&btf_bytes, &options.btf_path)?;
-        let kernel_offsets = offsets::resolve(&kernel_btf)?;
-        let tracefs = preflight::tracefs()?;
         let hooks = hooks::all();
-        hooks::check_available(&hooks, tracefs, &kernel_btf)?;
+        // btf_rs's parse is only needed for the offsets and the hook check: dropped before
+        // aya parses the same bytes, so the two are never held at once.
+        let kernel_offsets = {
+            let kernel_btf = offsets::parse_btf(&btf_bytes, &options.btf_path)?;
+            let tracefs = preflight::tracefs()?;
+            hooks::check_available(&hooks, tracefs, &kernel_btf)?;
+            offsets::resolve(&kernel_btf)?
+        };
         preflight::check_ring_buffer()?;
 
         let config = Config {
@@ -97,8 +96,9 @@ impl Tracer {
             .map_max_entries("EVENTS", size)
             .load(EBPF_OBJECT)
             .map_err(|error| BpfError::Load(Box::new(error)))?;
-        let logger = EbpfLogger::init(&mut ebpf).ok();
+        drop(btf_bytes);
         let mut links = Vec::with_capacity(hooks.len());
+        load_in_parallel(&mut ebpf, &hooks, &aya_btf)?;
         for hook in &hooks {
             links.push(attach(&mut ebpf, hook, &aya_btf)?);
         }
@@ -106,7 +106,6 @@ impl Tracer {
         Ok(Tracer {
             links,
             events: Some(take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?),
-            logger,
             targets: take_map(&mut ebpf, "TARGETS", HashMap::try_from)?,
             target_mntns: take_map(&mut ebpf, "TARGET_MNTNS", HashMap::try_from)?,
             target_cgroups: take_map(&mut ebpf, "TARGET_CGROUPS", HashMap::try_from)?,
@@ -121,15 +120,10 @@ impl Tracer {
         self.events.take()
     }
 
-    /// The kernel log forwarder, once.
-    pub fn take_logger(&mut self) -> Option<KernelLog> {
-        self.logger.take()
-    }
-
     /// Follows process `pid` (a thread-group id) and, through fork, its descendants.
     pub fn add_target(&mut self, pid: u32) -> Result<(), BpfError> {
         self.targets
-            .insert(pid, 1, 0)
+            .insert(pid, TRACKED, 0)
             .map_err(|e| map_error("TARGETS", e))
     }
 
@@ -164,15 +158,16 @@ impl Tracer {
             .map_err(|e| map_error("SHM_DEVS", e))
     }
 
-    /// Records dropped in the kernel because the ring buffer was full, so far.
+    /// What the probes could not report so far, by reason: records dropped because the ring
+    /// buffer was full, and reads that failed.
     pub fn lost(&self) -> Result<LostCounts, BpfError> {
         let mut counts = LostCounts::default();
-        for kind in EventKind::ALL {
+        for loss in Loss::all() {
             let per_cpu = self
                 .lost
-                .get(&(kind as u32), 0)
+                .get(&loss.index(), 0)
                 .map_err(|e| map_error("LOST", e))?;
-            counts.add(kind, per_cpu.iter().sum());
+            counts.add(loss, per_cpu.iter().sum());
         }
         Ok(counts)
     }
@@ -219,6 +214,50 @@ impl Drop for Tracer {
     }
 }
 
+/// Loads every program a hook needs, spread over the CPUs: the verifier's work is most of
+/// shmtrace's start-up, and programs are verified independently. Attaching stays in order.
+fn load_in_parallel(ebpf: &mut Ebpf, hooks: &[Hook], btf: &aya::Btf) -> Result<(), BpfError> {
+    let first_hook = |name: &str| hooks.iter().find(|hook| hook.program() == name);
+    let mut programs: Vec<(&Hook, &mut aya::programs::Program)> = ebpf
+        .programs_mut()
+        .filter_map(|(name, program)| Some((first_hook(name)?, program)))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = programs.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = programs
+            .chunks_mut(chunk)
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .iter_mut()
+                        .try_for_each(|(hook, program)| load(hook, program, btf))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|worker| worker.join().expect("a loader thread panicked"))
+    })
+}
+
+fn load(hook: &Hook, program: &mut aya::programs::Program, btf: &aya::Btf) -> Result<(), BpfError> {
+    let program_error = |source| BpfError::Program {
+        program: hook.describe(),
+        source: Box::new(source),
+    };
+    match hook {
+        Hook::Tracepoint { .. } => {
+            let program: &mut TracePoint = program.try_into().map_err(program_error)?;
+            program.load().map_err(program_error)
+        }
+        Hook::BtfTracepoint { name } => {
+            let program: &mut BtfTracePoint = program.try_into().map_err(program_error)?;
+            program.load(name, btf).map_err(program_error)
+        }
+    }
+}
+
 fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError> {
     let program_error = |source| BpfError::Program {
         program: hook.describe(),
@@ -229,18 +268,20 @@ fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError
         .ok_or_else(|| BpfError::MissingHooks {
             missing: vec![format!("{} (not in the eBPF object)", hook.describe())],
         })?;
+    // Loaded by `load_in_parallel`; the exit program is loaded once and attached to many.
+    if program.fd().is_err() {
+        load(hook, program, btf)?;
+    }
     match hook {
-        Hook::Tracepoint { category, name } => {
+        Hook::Tracepoint { category, name, .. } => {
             let program: &mut TracePoint = program.try_into().map_err(program_error)?;
-            program.load().map_err(program_error)?;
             let id = program.attach(category, name).map_err(program_error)?;
             Ok(Link::Tracepoint(
                 program.take_link(id).map_err(program_error)?,
             ))
         }
-        Hook::BtfTracepoint { name } => {
+        Hook::BtfTracepoint { .. } => {
             let program: &mut BtfTracePoint = program.try_into().map_err(program_error)?;
-            program.load(name, btf).map_err(program_error)?;
             let id = program.attach().map_err(program_error)?;
             Ok(Link::BtfTracepoint(
                 program.take_link(id).map_err(program_error)?,

@@ -1,0 +1,383 @@
+//! How much /dev/shm a workload needs, measured while it works (`shmtrace size`).
+//!
+//! The measure is pages allocated (the inodes' `i_blocks`, as the kernel reports them at every
+//! call on a /dev/shm object: open, ftruncate, fallocate, write, mmap, close), summed over the
+//! live objects of every traced process on each /dev/shm, at every event; and, where /dev/shm
+//! was measured with statfs (at start, at failures and once a second for containers), its use
+//! beyond what it held before the workload started, which also sees pages written through a
+//! mapping between two calls. The peak of the two is what the workload needs at once.
+mod render;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+pub use render::text;
+
+use crate::{
+    diagnose::{
+        Capacity, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role,
+        with_headroom,
+    },
+    event::{Body, Event, InodeId},
+    model::{Annotation, ShmObject, StartedBy, World},
+    size::{count, human},
+};
+
+/// Objects listed as live at the peak, largest first.
+const LIVE_AT_PEAK: usize = 8;
+
+/// One /dev/shm and what the workload took of it.
+#[derive(Clone, Debug, Default)]
+struct Shm {
+    place: String,
+    started_by: Option<StartedBy>,
+    /// Pages held by traced objects now, and at most.
+    now: u64,
+    peak: u64,
+    peak_ns: u64,
+    at_peak: Vec<LiveObject>,
+    /// Live objects as of the last event, for the moment of a statfs peak.
+    live_now: Vec<LiveObject>,
+    statfs_at_peak: Vec<LiveObject>,
+    /// Each role's own peak.
+    roles: BTreeMap<RoleKind, u64>,
+    /// statfs: its size, its use before the workload, the most used beyond that.
+    size: Option<u64>,
+    baseline: Option<u64>,
+    statfs_peak: u64,
+    statfs_peak_ns: u64,
+    /// The largest `torch_` object: a DataLoader batch.
+    batch_bytes: u64,
+}
+
+/// Object at the peak.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LiveObject {
+    pub name: String,
+    /// Pages it held as the kernel last reported them.
+    pub bytes: u64,
+    /// Its size (`i_size`).
+    pub size: u64,
+    /// It was mapped: pages written through the mapping show only in statfs.
+    pub mapped: bool,
+    pub pid: Option<u32>,
+    pub role: &'static str,
+}
+
+/// Watches a trace and keeps the peaks.
+#[derive(Default)]
+pub struct Sizer {
+    shms: BTreeMap<u32, Shm>,
+    /// Who first touched each object (its creator, or the process it was passed to).
+    owners: HashMap<InodeId, (u32, RoleKind)>,
+    start_ns: Option<u64>,
+    end_ns: u64,
+    failures: Vec<String>,
+    workers: BTreeMap<u32, ()>,
+}
+
+impl Sizer {
+    pub fn new() -> Sizer {
+        Sizer::default()
+    }
+
+    /// An event, already applied to `world`, by a process of `role` in `place`.
+    pub fn event(
+        &mut self,
+        event: &Event,
+        note: &Annotation,
+        role: RoleKind,
+        place: &str,
+        world: &World,
+    ) {
+        self.start_ns.get_or_insert(event.ts_ns);
+        self.end_ns = self.end_ns.max(event.ts_ns);
+        if role == RoleKind::DataloaderWorker {
+            self.workers.insert(event.pid, ());
+        }
+        let mut touched = None;
+        if let Body::Call(call) = &event.body
+            && let Some(file) = call.file
+        {
+            self.owners.entry(file.inode).or_insert((event.pid, role));
+            let shm = self.shms.entry(file.inode.dev).or_default();
+            if shm.place.is_empty() {
+                shm.place = place.to_owned();
+            }
+            touched = Some(file.inode.dev);
+        }
+        let freed = !note.freed.is_empty();
+        let changed: Vec<u32> = world
+            .usages()
+            .filter(|(dev, usage)| {
+                self.shms
+                    .get(dev)
+                    .is_some_and(|shm| shm.now != usage.allocated || freed || touched == Some(*dev))
+            })
+            .map(|(dev, _)| dev)
+            .collect();
+        for dev in changed {
+            self.remeasure(dev, event.ts_ns, world);
+        }
+    }
+
+    pub fn capacity(&mut self, sample: &Capacity) {
+        let Some(shm) = self.shms.get_mut(&sample.dev) else {
+            // Not (yet) a /dev/shm the workload used: its use now is the baseline.
+            self.shms.insert(
+                sample.dev,
+                Shm {
+                    size: Some(sample.size),
+                    baseline: Some(sample.used),
+                    ..Shm::default()
+                },
+            );
+            return;
+        };
+        shm.size = Some(sample.size);
+        // What others held before the workload's first object: the first sample, less what
+        // the workload held then.
+        let baseline = *shm
+            .baseline
+            .get_or_insert(sample.used.saturating_sub(shm.now));
+        let beyond = sample.used.saturating_sub(baseline);
+        if beyond > shm.statfs_peak {
+            shm.statfs_peak = beyond;
+            shm.statfs_peak_ns = sample.ts_ns;
+            shm.statfs_at_peak = shm.live_now.clone();
+        }
+    }
+
+    pub fn container(&mut self, dev: Option<u32>, place: String, started_by: StartedBy) {
+        if let Some(dev) = dev {
+            let shm = self.shms.entry(dev).or_default();
+            shm.place = place;
+            shm.started_by = Some(started_by);
+        }
+    }
+
+    pub fn diagnosis(&mut self, diagnosis: &Diagnosis) {
+        if let Some(failure) = diagnosis.failures.first() {
+            let cause = serde_json::to_value(failure.cause)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            self.failures.push(format!(
+                "{} (pid {}): {cause}",
+                crate::event::escape::text(&diagnosis.comm),
+                diagnosis.pid
+            ));
+        }
+    }
+
+    fn remeasure(&mut self, dev: u32, ts_ns: u64, world: &World) {
+        let live: Vec<&ShmObject> = world
+            .live_objects()
+            .filter(|o| o.inode.dev == dev)
+            .collect();
+        let shm = self.shms.get_mut(&dev).expect("checked by the caller");
+        shm.now = world.usage(dev).map(|u| u.allocated).unwrap_or(0);
+        let mut by_role: BTreeMap<RoleKind, u64> = BTreeMap::new();
+        let mut live_now: Vec<LiveObject> = Vec::with_capacity(live.len());
+        for object in &live {
+            let (pid, role) = self
+                .owners
+                .get(&object.inode)
+                .copied()
+                .unwrap_or((object.creator.unwrap_or(0), RoleKind::Other));
+            let size = object.size.max(0) as u64;
+            let mapped = object.mappings > 0;
+            // A mapping may have written every page: count those of a mapped object by size.
+            let held = if mapped {
+                object.allocated.max(size)
+            } else {
+                object.allocated
+            };
+            *by_role.entry(role).or_default() += held;
+            if object.path.as_deref().is_some_and(role::is_torch) {
+                shm.batch_bytes = shm.batch_bytes.max(object.allocated);
+            }
+            if held > 0 {
+                live_now.push(LiveObject {
+                    name: object.display_name(),
+                    bytes: object.allocated,
+                    size,
+                    mapped,
+                    pid: (pid != 0).then_some(pid),
+                    role: role.describe(),
+                });
+            }
+        }
+        for (role, bytes) in by_role {
+            let peak = shm.roles.entry(role).or_default();
+            *peak = (*peak).max(bytes);
+        }
+        live_now
+            .sort_by(|a, b| (b.bytes.max(b.size), &a.name).cmp(&(a.bytes.max(a.size), &b.name)));
+        if shm.now > shm.peak {
+            shm.peak = shm.now;
+            shm.peak_ns = ts_ns;
+            shm.at_peak = live_now.clone();
+        }
+        shm.live_now = live_now;
+    }
+
+    /// The result, checked against `budget` when one is given.
+    pub fn report(&self, budget: Option<u64>, lost: u64) -> SizeReport {
+        let shms: Vec<ShmReport> = self
+            .shms
+            .iter()
+            .filter(|(_, shm)| shm.peak > 0 || shm.statfs_peak > 0)
+            .map(|(dev, shm)| self.shm_report(*dev, shm))
+            .collect();
+        let needed = shms.iter().map(|s| s.with_headroom).max();
+        SizeReport {
+            duration_s: self
+                .end_ns
+                .saturating_sub(self.start_ns.unwrap_or(self.end_ns))
+                as f64
+                / 1e9,
+            shm: shms,
+            failures: self.failures.clone(),
+            lost_events: lost,
+            budget: budget.map(|budget| Budget {
+                bytes: budget,
+                needed: needed.unwrap_or(0),
+                fits: needed.unwrap_or(0) <= budget,
+            }),
+        }
+    }
+
+    fn shm_report(&self, dev: u32, shm: &Shm) -> ShmReport {
+        let (peak, peak_ns, measured_by, at_peak) = if shm.statfs_peak > shm.peak {
+            (
+                shm.statfs_peak,
+                shm.statfs_peak_ns,
+                "statfs",
+                &shm.statfs_at_peak,
+            )
+        } else {
+            (shm.peak, shm.peak_ns, "system calls", &shm.at_peak)
+        };
+        let live = at_peak.len();
+        let processes = {
+            let mut pids: Vec<u32> = at_peak.iter().filter_map(|o| o.pid).collect();
+            pids.sort();
+            pids.dedup();
+            pids.len()
+        };
+        let basis = format!(
+            "peak {} allocated at once ({}, {} of {}; measured by {measured_by})",
+            human(peak),
+            self.seconds(peak_ns),
+            count(live as u64, "live object"),
+            if processes == 1 {
+                "1 process".to_owned()
+            } else {
+                format!("{processes} processes")
+            }
+        );
+        let started_by = shm.started_by.clone().unwrap_or(StartedBy::Unknown);
+        let advice = advise(peak, &basis, &started_by);
+        let workers = self.workers.len() as u32;
+        let dataloader_bound = (workers > 0 && shm.batch_bytes > 0).then(|| {
+            let loader = DataloaderDemand {
+                workers,
+                in_flight: 0,
+                batch_bytes: shm.batch_bytes,
+            };
+            loader.bound()
+        });
+        ShmReport {
+            place: if shm.place.is_empty() {
+                "host".to_owned()
+            } else {
+                shm.place.clone()
+            },
+            dev: InodeId { dev, ino: 0 }.dev_string(),
+            size: shm.size,
+            peak_bytes: peak,
+            peak_ns,
+            peak_after_s: self.seconds_f(peak_ns),
+            measured_by,
+            syscall_peak_bytes: shm.peak,
+            statfs_peak_bytes: shm.size.map(|_| shm.statfs_peak),
+            roles: shm
+                .roles
+                .iter()
+                .filter(|(_, bytes)| **bytes > 0)
+                .map(|(role, bytes)| RolePeak {
+                    role: role.describe(),
+                    peak_bytes: *bytes,
+                })
+                .collect(),
+            live_at_peak: at_peak.iter().take(LIVE_AT_PEAK).cloned().collect(),
+            live_at_peak_total: live,
+            with_headroom: with_headroom(peak),
+            dataloader_bound,
+            near_full: shm.size.is_some_and(|size| peak * 10 >= size * 9),
+            advice,
+        }
+    }
+
+    fn seconds_f(&self, ts_ns: u64) -> f64 {
+        ts_ns.saturating_sub(self.start_ns.unwrap_or(ts_ns)) as f64 / 1e9
+    }
+
+    fn seconds(&self, ts_ns: u64) -> String {
+        format!("{:.3} s after the start", self.seconds_f(ts_ns))
+    }
+}
+
+/// What `shmtrace size` prints, and with `--json` writes as one object.
+#[derive(Clone, Debug, Serialize)]
+pub struct SizeReport {
+    pub duration_s: f64,
+    pub shm: Vec<ShmReport>,
+    /// Processes that failed while it was measured: the peak may then be short of the need.
+    pub failures: Vec<String>,
+    pub lost_events: u64,
+    pub budget: Option<Budget>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ShmReport {
+    /// Host, or the container whose /dev/shm it is.
+    pub place: String,
+    pub dev: String,
+    /// Its size, when it was measured.
+    pub size: Option<u64>,
+    pub peak_bytes: u64,
+    #[serde(skip)]
+    pub peak_ns: u64,
+    pub peak_after_s: f64,
+    /// `system calls` or `statfs`: which measure gave the peak.
+    pub measured_by: &'static str,
+    pub syscall_peak_bytes: u64,
+    pub statfs_peak_bytes: Option<u64>,
+    pub roles: Vec<RolePeak>,
+    pub live_at_peak: Vec<LiveObject>,
+    /// How many objects were live at the peak (the list shows the largest).
+    pub live_at_peak_total: usize,
+    /// The peak plus headroom, rounded: what `--budget` is checked against.
+    pub with_headroom: u64,
+    /// PyTorch's rule of thumb for the DataLoader seen, for comparison only.
+    pub dataloader_bound: Option<u64>,
+    /// The peak came within 10% of the /dev/shm size: it was not roomy enough to measure.
+    pub near_full: bool,
+    pub advice: Recommendation,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RolePeak {
+    pub role: &'static str,
+    pub peak_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Budget {
+    pub bytes: u64,
+    pub needed: u64,
+    pub fits: bool,
+}

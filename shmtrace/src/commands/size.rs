@@ -1,0 +1,288 @@
+//! `shmtrace size` (live) and `shmtrace report --size` (from a trace file): the peak of
+//! /dev/shm a workload allocated, and the size to give it.
+use std::{
+    collections::HashMap,
+    io::Write,
+    path::Path,
+    process::ExitCode,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+
+use super::{
+    DefaultStream, init_logging, open_output,
+    replay::{describe, diagnoser, open, replay},
+    trace::{exit_code, host_diagnoser},
+};
+use crate::{
+    cli::{ColorWhen, ReportArgs, SizeArgs},
+    clock::Clock,
+    diagnose::{Capacity, Diagnosis, Role, Roles},
+    event::{Body, Event},
+    live::launch::{self as live, What},
+    model::{Annotation, ContainerInfo, World},
+    output::filter::Filter,
+    pipeline::{Observer, Pipeline},
+    sizing::{self, SizeReport, Sizer},
+};
+
+/// Exit status when the workload does not fit the budget.
+const OVER_BUDGET: u8 = 3;
+/// How often a live run measures each /dev/shm the workload uses (statfs), to see pages
+/// written through mappings, which no system call shows.
+const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+pub fn run(args: &SizeArgs) -> Result<ExitCode> {
+    init_logging(args.verbose);
+    let what = What::from_args(&args.target)?;
+    let options = live::tracer_options(&what, &args.target);
+    let result = Arc::new(Mutex::new(None));
+    let budget = args.size.budget;
+    let make_pipeline = |_: &[ContainerInfo]| -> Result<Pipeline> {
+        // Diagnoses of failures go to stderr; the result goes to stdout or -o.
+        let output = open_output(
+            None,
+            false,
+            ColorWhen::Auto,
+            DefaultStream::Stderr,
+            Clock::now(),
+        )?;
+        Ok(
+            Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
+                .diagnoses_only()
+                .with_observer(Box::new(SizeObserver::new(budget, result.clone(), true))),
+        )
+    };
+    let outcome = live::run(what, &options, make_pipeline, args.verbose)?;
+    let report = take(&result)?;
+    let fits = write(&report, args.json, args.output.as_deref(), &Clock::now())?;
+    Ok(if fits {
+        exit_code(&outcome)
+    } else {
+        ExitCode::from(OVER_BUDGET)
+    })
+}
+
+/// `shmtrace report --size FILE`.
+pub fn from_trace(args: &ReportArgs) -> Result<ExitCode> {
+    let set = open(&args.file)?;
+    let header = set.header().clone();
+    let output = open_output(
+        None,
+        false,
+        args.color,
+        DefaultStream::Stderr,
+        header.clock(),
+    )?;
+    let result = Arc::new(Mutex::new(None));
+    let mut pipeline = Pipeline::new(World::new(), diagnoser(&header), output, Filter::default())
+        .diagnoses_only()
+        .with_observer(Box::new(SizeObserver::new(
+            args.budget,
+            result.clone(),
+            false,
+        )));
+    pipeline.notice(&describe(&header))?;
+    let replayed = replay(set, &mut pipeline);
+    drop(pipeline);
+    let report = take(&result)?;
+    let fits = write(&report, args.json, args.output.as_deref(), &header.clock())?;
+    let status = replayed?;
+    Ok(if fits {
+        status
+    } else {
+        ExitCode::from(OVER_BUDGET)
+    })
+}
+
+fn take(result: &Mutex<Option<SizeReport>>) -> Result<SizeReport> {
+    result
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the size measurement panicked"))?
+        .take()
+        .context("the trace ended before anything was measured")
+}
+
+/// Writes the report; returns whether it fits the budget (true without one).
+fn write(report: &SizeReport, json: bool, path: Option<&Path>, clock: &Clock) -> Result<bool> {
+    let text = if json {
+        let mut text = serde_json::to_string(report).context("writing the result as JSON")?;
+        text.push('\n');
+        text
+    } else {
+        sizing::text(report, &|ns| clock.rfc3339(ns))
+    };
+    match path {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("cannot write the result to {}", path.display()))?,
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(text.as_bytes())?;
+            stdout.flush()?;
+        }
+    }
+    Ok(report.budget.is_none_or(|b| b.fits))
+}
+
+/// Feeds the pipeline's view to a [`Sizer`], and hands its result over at the end. Live, it
+/// also measures each /dev/shm the workload touched, through a process that uses it.
+struct SizeObserver {
+    sizer: Sizer,
+    budget: Option<u64>,
+    result: Arc<Mutex<Option<SizeReport>>>,
+    sampler: Option<Sampler>,
+    /// Samples taken after the last event seen: events reach the pipeline up to 100 ms late,
+    /// and a sample must meet the model as it was when the sample was taken.
+    pending: Vec<Capacity>,
+}
+
+/// A thread that measures /dev/shm file systems every [`SAMPLE_EVERY`].
+struct Sampler {
+    /// Per /dev/shm (`dev_t`), a process to reach it through.
+    through: Arc<Mutex<HashMap<u32, u32>>>,
+    samples: Arc<Mutex<Vec<Capacity>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn new() -> Sampler {
+        Sampler {
+            through: Arc::default(),
+            samples: Arc::default(),
+            stop: Arc::default(),
+            thread: None,
+        }
+    }
+
+    /// `pid` uses /dev/shm `dev`; the thread starts with the first one (after the traced
+    /// command was forked).
+    fn reach(&mut self, dev: u32, pid: u32) {
+        if let Ok(mut through) = self.through.lock() {
+            through.insert(dev, pid);
+        }
+        if self.thread.is_none() {
+            let (through, samples, stop) = (
+                self.through.clone(),
+                self.samples.clone(),
+                self.stop.clone(),
+            );
+            self.thread = Some(thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let targets: Vec<(u32, u32)> = through
+                        .lock()
+                        .map(|t| t.iter().map(|(d, p)| (*d, *p)).collect())
+                        .unwrap_or_default();
+                    for (dev, pid) in targets {
+                        let Ok(shm) = crate::container::measure_shm(pid) else {
+                            continue;
+                        };
+                        if let (Some(size), Some(used), Some(true)) =
+                            (shm.size_bytes, shm.used_bytes, shm.dev.map(|d| d == dev))
+                            && let Ok(mut samples) = samples.lock()
+                        {
+                            samples.push(Capacity {
+                                dev,
+                                size,
+                                used,
+                                ts_ns: crate::clock::boot_ns(),
+                            });
+                        }
+                    }
+                    thread::sleep(SAMPLE_EVERY);
+                }
+            }));
+        }
+    }
+
+    fn drain(&self) -> Vec<Capacity> {
+        self.samples
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl SizeObserver {
+    fn new(budget: Option<u64>, result: Arc<Mutex<Option<SizeReport>>>, live: bool) -> Self {
+        SizeObserver {
+            sizer: Sizer::new(),
+            budget,
+            result,
+            sampler: live.then(Sampler::new),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Gives the sizer the samples taken before `until_ns` (all, with `None`).
+    fn take_samples(&mut self, until_ns: Option<u64>) {
+        if let Some(sampler) = &self.sampler {
+            self.pending.extend(sampler.drain());
+        }
+        self.pending.sort_by_key(|s| s.ts_ns);
+        let due = self
+            .pending
+            .partition_point(|s| until_ns.is_none_or(|until| s.ts_ns <= until));
+        for sample in self.pending.drain(..due).collect::<Vec<_>>() {
+            self.sizer.capacity(&sample);
+        }
+    }
+}
+
+impl Observer for SizeObserver {
+    fn event(&mut self, event: &Event, note: &Annotation, role: &Role, place: &str, world: &World) {
+        if let (Some(sampler), Body::Call(call)) = (&mut self.sampler, &event.body)
+            && let Some(file) = call.file
+        {
+            sampler.reach(file.inode.dev, event.pid);
+        }
+        self.take_samples(Some(event.ts_ns));
+        self.sizer.event(event, note, role.kind, place, world);
+    }
+
+    fn seeded(&mut self, _: u32, _: u64, _: &World) {}
+
+    fn capacity(&mut self, sample: &Capacity) {
+        self.sizer.capacity(sample);
+    }
+
+    fn container(&mut self, info: &ContainerInfo) {
+        self.sizer
+            .container(info.shm_dev, info.label(), info.started_by.clone());
+    }
+
+    fn diagnosis(&mut self, diagnosis: &Diagnosis) {
+        self.sizer.diagnosis(diagnosis);
+    }
+
+    fn finish(
+        mut self: Box<Self>,
+        _: &World,
+        _: &Roles,
+        lost: u64,
+        _: u64,
+    ) -> Result<Option<String>> {
+        if let Some(sampler) = &mut self.sampler {
+            sampler.stop();
+        }
+        self.take_samples(None);
+        let report = self.sizer.report(self.budget, lost);
+        if let Ok(mut slot) = self.result.lock() {
+            *slot = Some(report);
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,201 @@
+//! The floor: empty BPF programs on the hooks shmtrace uses (`cargo xtask floor -- CMD`).
+//!
+//! Enabling a syscall tracepoint costs every call something before any program does work; what
+//! an empty program costs there is the least any tracer on those hooks can cost. The programs
+//! are two instructions (`r0 = 0; exit`), loaded with the raw `bpf(2)` system call so that the
+//! floor shares no code with shmtrace: plain tracepoint programs on the 32 `syscalls/sys_*` and
+//! `oom/mark_victim` tracepoints, raw tracepoint programs on the five scheduler and signal
+//! tracepoints shmtrace reaches through BTF. Everything is detached when the process exits.
+use std::{
+    ffi::CString,
+    fs,
+    os::fd::{FromRawFd, OwnedFd, RawFd},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use shmtrace_common::Syscall;
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const BPF_PROG_TYPE_TRACEPOINT: u32 = 5;
+const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+const PERF_TYPE_TRACEPOINT: u32 = 2;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+/// `_IOW('$', 8, __u32)` and `_IO('$', 0)`.
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+/// `mov r0, 0` and `exit`, one 8-byte instruction each (opcode in the low byte).
+const EMPTY_PROGRAM: [u64; 2] = [0xb7, 0x95];
+
+/// The BTF tracepoints shmtrace attaches to, here as raw tracepoints.
+pub const RAW_TRACEPOINTS: [&str; 5] = [
+    "sched_process_fork",
+    "sched_process_exec",
+    "sched_process_exit",
+    "task_rename",
+    "signal_generate",
+];
+
+/// The prefix of `union bpf_attr` that `BPF_PROG_LOAD` reads; the rest stays zero.
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    rest: [u64; 12],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct RawTracepointAttr {
+    name: u64,
+    prog_fd: u32,
+    _pad: u32,
+    rest: [u64; 4],
+}
+
+/// `struct perf_event_attr` as 136 bytes (`PERF_ATTR_SIZE_VER8`): type and size share the first
+/// word; config and sample_period follow; everything else stays zero.
+#[repr(C)]
+struct PerfEventAttr {
+    type_and_size: u64,
+    config: u64,
+    sample_period: u64,
+    rest: [u64; 14],
+}
+
+fn bpf<T>(command: libc::c_long, attr: &mut T) -> Result<OwnedFd> {
+    // SAFETY: `attr` is a valid, zero-padded attribute of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            attr as *mut T,
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn load_empty(prog_type: u32) -> Result<OwnedFd> {
+    let license = c"GPL";
+    let mut attr = ProgLoadAttr {
+        prog_type,
+        insn_cnt: EMPTY_PROGRAM.len() as u32,
+        insns: EMPTY_PROGRAM.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        ..Default::default()
+    };
+    attr.prog_name[..5].copy_from_slice(b"floor");
+    bpf(BPF_PROG_LOAD, &mut attr).context("loading an empty BPF program")
+}
+
+fn attach_tracepoint(program: &OwnedFd, category: &str, name: &str) -> Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let id_path = format!("/sys/kernel/tracing/events/{category}/{name}/id");
+    let id: u64 = fs::read_to_string(&id_path)
+        .with_context(|| format!("reading {id_path}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{id_path} is not a number"))?;
+    let mut attr = PerfEventAttr {
+        type_and_size: PERF_TYPE_TRACEPOINT as u64
+            | ((std::mem::size_of::<PerfEventAttr>() as u64) << 32),
+        config: id,
+        sample_period: 1,
+        rest: [0; 14],
+    };
+    // SAFETY: a valid attribute; pid -1 on cpu 0 is how BPF tracepoint programs are attached.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &mut attr as *mut PerfEventAttr,
+            -1,
+            0,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("perf_event_open on {category}/{name}"));
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    let event = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    // SAFETY: ioctls on a perf event descriptor we own, with the argument types they take.
+    unsafe {
+        if libc::ioctl(
+            event.as_raw_fd(),
+            PERF_EVENT_IOC_SET_BPF,
+            program.as_raw_fd(),
+        ) != 0
+            || libc::ioctl(event.as_raw_fd(), PERF_EVENT_IOC_ENABLE, 0) != 0
+        {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("attaching to {category}/{name}"));
+        }
+    }
+    Ok(event)
+}
+
+fn attach_raw(program: &OwnedFd, name: &str) -> Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let name_c = CString::new(name)?;
+    let mut attr = RawTracepointAttr {
+        name: name_c.as_ptr() as u64,
+        prog_fd: program.as_raw_fd() as u32,
+        ..Default::default()
+    };
+    bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
+        .with_context(|| format!("attaching to raw tracepoint {name}"))
+}
+
+/// Attaches an empty program to every hook; dropping the descriptors detaches them.
+pub fn attach_all() -> Result<Vec<OwnedFd>> {
+    let tracepoint = load_empty(BPF_PROG_TYPE_TRACEPOINT)?;
+    let raw = load_empty(BPF_PROG_TYPE_RAW_TRACEPOINT)?;
+    let mut held = Vec::new();
+    for name in RAW_TRACEPOINTS {
+        held.push(attach_raw(&raw, name)?);
+    }
+    held.push(attach_tracepoint(&tracepoint, "oom", "mark_victim")?);
+    for call in Syscall::ALL {
+        for phase in ["enter", "exit"] {
+            let name = format!("sys_{phase}_{}", call.name());
+            held.push(attach_tracepoint(&tracepoint, "syscalls", &name)?);
+        }
+    }
+    held.push(tracepoint);
+    held.push(raw);
+    Ok(held)
+}
+
+/// `cargo xtask floor -- CMD`: runs CMD with the empty programs attached, and exits as it did.
+pub fn run(command: &[String]) -> Result<()> {
+    let Some((program, args)) = command.split_first() else {
+        bail!("usage: cargo xtask floor -- COMMAND [ARGS...]");
+    };
+    let held = attach_all()?;
+    let status = Command::new(program)
+        .args(args)
+        .status()
+        .with_context(|| format!("running {program}"))?;
+    drop(held);
+    match status.code() {
+        Some(code) => std::process::exit(code),
+        None => bail!("{program} was killed: {status}"),
+    }
+}

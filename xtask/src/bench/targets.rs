@@ -1,0 +1,369 @@
+//! Issue 12's targets, each measured in this run and judged: met, not met, or not measured.
+//!
+//! Overheads come from the timed rounds (ratios round by round, then their median); the fork
+//! storm, start-up, teardown and replay figures from runs made here for the purpose.
+use std::{
+    ffi::OsString,
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{
+    VariantResult,
+    stats::Spread,
+    storm,
+    table::markdown,
+    variants::{self, Outcome, Setup},
+};
+
+/// One target: what it asks, what was measured, and whether that meets it.
+pub struct Row {
+    pub target: String,
+    pub measured: String,
+    pub met: Option<bool>,
+}
+
+impl Row {
+    fn new(target: &str, measured: String, met: Option<bool>) -> Row {
+        Row {
+            target: target.to_owned(),
+            measured,
+            met,
+        }
+    }
+
+    fn failed(target: &str, error: &anyhow::Error) -> Row {
+        Row::new(target, format!("not measured: {error:#}"), None)
+    }
+}
+
+pub fn table(rows: &[Row]) -> String {
+    let mut cells = vec![vec!["target".into(), "measured".into(), "met".into()]];
+    for row in rows {
+        let met = match row.met {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "-",
+        };
+        cells.push(vec![row.target.clone(), row.measured.clone(), met.into()]);
+    }
+    markdown(&cells)
+}
+
+fn find<'a>(results: &'a [VariantResult], name: &str) -> Option<&'a VariantResult> {
+    results
+        .iter()
+        .find(|r| r.variant.name == name && !r.outcomes.is_empty())
+}
+
+/// Ratios to untraced, round by round: the median and the range.
+fn ratios(result: &VariantResult, base: &VariantResult) -> Option<Spread> {
+    let values: Vec<f64> = result
+        .rounds
+        .iter()
+        .zip(&result.outcomes)
+        .filter_map(|(round, outcome)| {
+            let i = base.rounds.iter().position(|r| r == round)?;
+            Some(outcome.workload.loop_seconds / base.outcomes[i].workload.loop_seconds)
+        })
+        .collect();
+    Spread::of(&values)
+}
+
+fn describe(spread: &Spread) -> String {
+    format!(
+        "{:.3}× (rounds {:.3}–{:.3})",
+        spread.median, spread.min, spread.max
+    )
+}
+
+/// The targets the timed rounds of one case answer.
+pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let Some(base) = find(results, "untraced") else {
+        return rows;
+    };
+    let floor = find(results, "floor").and_then(|r| ratios(r, base));
+    let traced = find(results, "shmtrace-null")
+        .or_else(|| find(results, "shmtrace"))
+        .and_then(|r| ratios(r, base));
+    if let (Some(floor), Some(traced)) = (&floor, &traced) {
+        let (f, t) = (floor.median - 1.0, traced.median - 1.0);
+        let verdict = (f > 0.0).then_some(t <= 1.5 * f);
+        let note = if f > 0.0 {
+            format!("{:.2}× the floor's overhead", t / f)
+        } else {
+            "floor overhead not above noise".into()
+        };
+        rows.push(Row::new(
+            &format!("{case}: traced overhead ≤ 1.5× the floor's"),
+            format!(
+                "shmtrace {}, floor {}: {note}",
+                describe(traced),
+                describe(floor)
+            ),
+            verdict,
+        ));
+    }
+    for (name, target, limit) in [
+        (
+            "shmtrace-all",
+            "untraced process while --all runs ≤ 1.08×",
+            1.08,
+        ),
+        (
+            "shmtrace-idle",
+            "untraced process while --pid OTHER runs ≤ 1.02×",
+            1.02,
+        ),
+    ] {
+        if let Some(spread) = find(results, name).and_then(|r| ratios(r, base)) {
+            rows.push(Row::new(
+                &format!("{case}: {target}"),
+                describe(&spread),
+                Some(spread.median <= limit),
+            ));
+        }
+    }
+    if let Some(result) = find(results, "shmtrace-null").or_else(|| find(results, "shmtrace")) {
+        let peak = result.tracer_peak_rss_kb().unwrap_or(0);
+        rows.push(Row::new(
+            &format!("{case}: peak RSS of a live trace ≤ 32 MiB"),
+            format!("{:.1} MiB ({})", peak as f64 / 1024.0, result.variant.label),
+            Some(peak <= 32 * 1024),
+        ));
+    }
+    if let Some(result) = find(results, "shmtrace-all") {
+        let stop = result
+            .outcomes
+            .iter()
+            .filter_map(|o| o.tracer.as_ref()?.stop_seconds)
+            .fold(0.0, f64::max);
+        rows.push(Row::new(
+            &format!("{case}: SIGINT to exit < 1 s (--all)"),
+            format!("{:.0} ms at most", stop * 1e3),
+            Some(stop < 1.0),
+        ));
+    }
+    let lost: u64 = results
+        .iter()
+        .filter(|r| r.variant.name.starts_with("shmtrace"))
+        .filter_map(VariantResult::lost)
+        .sum();
+    let failed_reads: u64 = results
+        .iter()
+        .flat_map(|r| &r.outcomes)
+        .filter_map(|o| o.reported.failed_reads)
+        .sum();
+    rows.push(Row::new(
+        &format!("{case}: no loss with the default buffer"),
+        format!(
+            "{lost} events lost to a full ring buffer over every shmtrace run; {failed_reads} \
+             probe reads failed (--all: host-wide, shown, not counted here)"
+        ),
+        Some(lost == 0),
+    ));
+    rows
+}
+
+/// The fork storm: shmtrace's CPU for 1k and for 10k processes (traced command), and
+/// `--all` beside a 10k storm: its memory, losses and time from SIGINT to exit.
+pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32) -> Vec<Row> {
+    let workload = |n: u64| -> Vec<OsString> {
+        vec![
+            exe.into(),
+            "storm".into(),
+            "--processes".into(),
+            n.to_string().into(),
+            "--tag".into(),
+            tag.into(),
+        ]
+    };
+    let traced = variants::ALL
+        .iter()
+        .find(|v| v.name == "shmtrace-null")
+        .expect("a known variant");
+    let all = variants::ALL
+        .iter()
+        .find(|v| v.name == "shmtrace-all")
+        .expect("a known variant");
+    let mut rows = Vec::new();
+    let cpu = |n: u64| -> Result<(f64, u64)> {
+        let mut seconds = Vec::new();
+        let mut lost = 0;
+        for _ in 0..rounds {
+            eprintln!("fork storm: {n} processes under shmtrace");
+            let outcome = traced.run(setup, &workload(n))?;
+            lost += outcome.reported.lost.unwrap_or(0);
+            seconds.push(outcome.tracer.context("no tracer figures")?.cpu_seconds);
+        }
+        Ok((Spread::of(&seconds).context("no runs")?.median, lost))
+    };
+    match cpu(1_000).and_then(|small| Ok((small, cpu(10_000)?))) {
+        Ok(((small, lost_small), (large, lost_large))) => {
+            let ratio = large / small.max(0.001);
+            rows.push(Row::new(
+                "fork storm: tracer CPU for 10k processes ≤ 10× that for 1k",
+                format!("{large:.2} s / {small:.2} s = {ratio:.1}×"),
+                Some(ratio <= 10.0),
+            ));
+            rows.push(Row::new(
+                "fork storm: no loss with the default buffer (traced command)",
+                format!("{} events lost", lost_small + lost_large),
+                Some(lost_small + lost_large == 0),
+            ));
+        }
+        Err(error) => rows.push(Row::failed("fork storm: tracer CPU, 10k vs 1k", &error)),
+    }
+    eprintln!("fork storm: 10000 processes beside shmtrace --all");
+    match all.run(setup, &workload(10_000)) {
+        Ok(Outcome {
+            tracer: Some(tracer),
+            reported,
+            ..
+        }) => {
+            let stop = tracer.stop_seconds.unwrap_or(f64::NAN);
+            rows.push(Row::new(
+                "SIGINT to exit < 1 s after a 10k storm (--all)",
+                format!("{:.0} ms", stop * 1e3),
+                Some(stop < 1.0),
+            ));
+            rows.push(Row::new(
+                "peak RSS of --all bounded (10k storm)",
+                format!("{:.1} MiB", tracer.peak_rss_kb as f64 / 1024.0),
+                Some(tracer.peak_rss_kb <= 32 * 1024),
+            ));
+            let lost = reported.lost.unwrap_or(0);
+            rows.push(Row::new(
+                "fork storm: no loss with the default buffer (--all)",
+                format!(
+                    "{lost} events lost to a full ring buffer; {} probe reads failed host-wide \
+                     (shown, not counted here)",
+                    reported.failed_reads.unwrap_or(0)
+                ),
+                Some(lost == 0),
+            ));
+        }
+        Ok(_) => {}
+        Err(error) => rows.push(Row::failed("fork storm beside --all", &error)),
+    }
+    rows
+}
+
+/// How long `shmtrace -o /dev/null -- CMD` takes to start CMD, and to exit once CMD has.
+pub fn startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<Row> {
+    let measure = || -> Result<(f64, f64)> {
+        let before = storm::monotonic_ns();
+        let out = Command::new(&setup.shmtrace)
+            .args(["-o", "/dev/null", "--"])
+            .arg(exe)
+            .arg("stamp")
+            .stderr(Stdio::null())
+            .output()
+            .context("running shmtrace")?;
+        let after = storm::monotonic_ns();
+        if !out.status.success() {
+            bail!("shmtrace -- stamp failed: {}", out.status);
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let stamp: serde_json::Value = text
+            .lines()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .context("the stamp printed nothing")?;
+        let at = stamp["monotonic_ns"].as_u64().context("no monotonic_ns")?;
+        Ok(((at - before) as f64 / 1e9, (after - at) as f64 / 1e9))
+    };
+    let mut starts = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..runs {
+        match measure() {
+            Ok((start, stop)) => {
+                starts.push(start);
+                stops.push(stop);
+            }
+            Err(error) => return vec![Row::failed("start-up and teardown", &error)],
+        }
+    }
+    let (Some(start), Some(stop)) = (Spread::of(&starts), Spread::of(&stops)) else {
+        return Vec::new();
+    };
+    let ms = |s: &Spread| {
+        format!(
+            "{:.0} ms median ({:.0}–{:.0}, {runs} runs)",
+            s.median * 1e3,
+            s.min * 1e3,
+            s.max * 1e3
+        )
+    };
+    vec![
+        Row::new(
+            "traced command starts ≤ 200 ms after shmtrace",
+            ms(&start),
+            Some(start.median <= 0.2),
+        ),
+        Row::new(
+            "teardown < 200 ms after the command ends",
+            ms(&stop),
+            Some(stop.median < 0.2),
+        ),
+    ]
+}
+
+/// Records a 4 KiB churn to a file, then times `shmtrace show --json` over it on one core.
+pub fn replay(setup: &Setup, exe: &Path, tag: &str, iterations: u64) -> Vec<Row> {
+    let target = "replay: decode + JSON ≥ 1M events/s on one core";
+    let file = setup.scratch.join("replay.shmtrace");
+    let result = (|| -> Result<(u64, f64)> {
+        let status = Command::new(&setup.shmtrace)
+            .arg("record")
+            .arg("-o")
+            .arg(&file)
+            .arg("--")
+            .arg(exe)
+            .args(["churn", "--size", "4K", "--iterations"])
+            .arg(iterations.to_string())
+            .args(["--tag", tag])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("running shmtrace record")?;
+        if !status.success() {
+            bail!("shmtrace record failed: {status}");
+        }
+        let started = Instant::now();
+        let out = Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(&setup.shmtrace)
+            .arg("show")
+            .arg("--json")
+            .arg(&file)
+            .stderr(Stdio::null())
+            .output()
+            .context("running taskset -c 0 shmtrace show --json")?;
+        let seconds = started.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!("shmtrace show failed: {}", out.status);
+        }
+        let events = out.stdout.iter().filter(|b| **b == b'\n').count() as u64;
+        Ok((events, seconds))
+    })();
+    let _ = fs::remove_file(&file);
+    match result {
+        Ok((events, seconds)) => {
+            let rate = events as f64 / seconds;
+            vec![Row::new(
+                target,
+                format!(
+                    "{:.2}M events/s ({events} lines in {seconds:.3} s, process start included)",
+                    rate / 1e6
+                ),
+                Some(rate >= 1e6),
+            )]
+        }
+        Err(error) => vec![Row::failed(target, &error)],
+    }
+}
