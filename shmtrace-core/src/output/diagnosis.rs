@@ -271,7 +271,11 @@ mod tests {
         Diagnosis {
             ts_ns: 0,
             pid: 200,
+            container_pid: None,
             comm: "python3".to_owned(),
+            title: None,
+            program: None,
+            program_role: None,
             role: Role {
                 kind,
                 worker_index: None,
@@ -290,6 +294,9 @@ mod tests {
             workers_allocating: 0,
             recommendation: None,
             explanation: None,
+            leftovers: None,
+            program_alternatives: Vec::new(),
+            lost_events: 0,
         }
     }
 
