@@ -260,8 +260,6 @@ fn a_parent_follows_its_child_that_failed() {
     assert_eq!(parent.follows, Some(201));
     assert_eq!(parent.cause, Cause::ShmFull);
     assert_eq!(parent.recommendation, child.recommendation);
-    let text = crate::output::diagnosis::text(parent).join("\n");
-    assert!(text.contains("its child pid 201 failed first"), "{text}");
 }
 
 #[test]

@@ -260,3 +260,58 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
         "text": text(d),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diagnose::Role;
+
+    /// A process that failed only because its child (or worker) did, as the diagnoser marks it.
+    fn follower(kind: RoleKind) -> Diagnosis {
+        Diagnosis {
+            ts_ns: 0,
+            pid: 200,
+            container_pid: None,
+            comm: "python3".to_owned(),
+            title: None,
+            program: None,
+            program_role: None,
+            role: Role {
+                kind,
+                worker_index: None,
+                trainer: None,
+            },
+            argv: vec!["/usr/bin/python3".to_owned(), "writers.py".to_owned()],
+            trainer: None,
+            place: "host".to_owned(),
+            container: None,
+            ending: Some(ExitStatus::Code(1)),
+            cause: Cause::ShmFull,
+            failures: Vec::new(),
+            follows: Some(201),
+            capacity: None,
+            usage: None,
+            workers_allocating: 0,
+            recommendation: None,
+            explanation: None,
+            leftovers: None,
+            program_alternatives: Vec::new(),
+            lost_events: 0,
+        }
+    }
+
+    #[test]
+    fn a_follower_points_at_the_child_that_failed_first() {
+        let text = text(&follower(RoleKind::PythonMultiprocessing)).join("\n");
+        assert!(text.contains("its child pid 201 failed first"), "{text}");
+    }
+
+    #[test]
+    fn a_trainer_points_at_its_worker_that_failed_first() {
+        let text = text(&follower(RoleKind::Trainer)).join("\n");
+        assert!(
+            text.contains("its DataLoader worker pid 201 failed first"),
+            "{text}"
+        );
+    }
+}

@@ -12,15 +12,14 @@
 use std::{
     ffi::CString,
     io::Write,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, OwnedFd},
     process::ExitCode,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use nix::{
-    mount::{MsFlags, mount},
-    sched::{CloneFlags, unshare},
+    sched::CloneFlags,
     sys::wait::{WaitStatus, waitpid},
     unistd::{ForkResult, fork, pipe},
 };
@@ -38,7 +37,8 @@ pub const WORKLOAD_STATUS: i32 = 1;
 /// Entry point of the hidden `__demo-workload` subcommand: two training runs, one after the
 /// other, in one private /dev/shm.
 pub fn workload() -> Result<ExitCode> {
-    private_shm().context("setting up the demo's private /dev/shm (the demo needs root)")?;
+    shmtrace_workload::private_shm("shmtrace-demo", SHM_SIZE_OPTION, CloneFlags::empty())
+        .context("setting up the demo's private /dev/shm (the demo needs root)")?;
     set_name("demo")?;
     let first = run_training(training_with_fallocate)?;
     let second = run_training(training_with_mmap)?;
@@ -115,28 +115,6 @@ fn say(text: &str) {
     eprintln!("[demo workload] {text}");
 }
 
-/// A private mount namespace with a tiny tmpfs on /dev/shm.
-fn private_shm() -> Result<()> {
-    unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .context("making mounts private")?;
-    mount(
-        Some("shmtrace-demo"),
-        "/dev/shm",
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(format!("size={SHM_SIZE_OPTION},mode=1777").as_str()),
-    )
-    .context("mounting a tmpfs on /dev/shm")?;
-    Ok(())
-}
-
 fn set_name(name: &str) -> Result<()> {
     let name = CString::new(name)?;
     nix::sys::prctl::set_name(&name).context("prctl(PR_SET_NAME)")
@@ -196,46 +174,15 @@ fn signal_description(signal: nix::sys::signal::Signal) -> &'static str {
     }
 }
 
-/// A shared-memory batch: what PyTorch's `THManagedMapAllocator` creates.
-struct Batch {
-    addr: *mut libc::c_void,
-    len: usize,
-}
-
-/// `/dev/shm/torch_<pid>_<random>_<n>` with PyTorch's flags.
+/// `/dev/shm/torch_<pid>_<random>_<n>`, created as PyTorch's `THManagedMapAllocator` does.
 fn open_batch(index: usize) -> Result<(OwnedFd, String)> {
     let pid = std::process::id();
     let name = format!(
         "/dev/shm/torch_{pid}_{}_{index}",
         2_578_467_999u32.wrapping_add(pid)
     );
-    let c_name = CString::new(name.clone())?;
-    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    // SAFETY: plain open(2) of a NUL-terminated path.
-    let fd = unsafe { libc::open(c_name.as_ptr(), flags, 0o600) };
-    if fd < 0 {
-        bail!("open {name}: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, name))
-}
-
-fn map(fd: &OwnedFd, len: usize) -> Result<Batch> {
-    // SAFETY: mapping a file we own; the mapping lives as long as the worker.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        bail!("mmap: {}", std::io::Error::last_os_error());
-    }
-    Ok(Batch { addr, len })
+    let fd = shmtrace_workload::open(&name, shmtrace_workload::PYTORCH_CREATE)?;
+    Ok((fd, name))
 }
 
 /// PyTorch >= 2.10: reserve with fallocate, so a full /dev/shm is an error, not a crash.
@@ -266,7 +213,7 @@ fn fallocate_worker(worker: usize, batches: usize, ready: Option<OwnedFd>) -> i3
             );
             return 1;
         }
-        let batch = match map(&fd, BATCH_BYTES) {
+        let batch = match shmtrace_workload::map_shared(&fd, BATCH_BYTES) {
             Ok(batch) => batch,
             Err(error) => {
                 eprintln!("{error}");
@@ -274,10 +221,10 @@ fn fallocate_worker(worker: usize, batches: usize, ready: Option<OwnedFd>) -> i3
             }
         };
         // SAFETY: writing inside our own mapping, whose pages fallocate reserved.
-        unsafe { std::ptr::write_bytes(batch.addr.cast::<u8>(), 0x5a, batch.len) };
+        unsafe { std::ptr::write_bytes(batch, 0x5a, BATCH_BYTES) };
         // PyTorch unlinks at once and passes the descriptor on: the memory stays in use.
         let _ = std::fs::remove_file(&name);
-        held.push((fd, batch));
+        held.push(fd);
     }
     if let Some(ready) = ready {
         let _ = nix::unistd::write(&ready, &[1]);
@@ -302,7 +249,7 @@ fn mmap_worker(worker: usize) -> i32 {
         };
         // SAFETY: plain syscalls on a descriptor we own.
         unsafe { libc::ftruncate(fd.as_raw_fd(), LEGACY_BATCH_BYTES as libc::off_t) };
-        let batch = match map(&fd, LEGACY_BATCH_BYTES) {
+        let batch = match shmtrace_workload::map_shared(&fd, LEGACY_BATCH_BYTES) {
             Ok(batch) => batch,
             Err(error) => {
                 eprintln!("{error}");
@@ -316,8 +263,8 @@ fn mmap_worker(worker: usize) -> i32 {
         // Filling the second batch runs past the end of /dev/shm: SIGBUS.
         // SAFETY: writing inside our own mapping; a page the tmpfs cannot back raises SIGBUS,
         // which is the point.
-        unsafe { std::ptr::write_bytes(batch.addr.cast::<u8>(), 0x5a, batch.len) };
-        std::mem::forget((fd, batch));
+        unsafe { std::ptr::write_bytes(batch, 0x5a, LEGACY_BATCH_BYTES) };
+        std::mem::forget(fd);
     }
     0
 }

@@ -4,11 +4,15 @@
 //! With `--private-shm`, it first moves into a private mount namespace with a tmpfs of that
 //! size on /dev/shm (and a private IPC namespace), so failures are real and nothing leaks.
 //! Every call goes through libc directly, so the syscalls are exactly the ones named.
-use std::{ffi::CString, io::Read, os::fd::RawFd, process::exit};
+use std::{
+    ffi::CString,
+    io::Read,
+    os::fd::{AsRawFd, IntoRawFd, RawFd},
+    process::exit,
+};
 
 use nix::{
-    mount::{MsFlags, mount},
-    sched::{CloneFlags, unshare},
+    sched::CloneFlags,
     sys::wait::waitpid,
     unistd::{ForkResult, fork},
 };
@@ -55,33 +59,23 @@ fn check(rc: i64, what: &str) -> i64 {
 
 /// A private mount and IPC namespace with a `size` tmpfs on /dev/shm.
 fn private_shm(size: &str) {
-    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC).expect("unshare (run as root)");
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .expect("make mounts private");
-    mount(
-        Some("exerciser"),
-        "/dev/shm",
-        Some("tmpfs"),
-        MsFlags::empty(),
-        Some(format!("size={size},mode=1777").as_str()),
-    )
-    .expect("mount tmpfs on /dev/shm");
+    shmtrace_workload::private_shm("exerciser", size, CloneFlags::CLONE_NEWIPC)
+        .expect("a private /dev/shm (run as root)");
 }
 
+/// open(2); a failure is reported and gives -1, so the scenario's next calls fail as they
+/// would in the program it plays.
 fn open(path: &str, flags: i32) -> RawFd {
-    let c = CString::new(path).unwrap();
-    // SAFETY: open(2) with a NUL-terminated path.
-    check(unsafe { libc::open(c.as_ptr(), flags, 0o600) } as i64, path) as RawFd
+    match shmtrace_workload::open(path, flags) {
+        Ok(fd) => fd.into_raw_fd(),
+        Err(error) => {
+            eprintln!("{error}");
+            -1
+        }
+    }
 }
 
-const CREATE: i32 =
-    libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+const CREATE: i32 = shmtrace_workload::PYTORCH_CREATE;
 
 /// PyTorch >= 2.10: ftruncate then fallocate of 2 MiB in a 1 MiB /dev/shm.
 fn fallocate_enospc() {
@@ -113,22 +107,13 @@ fn write_enospc() {
 
 /// PyTorch <= 2.9: ftruncate 2 MiB (sparse), mmap, fill: SIGBUS past 1 MiB.
 fn sigbus() {
-    let fd = open("/dev/shm/psm_sigbus", CREATE);
-    // SAFETY: a 2 MiB mapping of our own file, written only within it; SIGBUS past the tmpfs is the point.
-    unsafe {
-        libc::ftruncate(fd, 2 << 20);
-        let addr = libc::mmap(
-            std::ptr::null_mut(),
-            2 << 20,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        assert_ne!(addr, libc::MAP_FAILED);
-        println!("mapped at {:#x}", addr as usize);
-        std::ptr::write_bytes(addr.cast::<u8>(), 0x5a, 2 << 20);
-    }
+    let fd = shmtrace_workload::open("/dev/shm/psm_sigbus", CREATE).expect("open psm_sigbus");
+    // SAFETY: a plain syscall on our own descriptor.
+    unsafe { libc::ftruncate(fd.as_raw_fd(), 2 << 20) };
+    let addr = shmtrace_workload::map_shared(&fd, 2 << 20).expect("mmap psm_sigbus");
+    println!("mapped at {:#x}", addr as usize);
+    // SAFETY: written only within our own 2 MiB mapping; SIGBUS past the tmpfs is the point.
+    unsafe { std::ptr::write_bytes(addr, 0x5a, 2 << 20) };
 }
 
 /// System V: limits lowered in our own IPC namespace, then calls that fail and one that works.
