@@ -69,12 +69,15 @@ pub struct LostCounts {
 impl LostCounts {
     pub fn add(&mut self, kind: EventKind, count: u64) {
         if count > 0 {
-            *self.by_kind.entry(kind).or_default() += count;
+            let slot = self.by_kind.entry(kind).or_default();
+            *slot = slot.saturating_add(count);
         }
     }
 
+    /// Saturates rather than wraps: a trace file may claim any counts, and a huge loss must
+    /// never read as none.
     pub fn total(&self) -> u64 {
-        self.by_kind.values().sum()
+        self.by_kind.values().fold(0, |sum, n| sum.saturating_add(*n))
     }
 
     pub fn by_kind(&self) -> impl Iterator<Item = (EventKind, u64)> + '_ {

@@ -6,6 +6,7 @@ pub mod diagnosis;
 pub mod filter;
 pub mod human;
 pub mod json;
+pub mod safe_open;
 pub mod size;
 mod summary;
 

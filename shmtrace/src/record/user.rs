@@ -220,7 +220,7 @@ impl LostCounters {
         for (kind, n) in &self.by_kind {
             match EventKind::try_from(*kind) {
                 Ok(kind) => counts.add(kind, *n),
-                Err(_) => unknown += n,
+                Err(_) => unknown = n.saturating_add(unknown),
             }
         }
         (counts, unknown)

@@ -22,6 +22,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::output::safe_open::{self, FileId, OpenError, OpenOptions};
+
 use super::{
     format::{self, FRAME_HEAD_LEN, FrameKind, MAX_PAYLOAD},
     header::TraceHeader,
@@ -53,6 +55,11 @@ pub struct WriterOptions {
     pub rotation: Option<Rotation>,
     /// `fdatasync` after every flush, for power loss as well as crashes.
     pub sync_on_flush: bool,
+    /// Every file must be new (flight-recorder dumps); otherwise `-o` may name an old file of
+    /// this user, which is replaced.
+    pub create_new: bool,
+    /// Files that must not be written: the inputs of a command that copies a trace.
+    pub not_over: Vec<FileId>,
 }
 
 impl Default for WriterOptions {
@@ -63,6 +70,8 @@ impl Default for WriterOptions {
             block_bytes: 1 << 20,
             rotation: None,
             sync_on_flush: false,
+            create_new: false,
+            not_over: Vec::new(),
         }
     }
 }
@@ -141,6 +150,20 @@ pub enum WriteError {
     RotationTooSmall { given: u64, min: u64 },
     #[error("--keep must be at least 1")]
     KeepZero,
+    #[error(transparent)]
+    Unsafe(OpenError),
+}
+
+impl WriteError {
+    fn open(path: &Path, error: OpenError) -> WriteError {
+        match error {
+            OpenError::Io { source, .. } => WriteError::Create {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => WriteError::Unsafe(other),
+        }
+    }
 }
 
 /// Framed records waiting for a flush, cut into blocks of about `block_bytes`.
@@ -215,7 +238,11 @@ impl TraceWriter {
                 })?),
                 None => None,
             };
-        let (file, header_len) = open_with_header(&first, &header)?;
+        let first_options = open_options(
+            &options,
+            options.create_new || options.rotation.is_some(),
+        );
+        let (file, header_len) = open_with_header(&first, &header, &first_options)?;
         Ok(TraceWriter {
             options,
             base: path.to_path_buf(),
@@ -434,7 +461,8 @@ impl TraceWriter {
         self.close_file()?;
         self.header.sequence += 1;
         let path = rotation::numbered(&self.base, self.header.sequence);
-        let (file, header_len) = open_with_header(&path, &self.header)?;
+        let (file, header_len) =
+            open_with_header(&path, &self.header, &open_options(&self.options, true))?;
         self.file = file;
         self.path = path.clone();
         self.file_len = header_len;
@@ -532,13 +560,24 @@ impl TraceWriter {
     }
 }
 
+/// How a file of the recording is opened: locked against a second recorder, never through a
+/// link (see `output::safe_open`); numbered files after the first must be new.
+fn open_options(options: &WriterOptions, create_new: bool) -> OpenOptions {
+    let open = OpenOptions::new().locked().not_over(&options.not_over);
+    if create_new { open.create_new() } else { open }
+}
+
 /// Creates `path` and writes the preamble and header in one write.
-fn open_with_header(path: &Path, header: &TraceHeader) -> Result<(File, u64), WriteError> {
+fn open_with_header(
+    path: &Path,
+    header: &TraceHeader,
+    options: &OpenOptions,
+) -> Result<(File, u64), WriteError> {
     let create = |source| WriteError::Create {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::create(path).map_err(create)?;
+    let mut file = safe_open::create(path, options).map_err(|e| WriteError::open(path, e))?;
     let bytes = format::encode_preamble(header.flags(), &header.to_cbor());
     file.write_all(&bytes).map_err(create)?;
     Ok((file, bytes.len() as u64))

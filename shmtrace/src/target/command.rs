@@ -55,6 +55,7 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
                 // shmtrace gave up before releasing us.
                 unsafe { libc::_exit(127) };
             }
+            reset_signals();
             let errno = match nix::unistd::execvp(&c_argv[0], &c_argv) {
                 Err(errno) => errno as i32,
                 Ok(never) => match never {},
@@ -72,6 +73,30 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
             go: go_write,
             exec_status: status_read,
         }),
+    }
+}
+
+/// Gives the command the signal state a shell would: every disposition at its default and
+/// nothing blocked. Rust's runtime ignores SIGPIPE, and an ignored signal survives exec, so
+/// without this `yes | head -1` under shmtrace would make `yes` fail with EPIPE instead of
+/// dying of SIGPIPE: a tracer must not change the program it traces.
+///
+/// Runs in the forked child before exec: only async-signal-safe calls (sigaction,
+/// sigprocmask).
+fn reset_signals() {
+    // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction and sigprocmask are
+    // async-signal-safe, and an error (SIGKILL, SIGSTOP, the reserved real-time signals of
+    // the C library) leaves that signal as it was, which is the default already.
+    unsafe {
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut default.sa_mask);
+        for signo in 1..=libc::SIGRTMAX() {
+            libc::sigaction(signo, &default, std::ptr::null_mut());
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 
