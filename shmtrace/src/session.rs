@@ -23,7 +23,8 @@ pub enum Ending {
     Command(RunningCommand),
     /// When every one of these processes has exited.
     Pids(HashSet<u32>),
-    /// Only when interrupted (Ctrl-C or SIGTERM).
+    /// Only when interrupted (Ctrl-C, SIGTERM or SIGHUP), or when the reader of the output
+    /// goes away.
     Interrupt,
 }
 
@@ -84,6 +85,11 @@ impl Session {
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
         let mut terminate =
             signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        // A closed terminal ends the trace like Ctrl-C: files finished, summary printed.
+        let mut hangup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
+        // SIGUSR1 asks the flight recorder for a file now, as a failure would.
+        let mut dump =
+            signal(SignalKind::user_defined1()).context("installing a SIGUSR1 handler")?;
         let mut ticker = tokio::time::interval(TICK);
         let mut ticks = 0u32;
         let mut watch_ticker = tokio::time::interval(WATCH_EVERY);
@@ -106,7 +112,7 @@ impl Session {
                 read = reader.read(&mut batch) => {
                     read.context("reading the ring buffer")?;
                     self.handle(&mut batch, &mut ending)?;
-                    if all_exited(&ending) {
+                    if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
                     }
                 }
@@ -123,6 +129,17 @@ impl Session {
                     outcome.interrupted = true;
                     break;
                 }
+                _ = hangup.recv() => {
+                    outcome.interrupted = true;
+                    break;
+                }
+                _ = dump.recv() => {
+                    reader.drain(&mut batch);
+                    self.handle(&mut batch, &mut ending)?;
+                    if !self.pipeline.trigger_manual(now_boot_ns()?)? {
+                        self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
+                    }
+                }
                 _ = watch_ticker.tick(), if self.watch.is_some() => {
                     let watch = self.watch.as_mut().expect("guarded");
                     watch.check(&mut self.tracer, &mut self.pipeline).await?;
@@ -132,14 +149,14 @@ impl Session {
                     // microseconds): they are collected here.
                     reader.drain(&mut batch);
                     self.handle(&mut batch, &mut ending)?;
-                    if all_exited(&ending) {
+                    if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
                     }
                     ticks += 1;
                     if ticks.is_multiple_of(TICKS_PER_LOST_CHECK) {
                         self.check_lost()?;
                     }
-                    self.pipeline.tick(now_boot_ns())?;
+                    self.pipeline.tick(now_boot_ns()?)?;
                 }
                 guard = async { logger.as_mut().expect("guarded").readable_mut().await }, if logger.is_some() => {
                     let mut guard = guard.context("reading the eBPF log")?;
@@ -165,7 +182,7 @@ impl Session {
             })?;
         }
         self.pipeline
-            .finish(self.started.elapsed().as_secs_f64(), now_boot_ns())?;
+            .finish(self.started.elapsed().as_secs_f64(), now_boot_ns()?)?;
         Ok(outcome)
     }
 
@@ -194,7 +211,7 @@ impl Session {
 
     fn check_lost(&mut self) -> Result<()> {
         let total = self.tracer.lost()?;
-        self.pipeline.lost(total, now_boot_ns())
+        self.pipeline.lost(total, now_boot_ns()?)
     }
 }
 
@@ -205,8 +222,6 @@ fn all_exited(ending: &Ending) -> bool {
 }
 
 /// `CLOCK_BOOTTIME` now, the clock of the kernel's timestamps.
-pub fn now_boot_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
+pub fn now_boot_ns() -> std::io::Result<u64> {
+    crate::output::clock::boot_now_ns()
 }

@@ -77,7 +77,9 @@ impl LostCounts {
     /// Saturates rather than wraps: a trace file may claim any counts, and a huge loss must
     /// never read as none.
     pub fn total(&self) -> u64 {
-        self.by_kind.values().fold(0, |sum, n| sum.saturating_add(*n))
+        self.by_kind
+            .values()
+            .fold(0, |sum, n| sum.saturating_add(*n))
     }
 
     pub fn by_kind(&self) -> impl Iterator<Item = (EventKind, u64)> + '_ {

@@ -162,7 +162,7 @@ pub fn run(
     let mut pipeline = make_pipeline(&infos)?;
     let mut pids = Vec::new();
     if let What::Pids(roots) = &what {
-        let now = now_boot_ns();
+        let now = now_boot_ns()?;
         for pid in target::register_pids(&mut tracer, roots)? {
             if let Some(snapshot) = proc_scan::snapshot(pid) {
                 pipeline.seed(&snapshot, now)?;

@@ -38,7 +38,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         let mut target = target;
         target.containers = containers.iter().map(ContainerDescription::from).collect();
         let tap = open_tap(args, target)?;
-        let output = open_output(None, args.json, args.color, default, Clock::now())?;
+        let output = open_output(None, args.json, args.color, default, Clock::now()?)?;
         Ok(
             Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
                 .diagnoses_only()
@@ -51,7 +51,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 
 /// The trace file (or the flight recorder that writes them), with its header.
 fn open_tap(args: &RecordArgs, target: TargetDescription) -> Result<Box<dyn Tap>> {
-    let mut header = TraceHeader::for_this_host(target);
+    let mut header = TraceHeader::for_this_host(target)?;
     header.host_mntns = crate::proc_scan::mount_namespace(std::process::id());
     let writer_options = WriterOptions {
         compression: args.compress.then_some(3),

@@ -8,8 +8,8 @@ use super::{DefaultStream, open_output_not_over};
 use crate::{
     cli::{ReportArgs, ShowArgs},
     diagnose::Diagnoser,
-    model::World,
     event::escape,
+    model::World,
     output::filter::{Filter, event_names},
     pipeline::{Pipeline, Recorded},
     record::{self, Record, TraceHeader, TraceSet, WriterOptions},
@@ -114,7 +114,7 @@ fn describe(header: &TraceHeader) -> String {
     let what = match (&header.target.command, header.target.host_wide) {
         (Some(argv), _) => argv
             .iter()
-            .map(|arg| escape::text(arg))
+            .map(|arg| escape::stored(arg))
             .collect::<Vec<_>>()
             .join(" "),
         (None, true) => "every process".to_owned(),

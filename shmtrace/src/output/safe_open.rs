@@ -131,16 +131,6 @@ pub enum OpenError {
     },
 }
 
-impl OpenError {
-    /// The underlying I/O error, for callers that tell "no such directory" apart.
-    pub fn io_kind(&self) -> Option<io::ErrorKind> {
-        match self {
-            OpenError::Io { source, .. } => Some(source.kind()),
-            _ => None,
-        }
-    }
-}
-
 /// The standard stream a path names (`-`, `/dev/stdout`, `/dev/fd/1`, ...), if any.
 fn stdio_fd(path: &Path) -> Option<i32> {
     let text = path.to_str()?;
@@ -194,26 +184,28 @@ pub fn create(path: &Path, options: &OpenOptions) -> Result<File, OpenError> {
         open.create_new(true);
     }
     let existed = before.is_some();
-    let file = open.open(path).map_err(|error| match error.raw_os_error() {
-        Some(libc::ELOOP) => OpenError::Symlink {
-            path: path.to_path_buf(),
-        },
-        Some(libc::EEXIST) if options.create_new => OpenError::Exists {
-            path: path.to_path_buf(),
-        },
-        // It appeared, or went, between the look and the open.
-        Some(libc::EEXIST) => OpenError::Raced {
-            path: path.to_path_buf(),
-        },
-        Some(libc::ENOENT) if existed => OpenError::Raced {
-            path: path.to_path_buf(),
-        },
-        Some(libc::ENXIO) => OpenError::NotRegular {
-            path: path.to_path_buf(),
-            kind: "a FIFO",
-        },
-        _ => io("create", error),
-    })?;
+    let file = open
+        .open(path)
+        .map_err(|error| match error.raw_os_error() {
+            Some(libc::ELOOP) => OpenError::Symlink {
+                path: path.to_path_buf(),
+            },
+            Some(libc::EEXIST) if options.create_new => OpenError::Exists {
+                path: path.to_path_buf(),
+            },
+            // It appeared, or went, between the look and the open.
+            Some(libc::EEXIST) => OpenError::Raced {
+                path: path.to_path_buf(),
+            },
+            Some(libc::ENOENT) if existed => OpenError::Raced {
+                path: path.to_path_buf(),
+            },
+            Some(libc::ENXIO) => OpenError::NotRegular {
+                path: path.to_path_buf(),
+                kind: "a FIFO",
+            },
+            _ => io("create", error),
+        })?;
     let opened = file.metadata().map_err(|e| io("look at", e))?;
     match &before {
         Some(before) if FileId::of(before) != FileId::of(&opened) => {
@@ -338,7 +330,11 @@ fn check_target(path: &Path, options: &OpenOptions) -> Result<(), OpenError> {
 }
 
 /// The rules for a file that exists: see the module documentation.
-fn check_existing(path: &Path, metadata: &Metadata, options: &OpenOptions) -> Result<(), OpenError> {
+fn check_existing(
+    path: &Path,
+    metadata: &Metadata,
+    options: &OpenOptions,
+) -> Result<(), OpenError> {
     let path_buf = || path.to_path_buf();
     let file_type = metadata.file_type();
     if file_type.is_symlink() {

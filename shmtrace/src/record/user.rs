@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use shmtrace_common::EventKind;
 
 use super::header::{ContainerDescription, ShmCapacity};
+use crate::event::escape::stored;
 use crate::{
     bpf::LostCounts,
     event::InodeId,
@@ -149,9 +150,10 @@ impl ProcessSnapshot {
         ProcSnapshot {
             pid: self.pid,
             ppid: self.ppid,
-            comm: self.comm.clone(),
-            exe: self.exe.clone(),
-            argv: self.argv.clone(),
+            // Escaped when recorded; checked again, since the file may come from anyone.
+            comm: stored(&self.comm),
+            exe: self.exe.as_deref().map(stored),
+            argv: self.argv.iter().map(|arg| stored(arg)).collect(),
             mntns: self.mntns,
             fds: self
                 .fds
@@ -162,7 +164,7 @@ impl ProcessSnapshot {
                         dev: f.dev,
                         ino: f.ino,
                     },
-                    path: f.path.clone(),
+                    path: stored(&f.path),
                     deleted: f.deleted,
                     cloexec: f.cloexec,
                     size: f.size,
@@ -179,7 +181,7 @@ impl ProcessSnapshot {
                         dev: m.dev,
                         ino: m.ino,
                     },
-                    path: m.path.clone(),
+                    path: stored(&m.path),
                     deleted: m.deleted,
                 })
                 .collect(),

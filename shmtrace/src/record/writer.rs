@@ -238,10 +238,8 @@ impl TraceWriter {
                 })?),
                 None => None,
             };
-        let first_options = open_options(
-            &options,
-            options.create_new || options.rotation.is_some(),
-        );
+        let first_options =
+            open_options(&options, options.create_new || options.rotation.is_some());
         let (file, header_len) = open_with_header(&first, &header, &first_options)?;
         Ok(TraceWriter {
             options,

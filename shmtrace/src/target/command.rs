@@ -154,3 +154,59 @@ impl RunningCommand {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(script: &str) -> ExitStatus {
+        let argv = ["sh", "-c", script].map(OsString::from);
+        spawn_paused(&argv)
+            .unwrap()
+            .start()
+            .unwrap()
+            .wait()
+            .unwrap()
+    }
+
+    /// This test process ignores SIGPIPE, as every Rust program does; the command must not.
+    #[test]
+    fn the_command_gets_default_signal_dispositions() {
+        // A shell cannot undo a signal ignored on entry, so an inherited SIG_IGN shows here.
+        assert_eq!(
+            run("kill -PIPE $$; exit 0"),
+            ExitStatus::Signal {
+                signo: libc::SIGPIPE,
+                core_dumped: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_command_gets_an_empty_signal_mask() {
+        // Block SIGTERM in this thread (the one that forks); the command must not inherit it.
+        let mut term = nix::sys::signal::SigSet::empty();
+        term.add(nix::sys::signal::Signal::SIGTERM);
+        let mut old = nix::sys::signal::SigSet::empty();
+        nix::sys::signal::pthread_sigmask(
+            nix::sys::signal::SigmaskHow::SIG_BLOCK,
+            Some(&term),
+            Some(&mut old),
+        )
+        .unwrap();
+        let status = run("kill -TERM $$; exit 0");
+        nix::sys::signal::pthread_sigmask(
+            nix::sys::signal::SigmaskHow::SIG_SETMASK,
+            Some(&old),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            status,
+            ExitStatus::Signal {
+                signo: libc::SIGTERM,
+                core_dumped: false
+            }
+        );
+    }
+}
