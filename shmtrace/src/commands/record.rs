@@ -154,7 +154,8 @@ impl Tap for FileTap {
     fn finish(mut self: Box<Self>, world: &World, now_ns: u64) -> Result<Option<String>> {
         let writer = self.writer.take().expect("finished once");
         // The last flush may rotate further: name the file written last, not the current one.
-        let stats = writer.finish(&mut || world_snapshots(world, now_ns))?;
+        // A failure here (a full disk) still gets the summary: what was written is kept.
+        let (stats, unfinished) = writer.finish_anyway(&mut || world_snapshots(world, now_ns));
         let mut message = format!(
             "wrote {}: {} records, {} bytes in {}",
             stats.last_path.display(),
@@ -167,6 +168,17 @@ impl Tap for FileTap {
                 " ({} removed by --keep)",
                 count(stats.files_removed, "older file")
             ));
+        }
+        if let Some(stopped) = &stats.stopped {
+            message.push_str(&format!(
+                "; writing first failed at byte {} of {} ({}); everything before it reads back",
+                stopped.offset,
+                stopped.path.display(),
+                stopped.reason
+            ));
+        }
+        if unfinished.is_some() {
+            message.push_str("; the file could not be finished, so it has no end mark");
         }
         if stats.records_dropped > 0 {
             message.push_str(&format!(

@@ -20,6 +20,7 @@ mod reader;
 mod redact;
 mod rotation;
 mod user;
+mod write_error;
 mod writer;
 
 #[cfg(test)]
