@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
     bpf::{EventReader, Tracer, watch},
@@ -46,7 +46,31 @@ const TICKS_PER_LOST_CHECK: u32 = 10;
 /// How often followed containers are checked for restarts and their /dev/shm measured.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// The signals a live trace answers. Installed before the trace says it is tracing, so that a
+/// signal sent from then on is always handled.
+pub struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+    /// A closed terminal ends the trace like Ctrl-C: files finished, summary printed.
+    hangup: Signal,
+    /// SIGUSR1 asks the flight recorder for a file now, as a failure would.
+    dump: Signal,
+}
+
+impl Signals {
+    /// Must be called inside the runtime (`Runtime::enter`).
+    pub fn install() -> Result<Signals> {
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
+            hangup: signal(SignalKind::hangup()).context("installing a SIGHUP handler")?,
+            dump: signal(SignalKind::user_defined1()).context("installing a SIGUSR1 handler")?,
+        })
+    }
+}
+
 pub struct Session {
+    signals: Option<Signals>,
     tracer: Tracer,
     pipeline: Pipeline,
     watch: Option<Watch>,
@@ -57,12 +81,19 @@ pub struct Session {
 impl Session {
     pub fn new(tracer: Tracer, pipeline: Pipeline, verbose: bool) -> Session {
         Session {
+            signals: None,
             tracer,
             pipeline,
             watch: None,
             verbose,
             started: Instant::now(),
         }
+    }
+
+    /// Signals installed earlier (otherwise `run` installs them).
+    pub fn with_signals(mut self, signals: Signals) -> Session {
+        self.signals = Some(signals);
+        self
     }
 
     /// Follows containers (restarts, /dev/shm use) while tracing.
@@ -81,15 +112,15 @@ impl Session {
             (true, Some(logger)) => Some(watch(logger).context("watching the eBPF log")?),
             _ => None,
         };
-        let mut interrupt =
-            signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
-        let mut terminate =
-            signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
-        // A closed terminal ends the trace like Ctrl-C: files finished, summary printed.
-        let mut hangup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
-        // SIGUSR1 asks the flight recorder for a file now, as a failure would.
-        let mut dump =
-            signal(SignalKind::user_defined1()).context("installing a SIGUSR1 handler")?;
+        let Signals {
+            mut interrupt,
+            mut terminate,
+            mut hangup,
+            mut dump,
+        } = match self.signals.take() {
+            Some(signals) => signals,
+            None => Signals::install()?,
+        };
         let mut ticker = tokio::time::interval(TICK);
         let mut ticks = 0u32;
         let mut watch_ticker = tokio::time::interval(WATCH_EVERY);

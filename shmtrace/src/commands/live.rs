@@ -18,7 +18,7 @@ use crate::{
     pipeline::Pipeline,
     proc_scan,
     record::TargetDescription,
-    session::{Ending, Outcome, Session, now_boot_ns},
+    session::{Ending, Outcome, Session, Signals, now_boot_ns},
     target,
     watch::{self, Watch},
 };
@@ -143,6 +143,11 @@ pub fn run(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // Before anything says "tracing": a signal from then on must end the trace cleanly.
+    let signals = {
+        let _inside = runtime.enter();
+        Signals::install()?
+    };
     let found = match &what {
         What::Containers {
             queries,
@@ -216,7 +221,7 @@ pub fn run(
         }
         _ => Ending::Interrupt,
     };
-    let mut session = Session::new(tracer, pipeline, verbose);
+    let mut session = Session::new(tracer, pipeline, verbose).with_signals(signals);
     if let Some(watch) = watch {
         session = session.with_watch(watch);
     }
