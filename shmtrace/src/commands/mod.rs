@@ -4,6 +4,9 @@ pub mod record;
 pub mod replay;
 pub mod trace;
 
+#[cfg(test)]
+mod escape_tests;
+
 use std::{
     io::{self, IsTerminal},
     path::Path,

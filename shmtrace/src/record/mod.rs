@@ -38,7 +38,11 @@ pub use redact::RedactError;
 pub use redact::redact_file;
 pub use user::{CapacitySample, Record, Trigger, TriggerReason, UserRecord};
 #[cfg(test)]
-pub use user::{Entry, LostCounters, ProcessSnapshot};
+pub use user::{
+    Entry, LostCounters, ProcessSnapshot, SnapshotFdRecord, SnapshotMappingRecord, WriterLoss,
+};
+#[cfg(test)]
+pub use header::FlightInfo;
 #[cfg(test)]
 pub use writer::no_carry;
 pub use writer::{Rotation, TraceWriter, WriteError, WriterOptions};
