@@ -167,6 +167,21 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
     Some(snapshot)
 }
 
+/// /proc files as arbitrary bytes, through the parsers shmtrace reads them with (fuzzing):
+/// procfs's for stat, status, maps and mountinfo, and this module's own.
+#[cfg(fuzzing)]
+pub fn fuzz_proc_files(data: &[u8]) {
+    use procfs::FromRead;
+    let _ = procfs::process::Stat::from_read(data);
+    let _ = procfs::process::Status::from_read(data);
+    let _ = procfs::process::MemoryMaps::from_read(data);
+    let _ = procfs::process::MountInfos::from_read(data);
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = parse_majmin(text);
+        let _ = shm_path(Path::new(text));
+    }
+}
+
 /// A /dev/shm path from /proc, escaped, with its ` (deleted)` marker split off.
 fn shm_path(target: &Path) -> Option<(String, bool)> {
     let text = escape::bytes(target.as_os_str().as_encoded_bytes());

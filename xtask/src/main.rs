@@ -6,8 +6,10 @@
 //! - `test`: build everything and run every test, the real-kernel ones included (root).
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
+//! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
 mod bench;
 mod ebpf;
+mod fuzz;
 mod gen_cri;
 
 use std::{path::PathBuf, process::Command};
@@ -42,6 +44,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Regenerate the CRI client in shmtrace/src/container/cri (needs protoc).
     GenCri,
+    /// Run every fuzz target for a fixed time from its seed corpus (nightly, cargo-fuzz).
+    Fuzz(fuzz::FuzzArgs),
     /// The benchmark's workload (run by `bench`).
     #[command(hide = true)]
     Churn(bench::ChurnArgs),
@@ -55,6 +59,7 @@ fn main() -> Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
         Task::GenCri => gen_cri::run(),
+        Task::Fuzz(args) => fuzz::run_all(&args),
     }
 }
 

@@ -10,9 +10,8 @@ use super::replay;
 use crate::{
     cli::{ColorWhen, OutputArgs, ReportArgs, ShowArgs},
     record::{
-        ContainerDescription, FlightInfo, ProcessSnapshot, SnapshotFdRecord,
-        SnapshotMappingRecord, TraceWriter, Trigger, TriggerReason, UserRecord, WriterLoss,
-        WriterOptions,
+        ContainerDescription, FlightInfo, ProcessSnapshot, SnapshotFdRecord, SnapshotMappingRecord,
+        TraceWriter, Trigger, TriggerReason, UserRecord, WriterLoss, WriterOptions,
         tests::{TempDir, bytes_of, test_header},
     },
 };
@@ -134,7 +133,12 @@ fn hostile_trace(path: &Path, s: &[Vec<u8>]) {
         )
         .unwrap();
     writer
-        .write_kernel(&kernel_open(t0 + 1000, 4242, &s[18 % s.len()], &s[19 % s.len()]))
+        .write_kernel(&kernel_open(
+            t0 + 1000,
+            4242,
+            &s[18 % s.len()],
+            &s[19 % s.len()],
+        ))
         .unwrap();
     writer
         .write_user(
@@ -243,8 +247,14 @@ fn check(strings: &[Vec<u8>]) {
     serde_json::from_slice::<serde_json::Value>(&fs::read(&perfetto).unwrap())
         .expect("the Perfetto file parses");
     let page = fs::read_to_string(&html).unwrap().to_ascii_lowercase();
-    assert!(!page.contains("<x-evil"), "markup from the data in the HTML");
-    assert!(page.contains("&lt;x-evil"), "the data was not in the page at all");
+    assert!(
+        !page.contains("<x-evil"),
+        "markup from the data in the HTML"
+    );
+    assert!(
+        page.contains("&lt;x-evil"),
+        "the data was not in the page at all"
+    );
 }
 
 proptest! {

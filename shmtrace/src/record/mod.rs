@@ -32,6 +32,8 @@ pub use header::{ContainerDescription, ShmCapacity, TargetDescription, TraceHead
 pub use reader::TraceSet;
 // What the tests reach for beyond what the CLI uses.
 #[cfg(test)]
+pub use header::FlightInfo;
+#[cfg(any(test, fuzzing))]
 pub use reader::{ReadError, Reason, TraceReader};
 #[cfg(test)]
 pub use redact::RedactError;
@@ -41,8 +43,6 @@ pub use user::{CapacitySample, Record, Trigger, TriggerReason, UserRecord};
 pub use user::{
     Entry, LostCounters, ProcessSnapshot, SnapshotFdRecord, SnapshotMappingRecord, WriterLoss,
 };
-#[cfg(test)]
-pub use header::FlightInfo;
 #[cfg(test)]
 pub use writer::no_carry;
 pub use writer::{Rotation, TraceWriter, WriteError, WriterOptions};
