@@ -1,5 +1,5 @@
-//! /proc/PID/stat, status, maps and mountinfo: see `proc_scan::fuzz_proc_files`.
+//! /proc/PID/stat, status, maps and mountinfo: see `live::proc_scan::fuzz_proc_files`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| shmtrace_fuzz::proc_scan::fuzz_proc_files(data));
+fuzz_target!(|data: &[u8]| shmtrace_fuzz::live::proc_scan::fuzz_proc_files(data));

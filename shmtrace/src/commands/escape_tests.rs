@@ -11,10 +11,37 @@ use crate::{
     cli::{ColorWhen, OutputArgs, ReportArgs, ShowArgs},
     record::{
         ContainerDescription, FlightInfo, ProcessSnapshot, SnapshotFdRecord, SnapshotMappingRecord,
-        TraceWriter, Trigger, TriggerReason, UserRecord, WriterLoss, WriterOptions,
-        tests::{TempDir, bytes_of, test_header},
+        TargetDescription, TraceHeader, TraceWriter, Trigger, TriggerReason, UserRecord,
+        WriterLoss, WriterOptions,
     },
 };
+
+/// A fresh directory, removed afterwards.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn join(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn bytes_of<T>(value: &T) -> Vec<u8> {
+    // SAFETY: the shmtrace-common structs are repr(C) integers and byte arrays.
+    unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size_of::<T>()) }.to_vec()
+}
 
 /// Always hostile (a tag, a terminal escape, a newline, a bidi override), then anything.
 fn hostile() -> impl Strategy<Value = Vec<u8>> {
@@ -42,8 +69,16 @@ fn kernel_open(ts_ns: u64, pid: u32, name: &[u8], path: &[u8]) -> Vec<u8> {
     bytes_of(&PathEvent {
         call: SyscallEvent {
             header: Header {
+                kind: EventKind::Path as u16,
                 flags: common::flags::FILE,
-                ..crate::record::tests::header(EventKind::Path, ts_ns, pid, "x")
+                cpu: 0,
+                ts_ns,
+                pid,
+                tid: pid,
+                mntns: 4026532400,
+                _pad: 0,
+                cgroup_id: 1,
+                comm: fixed(name),
             },
             syscall: Syscall::Openat as u16,
             _pad: 0,
@@ -60,23 +95,12 @@ fn kernel_open(ts_ns: u64, pid: u32, name: &[u8], path: &[u8]) -> Vec<u8> {
         },
         path: fixed(path),
     })
-    .into_iter()
-    .enumerate()
-    .map(|(i, b)| {
-        // The comm field, in place: the header helper takes only text.
-        let comm_at = std::mem::offset_of!(Header, comm);
-        match i.checked_sub(comm_at) {
-            Some(at) if at < common::COMM_LEN => fixed::<{ common::COMM_LEN }>(name)[at],
-            _ => b,
-        }
-    })
-    .collect()
 }
 
 /// Writes a trace whose every string is hostile.
 fn hostile_trace(path: &Path, s: &[Vec<u8>]) {
     let text = |i: usize| lossy(&s[i % s.len()]);
-    let mut header = test_header();
+    let mut header = TraceHeader::for_this_host(TargetDescription::default()).unwrap();
     header.hostname = Some(text(0));
     header.kernel_release = text(1);
     header.target.command = Some(vec![text(2), text(3)]);

@@ -16,8 +16,9 @@ use anyhow::{Context, Result};
 
 use crate::{
     cli::{ColorWhen, OutputArgs},
+    clock::Clock,
     output::{
-        Clock, Format, Output,
+        Format, Output,
         safe_open::{self, FileId, OpenOptions},
     },
 };

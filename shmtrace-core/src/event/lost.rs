@@ -1,0 +1,60 @@
+//! The count of records the kernel could not write because the ring buffer was full.
+//!
+//! The loader reads these counts and every sink shows or stores them, so the type lives here,
+//! below both.
+use std::collections::BTreeMap;
+
+use shmtrace_common::EventKind;
+
+/// Records the kernel could not write because the ring buffer was full, by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LostCounts {
+    by_kind: BTreeMap<EventKind, u64>,
+}
+
+impl LostCounts {
+    pub fn add(&mut self, kind: EventKind, count: u64) {
+        if count > 0 {
+            let slot = self.by_kind.entry(kind).or_default();
+            *slot = slot.saturating_add(count);
+        }
+    }
+
+    /// Saturates rather than wraps: a trace file may claim any counts, and a huge loss must
+    /// never read as none.
+    pub fn total(&self) -> u64 {
+        self.by_kind
+            .values()
+            .fold(0, |sum, n| sum.saturating_add(*n))
+    }
+
+    pub fn by_kind(&self) -> impl Iterator<Item = (EventKind, u64)> + '_ {
+        self.by_kind.iter().map(|(kind, count)| (*kind, *count))
+    }
+
+    /// What was lost since `earlier`.
+    pub fn since(&self, earlier: &LostCounts) -> LostCounts {
+        let mut delta = LostCounts::default();
+        for (kind, count) in self.by_kind() {
+            let before = earlier.by_kind.get(&kind).copied().unwrap_or(0);
+            delta.add(kind, count.saturating_sub(before));
+        }
+        delta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_counts_saturate_instead_of_wrapping_to_zero() {
+        let mut lost = LostCounts::default();
+        lost.add(EventKind::Path, u64::MAX / 2 + 1);
+        lost.add(EventKind::Syscall, u64::MAX / 2 + 1);
+        assert_eq!(lost.total(), u64::MAX);
+        lost.add(EventKind::Path, u64::MAX);
+        let path = lost.by_kind().find(|(kind, _)| *kind == EventKind::Path);
+        assert_eq!(path, Some((EventKind::Path, u64::MAX)));
+    }
+}
