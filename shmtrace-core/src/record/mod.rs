@@ -19,6 +19,7 @@ mod pseudonym;
 mod reader;
 mod redact;
 mod rotation;
+mod trace_set;
 mod user;
 mod write_error;
 mod writer;
@@ -29,7 +30,7 @@ pub(crate) mod tests;
 pub use carry::world_snapshots;
 pub use flight::{FlightOptions, FlightRecorder, Triggered};
 pub use header::{ContainerDescription, ShmCapacity, TargetDescription, TraceHeader};
-pub use reader::TraceSet;
+pub use trace_set::TraceSet;
 // The whole file format, for the CLI's tests, the fuzz targets (fuzz/) and other readers.
 pub use header::FlightInfo;
 pub use reader::{ReadError, Reason, TraceReader};

@@ -23,7 +23,8 @@ use zerocopy::FromBytes;
 use super::{
     header::{ContainerDescription, TraceHeader, random_id},
     pseudonym::Pseudonyms,
-    reader::{ReadError, TraceSet},
+    reader::ReadError,
+    trace_set::TraceSet,
     user::{ProcessSnapshot, Record, UserRecord},
     writer::{TraceWriter, WriteError, WriteStats, WriterOptions, no_carry},
 };
