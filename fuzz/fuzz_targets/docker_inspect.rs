@@ -2,4 +2,4 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| shmtrace_fuzz::container::fuzzing::docker_inspect(data));
+fuzz_target!(|data: &[u8]| shmtrace::container::fuzzing::docker_inspect(data));

@@ -2,4 +2,4 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| shmtrace_fuzz::live::proc_scan::fuzz_proc_files(data));
+fuzz_target!(|data: &[u8]| shmtrace::live::proc_scan::fuzz_proc_files(data));

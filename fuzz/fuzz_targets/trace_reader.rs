@@ -2,7 +2,7 @@
 //! kernel records inside.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmtrace_fuzz::record::{Record, TraceReader};
+use shmtrace_core::record::{Record, TraceReader};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(reader) = TraceReader::new(data) else {
@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     for entry in reader.take(100_000) {
         let Ok(entry) = entry else { break };
         if let Record::Kernel(bytes) = &entry.record {
-            let _ = shmtrace_fuzz::event::decode(bytes);
+            let _ = shmtrace_core::event::decode(bytes);
         }
     }
 });

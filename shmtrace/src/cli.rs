@@ -162,7 +162,7 @@ pub struct RecordArgs {
     pub compress: bool,
 
     /// Start a new file when this one would grow past SIZE (suffixes K, M, G).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse)]
     pub max_size: Option<u64>,
 
     /// With --max-size: keep only the newest N files.
@@ -313,24 +313,8 @@ impl ColorWhen {
 
 /// `16M`, `512K`, `4096`.
 fn parse_size(text: &str) -> Result<u32, String> {
-    let bytes = parse_size_u64(text)?;
+    let bytes = crate::size::parse(text)?;
     u32::try_from(bytes).map_err(|_| format!("{text} is too large (at most 2G)"))
-}
-
-fn parse_size_u64(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, multiplier) = match text.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&text[..i], 1u64 << 10),
-        Some((i, 'M' | 'm')) => (&text[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&text[..i], 1 << 30),
-        _ => (text, 1),
-    };
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size like 16M, 512K or 4096"))?;
-    value
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("{text} is too large"))
 }
 
 fn parse_role(text: &str) -> Result<RoleKind, String> {
@@ -368,7 +352,7 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("8G").is_err());
-        assert_eq!(parse_size_u64("8G"), Ok(8 << 30));
+        assert_eq!(crate::size::parse("8G"), Ok(8 << 30));
     }
 
     #[test]

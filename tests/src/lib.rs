@@ -2,7 +2,9 @@
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
 pub mod docker;
 pub mod live;
+pub mod postgres;
 pub mod recording;
+pub mod runtimes;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},

@@ -19,7 +19,7 @@ mod pseudonym;
 mod reader;
 mod redact;
 mod rotation;
-mod trace_set;
+mod set;
 mod user;
 mod write_error;
 mod writer;
@@ -30,7 +30,7 @@ pub(crate) mod tests;
 pub use carry::world_snapshots;
 pub use flight::{FlightOptions, FlightRecorder, Triggered};
 pub use header::{ContainerDescription, ShmCapacity, TargetDescription, TraceHeader};
-pub use trace_set::TraceSet;
+pub use set::TraceSet;
 // The whole file format, for the CLI's tests, the fuzz targets (fuzz/) and other readers.
 pub use header::FlightInfo;
 pub use reader::{ReadError, Reason, TraceReader};

@@ -24,7 +24,7 @@ use super::{
     header::{ContainerDescription, TraceHeader, random_id},
     pseudonym::Pseudonyms,
     reader::ReadError,
-    trace_set::TraceSet,
+    set::TraceSet,
     user::{ProcessSnapshot, Record, UserRecord},
     writer::{TraceWriter, WriteError, WriteStats, WriterOptions, no_carry},
 };
@@ -206,6 +206,7 @@ impl Redactor {
                 exe: s.exe.as_deref().map(|e| names.path(e)),
                 argv: s.argv.iter().map(|a| names.arg(a)).collect(),
                 mntns: s.mntns,
+                nspid: s.nspid,
                 fds: s
                     .fds
                     .iter()

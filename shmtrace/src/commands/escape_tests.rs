@@ -135,6 +135,7 @@ fn hostile_trace(path: &Path, s: &[Vec<u8>]) {
                 exe: Some(text(13)),
                 argv: vec![text(14), text(15)],
                 mntns: 4026532400,
+                nspid: Some(7),
                 fds: vec![SnapshotFdRecord {
                     fd: 5,
                     dev: 26,

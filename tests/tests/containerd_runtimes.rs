@@ -13,12 +13,14 @@ use std::{
     time::Duration,
 };
 
-use super::{channel, proto};
-use crate::container::{
-    Endpoint, FoundBy, IpcMode, Query, Resolver, Runtime, State,
-    docker_tests::{docker, import_busybox_image, unique, wait_for},
+use shmtrace::{
+    container::{
+        ContainerError, Endpoint, FoundBy, IpcMode, PathClass, QosClass, Query, Resolver, Runtime,
+        State, channel, parse_proc_cgroup, proto,
+    },
+    kernel_ids,
 };
-use crate::live::proc_scan;
+use shmtrace_tests::runtimes::{IMAGE, docker, image, import_busybox_image, unique, wait_for};
 
 const PAUSE_IMAGE: &str = "shmtrace-container-test-pause:1";
 
@@ -32,7 +34,7 @@ struct Containerd {
 impl Containerd {
     fn start() -> Containerd {
         // The images are Docker's: make them there first.
-        let image = super::super::docker_tests::image();
+        let image = image();
         import_busybox_image(PAUSE_IMAGE, &[r#"ENTRYPOINT ["/bin/sleep", "2147483647"]"#]);
 
         let dir = PathBuf::from(format!("/tmp/{}", unique("containerd")));
@@ -290,7 +292,7 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
             .await
             .expect("containerd's CRI socket"),
     );
-    let image = super::super::docker_tests::IMAGE;
+    let image = IMAGE;
     let uid_a = "6f1b7c3e-0a52-4c1e-9d3a-2b8f0c6e1a01";
     let uid_b = "6f1b7c3e-0a52-4c1e-9d3a-2b8f0c6e1a02";
     let (sandbox_a, id_a) = run_pod(
@@ -354,7 +356,7 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
         }
     );
     let pid = container.pid.expect("the main pid, from the verbose info");
-    assert_eq!(container.mntns, proc_scan::mount_namespace(pid));
+    assert_eq!(container.mntns, kernel_ids::mount_namespace(pid));
     // containerd gives each pod a 64 MiB /dev/shm, shared by its containers.
     assert_eq!(container.shm.size_bytes, Some(64 << 20));
     assert!(container.shm.is_tmpfs);
@@ -392,11 +394,11 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
     // The cgroup layout is the kubelet's cgroupfs one, and the scan reads it.
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     println!("{text}");
-    match crate::container::parse_proc_cgroup(&text) {
-        crate::container::PathClass::Container(found) => {
+    match parse_proc_cgroup(&text) {
+        PathClass::Container(found) => {
             assert_eq!(found.id, id_a);
             assert_eq!(found.pod_uid.as_deref(), Some(uid_a));
-            assert_eq!(found.qos, Some(crate::container::QosClass::BestEffort));
+            assert_eq!(found.qos, Some(QosClass::BestEffort));
         }
         other => panic!("expected a container cgroup, got {other:?} from {text}"),
     }
@@ -406,9 +408,6 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
         .resolve(&Query::id(&sandbox_a[..12]))
         .await
         .unwrap_err();
-    assert!(
-        matches!(error, crate::container::ContainerError::NotFound { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, ContainerError::NotFound { .. }), "{error}");
     drop(docker(&["version", "--format", "{{.Server.Version}}"]));
 }
