@@ -12,7 +12,12 @@ use std::{
 };
 
 use nix::{sys::signal::Signal, unistd::Pid};
-use shmtrace_tests::{recording::wait_for, require_root, serial, shmtrace, tempdir};
+use shmtrace_tests::{recording::wait_for, require_root, serial, shmtrace_bin, tempdir};
+
+/// The binary as a plain `Command`: these tests need its stdin, stdout and signals.
+fn shmtrace() -> Command {
+    Command::new(shmtrace_bin())
+}
 
 /// A script that makes `n` /dev/shm objects, each created and removed: events to record.
 fn shm_churn(n: u32) -> String {
