@@ -7,8 +7,10 @@
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
 //! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor).
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
+//! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
 mod bench;
 mod ebpf;
+mod fuzz;
 mod gen_cri;
 
 use std::{path::PathBuf, process::Command};
@@ -43,6 +45,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Regenerate the CRI client in shmtrace/src/container/cri (needs protoc).
     GenCri,
+    /// Run every fuzz target for a fixed time from its seed corpus (nightly, cargo-fuzz).
+    Fuzz(fuzz::FuzzArgs),
     /// The benchmark's workload (run by `bench`).
     #[command(hide = true)]
     Churn(bench::ChurnArgs),
@@ -79,6 +83,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::GenCri => gen_cri::run(),
+        Task::Fuzz(args) => fuzz::run_all(&args),
     }
 }
 

@@ -30,6 +30,28 @@ pub fn text(s: &str) -> String {
     bytes(s.as_bytes())
 }
 
+/// Re-checks text that was escaped when it was recorded (names in a trace file): honest text
+/// comes back unchanged, since backslashes are left alone, but a file from a stranger may hold
+/// anything, so control and invisible characters are escaped again.
+pub fn stored(s: &str) -> String {
+    if !s.chars().any(needs_escape) {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '\\' {
+            out.push(c);
+        } else {
+            push_char(&mut out, c);
+        }
+    }
+    out
+}
+
+fn needs_escape(c: char) -> bool {
+    (c as u32) < 0x20 || c == '\x7f' || is_invisible_control(c)
+}
+
 fn push_char(out: &mut String, c: char) {
     match c {
         '\\' => out.push_str("\\\\"),
@@ -70,6 +92,14 @@ mod tests {
     fn is_injective_on_backslashes() {
         assert_ne!(bytes(b"\\x1b"), bytes(b"\x1b"));
         assert_eq!(bytes(b"\\x1b"), "\\\\x1b");
+    }
+
+    #[test]
+    fn stored_text_keeps_honest_escapes_and_catches_raw_controls() {
+        let honest = bytes(b"evil\x1b]0;x\x07 \\ r\xff");
+        assert_eq!(stored(&honest), honest);
+        assert_eq!(stored("a\x1b[2Jb\u{202e}\\"), "a\\x1b[2Jb\\u{202e}\\");
+        assert!(!stored("\x1b\x07\n\r\u{9b}").chars().any(needs_escape));
     }
 
     #[test]

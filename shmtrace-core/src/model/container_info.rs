@@ -83,13 +83,17 @@ impl ContainerInfo {
 
     /// One line for people: `container trainer (docker, image pytorch:2.4), /dev/shm private`.
     pub fn describe(&self) -> String {
-        let mut parts = vec![self.runtime.clone()];
+        // A trace file from a stranger sets every one of these fields.
+        let mut parts = vec![crate::event::escape::text(&self.runtime)];
         if let Some(image) = &self.image {
             parts.push(format!("image {}", crate::event::escape::text(image)));
         }
         let mut text = format!("container {} ({})", self.label(), parts.join(", "));
         if !self.ipc.is_empty() {
-            text.push_str(&format!(", /dev/shm {}", self.ipc));
+            text.push_str(&format!(
+                ", /dev/shm {}",
+                crate::event::escape::text(&self.ipc)
+            ));
         }
         text
     }
@@ -100,7 +104,7 @@ impl ContainerInfo {
 pub fn container_label(name: &str, id: &str, namespace: Option<&str>, pod: Option<&str>) -> String {
     use crate::event::escape::text;
     let name = if name.is_empty() {
-        id.chars().take(12).collect()
+        text(&id.chars().take(12).collect::<String>())
     } else {
         text(name)
     };

@@ -63,6 +63,15 @@ fn place_matches(wanted: &str, place: &str) -> bool {
     place == wanted || place.rsplit('/').next() == Some(wanted)
 }
 
+/// Every name [`event_name`] gives, for checking `--event`.
+pub fn event_names() -> Vec<&'static str> {
+    shmtrace_common::Syscall::ALL
+        .iter()
+        .map(|call| call.name())
+        .chain(["signal", "fork", "exec", "exit", "rename", "oom_kill"])
+        .collect()
+}
+
 /// The name an event has in JSON and in filters.
 pub fn event_name(event: &Event) -> &'static str {
     use crate::event::Body;

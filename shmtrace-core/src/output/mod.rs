@@ -5,9 +5,16 @@ pub mod diagnosis;
 pub mod filter;
 pub mod human;
 pub mod json;
+pub mod safe_open;
 mod summary;
 
-use std::io::{self, Write};
+use std::{
+    io::{self, Write},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 pub use summary::Summary;
 
@@ -26,6 +33,46 @@ pub struct Output {
     notices_to_stderr: bool,
     /// Show where each event happened (containers are involved).
     show_places: bool,
+    /// The reader of the output went away (`shmtrace ... | head -1`).
+    reader_gone: Arc<AtomicBool>,
+}
+
+/// Treats a reader that went away (EPIPE) as the end of the output, as other command-line
+/// tools do: later writes are dropped, and [`Output::reader_gone`] tells the caller to stop
+/// and finish its files, rather than failing with "Broken pipe".
+struct QuietPipe {
+    inner: Box<dyn Write + Send>,
+    gone: Arc<AtomicBool>,
+}
+
+impl QuietPipe {
+    fn absorb<T>(&self, result: io::Result<T>, instead: T) -> io::Result<T> {
+        match result {
+            Err(error) if error.kind() == io::ErrorKind::BrokenPipe => {
+                self.gone.store(true, Ordering::Relaxed);
+                Ok(instead)
+            }
+            other => other,
+        }
+    }
+}
+
+impl Write for QuietPipe {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Ok(buf.len());
+        }
+        let result = self.inner.write(buf);
+        self.absorb(result, buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let result = self.inner.flush();
+        self.absorb(result, ())
+    }
 }
 
 enum Sink {
@@ -47,6 +94,11 @@ impl Output {
         clock: Clock,
         notices_to_stderr: bool,
     ) -> Output {
+        let reader_gone = Arc::new(AtomicBool::new(false));
+        let out: Box<dyn Write + Send> = Box::new(QuietPipe {
+            inner: out,
+            gone: reader_gone.clone(),
+        });
         let sink = match format {
             Format::Human(color) => Sink::Human(human::HumanWriter::new(out, color)),
             Format::Json => Sink::Json(json::JsonWriter::new(out)),
@@ -56,7 +108,13 @@ impl Output {
             clock,
             notices_to_stderr,
             show_places: false,
+            reader_gone,
         }
+    }
+
+    /// Whether the reader of the output went away: time to end, quietly.
+    pub fn reader_gone(&self) -> bool {
+        self.reader_gone.load(Ordering::Relaxed)
     }
 
     /// From now on, text lines say where (host or container) each event happened.

@@ -20,7 +20,7 @@ use crate::{
     event::{Body, Event, LostCounts, decode},
     model::{ContainerInfo, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
-    record::UserRecord,
+    record::{Trigger, TriggerReason, UserRecord},
 };
 
 pub use ports::{Environment, Observer, Recorded, Tap};
@@ -218,7 +218,8 @@ impl Pipeline {
             }
             UserRecord::WriterLoss(loss) => self.output.notice(&format!(
                 "the recorder could not write {} records ({}): the trace has a hole here",
-                loss.records, loss.reason
+                loss.records,
+                crate::event::escape::text(&loss.reason)
             ))?,
             UserRecord::Trigger(_)
             | UserRecord::Note { .. }
@@ -250,6 +251,23 @@ impl Pipeline {
             Some(tap) => tap.tick(&self.world, now_ns),
             None => Ok(()),
         }
+    }
+
+    /// The user asked for the moments before now to be written (SIGUSR1): the tap does as for
+    /// a failure. `false` when there is no tap.
+    pub fn trigger_manual(&mut self, ts_ns: u64) -> Result<bool> {
+        let Some(tap) = &mut self.tap else {
+            return Ok(false);
+        };
+        tap.trigger(
+            ts_ns,
+            Trigger {
+                reason: TriggerReason::Manual,
+                pid: None,
+                detail: "SIGUSR1 (asked for by the user)".to_owned(),
+            },
+        )?;
+        Ok(true)
     }
 
     /// Diagnoses what is still open, closes the tap, and prints the summary.

@@ -138,6 +138,7 @@ impl FlightRecorder {
             return Err(WriteError::Exists { path: old });
         }
         options.writer.rotation = None;
+        options.writer.create_new = true;
         Ok(FlightRecorder {
             options,
             base: path.to_path_buf(),

@@ -60,6 +60,20 @@ impl FrameKind {
     }
 }
 
+/// Where each frame of `frames` (complete frames, as a writer laid them out) ends.
+pub fn frame_ends(frames: &[u8]) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut at = 0;
+    while let Some(head) = frames
+        .get(at..)
+        .and_then(|rest| rest.first_chunk::<FRAME_HEAD_LEN>())
+    {
+        at += FRAME_HEAD_LEN + FrameHead::parse(head).len as usize;
+        ends.push(at.min(frames.len()));
+    }
+    ends
+}
+
 /// A frame's fixed-size head, as read; nothing is validated yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHead {

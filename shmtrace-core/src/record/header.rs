@@ -151,11 +151,11 @@ pub struct FlightInfo {
 
 impl TraceHeader {
     /// A header for a recording starting now on this machine; the caller fills in `target`.
-    pub fn for_this_host(target: TargetDescription) -> TraceHeader {
-        let boot = boot_ns();
+    pub fn for_this_host(target: TargetDescription) -> std::io::Result<TraceHeader> {
+        let boot = boot_ns()?;
         let unix = jiff::Timestamp::now().as_nanosecond();
         let uname = nix::sys::utsname::uname().ok();
-        TraceHeader {
+        Ok(TraceHeader {
             redacted: false,
             compressed: false,
             tool_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -174,7 +174,7 @@ impl TraceHeader {
             flight: None,
             host_mntns: None,
             record_layout: Some(shmtrace_common::LAYOUT_HASH),
-        }
+        })
     }
 
     /// Turns the file's boot-time timestamps into wall-clock time, in the local time zone.
@@ -208,7 +208,8 @@ pub(super) fn random_id() -> String {
     let mut bytes = [0u8; 16];
     if super::pseudonym::fill_random(&mut bytes).is_err() {
         // Only uniqueness matters here: the time and pid will do.
-        let seed = (boot_ns() as u128) << 32 | u128::from(std::process::id());
+        let boot = boot_ns().unwrap_or_default();
+        let seed = (boot as u128) << 32 | u128::from(std::process::id());
         bytes = seed.to_le_bytes();
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -289,7 +290,8 @@ mod tests {
         let mut header = TraceHeader::for_this_host(TargetDescription {
             command: Some(vec!["python3".into(), "train.py".into()]),
             ..Default::default()
-        });
+        })
+        .unwrap();
         let mut container = ContainerDescription {
             id: "ab".repeat(32),
             runtime: Some("docker".into()),
@@ -309,7 +311,11 @@ mod tests {
         assert!(!header.kernel_release.is_empty());
         assert_eq!(header.recording_id.len(), 32);
         // Boot time plus the offset is the wall clock the header was made at.
-        let start = header.clock().wall(header.start_boot_ns).as_nanosecond();
+        let start = header
+            .clock()
+            .wall(header.start_boot_ns)
+            .unwrap()
+            .as_nanosecond();
         assert_eq!(start, i128::from(header.start_unix_ns));
     }
 

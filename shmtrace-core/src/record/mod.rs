@@ -21,6 +21,7 @@ mod redact;
 mod rotation;
 mod set;
 mod user;
+mod write_error;
 mod writer;
 
 #[cfg(test)]
@@ -30,15 +31,15 @@ pub use carry::world_snapshots;
 pub use flight::{FlightOptions, FlightRecorder, Triggered};
 pub use header::{ContainerDescription, ShmCapacity, TargetDescription, TraceHeader};
 pub use set::TraceSet;
-// What the tests reach for beyond what the CLI uses.
-#[cfg(test)]
+// The whole file format, for the CLI's tests, the fuzz targets (fuzz/) and other readers.
+pub use header::FlightInfo;
 pub use reader::{ReadError, Reason, TraceReader};
 #[cfg(test)]
 pub use redact::RedactError;
 pub use redact::redact_file;
-pub use user::{CapacitySample, Record, Trigger, TriggerReason, UserRecord};
-#[cfg(test)]
-pub use user::{Entry, LostCounters, ProcessSnapshot};
-#[cfg(test)]
+pub use user::{
+    CapacitySample, Entry, LostCounters, ProcessSnapshot, Record, SnapshotFdRecord,
+    SnapshotMappingRecord, Trigger, TriggerReason, UserRecord, WriterLoss,
+};
 pub use writer::no_carry;
 pub use writer::{Rotation, TraceWriter, WriteError, WriterOptions};

@@ -138,6 +138,11 @@ pub enum Reason {
     Decompress(String),
     #[error("a userspace record could not be decoded ({0}): the file is corrupt")]
     BadUserRecord(String),
+    #[error(
+        "this is not a trace file (a directory); give the trace file, or the -o name it was \
+         recorded with"
+    )]
+    Directory,
     #[error("reading failed: {0}")]
     Io(#[source] io::Error),
 }
@@ -171,6 +176,11 @@ impl TraceReader<BufReader<File>> {
             in_block: None,
             reason: Reason::Io(error),
         })?;
+        TraceReader::from_file(file, path)
+    }
+
+    /// Reads an open file (or pipe), naming it `path` in errors.
+    pub(super) fn from_file(file: File, path: &Path) -> Result<Self, ReadError> {
         let mut reader = TraceReader::new(BufReader::with_capacity(1 << 16, file))
             .map_err(|e| e.at_path(path))?;
         reader.path = Some(path.to_path_buf());

@@ -71,6 +71,11 @@ pub fn redact_file(
         return Err(RedactError::SamePath);
     }
     let set = TraceSet::open(input).map_err(RedactError::Open)?;
+    // The path check above misses a hard link of the input; its inode does not.
+    let options = WriterOptions {
+        not_over: set.file_ids().to_vec(),
+        ..options
+    };
     redact(set, output, options)
 }
 

@@ -1,8 +1,10 @@
-//! A recording rotated into several files, read back in order as one stream.
+//! A recording that may have been rotated into several files, read in order as one stream,
+//! with what is missing from the set, or there twice, said rather than hidden.
 use std::{
     collections::VecDeque,
     fs::File,
     io::{self, BufReader},
+    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
@@ -13,43 +15,87 @@ use super::{
     rotation,
     user::Entry,
 };
+use crate::output::safe_open::FileId;
 
 /// Reads a recording that may have been rotated into several files, in order, as one stream.
 pub struct TraceSet {
     files: VecDeque<PathBuf>,
     current: TraceReader<BufReader<File>>,
     first_header: TraceHeader,
+    /// The identities of the files to read, so that no output overwrites one of them.
+    ids: Vec<FileId>,
+    /// What is missing from a rotated set, or there twice: said, not hidden.
+    gaps: Vec<String>,
     finished: bool,
     skipped: u64,
 }
 
 impl TraceSet {
     /// Opens `path`, or, when it does not exist, the numbered files of a rotated recording
-    /// named `path` (`trace.000000.shmtrace`, ...).
+    /// named `path` (`trace.000000.shmtrace`, ...). `-`, `/dev/stdin`, a pipe or a FIFO are
+    /// read as one file.
     pub fn open(path: &Path) -> Result<TraceSet, ReadError> {
-        let not_found = |reason| ReadError {
+        let fail = |reason| ReadError {
             path: Some(path.to_path_buf()),
             offset: 0,
             in_block: None,
             reason,
         };
-        let all = rotation::discover(path).map_err(|e| not_found(Reason::Io(e)))?;
+        if path == Path::new("-") {
+            let stdin = std::io::stdin()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| fail(Reason::Io(e)))?;
+            let current = TraceReader::from_file(File::from(stdin), path)?;
+            return Ok(TraceSet::starting(current, VecDeque::new(), Vec::new()));
+        }
+        let all = match std::fs::metadata(path) {
+            Ok(metadata) if metadata.is_dir() => return Err(fail(Reason::Directory)),
+            Ok(_) => vec![path.to_path_buf()],
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                rotation::discover(path).map_err(|e| fail(Reason::Io(e)))?
+            }
+            Err(error) => return Err(fail(Reason::Io(error))),
+        };
         if all.is_empty() {
-            return Err(not_found(Reason::Io(io::Error::new(
+            return Err(fail(Reason::Io(io::Error::new(
                 io::ErrorKind::NotFound,
                 "no such trace file, and no rotated files named after it",
             ))));
         }
+        let ids = all
+            .iter()
+            .filter_map(|file| FileId::of_path(file).ok())
+            .collect();
         let mut files: VecDeque<PathBuf> = all.into_iter().collect();
         let first = files.pop_front().expect("not empty");
         let current = TraceReader::open(&first)?;
-        Ok(TraceSet {
+        let mut set = TraceSet::starting(current, files, ids);
+        if !set.files.is_empty() && set.first_header.sequence > 0 {
+            set.gaps.push(format!(
+                "the rotated set starts at file {} ({}): the files before it were removed \
+                 (by --keep) or are missing",
+                set.first_header.sequence,
+                first.display()
+            ));
+        }
+        Ok(set)
+    }
+
+    fn starting(
+        current: TraceReader<BufReader<File>>,
+        files: VecDeque<PathBuf>,
+        ids: Vec<FileId>,
+    ) -> TraceSet {
+        TraceSet {
             files,
             first_header: current.header().clone(),
             current,
+            ids,
+            gaps: Vec::new(),
             finished: false,
             skipped: 0,
-        })
+        }
     }
 
     /// The header of the first file (later files repeat it, with their own sequence number).
@@ -61,27 +107,64 @@ impl TraceSet {
         self.skipped + self.current.skipped()
     }
 
-    /// Moves to the next file, checking it belongs to the same recording.
+    /// The files being read, by identity: outputs must not be written over them.
+    pub fn file_ids(&self) -> &[FileId] {
+        &self.ids
+    }
+
+    /// Files missing from the middle of a rotated set, and files there twice (skipped), as
+    /// sentences; complete once the set is read.
+    pub fn gaps(&self) -> &[String] {
+        &self.gaps
+    }
+
+    /// Moves to the next file, checking it belongs to the same recording and comes next: a
+    /// missing file is noted, a second copy of one already read is noted and skipped.
     fn advance(&mut self) -> Result<bool, ReadError> {
-        let Some(path) = self.files.pop_front() else {
-            return Ok(false);
-        };
-        let next = TraceReader::open(&path)?;
-        let (first, header) = (&self.first_header, next.header());
-        if header.recording_id != first.recording_id {
-            return Err(ReadError {
-                path: Some(path),
-                offset: PREAMBLE_LEN as u64,
-                in_block: None,
-                reason: Reason::BadHeader(format!(
-                    "it belongs to another recording ({}, not {}); move it out of the way",
-                    header.recording_id, first.recording_id
-                )),
-            });
+        loop {
+            let Some(path) = self.files.pop_front() else {
+                return Ok(false);
+            };
+            let next = TraceReader::open(&path)?;
+            let (first, header) = (&self.first_header, next.header());
+            if header.recording_id != first.recording_id {
+                return Err(ReadError {
+                    path: Some(path),
+                    offset: PREAMBLE_LEN as u64,
+                    in_block: None,
+                    reason: Reason::BadHeader(format!(
+                        "it belongs to another recording ({}, not {}); move it out of the way",
+                        header.recording_id, first.recording_id
+                    )),
+                });
+            }
+            let previous = self.current.header().sequence;
+            let sequence = header.sequence;
+            if sequence <= previous {
+                self.gaps.push(format!(
+                    "{} repeats file {sequence} of the recording, which was read already; it \
+                     was skipped",
+                    path.display()
+                ));
+                self.skipped += next.skipped();
+                continue;
+            }
+            if sequence > previous + 1 {
+                let missing = sequence - previous - 1;
+                let (n, are) = match missing {
+                    1 => ("1 file is".to_owned(), "it"),
+                    n => (format!("{n} files are"), "they"),
+                };
+                self.gaps.push(format!(
+                    "{n} missing between file {previous} and file {sequence} ({}): the records \
+                     {are} held are not in this report",
+                    path.display()
+                ));
+            }
+            self.skipped += self.current.skipped();
+            self.current = next;
+            return Ok(true);
         }
-        self.skipped += self.current.skipped();
-        self.current = next;
-        Ok(true)
     }
 }
 

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use shmtrace_common::Loss;
 
 use super::header::{ContainerDescription, ShmCapacity};
+use crate::event::escape::stored;
 use crate::{
     event::{InodeId, LostCounts},
     model::{ProcSnapshot, SnapshotFd, SnapshotMapping},
@@ -151,9 +152,10 @@ impl ProcessSnapshot {
         ProcSnapshot {
             pid: self.pid,
             ppid: self.ppid,
-            comm: self.comm.clone(),
-            exe: self.exe.clone(),
-            argv: self.argv.clone(),
+            // Escaped when recorded; checked again, since the file may come from anyone.
+            comm: stored(&self.comm),
+            exe: self.exe.as_deref().map(stored),
+            argv: self.argv.iter().map(|arg| stored(arg)).collect(),
             mntns: self.mntns,
             nspid: self.nspid,
             fds: self
@@ -165,7 +167,7 @@ impl ProcessSnapshot {
                         dev: f.dev,
                         ino: f.ino,
                     },
-                    path: f.path.clone(),
+                    path: stored(&f.path),
                     deleted: f.deleted,
                     cloexec: f.cloexec,
                     size: f.size,
@@ -182,7 +184,7 @@ impl ProcessSnapshot {
                         dev: m.dev,
                         ino: m.ino,
                     },
-                    path: m.path.clone(),
+                    path: stored(&m.path),
                     deleted: m.deleted,
                 })
                 .collect(),

@@ -22,6 +22,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::output::safe_open::{self, FileId, OpenOptions};
+
+pub use super::write_error::WriteError;
+
 use super::{
     format::{self, FRAME_HEAD_LEN, FrameKind, MAX_PAYLOAD},
     header::TraceHeader,
@@ -53,6 +57,11 @@ pub struct WriterOptions {
     pub rotation: Option<Rotation>,
     /// `fdatasync` after every flush, for power loss as well as crashes.
     pub sync_on_flush: bool,
+    /// Every file must be new (flight-recorder dumps); otherwise `-o` may name an old file of
+    /// this user, which is replaced.
+    pub create_new: bool,
+    /// Files that must not be written: the inputs of a command that copies a trace.
+    pub not_over: Vec<FileId>,
 }
 
 impl Default for WriterOptions {
@@ -63,6 +72,8 @@ impl Default for WriterOptions {
             block_bytes: 1 << 20,
             rotation: None,
             sync_on_flush: false,
+            create_new: false,
+            not_over: Vec::new(),
         }
     }
 }
@@ -98,6 +109,17 @@ pub struct WriteStats {
     pub files_removed: u32,
     /// The file written last (with rotation, the newest of the set), once finished.
     pub last_path: PathBuf,
+    /// The first write that failed: where the file stopped, and why (a full disk).
+    pub stopped: Option<Stopped>,
+}
+
+/// Where a recording stopped being written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stopped {
+    pub path: PathBuf,
+    /// The file's length then: everything before it reads back.
+    pub offset: u64,
+    pub reason: String,
 }
 
 /// What a flush did.
@@ -106,41 +128,6 @@ pub struct Flushed {
     pub records: u64,
     /// Files opened by rotation during this flush.
     pub rotated_to: Vec<PathBuf>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum WriteError {
-    #[error(
-        "cannot create the trace file {path}: {source}; check that its directory exists and is \
-         writable"
-    )]
-    Create { path: PathBuf, source: io::Error },
-    #[error(
-        "{path} exists, from an earlier recording; remove the old files or choose another -o, \
-         so that the two recordings do not mix"
-    )]
-    Exists { path: PathBuf },
-    #[error(
-        "writing the trace file {path} failed: {source}; {dropped} records were not written \
-         (the file stays readable up to the last good flush; free space or pick another \
-         disk)"
-    )]
-    Write {
-        path: PathBuf,
-        dropped: u64,
-        source: io::Error,
-    },
-    #[error(
-        "a record of {len} bytes is larger than the {max} bytes a trace file holds; it was \
-         dropped and counted"
-    )]
-    TooLarge { len: usize, max: usize },
-    #[error("removing the old trace file {path} (--keep) failed: {source}")]
-    Prune { path: PathBuf, source: io::Error },
-    #[error("--max-size must be at least {min} bytes, not {given}")]
-    RotationTooSmall { given: u64, min: u64 },
-    #[error("--keep must be at least 1")]
-    KeepZero,
 }
 
 /// Framed records waiting for a flush, cut into blocks of about `block_bytes`.
@@ -215,7 +202,9 @@ impl TraceWriter {
                 })?),
                 None => None,
             };
-        let (file, header_len) = open_with_header(&first, &header)?;
+        let first_options =
+            open_options(&options, options.create_new || options.rotation.is_some());
+        let (file, header_len) = open_with_header(&first, &header, &first_options)?;
         Ok(TraceWriter {
             options,
             base: path.to_path_buf(),
@@ -347,8 +336,18 @@ impl TraceWriter {
                 }
             }
             if let Err(source) = self.append(&block) {
-                let dropped = chunk.records + pending.clone().map(|c| c.records).sum::<u64>();
-                self.drop_chunks(std::iter::once(chunk).chain(pending), &source.to_string());
+                self.note_stop(&source);
+                // Keep what fits (the last megabyte before a disk fills is often the failure).
+                let ends = format::frame_ends(&chunk.bytes);
+                let (kept, kept_bytes) = self.append_what_fits(&chunk.bytes, &ends);
+                self.stats.records += kept;
+                flushed.records += kept;
+                let rest = Chunk {
+                    bytes: chunk.bytes[kept_bytes..].to_vec(),
+                    records: chunk.records - kept,
+                };
+                let dropped = rest.records + pending.clone().map(|c| c.records).sum::<u64>();
+                self.drop_chunks(std::iter::once(rest).chain(pending), &source.to_string());
                 return Err(WriteError::Write {
                     path: self.path.clone(),
                     dropped,
@@ -365,11 +364,28 @@ impl TraceWriter {
     }
 
     /// Flushes, syncs and closes. Returns what was written over the writer's life.
-    pub fn finish(mut self, carry: CarryOver<'_>) -> Result<WriteStats, WriteError> {
-        self.flush(carry)?;
-        self.close_file()?;
+    pub fn finish(self, carry: CarryOver<'_>) -> Result<WriteStats, WriteError> {
+        match self.finish_anyway(carry) {
+            (stats, None) => Ok(stats),
+            (_, Some(error)) => Err(error),
+        }
+    }
+
+    /// Like [`finish`](Self::finish), but returns what was written even when the last flush
+    /// or the end mark failed (a full disk), with the error.
+    pub fn finish_anyway(mut self, carry: CarryOver<'_>) -> (WriteStats, Option<WriteError>) {
+        let error = self.flush(carry).err();
+        let error = match self.close_file() {
+            Err(close) if error.is_none() => {
+                if let WriteError::Write { source, .. } = &close {
+                    self.note_stop(source);
+                }
+                Some(close)
+            }
+            _ => error,
+        };
         self.stats.last_path = self.path;
-        Ok(self.stats)
+        (self.stats, error)
     }
 
     /// Like [`finish`](Self::finish), but leaves the file without its end mark, so that it
@@ -434,7 +450,8 @@ impl TraceWriter {
         self.close_file()?;
         self.header.sequence += 1;
         let path = rotation::numbered(&self.base, self.header.sequence);
-        let (file, header_len) = open_with_header(&path, &self.header)?;
+        let (file, header_len) =
+            open_with_header(&path, &self.header, &open_options(&self.options, true))?;
         self.file = file;
         self.path = path.clone();
         self.file_len = header_len;
@@ -511,6 +528,39 @@ impl TraceWriter {
         })
     }
 
+    /// Appends as many whole records of `frames` as fit, first ones first, halving what is
+    /// tried after each failure. Returns the records and bytes of `frames` written.
+    fn append_what_fits(&mut self, frames: &[u8], ends: &[usize]) -> (u64, usize) {
+        match ends {
+            [] => (0, 0),
+            [_] => match self.block(frames) {
+                block if self.append(&block).is_ok() => (1, frames.len()),
+                _ => (0, 0),
+            },
+            _ => {
+                let half = ends.len() / 2;
+                let split = ends[half - 1];
+                let (kept, bytes) = self.append_what_fits(&frames[..split], &ends[..half]);
+                if kept < half as u64 {
+                    return (kept, bytes);
+                }
+                let second: Vec<usize> = ends[half..].iter().map(|end| end - split).collect();
+                let (more, more_bytes) = self.append_what_fits(&frames[split..], &second);
+                (kept + more, bytes + more_bytes)
+            }
+        }
+    }
+
+    fn note_stop(&mut self, error: &io::Error) {
+        if self.stats.stopped.is_none() {
+            self.stats.stopped = Some(Stopped {
+                path: self.path.clone(),
+                offset: self.file_len,
+                reason: error.to_string(),
+            });
+        }
+    }
+
     fn drop_chunks(&mut self, chunks: impl Iterator<Item = Chunk>, reason: &str) {
         let (mut records, mut bytes) = (0, 0);
         for chunk in chunks {
@@ -532,13 +582,24 @@ impl TraceWriter {
     }
 }
 
+/// How a file of the recording is opened: locked against a second recorder, never through a
+/// link (see `output::safe_open`); numbered files after the first must be new.
+fn open_options(options: &WriterOptions, create_new: bool) -> OpenOptions {
+    let open = OpenOptions::new().locked().not_over(&options.not_over);
+    if create_new { open.create_new() } else { open }
+}
+
 /// Creates `path` and writes the preamble and header in one write.
-fn open_with_header(path: &Path, header: &TraceHeader) -> Result<(File, u64), WriteError> {
+fn open_with_header(
+    path: &Path,
+    header: &TraceHeader,
+    options: &OpenOptions,
+) -> Result<(File, u64), WriteError> {
     let create = |source| WriteError::Create {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::create(path).map_err(create)?;
+    let mut file = safe_open::create(path, options).map_err(|e| WriteError::open(path, e))?;
     let bytes = format::encode_preamble(header.flags(), &header.to_cbor());
     file.write_all(&bytes).map_err(create)?;
     Ok((file, bytes.len() as u64))

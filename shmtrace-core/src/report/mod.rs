@@ -15,9 +15,8 @@ mod timeline;
 mod tests;
 
 use std::{
-    fs::File,
     io::{BufWriter, Write},
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use anyhow::{Context, Result};
@@ -29,6 +28,7 @@ use crate::{
     diagnose::{Capacity, Diagnosis, Role, Roles},
     event::Event,
     model::{Annotation, ContainerInfo, World},
+    output::safe_open::{FileId, OpenOptions, Replacement},
     pipeline::Observer,
 };
 
@@ -45,22 +45,33 @@ pub struct About {
 pub struct Pictures {
     timeline: Timeline,
     about: About,
-    html: Option<PathBuf>,
-    perfetto: Option<PathBuf>,
+    html: Option<Replacement>,
+    perfetto: Option<Replacement>,
 }
 
 impl Pictures {
-    /// Checks now that the files can be written, so a typo does not cost a whole replay.
-    pub fn new(about: About, html: Option<&Path>, perfetto: Option<&Path>) -> Result<Pictures> {
-        for path in html.iter().chain(perfetto.iter()) {
-            File::create(path)
-                .with_context(|| format!("cannot write the report to {}", path.display()))?;
-        }
+    /// Checks now that the files can be written, so a typo does not cost a whole replay; they
+    /// are put in place, whole, when the trace ends (see `output::safe_open`), and never over
+    /// one of `inputs`.
+    pub fn new(
+        about: About,
+        html: Option<&Path>,
+        perfetto: Option<&Path>,
+        inputs: &[FileId],
+    ) -> Result<Pictures> {
+        let options = OpenOptions::new().not_over(inputs);
+        let open = |path: Option<&Path>| {
+            path.map(|path| {
+                Replacement::new(path, &options)
+                    .with_context(|| format!("cannot write the report to {}", path.display()))
+            })
+            .transpose()
+        };
         Ok(Pictures {
             timeline: Timeline::new(),
             about,
-            html: html.map(Path::to_owned),
-            perfetto: perfetto.map(Path::to_owned),
+            html: open(html)?,
+            perfetto: open(perfetto)?,
         })
     }
 }
@@ -95,15 +106,15 @@ impl Observer for Pictures {
     ) -> Result<Option<String>> {
         self.timeline.finish(world, roles, lost, end_ns);
         let mut wrote = Vec::new();
-        if let Some(path) = &self.html {
-            write(path, |out| html::write(out, &self.timeline, &self.about))?;
-            wrote.push(path.display().to_string());
+        if let Some(file) = self.html.take() {
+            wrote.push(file.path().display().to_string());
+            write(file, |out| html::write(out, &self.timeline, &self.about))?;
         }
-        if let Some(path) = &self.perfetto {
-            write(path, |out| {
+        if let Some(file) = self.perfetto.take() {
+            wrote.push(file.path().display().to_string());
+            write(file, |out| {
                 perfetto::write(out, &self.timeline, &self.about)
             })?;
-            wrote.push(path.display().to_string());
         }
         Ok((!wrote.is_empty()).then(|| {
             format!(
@@ -117,11 +128,15 @@ impl Observer for Pictures {
     }
 }
 
-fn write(path: &Path, render: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
-    let context = || format!("writing {}", path.display());
-    let file = File::create(path).with_context(context)?;
-    let mut out = BufWriter::new(file);
-    render(&mut out).with_context(context)?;
-    out.flush().with_context(context)?;
+fn write(
+    mut file: Replacement,
+    render: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let context = format!("writing {}", file.path().display());
+    let mut out = BufWriter::new(file.file());
+    render(&mut out).context(context.clone())?;
+    out.flush().context(context.clone())?;
+    drop(out);
+    file.commit().context(context)?;
     Ok(())
 }

@@ -69,7 +69,7 @@ fn pictures(kernel: &[Vec<u8>], capacity: Option<Capacity>, lost: u64) -> (Strin
         about().clock,
         false,
     );
-    let observer = Pictures::new(about(), Some(&html), Some(&perfetto)).unwrap();
+    let observer = Pictures::new(about(), Some(&html), Some(&perfetto), &[]).unwrap();
     let mut pipeline = Pipeline::new(World::new(), Diagnoser::new(0), output, Filter::default())
         .diagnoses_only()
         .with_observer(Box::new(observer));

@@ -6,8 +6,10 @@ pub mod replay;
 pub mod size;
 pub mod trace;
 
+#[cfg(test)]
+mod escape_tests;
+
 use std::{
-    fs::File,
     io::{self, IsTerminal},
     path::Path,
 };
@@ -17,7 +19,10 @@ use anyhow::{Context, Result};
 use crate::{
     cli::{ColorWhen, OutputArgs},
     clock::Clock,
-    output::{Format, Output},
+    output::{
+        Format, Output,
+        safe_open::{self, FileId, OpenOptions},
+    },
 };
 
 /// Where output goes when no file is named.
@@ -36,19 +41,29 @@ pub fn open_output(
     default: DefaultStream,
     clock: Clock,
 ) -> Result<Output> {
+    open_output_not_over(path, json, color, default, clock, &[])
+}
+
+/// [`open_output`], refusing to write over any of `inputs` (the trace being read).
+pub fn open_output_not_over(
+    path: Option<&Path>,
+    json: bool,
+    color: ColorWhen,
+    default: DefaultStream,
+    clock: Clock,
+    inputs: &[FileId],
+) -> Result<Output> {
     let (writer, terminal, to_file): (Box<dyn io::Write + Send>, bool, bool) = match path {
         Some(path) => {
-            let text = path.to_string_lossy();
-            let is_stdio = text.starts_with("/dev/std") || text.starts_with("/dev/fd/");
-            // `-o /dev/stdout` must not truncate the file the shell redirected stdout to.
-            let file = File::options()
-                .write(true)
-                .create(true)
-                .truncate(!is_stdio)
-                .open(path)
+            // `-o /dev/stdout` writes to what the shell opened, without truncating it.
+            let file = safe_open::create(path, &OpenOptions::new().not_over(inputs))
                 .with_context(|| format!("cannot write the output to {}", path.display()))?;
             let terminal = file.is_terminal();
-            (Box::new(io::BufWriter::new(file)), terminal, !is_stdio)
+            (
+                Box::new(io::BufWriter::new(file)),
+                terminal,
+                !safe_open::is_stdio(path),
+            )
         }
         // Buffered: the session flushes after each batch of records, so a burst costs a few
         // writes, not one per line.

@@ -39,7 +39,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         let mut target = target;
         target.containers = containers.iter().map(ContainerDescription::from).collect();
         let tap = open_tap(args, target)?;
-        let output = open_output(None, args.json, args.color, default, Clock::now())?;
+        let output = open_output(None, args.json, args.color, default, Clock::now()?)?;
         Ok(
             Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
                 .diagnoses_only()
@@ -52,7 +52,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 
 /// The trace file (or the flight recorder that writes them), with its header.
 fn open_tap(args: &RecordArgs, target: TargetDescription) -> Result<Box<dyn Tap>> {
-    let mut header = TraceHeader::for_this_host(target);
+    let mut header = TraceHeader::for_this_host(target)?;
     header.host_mntns = crate::kernel_ids::mount_namespace(std::process::id());
     let writer_options = WriterOptions {
         compression: args.compress.then_some(3),
@@ -155,7 +155,8 @@ impl Tap for FileTap {
     fn finish(mut self: Box<Self>, world: &World, now_ns: u64) -> Result<Option<String>> {
         let writer = self.writer.take().expect("finished once");
         // The last flush may rotate further: name the file written last, not the current one.
-        let stats = writer.finish(&mut || world_snapshots(world, now_ns))?;
+        // A failure here (a full disk) still gets the summary: what was written is kept.
+        let (stats, unfinished) = writer.finish_anyway(&mut || world_snapshots(world, now_ns));
         let mut message = format!(
             "wrote {}: {} records, {} bytes in {}",
             stats.last_path.display(),
@@ -168,6 +169,17 @@ impl Tap for FileTap {
                 " ({} removed by --keep)",
                 count(stats.files_removed, "older file")
             ));
+        }
+        if let Some(stopped) = &stats.stopped {
+            message.push_str(&format!(
+                "; writing first failed at byte {} of {} ({}); everything before it reads back",
+                stopped.offset,
+                stopped.path.display(),
+                stopped.reason
+            ));
+        }
+        if unfinished.is_some() {
+            message.push_str("; the file could not be finished, so it has no end mark");
         }
         if stats.records_dropped > 0 {
             message.push_str(&format!(

@@ -1,15 +1,16 @@
 //! `shmtrace report` and `shmtrace show`: a recorded trace, through the same pipeline as a
 //! live one.
-use std::{path::Path, process::ExitCode};
+use std::{path::Path, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
-use super::{DefaultStream, open_output, open_output_args};
+use super::{DefaultStream, open_output_not_over};
 use crate::{
     cli::{ReportArgs, ShowArgs},
     diagnose::Diagnoser,
+    event::escape,
     model::World,
-    output::filter::Filter,
+    output::filter::{Filter, event_names},
     pipeline::{Pipeline, Recorded},
     record::{self, Record, TraceHeader, TraceSet, WriterOptions},
     report::{About, Pictures},
@@ -25,12 +26,14 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
     }
     let set = open(&args.file)?;
     let header = set.header().clone();
-    let output = open_output(
+    let inputs = set.file_ids().to_vec();
+    let output = open_output_not_over(
         args.output.as_deref(),
         args.json,
         args.color,
         DefaultStream::Stdout,
         header.clock(),
+        &inputs,
     )?;
     let mut pipeline =
         Pipeline::new(World::new(), diagnoser(&header), output, Filter::default()).diagnoses_only();
@@ -40,7 +43,12 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
             clock: header.clock(),
             tool_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
-        let pictures = Pictures::new(about, args.html.as_deref(), args.perfetto.as_deref())?;
+        let pictures = Pictures::new(
+            about,
+            args.html.as_deref(),
+            args.perfetto.as_deref(),
+            &inputs,
+        )?;
         pipeline = pipeline.with_observer(Box::new(pictures));
     }
     pipeline.notice(&describe(&header))?;
@@ -48,6 +56,7 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
 }
 
 pub fn show(args: &ShowArgs) -> Result<ExitCode> {
+    check_event_names(&args.event)?;
     let set = open(&args.file)?;
     let header = set.header().clone();
     let filter = Filter {
@@ -67,10 +76,32 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
             .map(|t| boot_time(&header, t))
             .transpose()?,
     };
-    let output = open_output_args(&args.output, DefaultStream::Stdout, header.clock())?;
+    let output = open_output_not_over(
+        args.output.output.as_deref(),
+        args.output.json,
+        args.output.color,
+        DefaultStream::Stdout,
+        header.clock(),
+        set.file_ids(),
+    )?;
     let mut pipeline = Pipeline::new(World::new(), diagnoser(&header), output, filter);
     pipeline.notice(&describe(&header))?;
     replay(set, &mut pipeline)
+}
+
+/// `show --event` names kinds of events: a misspelt one would silently show nothing.
+fn check_event_names(wanted: &[String]) -> Result<()> {
+    let valid = event_names();
+    for name in wanted {
+        if !valid.contains(&name.as_str()) {
+            bail!(
+                "--event {}: no such kind of event; the kinds are {}",
+                escape::text(name),
+                valid.join(", ")
+            );
+        }
+    }
+    Ok(())
 }
 
 pub fn open(path: &Path) -> Result<TraceSet> {
@@ -84,7 +115,11 @@ pub fn diagnoser(header: &TraceHeader) -> Diagnoser {
 /// `trace of python train.py on gpu-01 (Linux 6.8.0), recorded 2026-11-29 16:51:37 UTC`.
 pub fn describe(header: &TraceHeader) -> String {
     let what = match (&header.target.command, header.target.host_wide) {
-        (Some(argv), _) => argv.join(" "),
+        (Some(argv), _) => argv
+            .iter()
+            .map(|arg| escape::stored(arg))
+            .collect::<Vec<_>>()
+            .join(" "),
         (None, true) => "every process".to_owned(),
         (None, false) if !header.target.pids.is_empty() => format!(
             "pid {}",
@@ -105,7 +140,7 @@ pub fn describe(header: &TraceHeader) -> String {
                     .name
                     .clone()
                     .unwrap_or_else(|| c.id.chars().take(12).collect());
-                format!("container {}", crate::event::escape::text(&name))
+                format!("container {}", escape::text(&name))
             })
             .collect::<Vec<_>>()
             .join(", "),
@@ -113,17 +148,21 @@ pub fn describe(header: &TraceHeader) -> String {
         // records in the trace name them.
         _ => "containers".to_owned(),
     };
-    let host = header.hostname.as_deref().unwrap_or("?");
+    // Every string of the header comes from the file, which may come from a stranger.
+    let host = escape::text(header.hostname.as_deref().unwrap_or("?"));
     let start = header.clock().rfc3339(header.start_boot_ns);
     let mut text = format!(
         "trace of {what} on {host} (Linux {}), recorded {start}",
-        header.kernel_release
+        escape::text(&header.kernel_release)
     );
     if header.redacted {
         text.push_str(", redacted");
     }
     if let Some(flight) = &header.flight {
-        text.push_str(&format!(", flight recorder file after: {}", flight.reason));
+        text.push_str(&format!(
+            ", flight recorder file after: {}",
+            escape::text(&flight.reason)
+        ));
     }
     text
 }
@@ -169,6 +208,9 @@ pub fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
             clock.rfc3339(last_ts)
         ))?;
     }
+    for gap in set.gaps() {
+        pipeline.notice(gap)?;
+    }
     if set.skipped() > 0 {
         pipeline.notice(&format!(
             "{} records of kinds this version does not know (written by a newer shmtrace) \
@@ -213,14 +255,29 @@ fn redact(input: &Path, output: &Path) -> Result<ExitCode> {
 /// `12.5` (seconds after the start) or an RFC 3339 time, as boot-time nanoseconds.
 fn boot_time(header: &TraceHeader, text: &str) -> Result<u64> {
     if let Ok(seconds) = text.trim_end_matches('s').parse::<f64>() {
-        if seconds < 0.0 {
-            bail!("{text}: a time after the start of the trace cannot be negative");
+        if seconds.is_nan() || seconds < 0.0 {
+            bail!(
+                "{}: a time after the start of the trace is a number of seconds, 0 or more",
+                escape::text(text)
+            );
         }
-        return Ok(header.start_boot_ns + (seconds * 1e9) as u64);
+        // A float cast saturates silently: 1e30 or inf would become "the end of time".
+        let after = Duration::try_from_secs_f64(seconds)
+            .ok()
+            .and_then(|d| u64::try_from(d.as_nanos()).ok())
+            .and_then(|ns| header.start_boot_ns.checked_add(ns))
+            .with_context(|| {
+                format!(
+                    "{}: too far after the start of the trace (give seconds, e.g. 12.5)",
+                    escape::text(text)
+                )
+            })?;
+        return Ok(after);
     }
     let time: jiff::Timestamp = text.parse().with_context(|| {
         format!(
-            "{text:?} is neither seconds after the start (12.5) nor a time (2026-11-29T16:51:37Z)"
+            "{} is neither seconds after the start (12.5) nor a time (2026-11-29T16:51:37Z)",
+            escape::text(text)
         )
     })?;
     let boot = time.as_nanosecond() - i128::from(header.unix_minus_boot_ns);

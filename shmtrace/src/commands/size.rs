@@ -51,7 +51,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
             false,
             ColorWhen::Auto,
             DefaultStream::Stderr,
-            Clock::now(),
+            Clock::now().context("reading the clocks")?,
         )?;
         Ok(
             Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
@@ -61,7 +61,12 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
     };
     let outcome = live::run(what, &options, make_pipeline)?;
     let report = take(&result)?;
-    let fits = write(&report, args.json, args.output.as_deref(), &Clock::now())?;
+    let fits = write(
+        &report,
+        args.json,
+        args.output.as_deref(),
+        &Clock::now().context("reading the clocks")?,
+    )?;
     Ok(if fits {
         exit_code(&outcome)
     } else {
@@ -185,13 +190,14 @@ impl Sampler {
                         };
                         if let (Some(size), Some(used), Some(true)) =
                             (shm.size_bytes, shm.used_bytes, shm.dev.map(|d| d == dev))
+                            && let Ok(ts_ns) = crate::clock::boot_ns()
                             && let Ok(mut samples) = samples.lock()
                         {
                             samples.push(Capacity {
                                 dev,
                                 size,
                                 used,
-                                ts_ns: crate::clock::boot_ns(),
+                                ts_ns,
                             });
                         }
                     }

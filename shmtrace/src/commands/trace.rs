@@ -35,7 +35,7 @@ pub fn pipeline(
     default: DefaultStream,
     failed_only: bool,
 ) -> Result<Pipeline> {
-    let output = open_output_args(output, default, Clock::now())?;
+    let output = open_output_args(output, default, Clock::now()?)?;
     let filter = if failed_only {
         Filter::failed_only()
     } else {

@@ -20,6 +20,8 @@ mod cri;
 mod docker;
 mod endpoints;
 mod error;
+#[cfg(fuzzing)]
+pub mod fuzzing;
 mod host;
 mod http;
 mod resolve;

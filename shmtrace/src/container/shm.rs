@@ -145,7 +145,7 @@ fn size_option(pid: u32) -> Option<u64> {
 }
 
 /// The `size=` option of the last tmpfs mounted at /dev/shm (the one on top), in bytes.
-fn size_option_from_mountinfo(text: &str) -> Option<u64> {
+pub(super) fn size_option_from_mountinfo(text: &str) -> Option<u64> {
     text.lines()
         .filter_map(|line| {
             // `36 35 98:0 / /dev/shm rw,nosuid - tmpfs shm rw,size=65536k`: the mount point is

@@ -17,7 +17,7 @@ use crate::{
     live::{
         bpf::{Tracer, TracerOptions},
         proc_scan,
-        session::{Ending, Outcome, Session},
+        session::{Ending, Outcome, Session, Signals},
         target,
         watch::{self, Watch},
     },
@@ -145,6 +145,11 @@ pub fn run(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // Before anything says "tracing": a signal from then on must end the trace cleanly.
+    let signals = {
+        let _inside = runtime.enter();
+        Signals::install()?
+    };
     let found = match &what {
         What::Containers {
             queries,
@@ -164,7 +169,7 @@ pub fn run(
     let mut pipeline = make_pipeline(&infos)?;
     let mut pids = Vec::new();
     if let What::Pids(roots) = &what {
-        let now = boot_ns();
+        let now = boot_ns()?;
         for pid in target::register_pids(&mut tracer, roots)? {
             if let Some(snapshot) = proc_scan::snapshot(pid) {
                 pipeline.seed(&snapshot, now)?;
@@ -218,7 +223,7 @@ pub fn run(
         }
         _ => Ending::Interrupt,
     };
-    let mut session = Session::new(tracer, pipeline);
+    let mut session = Session::new(tracer, pipeline).with_signals(signals);
     if let Some(watch) = watch {
         session = session.with_watch(watch);
     }

@@ -152,6 +152,21 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
     Some(snapshot)
 }
 
+/// /proc files as arbitrary bytes, through the parsers shmtrace reads them with (fuzzing):
+/// procfs's for stat, status, maps and mountinfo, and this module's own.
+#[cfg(fuzzing)]
+pub fn fuzz_proc_files(data: &[u8]) {
+    use procfs::FromRead;
+    let _ = procfs::process::Stat::from_read(data);
+    let _ = procfs::process::Status::from_read(data);
+    let _ = procfs::process::MemoryMaps::from_read(data);
+    let _ = procfs::process::MountInfos::from_read(data);
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = parse_majmin(text);
+        let _ = shm_path(Path::new(text));
+    }
+}
+
 /// `pid` as its own pid namespace numbers it (the last `NSpid` of /proc/PID/status), when
 /// it differs from the host's: the pid a container's logs print (PostgreSQL's, say).
 pub fn container_pid(pid: u32) -> Option<u32> {

@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
     clock::boot_ns,
@@ -27,7 +27,8 @@ pub enum Ending {
     Command(RunningCommand),
     /// When every one of these processes has exited.
     Pids(HashSet<u32>),
-    /// Only when interrupted (Ctrl-C or SIGTERM).
+    /// Only when interrupted (Ctrl-C, SIGTERM or SIGHUP), or when the reader of the output
+    /// goes away.
     Interrupt,
 }
 
@@ -49,7 +50,31 @@ const TICKS_PER_LOST_CHECK: u32 = 10;
 /// How often followed containers are checked for restarts and their /dev/shm measured.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// The signals a live trace answers. Installed before the trace says it is tracing, so that a
+/// signal sent from then on is always handled.
+pub struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+    /// A closed terminal ends the trace like Ctrl-C: files finished, summary printed.
+    hangup: Signal,
+    /// SIGUSR1 asks the flight recorder for a file now, as a failure would.
+    dump: Signal,
+}
+
+impl Signals {
+    /// Must be called inside the runtime (`Runtime::enter`).
+    pub fn install() -> Result<Signals> {
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
+            hangup: signal(SignalKind::hangup()).context("installing a SIGHUP handler")?,
+            dump: signal(SignalKind::user_defined1()).context("installing a SIGUSR1 handler")?,
+        })
+    }
+}
+
 pub struct Session {
+    signals: Option<Signals>,
     tracer: Tracer,
     pipeline: Pipeline,
     watch: Option<Watch>,
@@ -59,11 +84,18 @@ pub struct Session {
 impl Session {
     pub fn new(tracer: Tracer, pipeline: Pipeline) -> Session {
         Session {
+            signals: None,
             tracer,
             pipeline,
             watch: None,
             started: Instant::now(),
         }
+    }
+
+    /// Signals installed earlier (otherwise `run` installs them).
+    pub fn with_signals(mut self, signals: Signals) -> Session {
+        self.signals = Some(signals);
+        self
     }
 
     /// Follows containers (restarts, /dev/shm use) while tracing.
@@ -78,10 +110,15 @@ impl Session {
             .take_events()
             .context("the ring buffer was already taken")?;
         let mut reader = EventReader::new(ring).context("watching the ring buffer")?;
-        let mut interrupt =
-            signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
-        let mut terminate =
-            signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let Signals {
+            mut interrupt,
+            mut terminate,
+            mut hangup,
+            mut dump,
+        } = match self.signals.take() {
+            Some(signals) => signals,
+            None => Signals::install()?,
+        };
         let mut ticker = tokio::time::interval(TICK);
         let mut ticks = 0u32;
         let mut watch_ticker = tokio::time::interval(WATCH_EVERY);
@@ -104,7 +141,7 @@ impl Session {
                 read = reader.read(&mut batch) => {
                     read.context("reading the ring buffer")?;
                     self.handle(&mut batch, &mut ending)?;
-                    if all_exited(&ending) {
+                    if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
                     }
                 }
@@ -121,6 +158,17 @@ impl Session {
                     outcome.interrupted = true;
                     break;
                 }
+                _ = hangup.recv() => {
+                    outcome.interrupted = true;
+                    break;
+                }
+                _ = dump.recv() => {
+                    reader.drain(&mut batch);
+                    self.handle(&mut batch, &mut ending)?;
+                    if !self.pipeline.trigger_manual(boot_ns()?)? {
+                        self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
+                    }
+                }
                 _ = watch_ticker.tick(), if self.watch.is_some() => {
                     let watch = self.watch.as_mut().expect("guarded");
                     watch.check(&mut self.tracer, &mut self.pipeline).await?;
@@ -130,14 +178,14 @@ impl Session {
                     // microseconds): they are collected here.
                     reader.drain(&mut batch);
                     self.handle(&mut batch, &mut ending)?;
-                    if all_exited(&ending) {
+                    if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
                     }
                     ticks += 1;
                     if ticks.is_multiple_of(TICKS_PER_LOST_CHECK) {
                         self.check_lost()?;
                     }
-                    self.pipeline.tick(boot_ns())?;
+                    self.pipeline.tick(boot_ns()?)?;
                 }
             }
         }
@@ -158,7 +206,7 @@ impl Session {
             })?;
         }
         self.pipeline
-            .finish(self.started.elapsed().as_secs_f64(), boot_ns())?;
+            .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
         Ok(outcome)
     }
 
@@ -189,7 +237,7 @@ impl Session {
 
     fn check_lost(&mut self) -> Result<()> {
         let total = self.tracer.lost()?;
-        self.pipeline.lost(total, boot_ns())
+        self.pipeline.lost(total, boot_ns()?)
     }
 }
 

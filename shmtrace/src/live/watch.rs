@@ -165,7 +165,7 @@ pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipel
     if let Some(dev) = container.shm.dev {
         tracer.add_shm_dev(dev)?;
     }
-    pipeline.set_container(container.info(), boot_ns())?;
+    pipeline.set_container(container.info(), boot_ns()?)?;
     sample(container, pipeline)
 }
 
@@ -194,7 +194,7 @@ fn sample(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
                 dev,
                 size,
                 used,
-                ts_ns: boot_ns(),
+                ts_ns: boot_ns()?,
             },
             Some(pid),
         )?;

@@ -45,7 +45,9 @@ fn full_disk_child() {
     let path = dir.join("trace.shmtrace");
     let mut writer = TraceWriter::create(&path, test_header(), WriterOptions::default()).unwrap();
     let mut i = 0u64;
+    let mut written_before = 0;
     let dropped = loop {
+        written_before = writer.stats().records.max(written_before);
         for _ in 0..50 {
             writer
                 .write_kernel(&openat(i, 1, "/dev/shm/torch_1_1", 3, i))
@@ -63,9 +65,12 @@ fn full_disk_child() {
             Err(other) => panic!("{other}"),
         }
     };
-    assert_eq!(dropped, 50);
-    assert_eq!(writer.stats().records_dropped, 50);
+    // What fit of the 50 was kept; the rest is counted.
     let written = writer.stats().records;
+    assert_eq!(dropped + (written - written_before), 50);
+    assert_eq!(writer.stats().records_dropped, dropped);
+    let stopped = writer.stats().stopped.clone().expect("where it stopped");
+    assert!(stopped.reason.contains("No space left"), "{stopped:?}");
     let (entries, error) = read_all(&path);
     assert!(
         error.is_none(),
@@ -82,9 +87,40 @@ fn full_disk_child() {
     let Record::User(UserRecord::WriterLoss(loss)) = &entries[written as usize].record else {
         panic!("the hole is marked where it is")
     };
-    assert_eq!(loss.records, 50);
+    assert_eq!(loss.records, dropped);
     assert!(loss.reason.contains("No space left"), "{}", loss.reason);
-    println!("full disk ok: {written} records written, 50 counted lost and marked");
+    println!("full disk ok: {written} records written, {dropped} counted lost and marked");
+
+    // One big flush into the little space left: what fits is kept, not the header alone.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&ballast, vec![1u8; 192 << 10]).unwrap();
+    let free = nix::sys::statvfs::statvfs(dir.path()).unwrap();
+    let free_bytes = free.blocks_available() * free.fragment_size();
+    let second = dir.join("big-flush.shmtrace");
+    let mut writer = TraceWriter::create(&second, test_header(), WriterOptions::default()).unwrap();
+    for j in 0..4000 {
+        writer
+            .write_kernel(&openat(j, 1, "/dev/shm/torch_1_1", 3, j))
+            .unwrap();
+    }
+    let (stats, error) = writer.finish_anyway(&mut no_carry);
+    assert!(
+        error.is_some(),
+        "{free_bytes} bytes free cannot hold 4000 records"
+    );
+    let (entries, _) = read_all(&second);
+    assert_eq!(entries.len() as u64, stats.records);
+    let size = std::fs::metadata(&second).unwrap().len();
+    assert!(
+        size > free_bytes / 2,
+        "kept {size} bytes ({} records) of {free_bytes} free",
+        stats.records
+    );
+    assert_eq!(stats.records + stats.records_dropped, 4000);
+    println!(
+        "big flush ok: {} of 4000 records kept in {size} bytes",
+        stats.records
+    );
 }
 
 #[test]
@@ -109,4 +145,5 @@ fn a_full_disk_is_counted_and_marked() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("full disk ok"), "{stdout}");
+    assert!(stdout.contains("big flush ok"), "{stdout}");
 }

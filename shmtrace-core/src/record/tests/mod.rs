@@ -238,6 +238,7 @@ pub fn test_header() -> TraceHeader {
         command: Some(vec!["python3".into(), "train.py".into()]),
         ..TargetDescription::default()
     })
+    .unwrap()
 }
 
 /// Everything in a file: its records and the error that ended it, if any.

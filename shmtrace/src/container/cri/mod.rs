@@ -262,6 +262,23 @@ impl StatusInfo {
     }
 }
 
+/// A verbose `ContainerStatus` answer as arbitrary bytes, through what reads it (fuzzing).
+#[cfg(fuzzing)]
+pub(super) fn fuzz_status(data: &[u8]) {
+    use prost::Message;
+    if let Ok(status) = proto::ContainerStatusResponse::decode(data) {
+        let info = StatusInfo::from_info(&status.info);
+        let sandbox = proto::PodSandboxStatusResponse::decode(data).ok();
+        let _ = to_container(
+            status,
+            info,
+            sandbox.as_ref(),
+            Runtime::Containerd,
+            Path::new("/run/containerd/containerd.sock"),
+        );
+    }
+}
+
 /// The container a verbose `ContainerStatus` (and its sandbox's status) describes.
 fn to_container(
     status: proto::ContainerStatusResponse,

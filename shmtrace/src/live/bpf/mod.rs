@@ -49,10 +49,22 @@ pub enum BpfError {
     )]
     NoRingBuffer,
     #[error(
-        "tracefs is not mounted and could not be mounted at /sys/kernel/tracing ({reason}); \
-         mount it with: mount -t tracefs nodev /sys/kernel/tracing"
+        "tracefs is not mounted (no /sys/kernel/tracing/events: {reason}); shmtrace does not \
+         mount file systems behind your back: mount it with \
+         `mount -t tracefs nodev /sys/kernel/tracing`, then run shmtrace again"
     )]
     NoTracefs { reason: String },
+    #[error(
+        "tracefs is mounted at {path} but this process cannot read it ({reason}); with \
+         CAP_BPF and CAP_PERFMON but not root, make it readable (mount -o remount,mode=755 \
+         {path}, or a group given with gid=), or run shmtrace as root"
+    )]
+    TracefsUnreadable { path: PathBuf, reason: String },
+    #[error(
+        "cannot tell whether this process may load eBPF programs: reading its capabilities \
+         from /proc/self/status failed ({reason}); is /proc mounted?"
+    )]
+    CapabilitiesUnreadable { reason: String },
     #[error(
         "this kernel lacks attach points shmtrace needs: {}. shmtrace uses syscall tracepoints \
          and BTF tracepoints; a kernel built without CONFIG_FTRACE_SYSCALLS or with a different \

@@ -10,7 +10,12 @@ const CAP_BPF: u32 = 39;
 
 /// Root, or CAP_BPF + CAP_PERFMON (Linux 5.8 split them out of CAP_SYS_ADMIN).
 pub fn check_privileges() -> Result<(), BpfError> {
-    let caps = effective_capabilities().unwrap_or(0);
+    let status = fs::read_to_string("/proc/self/status").map_err(|error| {
+        BpfError::CapabilitiesUnreadable {
+            reason: error.to_string(),
+        }
+    })?;
+    let caps = effective_capabilities(&status)?;
     let has = |cap: u32| caps & (1u64 << cap) != 0;
     if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
         return Ok(());
@@ -25,13 +30,17 @@ pub fn check_privileges() -> Result<(), BpfError> {
     })
 }
 
-/// `CapEff` from /proc/self/status.
-fn effective_capabilities() -> Option<u64> {
-    let status = fs::read_to_string("/proc/self/status").ok()?;
+/// `CapEff` of a /proc/PID/status text. An unreadable set is an error, not "no capabilities":
+/// the message would send a root user after the wrong problem.
+pub(crate) fn effective_capabilities(status: &str) -> Result<u64, BpfError> {
+    let unreadable = |reason: &str| BpfError::CapabilitiesUnreadable {
+        reason: reason.to_owned(),
+    };
     let hex = status
         .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))?;
-    u64::from_str_radix(hex.trim(), 16).ok()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .ok_or_else(|| unreadable("it has no CapEff line"))?;
+    u64::from_str_radix(hex.trim(), 16).map_err(|_| unreadable("its CapEff line is not hex"))
 }
 
 pub fn check_ring_buffer() -> Result<(), BpfError> {
@@ -41,30 +50,70 @@ pub fn check_ring_buffer() -> Result<(), BpfError> {
     }
 }
 
-/// Where tracefs is, mounting it if the kernel has it but nobody mounted it.
+/// Where tracefs is. It is not mounted here if missing: a check must not change the machine;
+/// the error says what to run.
 pub fn tracefs() -> Result<&'static Path, BpfError> {
-    for candidate in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-        let path = Path::new(candidate);
-        if path.join("events").is_dir() {
-            return Ok(path);
+    tracefs_among(&["/sys/kernel/tracing", "/sys/kernel/debug/tracing"])
+}
+
+fn tracefs_among(candidates: &[&'static str]) -> Result<&'static Path, BpfError> {
+    let mut not_found = None;
+    for candidate in candidates {
+        let path = Path::new(*candidate);
+        match fs::metadata(path.join("events")) {
+            Ok(metadata) if metadata.is_dir() => match fs::read_dir(path.join("events")) {
+                Ok(_) => return Ok(path),
+                Err(error) => return Err(unreadable(path, &error)),
+            },
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(unreadable(path, &error));
+            }
+            Err(error) => {
+                not_found.get_or_insert(error.to_string());
+            }
         }
     }
-    let path = Path::new("/sys/kernel/tracing");
-    nix::mount::mount(
-        Some("nodev"),
-        path,
-        Some("tracefs"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|errno| BpfError::NoTracefs {
-        reason: errno.desc().to_owned(),
-    })?;
-    if path.join("events").is_dir() {
-        Ok(path)
-    } else {
-        Err(BpfError::NoTracefs {
-            reason: "it has no events directory".to_owned(),
-        })
+    Err(BpfError::NoTracefs {
+        reason: not_found.unwrap_or_else(|| "not a directory".to_owned()),
+    })
+}
+
+fn unreadable(path: &Path, error: &std::io::Error) -> BpfError {
+    BpfError::TracefsUnreadable {
+        path: path.to_path_buf(),
+        reason: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_capability_set_is_an_error_not_no_privileges() {
+        let status = "Name:\tshmtrace\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(effective_capabilities(status).unwrap(), 0x1ff_ffff_ffff);
+        for broken in ["Name:\tshmtrace\n", "CapEff:\tzz\n"] {
+            let error = effective_capabilities(broken).unwrap_err();
+            assert!(
+                matches!(error, BpfError::CapabilitiesUnreadable { .. }),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_tracefs_is_reported_and_not_mounted() {
+        let dir = std::env::temp_dir().join(format!("harden-no-tracefs-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path: &'static str = Box::leak(dir.to_string_lossy().into_owned().into_boxed_str());
+        let error = tracefs_among(&[path]).unwrap_err();
+        assert!(matches!(error, BpfError::NoTracefs { .. }), "{error}");
+        assert!(error.to_string().contains("mount -t tracefs"), "{error}");
+        // Nothing was mounted there.
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(path), "a check mounted something");
+        fs::remove_dir(&dir).unwrap();
     }
 }

@@ -56,6 +56,7 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
                 // SAFETY: _exit is async-signal-safe and never returns.
                 unsafe { libc::_exit(127) };
             }
+            reset_signals();
             let errno = match nix::unistd::execvp(&c_argv[0], &c_argv) {
                 Err(errno) => errno as i32,
                 Ok(never) => match never {},
@@ -73,6 +74,30 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
             go: go_write,
             exec_status: status_read,
         }),
+    }
+}
+
+/// Gives the command the signal state a shell would: every disposition at its default and
+/// nothing blocked. Rust's runtime ignores SIGPIPE, and an ignored signal survives exec, so
+/// without this `yes | head -1` under shmtrace would make `yes` fail with EPIPE instead of
+/// dying of SIGPIPE: a tracer must not change the program it traces.
+///
+/// Runs in the forked child before exec: only async-signal-safe calls (sigaction,
+/// sigprocmask).
+fn reset_signals() {
+    // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction and sigprocmask are
+    // async-signal-safe, and an error (SIGKILL, SIGSTOP, the reserved real-time signals of
+    // the C library) leaves that signal as it was, which is the default already.
+    unsafe {
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut default.sa_mask);
+        for signo in 1..=libc::SIGRTMAX() {
+            libc::sigaction(signo, &default, std::ptr::null_mut());
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 
@@ -128,5 +153,61 @@ impl RunningCommand {
                 Err(errno) => return Err(errno).context("waiting for the traced command"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(script: &str) -> ExitStatus {
+        let argv = ["sh", "-c", script].map(OsString::from);
+        spawn_paused(&argv)
+            .unwrap()
+            .start()
+            .unwrap()
+            .wait()
+            .unwrap()
+    }
+
+    /// This test process ignores SIGPIPE, as every Rust program does; the command must not.
+    #[test]
+    fn the_command_gets_default_signal_dispositions() {
+        // A shell cannot undo a signal ignored on entry, so an inherited SIG_IGN shows here.
+        assert_eq!(
+            run("kill -PIPE $$; exit 0"),
+            ExitStatus::Signal {
+                signo: libc::SIGPIPE,
+                core_dumped: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_command_gets_an_empty_signal_mask() {
+        // Block SIGTERM in this thread (the one that forks); the command must not inherit it.
+        let mut term = nix::sys::signal::SigSet::empty();
+        term.add(nix::sys::signal::Signal::SIGTERM);
+        let mut old = nix::sys::signal::SigSet::empty();
+        nix::sys::signal::pthread_sigmask(
+            nix::sys::signal::SigmaskHow::SIG_BLOCK,
+            Some(&term),
+            Some(&mut old),
+        )
+        .unwrap();
+        let status = run("kill -TERM $$; exit 0");
+        nix::sys::signal::pthread_sigmask(
+            nix::sys::signal::SigmaskHow::SIG_SETMASK,
+            Some(&old),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            status,
+            ExitStatus::Signal {
+                signo: libc::SIGTERM,
+                core_dumped: false
+            }
+        );
     }
 }

@@ -1,0 +1,53 @@
+//! Why writing a trace file failed; each message says what to do.
+use std::{io, path::PathBuf};
+
+use crate::output::safe_open::OpenError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(
+        "cannot create the trace file {path}: {source}; check that its directory exists and is \
+         writable"
+    )]
+    Create { path: PathBuf, source: io::Error },
+    #[error(
+        "{path} exists, from an earlier recording; remove the old files or choose another -o, \
+         so that the two recordings do not mix"
+    )]
+    Exists { path: PathBuf },
+    #[error(
+        "writing the trace file {path} failed: {source}; {dropped} records were not written \
+         (the file stays readable up to the last good flush; free space or pick another \
+         disk)"
+    )]
+    Write {
+        path: PathBuf,
+        dropped: u64,
+        source: io::Error,
+    },
+    #[error(
+        "a record of {len} bytes is larger than the {max} bytes a trace file holds; it was \
+         dropped and counted"
+    )]
+    TooLarge { len: usize, max: usize },
+    #[error("removing the old trace file {path} (--keep) failed: {source}")]
+    Prune { path: PathBuf, source: io::Error },
+    #[error("--max-size must be at least {min} bytes, not {given}")]
+    RotationTooSmall { given: u64, min: u64 },
+    #[error("--keep must be at least 1")]
+    KeepZero,
+    #[error(transparent)]
+    Unsafe(OpenError),
+}
+
+impl WriteError {
+    pub(super) fn open(path: &std::path::Path, error: OpenError) -> WriteError {
+        match error {
+            OpenError::Io { source, .. } => WriteError::Create {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => WriteError::Unsafe(other),
+        }
+    }
+}
