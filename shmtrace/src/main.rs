@@ -10,6 +10,7 @@ mod bpf;
 mod cli;
 mod commands;
 mod container;
+mod daemon;
 mod demo;
 mod diagnose;
 mod event;
@@ -47,6 +48,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Record(args)) => commands::record::run(&args),
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
+        Some(Command::Daemon(args)) => daemon::run(&args),
         Some(Command::Demo { output }) => demo::run(&output),
         Some(Command::DemoWorkload) => demo::workload(),
     }
