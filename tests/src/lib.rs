@@ -1,7 +1,9 @@
 //! Helpers for the end-to-end tests: the real shmtrace binary, run as root against the real
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
+pub mod daemon;
 pub mod docker;
 pub mod live;
+pub mod prometheus;
 pub mod recording;
 pub mod workload;
 use std::{

@@ -8,7 +8,8 @@
 //! Events can arrive before the runtimes are asked about a new container (a container that
 //! fails as it starts). What they count waits, per mount namespace, for the next survey of the
 //! runtimes, which is then asked for at once; a namespace that survey does not claim is counted
-//! as `runtime="unknown"`.
+//! as `runtime="unknown"`. Namespace numbers are recycled: a container that claims the number
+//! is credited only if its main process started before the first event waiting there.
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     time::{Duration, Instant},
@@ -43,6 +44,8 @@ const EXITED_REMEMBERED: usize = 4096;
 
 struct Pending {
     since: Instant,
+    /// The earliest event's time (`CLOCK_BOOTTIME` ns).
+    first_ts_ns: u64,
     tallies: Vec<Tally>,
 }
 
@@ -125,8 +128,9 @@ impl Fleet {
         self.pid_mntns.get(&pid).copied()
     }
 
-    /// Counts `tally` for the container of `mntns` (or the host), now or after the next survey.
-    pub fn tally_in(&mut self, mntns: u32, tally: Tally, now: Instant) {
+    /// Counts `tally`, of an event at `ts_ns`, for the container of `mntns` (or the host), now
+    /// or after the next survey.
+    pub fn tally_in(&mut self, mntns: u32, tally: Tally, ts_ns: u64, now: Instant) {
         if mntns == self.host_mntns {
             self.apply(&ContainerLabels::host(), tally);
             return;
@@ -141,8 +145,10 @@ impl Fleet {
         }
         let pending = self.pending.entry(mntns).or_insert_with(|| Pending {
             since: now,
+            first_ts_ns: ts_ns,
             tallies: Vec::new(),
         });
+        pending.first_ts_ns = pending.first_ts_ns.min(ts_ns);
         if pending.tallies.len() >= MAX_PENDING_PER_NAMESPACE {
             self.apply(&ContainerLabels::unknown(), tally);
             return;
@@ -270,6 +276,12 @@ impl Fleet {
             let labels = self
                 .by_mntns
                 .get(&mntns)
+                .filter(|labels| {
+                    self.by_labels[*labels]
+                        .pid
+                        .and_then(start_ns)
+                        .is_some_and(|start| start <= pending.first_ts_ns)
+                })
                 .cloned()
                 .unwrap_or_else(ContainerLabels::unknown);
             for tally in pending.tallies {
@@ -321,6 +333,16 @@ impl Fleet {
             drop(m.sigbus.get_or_create(labels));
         }
     }
+}
+
+/// When a process started (`CLOCK_BOOTTIME` ns), from /proc/PID/stat.
+fn start_ns(pid: u32) -> Option<u64> {
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
+    let ticks = procfs::ticks_per_second();
+    Some(stat.starttime.saturating_mul(1_000_000_000) / ticks)
 }
 
 fn clamp(bytes: u64) -> i64 {

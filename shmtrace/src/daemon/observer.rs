@@ -27,7 +27,7 @@ impl Observer for FleetObserver {
         let now = Instant::now();
         fleet.saw_process(event.pid, event.mntns);
         for tally in tallies(event, note) {
-            fleet.tally_in(event.mntns, tally, now);
+            fleet.tally_in(event.mntns, tally, event.ts_ns, now);
         }
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
@@ -63,7 +63,7 @@ impl Observer for FleetObserver {
             };
             if let Err(tally) = unplaced {
                 match fleet.mntns_of(diagnosis.pid) {
-                    Some(mntns) => fleet.tally_in(mntns, tally, Instant::now()),
+                    Some(mntns) => fleet.tally_in(mntns, tally, diagnosis.ts_ns, Instant::now()),
                     None => log::debug!("diagnosis of pid {} not placed", diagnosis.pid),
                 }
             }
