@@ -33,9 +33,9 @@ use self::{
 use crate::{
     bpf::{EventReader, LostCounts, Tracer, TracerOptions},
     cli::{ColorWhen, DaemonArgs},
-    commands::{DefaultStream, init_logging, open_output, trace::host_diagnoser},
+    commands::{DefaultStream, init_logging, open_output},
     container::{Resolver, measure_shm},
-    diagnose::Capacity,
+    diagnose::{Capacity, Diagnoser},
     model::World,
     output::{Clock, filter::Filter, json::SCHEMA_VERSION},
     pipeline::{LiveMachine, Pipeline},
@@ -118,7 +118,11 @@ impl Agent {
         window: Duration,
         tail: Duration,
     ) -> Result<Agent> {
-        let host_mntns = crate::proc_scan::mount_namespace(std::process::id()).unwrap_or(0);
+        // The host is pid 1's namespace: in a DaemonSet (hostPID) the daemon's own is its
+        // container's.
+        let host_mntns = crate::proc_scan::mount_namespace(1)
+            .or_else(|| crate::proc_scan::mount_namespace(std::process::id()))
+            .unwrap_or(0);
         let fleet = Rc::new(RefCell::new(Fleet::new(
             metrics.clone(),
             host_mntns,
@@ -133,7 +137,7 @@ impl Agent {
         )?;
         let mut pipeline = Pipeline::new(
             World::new(),
-            host_diagnoser(),
+            Diagnoser::new(host_mntns),
             output,
             Filter::failed_only(),
         )
