@@ -21,7 +21,7 @@ use super::{
 use crate::proc_scan;
 
 const SOCKET: &str = "/var/run/docker.sock";
-pub(super) const IMAGE: &str = "shmtrace-container-test:1";
+pub(crate) const IMAGE: &str = "shmtrace-container-test:1";
 
 /// Runs the docker CLI; panics with its stderr when it fails.
 pub(super) fn docker(args: &[&str]) -> String {

@@ -40,6 +40,10 @@ pub use shm::{ShmInfo, measure_shm};
 #[cfg(test)]
 pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
 #[cfg(test)]
+pub(crate) use cri::{channel, containerd_tests, proto};
+#[cfg(test)]
+pub(crate) use docker_tests::IMAGE as TEST_IMAGE;
+#[cfg(test)]
 pub use endpoints::Endpoint;
 #[cfg(test)]
 pub use shm::{ShmError, ShmSource, host_shm_dev};

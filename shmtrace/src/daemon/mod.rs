@@ -3,6 +3,8 @@
 //! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
 //! and incident recordings (`incidents`). `fleet` follows the containers that come and go and
 //! says whose each count is; `observer` feeds it from the pipeline.
+#[cfg(test)]
+mod containerd_tests;
 mod fleet;
 mod http;
 mod incidents;

@@ -23,14 +23,14 @@ use crate::proc_scan;
 const PAUSE_IMAGE: &str = "shmtrace-container-test-pause:1";
 
 /// A private containerd, killed and cleaned up when dropped.
-struct Containerd {
-    dir: PathBuf,
-    socket: PathBuf,
+pub(crate) struct Containerd {
+    pub(crate) dir: PathBuf,
+    pub(crate) socket: PathBuf,
     child: Child,
 }
 
 impl Containerd {
-    fn start() -> Containerd {
+    pub(crate) fn start() -> Containerd {
         // The images are Docker's: make them there first.
         let image = super::super::docker_tests::image();
         import_busybox_image(PAUSE_IMAGE, &[r#"ENTRYPOINT ["/bin/sleep", "2147483647"]"#]);
@@ -196,7 +196,7 @@ fn namespaces() -> proto::NamespaceOption {
 }
 
 /// Runs a pod with one container, the way the kubelet would; returns (sandbox id, container id).
-async fn run_pod(
+pub(crate) async fn run_pod(
     client: &mut proto::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
     dir: &Path,
     pod: &str,

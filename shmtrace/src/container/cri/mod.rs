@@ -319,4 +319,4 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 mod tests;
 
 #[cfg(test)]
-mod containerd_tests;
+pub(crate) mod containerd_tests;
