@@ -1,0 +1,141 @@
+//! `daemon-idle`: what `shmtrace daemon` costs a node where nothing fails. The daemon runs as
+//! it would under a DaemonSet (host-wide probes, a survey of the container runtimes and a
+//! /dev/shm measurement every 2 s, a Prometheus scrape every 15 s); its own CPU time
+//! (utime + stime from /proc/PID/stat) over the window, as a share of one core, is the figure.
+//! The events it handled in that window are reported beside it: "idle" is whatever else the
+//! machine was doing.
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// Start-up (loading the probes, the first survey) is not what a node pays day after day.
+const WARM_UP: Duration = Duration::from_secs(5);
+const SCRAPE_EVERY: Duration = Duration::from_secs(15);
+
+pub struct Figures {
+    pub seconds: f64,
+    pub cpu_percent: f64,
+    pub rss_kib: u64,
+    pub events: f64,
+    pub containers: f64,
+}
+
+/// Runs the daemon for `seconds` after a warm-up and measures it.
+pub fn measure(shmtrace: &Path, scratch: &Path, seconds: u64) -> Result<Figures> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(shmtrace)
+        .args(["daemon", "--listen", &addr])
+        .stdout(std::fs::File::create(scratch.join("daemon-idle.jsonl"))?)
+        .stderr(std::fs::File::create(scratch.join("daemon-idle.log"))?)
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {} daemon", shmtrace.display()))?;
+    let pid = child.id();
+    let result = (|| {
+        let started = Instant::now();
+        while get(&addr, "/healthz").is_err() {
+            if child.try_wait()?.is_some() || started.elapsed() > Duration::from_secs(30) {
+                bail!(
+                    "shmtrace daemon did not start: {}",
+                    std::fs::read_to_string(scratch.join("daemon-idle.log")).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(WARM_UP);
+        let events_before = sample(&get(&addr, "/metrics")?, "shmtrace_events_total");
+        let ticks_before = cpu_ticks(pid)?;
+        let window = Instant::now();
+        let length = Duration::from_secs(seconds);
+        let mut next_scrape = Duration::ZERO;
+        let mut last = String::new();
+        while window.elapsed() < length {
+            if window.elapsed() >= next_scrape {
+                last = get(&addr, "/metrics")?;
+                next_scrape += SCRAPE_EVERY;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let ticks = cpu_ticks(pid)? - ticks_before;
+        let elapsed = window.elapsed().as_secs_f64();
+        let now = get(&addr, "/metrics").unwrap_or(last);
+        // SAFETY: sysconf has no preconditions.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok(Figures {
+            seconds: elapsed,
+            cpu_percent: ticks as f64 / per_second / elapsed * 100.0,
+            rss_kib: rss_kib(pid)?,
+            events: sample(&now, "shmtrace_events_total") - events_before,
+            containers: sample(&now, "shmtrace_containers_followed"),
+        })
+    })();
+    // SAFETY: signalling the child we started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    result
+}
+
+/// The section of the benchmark's report.
+pub fn report(figures: &Figures) -> (String, Value) {
+    let text = format!(
+        "## daemon-idle\n\n\
+         | seconds | CPU (% of one core) | RSS | events handled | containers followed |\n\
+         |---:|---:|---:|---:|---:|\n\
+         | {:.0} | {:.2}% | {:.1} MiB | {:.0} | {:.0} |\n",
+        figures.seconds,
+        figures.cpu_percent,
+        figures.rss_kib as f64 / 1024.0,
+        figures.events,
+        figures.containers
+    );
+    let saved = json!({
+        "seconds": figures.seconds,
+        "cpu_percent": figures.cpu_percent,
+        "rss_kib": figures.rss_kib,
+        "events": figures.events,
+        "containers": figures.containers,
+    });
+    (text, saved)
+}
+
+fn get(addr: &str, path: &str) -> Result<String> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which may hold spaces and parentheses.
+    let rest = stat.rsplit_once(')').context("malformed stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
+    Ok(fields[11].parse::<u64>()? + fields[12].parse::<u64>()?)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS")
+}
