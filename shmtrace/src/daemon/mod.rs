@@ -109,7 +109,11 @@ struct Agent {
     lost: LostCounts,
     /// Runtime problems already logged, so that a runtime that stays down is said once.
     problems_logged: Vec<String>,
+    started: Instant,
 }
+
+/// Most distinct runtime problems remembered (beyond them, repeats are logged again).
+const MAX_PROBLEMS_REMEMBERED: usize = 64;
 
 impl Agent {
     fn new(
@@ -180,6 +184,7 @@ impl Agent {
             interval: args.interval,
             lost: LostCounts::default(),
             problems_logged: Vec::new(),
+            started: Instant::now(),
         })
     }
 
@@ -234,7 +239,8 @@ impl Agent {
         reader.drain(&mut batch);
         self.handle(&mut batch)?;
         self.check_lost()?;
-        self.pipeline.finish(0.0, now_boot_ns())?;
+        self.pipeline
+            .finish(self.started.elapsed().as_secs_f64(), now_boot_ns())?;
         self.write_log()
     }
 
@@ -267,6 +273,9 @@ impl Agent {
                     "event": "runtime_problem",
                     "problem": text,
                 }));
+                if self.problems_logged.len() >= MAX_PROBLEMS_REMEMBERED {
+                    self.problems_logged.remove(0);
+                }
                 self.problems_logged.push(text);
             }
         }
