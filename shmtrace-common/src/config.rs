@@ -57,7 +57,7 @@ pub struct KernelOffsets {
     pub task_in_execve_bit: u32,
 }
 
-#[cfg(feature = "user")]
+#[cfg(feature = "aya")]
 mod user {
     // SAFETY: both are `#[repr(C)]`, made only of `u32`, with no padding.
     unsafe impl aya::Pod for super::Config {}

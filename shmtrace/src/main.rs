@@ -1,28 +1,20 @@
 //! shmtrace: explain why programs in containers run out of shared memory.
 //!
-//! The pipeline: `bpf` (probes in the kernel, ring buffer) -> `event` (decoded records) ->
-//! `model` (processes and /dev/shm objects) -> `diagnose` (roles, failures, advice) ->
-//! `output` (text, JSON, summary), with `record` as a tap that writes trace files and `report`
-//! as an observer that draws a recorded trace (HTML, Perfetto).
-//! `pipeline` runs records through those steps, `session` feeds it live, `commands` are the
-//! subcommands, `target` says what to trace, `demo` is the built-in demonstration.
-mod bpf;
+//! The analysis lives in the `shmtrace-core` library: `event` (decoded records) -> `model`
+//! (processes and /dev/shm objects) -> `diagnose` (roles, failures, advice) -> `output` (text,
+//! JSON, summary), with `record` as a tap that writes trace files and `report` as an observer
+//! that draws a recorded trace (HTML, Perfetto); `pipeline` runs records through those steps.
+//! This binary adds `live` (the probes, the session that feeds the pipeline from the kernel,
+//! the watcher, the targets, the demo), `container` (the runtimes' APIs) and `commands` (the
+//! subcommands). See docs/architecture.md.
 mod cli;
 mod commands;
 mod container;
 mod daemon;
-mod demo;
-mod diagnose;
-mod event;
-mod model;
-mod output;
-mod pipeline;
-mod proc_scan;
-mod record;
-mod report;
-mod session;
-mod target;
-mod watch;
+mod live;
+
+// The core's modules, under the names the binary's modules use (`crate::record::...`).
+use shmtrace_core::{clock, diagnose, event, model, output, pipeline, record, report, size};
 
 use std::process::ExitCode;
 
@@ -49,7 +41,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
         Some(Command::Daemon(args)) => daemon::run(&args),
-        Some(Command::Demo { output }) => demo::run(&output),
-        Some(Command::DemoWorkload) => demo::workload(),
+        Some(Command::Demo { output }) => live::demo::run(&output),
+        Some(Command::DemoWorkload) => live::demo::workload(),
     }
 }

@@ -10,17 +10,20 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bpf::{Tracer, TracerOptions},
     cli::TargetArgs,
+    clock::boot_ns,
     container::{Container, Query, Resolver},
     event::escape,
+    live::{
+        bpf::{Tracer, TracerOptions},
+        proc_scan,
+        session::{Ending, Outcome, Session},
+        target,
+        watch::{self, Watch},
+    },
     model::ContainerInfo,
     pipeline::Pipeline,
-    proc_scan,
     record::TargetDescription,
-    session::{Ending, Outcome, Session, now_boot_ns},
-    target,
-    watch::{self, Watch},
 };
 
 /// What a live trace follows.
@@ -162,7 +165,7 @@ pub fn run(
     let mut pipeline = make_pipeline(&infos)?;
     let mut pids = Vec::new();
     if let What::Pids(roots) = &what {
-        let now = now_boot_ns();
+        let now = boot_ns();
         for pid in target::register_pids(&mut tracer, roots)? {
             if let Some(snapshot) = proc_scan::snapshot(pid) {
                 pipeline.seed(&snapshot, now)?;

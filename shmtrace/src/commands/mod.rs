@@ -14,7 +14,8 @@ use anyhow::{Context, Result};
 
 use crate::{
     cli::{ColorWhen, OutputArgs},
-    output::{Clock, Format, Output},
+    clock::Clock,
+    output::{Format, Output},
 };
 
 /// Where output goes when no file is named.

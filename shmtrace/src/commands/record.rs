@@ -13,14 +13,16 @@ use super::{
 };
 use crate::{
     cli::RecordArgs,
+    clock::Clock,
     event,
     model::{ContainerInfo, World},
-    output::{Clock, filter::Filter, size::count},
+    output::filter::Filter,
     pipeline::{Pipeline, Tap},
     record::{
         ContainerDescription, FlightOptions, FlightRecorder, Record, Rotation, TargetDescription,
         TraceHeader, TraceWriter, Trigger, Triggered, UserRecord, WriterOptions, world_snapshots,
     },
+    size::count,
 };
 
 pub fn run(args: &RecordArgs) -> Result<ExitCode> {
@@ -52,7 +54,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 /// The trace file (or the flight recorder that writes them), with its header.
 fn open_tap(args: &RecordArgs, target: TargetDescription) -> Result<Box<dyn Tap>> {
     let mut header = TraceHeader::for_this_host(target);
-    header.host_mntns = crate::proc_scan::mount_namespace(std::process::id());
+    header.host_mntns = crate::live::proc_scan::mount_namespace(std::process::id());
     let writer_options = WriterOptions {
         compression: args.compress.then_some(3),
         rotation: args.max_size.map(|max_size| Rotation {

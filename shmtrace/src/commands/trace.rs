@@ -10,12 +10,12 @@ use super::{
 };
 use crate::{
     cli::{OutputArgs, TargetArgs},
+    clock::Clock,
     diagnose::Diagnoser,
+    live::{proc_scan, session::Outcome},
     model::World,
-    output::{Clock, filter::Filter},
+    output::filter::Filter,
     pipeline::Pipeline,
-    proc_scan,
-    session::Outcome,
 };
 
 pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {

@@ -18,7 +18,7 @@ use super::{
     Change, ContainerError, Endpoint, FoundBy, IpcMode, Query, Resolver, Runtime, ShmError,
     ShmSource, State, host_shm_dev, measure_shm,
 };
-use crate::proc_scan;
+use crate::live::proc_scan;
 
 const SOCKET: &str = "/var/run/docker.sock";
 pub(crate) const IMAGE: &str = "shmtrace-container-test:1";

@@ -8,7 +8,7 @@ use super::{
     Container, IpcMode,
     shm::{self, ShmSource},
 };
-use crate::proc_scan;
+use crate::live::proc_scan;
 
 /// Facts about the host, read once per lookup.
 #[derive(Clone, Copy, Debug, Default)]

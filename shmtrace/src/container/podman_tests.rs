@@ -15,7 +15,7 @@ use super::{
     docker_tests::{unique, wait_for},
     parse_proc_cgroup,
 };
-use crate::proc_scan;
+use crate::live::proc_scan;
 
 const IMAGE: &str = "localhost/shmtrace-podman-test:1";
 const GLOBAL: &[&str] = &["--cgroup-manager", "cgroupfs", "--events-backend", "file"];

@@ -15,7 +15,7 @@ use nix::{
 };
 
 use super::rootfs;
-use crate::proc_scan;
+use crate::live::proc_scan;
 
 /// Capacity and usage of a container's /dev/shm.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

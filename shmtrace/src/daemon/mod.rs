@@ -33,16 +33,20 @@ use self::{
     observer::FleetObserver,
 };
 use crate::{
-    bpf::{EventReader, LostCounts, Tracer, TracerOptions},
     cli::{ColorWhen, DaemonArgs},
+    clock::{Clock, boot_ns},
     commands::{DefaultStream, init_logging, open_output},
     container::{Resolver, measure_shm},
     diagnose::{Capacity, Diagnoser},
+    event::LostCounts,
+    live::{
+        bpf::{EventReader, Tracer, TracerOptions},
+        machine::LiveMachine,
+        proc_scan, target, watch,
+    },
     model::World,
-    output::{Clock, filter::Filter, json::SCHEMA_VERSION},
-    pipeline::{LiveMachine, Pipeline},
-    session::now_boot_ns,
-    target, watch,
+    output::{filter::Filter, json::SCHEMA_VERSION},
+    pipeline::Pipeline,
 };
 
 /// How often records are collected and the tap flushes (as in a live trace).
@@ -126,8 +130,8 @@ impl Agent {
     ) -> Result<Agent> {
         // The host is pid 1's namespace: in a DaemonSet (hostPID) the daemon's own is its
         // container's.
-        let host_mntns = crate::proc_scan::mount_namespace(1)
-            .or_else(|| crate::proc_scan::mount_namespace(std::process::id()))
+        let host_mntns = proc_scan::mount_namespace(1)
+            .or_else(|| proc_scan::mount_namespace(std::process::id()))
             .unwrap_or(0);
         let fleet = Rc::new(RefCell::new(Fleet::new(
             metrics.clone(),
@@ -213,7 +217,7 @@ impl Agent {
                     heartbeat.beat();
                     reader.drain(&mut batch);
                     self.handle(&mut batch)?;
-                    self.pipeline.tick(now_boot_ns())?;
+                    self.pipeline.tick(boot_ns())?;
                     if last_lost.elapsed() >= LOST_EVERY {
                         last_lost = Instant::now();
                         self.check_lost()?;
@@ -240,7 +244,7 @@ impl Agent {
         self.handle(&mut batch)?;
         self.check_lost()?;
         self.pipeline
-            .finish(self.started.elapsed().as_secs_f64(), now_boot_ns())?;
+            .finish(self.started.elapsed().as_secs_f64(), boot_ns())?;
         self.write_log()
     }
 
@@ -297,7 +301,7 @@ impl Agent {
                     dev,
                     size,
                     used,
-                    ts_ns: now_boot_ns(),
+                    ts_ns: boot_ns(),
                 };
                 self.pipeline.capacity(sample, Some(pid))?;
             }
@@ -320,7 +324,7 @@ impl Agent {
                 .inc_by(count);
         }
         self.lost = total.clone();
-        self.pipeline.lost(total, now_boot_ns())
+        self.pipeline.lost(total, boot_ns())
     }
 
     fn probe_error(&mut self, kind: &str, error: String) {

@@ -18,7 +18,7 @@ use crate::container::{
     Endpoint, FoundBy, IpcMode, Query, Resolver, Runtime, State,
     docker_tests::{docker, import_busybox_image, unique, wait_for},
 };
-use crate::proc_scan;
+use crate::live::proc_scan;
 
 const PAUSE_IMAGE: &str = "shmtrace-container-test-pause:1";
 

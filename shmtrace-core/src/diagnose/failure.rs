@@ -1,0 +1,219 @@
+//! What went wrong, classified: each failed call, fault or OOM kill becomes a [`Failure`] with
+//! a [`Cause`]. The syscall's return value decides, never a program's error text (PyTorch 2.10
+//! and 2.11 print a stale errno).
+use serde::Serialize;
+
+use crate::event::{Body, Call, Event, Syscall, names};
+use crate::model::{Annotation, ShmUsage};
+
+use super::Capacity;
+
+/// Why it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// Killed by the OOM killer: the memory limit, which /dev/shm pages count against.
+    OomKill,
+    /// /dev/shm is full: ENOSPC, or SIGBUS touching a page the tmpfs could not provide.
+    ShmFull,
+    /// mmap ENOMEM on a /dev/shm object: too many mappings (vm.max_map_count).
+    MapLimit,
+    /// EMFILE/ENFILE: out of file descriptors.
+    FdLimit,
+    /// A System V limit: shmmax, shmall, shmmni.
+    SysvLimit,
+    /// A fatal signal unrelated to /dev/shm (a crash).
+    Crash,
+    /// Another error.
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FailureKind {
+    /// A system call that returned an error.
+    Call {
+        syscall: &'static str,
+        errno: String,
+        path: Option<String>,
+        /// Bytes the call asked for (fallocate/ftruncate length, write count, mmap length,
+        /// shmget size).
+        request: u64,
+    },
+    /// A fault signal (SIGBUS, SIGSEGV), with the file its address falls in.
+    Fault {
+        signal: String,
+        code: String,
+        addr: u64,
+        path: Option<String>,
+        offset: Option<u64>,
+        file_size: Option<i64>,
+    },
+    OomKill,
+}
+
+/// One failure, with the state of /dev/shm at that moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub cause: Cause,
+    #[serde(flatten)]
+    pub kind: FailureKind,
+    /// The /dev/shm file system concerned (`dev_t`), when known.
+    #[serde(skip)]
+    pub dev: Option<u32>,
+    /// The traced objects on that file system at the failure.
+    #[serde(skip)]
+    pub usage: Option<ShmUsage>,
+    /// Its size and use as last measured.
+    #[serde(skip)]
+    pub capacity: Option<Capacity>,
+    /// DataLoader workers holding objects on it at the failure.
+    #[serde(skip)]
+    pub workers_allocating: u32,
+    /// What the failing call asked for beyond what its object already counts for in
+    /// `usage` (a fallocate after an ftruncate of the same size asks for nothing new).
+    #[serde(skip)]
+    pub unmet: u64,
+}
+
+impl Failure {
+    /// One line: `fallocate of 96.0 MiB on /dev/shm/torch_1_2_0 returned ENOSPC`.
+    pub fn headline(&self) -> String {
+        self.kind.headline()
+    }
+}
+
+impl FailureKind {
+    /// One line, as [`Failure::headline`]; also the label of a failure in the report pictures.
+    pub fn headline(&self) -> String {
+        use crate::size::human;
+        match self {
+            FailureKind::Call {
+                syscall,
+                errno,
+                path,
+                request,
+            } => {
+                let size = if *request > 0 {
+                    format!(" of {}", human(*request))
+                } else {
+                    String::new()
+                };
+                let on = path
+                    .as_ref()
+                    .map(|p| format!(" on {p}"))
+                    .unwrap_or_default();
+                if *syscall == "recvmsg" {
+                    format!("recvmsg dropped the descriptors sent to it ({errno})")
+                } else {
+                    format!("{syscall}{size}{on} returned {errno}")
+                }
+            }
+            FailureKind::Fault {
+                signal,
+                code,
+                addr,
+                path,
+                offset,
+                file_size,
+            } => match (path, offset) {
+                (Some(path), Some(offset)) => {
+                    let of = file_size
+                        .filter(|s| *s >= 0)
+                        .map(|s| format!(" of {}", human(s as u64)))
+                        .unwrap_or_default();
+                    format!(
+                        "{signal} ({code}) writing {path} at offset {}{of} (address {addr:#x})",
+                        human(*offset)
+                    )
+                }
+                _ => {
+                    format!("{signal} ({code}) at address {addr:#x}, outside any /dev/shm mapping")
+                }
+            },
+            FailureKind::OomKill => "chosen by the OOM killer".to_owned(),
+        }
+    }
+}
+
+/// Classifies an event as a failure, if it is one. `None` for successes and for events that
+/// only repeat a failure already seen (the re-raised SIGBUS of a worker's handler).
+pub fn classify(
+    event: &Event,
+    note: &Annotation,
+) -> Option<(u32, Cause, FailureKind, Option<u32>)> {
+    match &event.body {
+        Body::Call(call) if call.dropped_descriptors() => Some((
+            event.pid,
+            Cause::FdLimit,
+            FailureKind::Call {
+                syscall: call.syscall.name(),
+                errno: names::msg_flags(call.args[3]),
+                path: None,
+                request: 0,
+            },
+            None,
+        )),
+        Body::Call(call) => {
+            let errno = call.errno()?;
+            let cause = call_cause(call, errno);
+            let kind = FailureKind::Call {
+                syscall: call.syscall.name(),
+                errno: names::errno_name(errno),
+                path: note.object_path.clone().or_else(|| call.display_path()),
+                request: request_bytes(call),
+            };
+            Some((event.pid, cause, kind, call.file.map(|f| f.inode.dev)))
+        }
+        Body::Signal(signal) => {
+            let fault = signal.signo == libc::SIGBUS || signal.signo == libc::SIGSEGV;
+            // Only the fault itself: kill/tgkill (a handler re-raising it) carry no address.
+            if !fault || signal.addr == 0 {
+                return None;
+            }
+            let site = note.fault.as_ref();
+            let cause = if signal.signo == libc::SIGBUS && site.is_some() {
+                Cause::ShmFull
+            } else {
+                Cause::Crash
+            };
+            let kind = FailureKind::Fault {
+                signal: names::signal_name(signal.signo),
+                code: names::si_code_name(signal.signo, signal.code),
+                addr: signal.addr,
+                path: site.map(|s| s.path.clone()),
+                offset: site.map(|s| s.file_offset),
+                file_size: site.map(|s| s.file_size),
+            };
+            Some((signal.target_pid, cause, kind, site.map(|s| s.inode.dev)))
+        }
+        Body::Oom { victim_pid } => Some((*victim_pid, Cause::OomKill, FailureKind::OomKill, None)),
+        _ => None,
+    }
+}
+
+fn call_cause(call: &Call, errno: i32) -> Cause {
+    match (call.syscall, errno) {
+        (Syscall::Shmget | Syscall::Shmat | Syscall::Shmctl, _) => Cause::SysvLimit,
+        (_, libc::ENOSPC) => Cause::ShmFull,
+        (Syscall::Mmap, libc::ENOMEM) => Cause::MapLimit,
+        (_, libc::EMFILE | libc::ENFILE) => Cause::FdLimit,
+        _ => Cause::Other,
+    }
+}
+
+fn request_bytes(call: &Call) -> u64 {
+    let a = &call.args;
+    match call.syscall {
+        Syscall::Ftruncate => a[1],
+        Syscall::Fallocate => a[3],
+        Syscall::Write => a[2],
+        Syscall::Mmap => a[1],
+        Syscall::Shmget => a[1],
+        _ => 0,
+    }
+}

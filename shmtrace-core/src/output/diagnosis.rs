@@ -1,0 +1,173 @@
+//! A diagnosis, for people (a block of aligned lines) and for programs (one JSON record).
+use serde_json::{Value, json};
+
+use super::json::SCHEMA_VERSION;
+use crate::{
+    clock::Clock,
+    diagnose::{Cause, Diagnosis, RoleKind},
+    event::{ExitStatus, names},
+    model::ContainerInfo,
+    size::{count, human},
+};
+
+pub const TITLE: &str = "━━━ shmtrace diagnosis ━━━";
+
+/// The block's lines after the title, as `(label, text)`; an empty label continues the line
+/// above.
+pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let mut add = |label: &'static str, text: String| out.push((label, text));
+    add("", headline(d));
+    if let Some(pid) = d.follows {
+        let whose = if d.role.kind == RoleKind::Trainer {
+            "DataLoader worker"
+        } else {
+            "child"
+        };
+        add(
+            "because",
+            format!("its {whose} pid {pid} failed first (diagnosed above)"),
+        );
+        return out;
+    }
+    for failure in &d.failures {
+        add("failed", failure.headline());
+    }
+    if let Some((pid, argv)) = &d.trainer {
+        let command = if argv.is_empty() {
+            "(command line unknown)".to_owned()
+        } else {
+            argv.join(" ")
+        };
+        add("trainer", format!("pid {pid}: {command}"));
+    }
+    add(
+        "where",
+        d.container
+            .as_ref()
+            .map(ContainerInfo::describe)
+            .unwrap_or_else(|| d.place.clone()),
+    );
+    if let Some(capacity) = d.capacity {
+        let percent = (capacity.used * 100)
+            .checked_div(capacity.size)
+            .unwrap_or(0);
+        add(
+            "/dev/shm",
+            format!(
+                "{}, {} used when it failed ({percent}%)",
+                human(capacity.size),
+                human(capacity.used)
+            ),
+        );
+    }
+    if let Some(usage) = &d.usage {
+        let mut text = format!(
+            "{} in {} of traced processes",
+            human(usage.demand),
+            count(usage.objects, "live object")
+        );
+        if d.workers_allocating > 0 {
+            text.push_str(&format!(
+                "; {} allocating",
+                count(d.workers_allocating, "DataLoader worker")
+            ));
+        }
+        add("demand", text);
+    }
+    match (&d.recommendation, &d.explanation) {
+        (Some(r), _) => {
+            add(
+                "cause",
+                "/dev/shm is too small for what was asked of it".to_owned(),
+            );
+            add(
+                "needs",
+                format!("at least {}: {}", human(r.min_bytes), r.basis),
+            );
+            let mut forms = vec![
+                ("docker", r.docker.clone()),
+                ("compose", r.compose.clone()),
+                ("kubernetes", format!("Kubernetes: {}", r.kubernetes)),
+            ];
+            // The way this container was started first.
+            forms.sort_by_key(|(kind, _)| Some(*kind) != r.preferred);
+            for (i, (_, form)) in forms.into_iter().enumerate() {
+                add(if i == 0 { "fix" } else { "" }, form);
+            }
+            for alternative in &r.alternatives {
+                add("or", alternative.clone());
+            }
+            add("note", r.memory_note.clone());
+        }
+        (None, Some(explanation)) => add("cause", explanation.clone()),
+        (None, None) => {}
+    }
+    out
+}
+
+fn headline(d: &Diagnosis) -> String {
+    let role = if d.role.kind == RoleKind::Other {
+        String::new()
+    } else {
+        format!(", {}", d.role.describe())
+    };
+    let ending = match d.ending {
+        Some(ExitStatus::Code(code)) => format!(", exited with status {code}"),
+        Some(ExitStatus::Signal { signo, .. }) => {
+            format!(", killed by {}", names::signal_name(signo))
+        }
+        None => ", still running".to_owned(),
+    };
+    format!("{} (pid {}){role}{ending}", d.comm, d.pid)
+}
+
+/// The block as text lines, the title first.
+pub fn text(d: &Diagnosis) -> Vec<String> {
+    let mut text = vec![TITLE.to_owned()];
+    for (label, line) in lines(d) {
+        if label.is_empty() && text.len() == 1 {
+            text.push(line);
+        } else {
+            text.push(format!("  {label:<9} {line}"));
+        }
+    }
+    text
+}
+
+pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
+    let ending = match d.ending {
+        Some(ExitStatus::Code(code)) => json!({"exit_code": code}),
+        Some(ExitStatus::Signal { signo, core_dumped }) => {
+            json!({"signal": names::signal_name(signo), "core_dumped": core_dumped})
+        }
+        None => Value::Null,
+    };
+    json!({
+        "v": SCHEMA_VERSION,
+        "event": "diagnosis",
+        "ts": clock.rfc3339(d.ts_ns),
+        "pid": d.pid,
+        "comm": d.comm,
+        "role": d.role.kind,
+        "worker_index": d.role.worker_index,
+        "trainer_pid": d.trainer.as_ref().map(|(pid, _)| pid),
+        "trainer_argv": d.trainer.as_ref().map(|(_, argv)| argv),
+        "place": d.place,
+        "container": d.container,
+        "ending": ending,
+        "cause": d.cause,
+        "shm_is_the_cause": d.cause == Cause::ShmFull,
+        "failures": d.failures,
+        "follows_pid": d.follows,
+        "shm": d.capacity.map(|c| json!({"size": c.size, "used": c.used})),
+        "demand": d.usage.as_ref().map(|u| json!({
+            "bytes": u.demand,
+            "objects": u.objects,
+            "workers_allocating": d.workers_allocating,
+        })),
+        "recommendation": d.recommendation,
+        "explanation": d.explanation,
+        "text": text(d),
+    })
+}

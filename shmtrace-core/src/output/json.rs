@@ -1,0 +1,289 @@
+//! JSON lines: one object per event, schema version [`SCHEMA_VERSION`], documented in
+//! `docs/json.md`. Fields every event carries are always present (`null` when they do not
+//! apply); the rest appear only when they mean something.
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use crate::clock::Clock;
+use crate::{
+    diagnose::{Role, RoleKind},
+    event::{
+        Body, Call, Event, ExitStatus, Syscall,
+        names::{self, errno_name},
+    },
+    model::Annotation,
+    model::ContainerInfo,
+};
+
+/// Bumped when a field changes meaning or disappears; adding fields does not bump it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Serialize, Debug)]
+pub struct JsonEvent<'a> {
+    /// Schema version.
+    pub v: u32,
+    /// RFC 3339, UTC, nanoseconds.
+    pub ts: String,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: &'a str,
+    /// The syscall name, or `signal`, `fork`, `exec`, `exit`, `rename`, `oom_kill`.
+    pub event: &'static str,
+    pub path: Option<String>,
+    pub fd: Option<i32>,
+    pub size: Option<u64>,
+    pub offset: Option<u64>,
+    pub ret: Option<i64>,
+    pub errno: Option<String>,
+    pub signal: Option<String>,
+    pub code: Option<String>,
+    pub addr: Option<String>,
+
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flags: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prot: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object_size: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dev: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shmid: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_tid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child_pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub core_dumped: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filename: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub argv: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_comm: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub victim_pid: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub freed: Vec<&'a str>,
+    pub mntns: u32,
+    pub cgroup_id: u64,
+    /// `trainer`, `dataloader_worker`, `pin_memory`, `shm_manager`, `nccl`,
+    /// `python_multiprocessing` or `other`.
+    pub role: RoleKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trainer_pid: Option<u32>,
+    /// The container the acting process runs in; `null` on the host (or when not known).
+    pub container: Option<&'a ContainerInfo>,
+}
+
+fn hex(addr: u64) -> String {
+    format!("{addr:#x}")
+}
+
+/// Builds the JSON view of one event; `None` for events not worth a record.
+pub fn to_json<'a>(
+    event: &'a Event,
+    note: &'a Annotation,
+    role: &Role,
+    container: Option<&'a ContainerInfo>,
+    clock: &Clock,
+) -> Option<JsonEvent<'a>> {
+    if note.irrelevant {
+        return None;
+    }
+    let mut out = JsonEvent {
+        v: SCHEMA_VERSION,
+        ts: clock.rfc3339(event.ts_ns),
+        pid: event.pid,
+        tid: event.tid,
+        comm: &event.comm,
+        event: "",
+        path: None,
+        fd: None,
+        size: None,
+        offset: None,
+        ret: None,
+        errno: None,
+        signal: None,
+        code: None,
+        addr: None,
+        flags: None,
+        mode: None,
+        prot: None,
+        object_size: None,
+        object_bytes: None,
+        inode: None,
+        dev: None,
+        key: None,
+        shmid: None,
+        target_pid: None,
+        target_tid: None,
+        child_pid: None,
+        exit_code: None,
+        core_dumped: None,
+        filename: None,
+        argv: None,
+        new_comm: None,
+        victim_pid: None,
+        freed: note.freed.iter().map(String::as_str).collect(),
+        mntns: event.mntns,
+        cgroup_id: event.cgroup_id,
+        role: role.kind,
+        worker_index: role.worker_index,
+        trainer_pid: role.trainer,
+        container,
+    };
+    match &event.body {
+        Body::Call(call) => fill_call(&mut out, call, note),
+        Body::Signal(signal) => {
+            out.event = "signal";
+            out.pid = signal.target_pid;
+            out.tid = signal.target_tid;
+            out.comm = &signal.target_comm;
+            out.signal = Some(names::signal_name(signal.signo));
+            out.code = Some(names::si_code_name(signal.signo, signal.code));
+            if signal.addr != 0 {
+                out.addr = Some(hex(signal.addr));
+            }
+            if let Some(site) = &note.fault {
+                out.path = Some(site.path.clone());
+                out.offset = Some(site.file_offset);
+                out.inode = Some(site.inode.ino);
+                out.dev = Some(site.inode.dev_string());
+                out.object_size = Some(site.file_size);
+            }
+            if signal.target_pid != event.pid {
+                out.target_pid = Some(event.pid); // the sender, when it is someone else
+            }
+        }
+        Body::Fork { child_pid } => {
+            out.event = "fork";
+            out.child_pid = Some(*child_pid);
+        }
+        Body::Exec(exec) => {
+            out.event = "exec";
+            out.filename = Some(&exec.filename);
+            out.argv = Some(&exec.argv);
+        }
+        Body::Exit(status) => {
+            out.event = "exit";
+            match status {
+                ExitStatus::Code(code) => out.exit_code = Some(*code),
+                ExitStatus::Signal { signo, core_dumped } => {
+                    out.signal = Some(names::signal_name(*signo));
+                    out.core_dumped = Some(*core_dumped);
+                }
+            }
+        }
+        Body::Rename { pid, tid, comm } => {
+            out.event = "rename";
+            out.target_pid = Some(*pid);
+            out.target_tid = Some(*tid);
+            out.new_comm = Some(comm);
+        }
+        Body::Oom { victim_pid } => {
+            out.event = "oom_kill";
+            out.victim_pid = Some(*victim_pid);
+        }
+    }
+    Some(out)
+}
+
+fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) {
+    let a = &call.args;
+    out.event = call.syscall.name();
+    out.fd = call.fd;
+    out.ret = Some(call.ret);
+    out.errno = call.errno().map(errno_name);
+    out.path = note.object_path.clone().or_else(|| call.display_path());
+    if let Some(file) = call.file {
+        out.object_size = Some(file.size);
+        out.object_bytes = Some(file.allocated);
+        out.inode = Some(file.inode.ino);
+        out.dev = Some(file.inode.dev_string());
+    }
+    match call.syscall {
+        Syscall::Openat | Syscall::Openat2 => {
+            out.flags = Some(names::open_flags(a[2]));
+            out.mode = Some(format!("0{:o}", a[3]));
+        }
+        Syscall::Ftruncate => out.size = Some(a[1]),
+        Syscall::Fallocate => {
+            out.flags = Some(names::fallocate_mode(a[1]));
+            out.offset = Some(a[2]);
+            out.size = Some(a[3]);
+        }
+        Syscall::Write => out.size = Some(a[2]),
+        Syscall::Mmap => {
+            out.size = Some(a[1]);
+            out.prot = Some(names::prot_flags(a[2]));
+            out.flags = Some(names::map_flags(a[3]));
+            out.offset = Some(a[5]);
+            if !call.failed() {
+                out.addr = Some(hex(call.ret as u64));
+            }
+        }
+        Syscall::Munmap => {
+            out.addr = Some(hex(a[0]));
+            out.size = Some(a[1]);
+        }
+        Syscall::Close | Syscall::Unlink => {}
+        Syscall::Unlinkat => out.flags = Some(format!("{:#x}", a[2])),
+        Syscall::MemfdCreate => out.flags = Some(format!("{:#x}", a[1])),
+        Syscall::Shmget => {
+            out.key = Some(format!("{:#x}", a[0] as i32 as u32));
+            out.size = Some(a[1]);
+            out.flags = Some(names::shmget_flags(a[2]));
+            if !call.failed() {
+                out.shmid = Some(call.ret);
+            }
+        }
+        Syscall::Shmat => {
+            out.shmid = Some(a[0] as i32 as i64);
+            if !call.failed() {
+                out.addr = Some(hex(call.ret as u64));
+            }
+        }
+        Syscall::Shmdt => out.addr = Some(hex(a[0])),
+        Syscall::Recvmsg => out.flags = Some(names::msg_flags(a[3])),
+        Syscall::Shmctl => {
+            out.shmid = Some(a[0] as i32 as i64);
+            out.flags = Some(names::shmctl_command(a[1]));
+        }
+    }
+}
+
+/// Writes one JSON object per line.
+pub struct JsonWriter<W: Write> {
+    out: W,
+}
+
+impl<W: Write> JsonWriter<W> {
+    pub fn new(out: W) -> JsonWriter<W> {
+        JsonWriter { out }
+    }
+
+    pub fn record<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
+        serde_json::to_writer(&mut self.out, record)?;
+        self.out.write_all(b"\n")
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}

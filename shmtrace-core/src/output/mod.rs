@@ -1,0 +1,162 @@
+//! Showing events: to people (`human`), to programs (`json`), and the closing summary.
+//!
+//! What happened is decided elsewhere (`event`, `model`); this module only renders it.
+pub mod diagnosis;
+pub mod filter;
+pub mod human;
+pub mod json;
+mod summary;
+
+use std::io::{self, Write};
+
+pub use summary::Summary;
+
+use crate::{
+    clock::Clock,
+    diagnose::{Cause, Diagnosis, Role},
+    event::{Event, LostCounts},
+    model::{Annotation, ContainerInfo},
+};
+
+/// Where rendered events go and in which format.
+pub struct Output {
+    sink: Sink,
+    clock: Clock,
+    /// Also repeat notices on stderr (output goes to a file nobody is watching).
+    notices_to_stderr: bool,
+    /// Show where each event happened (containers are involved).
+    show_places: bool,
+}
+
+enum Sink {
+    Human(human::HumanWriter<Box<dyn Write + Send>>),
+    Json(json::JsonWriter<Box<dyn Write + Send>>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Text; `true` for colour.
+    Human(bool),
+    Json,
+}
+
+impl Output {
+    pub fn new(
+        out: Box<dyn Write + Send>,
+        format: Format,
+        clock: Clock,
+        notices_to_stderr: bool,
+    ) -> Output {
+        let sink = match format {
+            Format::Human(color) => Sink::Human(human::HumanWriter::new(out, color)),
+            Format::Json => Sink::Json(json::JsonWriter::new(out)),
+        };
+        Output {
+            sink,
+            clock,
+            notices_to_stderr,
+            show_places: false,
+        }
+    }
+
+    /// From now on, text lines say where (host or container) each event happened.
+    pub fn show_places(&mut self) {
+        self.show_places = true;
+    }
+
+    pub fn event(
+        &mut self,
+        event: &Event,
+        note: &Annotation,
+        role: &Role,
+        place: &str,
+        container: Option<&ContainerInfo>,
+    ) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => match human::format(event, note, role, &self.clock) {
+                Some(line) => w.line(&line, self.show_places.then_some(place)),
+                None => Ok(()),
+            },
+            Sink::Json(w) => match json::to_json(event, note, role, container, &self.clock) {
+                Some(record) => w.record(&record),
+                None => Ok(()),
+            },
+        }
+    }
+
+    pub fn diagnosis(&mut self, diagnosis: &Diagnosis) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => w.diagnosis(
+                &diagnosis::text(diagnosis),
+                diagnosis.cause == Cause::ShmFull,
+            ),
+            Sink::Json(w) => w.record(&diagnosis::json(diagnosis, &self.clock)),
+        }
+    }
+
+    /// Events were lost since the last report: say so, in the stream and on stderr.
+    pub fn lost(&mut self, delta: &LostCounts, total: &LostCounts) -> io::Result<()> {
+        let kinds: Vec<String> = delta
+            .by_kind()
+            .map(|(kind, n)| format!("{n} {kind:?}"))
+            .collect();
+        let text = format!(
+            "{} events lost: the ring buffer was full ({}; {} lost in all). Use a larger \
+             --buffer-size, or --failed to send less",
+            delta.total(),
+            kinds.join(", "),
+            total.total()
+        );
+        match &mut self.sink {
+            Sink::Human(w) => w.notice(&text)?,
+            Sink::Json(w) => w.record(&serde_json::json!({
+                "v": json::SCHEMA_VERSION,
+                "event": "lost",
+                "lost": delta.total(),
+                "lost_total": total.total(),
+            }))?,
+        }
+        if self.notices_to_stderr || matches!(self.sink, Sink::Json(_)) {
+            eprintln!("shmtrace: {text}");
+        }
+        Ok(())
+    }
+
+    /// A remark about the trace itself, such as the traced command exiting: in the text
+    /// stream, and on stderr when nobody watches the stream (JSON, or a file).
+    pub fn notice(&mut self, text: &str) -> io::Result<()> {
+        if let Sink::Human(w) = &mut self.sink {
+            w.notice(text)?;
+        }
+        if self.notices_to_stderr || matches!(self.sink, Sink::Json(_)) {
+            self.flush()?;
+            eprintln!("shmtrace: {text}");
+        }
+        Ok(())
+    }
+
+    /// The closing summary; also on stderr when the output goes to a file.
+    pub fn summary(&mut self, summary: &Summary) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => {
+                for line in summary.lines() {
+                    w.plain(&line)?;
+                }
+            }
+            Sink::Json(w) => w.record(&summary.json())?,
+        }
+        if self.notices_to_stderr {
+            for line in summary.lines() {
+                eprintln!("{line}");
+            }
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Human(w) => w.flush(),
+            Sink::Json(w) => w.flush(),
+        }
+    }
+}

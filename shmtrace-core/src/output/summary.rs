@@ -1,0 +1,190 @@
+//! The account printed when tracing stops: totals, a table per place and role, what is left
+//! in /dev/shm, and the size to set when something failed for lack of it.
+use serde_json::{Value, json};
+
+use super::json::SCHEMA_VERSION;
+use crate::{
+    diagnose::{Diagnosis, Recommendation, RoleKind, RoleStats},
+    event::LostCounts,
+    model::{ObjectState, World},
+    size::human,
+};
+
+/// Totals of a trace, taken when tracing stops.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub seconds: f64,
+    pub events: u64,
+    pub failed_calls: u64,
+    pub lost: LostCounts,
+    pub processes: u64,
+    pub deaths_by_signal: u64,
+    pub objects_created: u64,
+    pub objects_freed: u64,
+    pub peak_bytes: u64,
+    /// Objects still present: (name, bytes held, still named in /dev/shm).
+    pub remaining: Vec<(String, u64, bool)>,
+    /// Per place and role.
+    pub table: Vec<(String, RoleKind, RoleStats)>,
+    /// The largest size recommended per place, with the pid it was diagnosed for.
+    pub recommendations: Vec<(String, u32, Recommendation)>,
+}
+
+impl Summary {
+    pub fn new(
+        world: &World,
+        lost: LostCounts,
+        seconds: f64,
+        table: Vec<(String, RoleKind, RoleStats)>,
+        diagnoses: &[Diagnosis],
+    ) -> Summary {
+        let totals = world.totals();
+        let mut remaining: Vec<(String, u64, bool)> = world
+            .live_objects()
+            .map(|o| {
+                (
+                    o.display_name(),
+                    o.footprint().0,
+                    o.state() == ObjectState::Linked,
+                )
+            })
+            .collect();
+        remaining.sort();
+        let mut recommendations: Vec<(String, u32, Recommendation)> = Vec::new();
+        for d in diagnoses {
+            let Some(r) = &d.recommendation else { continue };
+            match recommendations
+                .iter_mut()
+                .find(|(place, _, _)| *place == d.place)
+            {
+                Some(existing) if existing.2.min_bytes >= r.min_bytes => {}
+                Some(existing) => *existing = (d.place.clone(), d.pid, r.clone()),
+                None => recommendations.push((d.place.clone(), d.pid, r.clone())),
+            }
+        }
+        Summary {
+            seconds,
+            events: totals.events,
+            failed_calls: totals.failed_calls,
+            lost,
+            processes: totals.processes_seen,
+            deaths_by_signal: totals.deaths_by_signal,
+            objects_created: totals.objects_created,
+            objects_freed: totals.objects_freed,
+            // What the objects took once written (their sizes), on the /dev/shm that took the
+            // most: pages written through mappings show in no system call.
+            peak_bytes: world
+                .usages()
+                .map(|(_, usage)| usage.peak_demand)
+                .max()
+                .unwrap_or(0)
+                .max(totals.peak_live_bytes),
+            remaining,
+            // A role whose processes all moved to another role by the end has no row.
+            table: table
+                .into_iter()
+                .filter(|(_, _, stats)| stats.processes > 0)
+                .collect(),
+            recommendations,
+        }
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "shmtrace: {} events in {:.1}s from {} processes; {} failed calls, {} killed by a \
+             signal; {} events lost",
+            self.events,
+            self.seconds,
+            self.processes,
+            self.failed_calls,
+            self.deaths_by_signal,
+            self.lost.total()
+        )];
+        let rows: Vec<_> = self
+            .table
+            .iter()
+            .filter(|(_, role, stats)| {
+                stats.processes > 0
+                    && (*role != RoleKind::Other || stats.peak_bytes > 0 || stats.failures > 0)
+            })
+            .collect();
+        if !rows.is_empty() {
+            let place_width = rows
+                .iter()
+                .map(|(p, _, _)| p.len())
+                .max()
+                .unwrap_or(5)
+                .max(5);
+            lines.push(format!(
+                "  {:<place_width$}  {:<22} {:>9} {:>10} {:>8} {:>6}",
+                "PLACE", "ROLE", "PROCESSES", "PEAK SHM", "FAILURES", "DEATHS"
+            ));
+            for (place, role, stats) in rows {
+                lines.push(format!(
+                    "  {place:<place_width$}  {:<22} {:>9} {:>10} {:>8} {:>6}",
+                    role.describe(),
+                    stats.processes,
+                    human(stats.peak_bytes),
+                    stats.failures,
+                    stats.deaths
+                ));
+            }
+        }
+        lines.push(format!(
+            "shmtrace: /dev/shm objects: {} created, {} freed",
+            self.objects_created, self.objects_freed
+        ));
+        if !self.remaining.is_empty() {
+            lines.push(format!(
+                "shmtrace: {} objects still hold memory (left behind, or still in use):",
+                self.remaining.len()
+            ));
+        }
+        for (name, bytes, linked) in self.remaining.iter().take(10) {
+            let state = if *linked {
+                "still in /dev/shm"
+            } else {
+                "unlinked, still open or mapped"
+            };
+            lines.push(format!("    {name} ({}, {state})", human(*bytes)));
+        }
+        if self.remaining.len() > 10 {
+            lines.push(format!("    ... and {} more", self.remaining.len() - 10));
+        }
+        for (place, pid, r) in &self.recommendations {
+            lines.push(format!(
+                "shmtrace: {place}: give /dev/shm at least {} ({}); see the diagnosis of pid {pid}",
+                human(r.min_bytes),
+                r.docker
+            ));
+        }
+        lines
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "v": SCHEMA_VERSION,
+            "event": "summary",
+            "seconds": self.seconds,
+            "events": self.events,
+            "failed_calls": self.failed_calls,
+            "lost": self.lost.total(),
+            "processes": self.processes,
+            "deaths_by_signal": self.deaths_by_signal,
+            "objects_created": self.objects_created,
+            "objects_freed": self.objects_freed,
+            "peak_bytes": self.peak_bytes,
+            "remaining": self.remaining.iter().map(|(name, bytes, linked)| json!({
+                "path": name, "bytes": bytes, "linked": linked,
+            })).collect::<Vec<_>>(),
+            "roles": self.table.iter().map(|(place, role, s)| json!({
+                "place": place, "role": role, "processes": s.processes,
+                "peak_bytes": s.peak_bytes, "failures": s.failures, "deaths": s.deaths,
+            })).collect::<Vec<_>>(),
+            "recommendations": self.recommendations.iter().map(|(place, pid, r)| json!({
+                "place": place, "pid": pid, "min_bytes": r.min_bytes, "docker": r.docker,
+                "compose": r.compose, "kubernetes": r.kubernetes,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}

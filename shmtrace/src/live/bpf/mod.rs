@@ -1,0 +1,79 @@
+//! Loading the eBPF programs into the kernel, and talking to them.
+//!
+//! `preflight` checks the machine can run them, `offsets` resolves the kernel struct offsets
+//! they need, `hooks` lists what they attach to, `tracer` loads and attaches them and owns their
+//! maps, `reader` streams their records. Dropping the [`Tracer`] detaches and unloads
+//! everything: nothing is pinned, so nothing outlives the process.
+mod hooks;
+mod offsets;
+mod preflight;
+mod reader;
+mod tracer;
+
+use std::path::PathBuf;
+
+pub use reader::{EventReader, watch};
+pub use tracer::{Tracer, TracerOptions};
+
+/// The eBPF object built from `shmtrace-ebpf` by `cargo xtask build-ebpf`, committed so that
+/// building the CLI needs only stable Rust.
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/shmtrace.bpf.o"));
+
+/// Default location of the running kernel's BTF.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Why tracing could not start. Each message says what is wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "shmtrace needs root, or the CAP_BPF and CAP_PERFMON capabilities, to load eBPF programs \
+         (this process has {missing}); run it with sudo"
+    )]
+    NotPrivileged { missing: String },
+    #[error(
+        "this kernel has no BTF type information ({path} is missing); shmtrace needs Linux 5.8 \
+         or newer built with CONFIG_DEBUG_INFO_BTF=y"
+    )]
+    NoBtf { path: PathBuf },
+    #[error("cannot read the kernel's BTF from {path}: {reason}")]
+    BadBtf { path: PathBuf, reason: String },
+    #[error(
+        "this kernel's BTF has no {field}, which shmtrace reads; please report your kernel \
+         version (uname -r) at the shmtrace issue tracker"
+    )]
+    MissingField { field: String },
+    #[error(
+        "this kernel does not support BPF ring buffers (BPF_MAP_TYPE_RINGBUF); shmtrace needs \
+         Linux 5.8 or newer"
+    )]
+    NoRingBuffer,
+    #[error(
+        "tracefs is not mounted and could not be mounted at /sys/kernel/tracing ({reason}); \
+         mount it with: mount -t tracefs nodev /sys/kernel/tracing"
+    )]
+    NoTracefs { reason: String },
+    #[error(
+        "this kernel lacks attach points shmtrace needs: {}. shmtrace uses syscall tracepoints \
+         and BTF tracepoints; a kernel built without CONFIG_FTRACE_SYSCALLS or with a different \
+         tracepoint set cannot be traced",
+        missing.join(", ")
+    )]
+    MissingHooks { missing: Vec<String> },
+    #[error("--buffer-size must be a power of two and at least 4096 bytes, not {0}")]
+    BadBufferSize(u32),
+    #[error("loading the eBPF object failed: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("the kernel refused program {program}: {source}")]
+    Program {
+        program: String,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+}

@@ -1,0 +1,203 @@
+//! Following containers while tracing: a container restarted under the same name gets a new
+//! mount namespace, which the kernel filter must learn; one that stops must leave the filter
+//! (its namespace number may be reused). Each traced container's /dev/shm is measured every
+//! second, for the use-over-time picture and for `shm_used` in events. In host-wide mode, new
+//! containers are learned so that events are labelled with them.
+use std::collections::HashMap;
+
+use anyhow::Result;
+
+use crate::{
+    clock::boot_ns,
+    container::{Change, Container, Resolver},
+    diagnose::Capacity,
+    live::bpf::Tracer,
+    pipeline::Pipeline,
+};
+
+pub enum Watch {
+    /// `--container`: these containers, by what the user asked for.
+    Containers {
+        resolver: Resolver,
+        followed: Vec<Followed>,
+    },
+    /// `--all`: every running container, for labels, by mount namespace. Namespace numbers
+    /// are reused once a container is gone, so the map is rebuilt from what runs now.
+    Host {
+        resolver: Resolver,
+        labelled: HashMap<u32, String>,
+    },
+}
+
+/// One container followed through its life.
+pub struct Followed {
+    pub container: Container,
+    /// Running now (a stopped one is waited for).
+    pub running: bool,
+}
+
+impl Watch {
+    pub fn containers(resolver: Resolver, containers: Vec<Container>) -> Watch {
+        Watch::Containers {
+            resolver,
+            followed: containers
+                .into_iter()
+                .map(|container| Followed {
+                    running: container.state.is_running(),
+                    container,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn host(resolver: Resolver) -> Watch {
+        Watch::Host {
+            resolver,
+            labelled: HashMap::new(),
+        }
+    }
+
+    /// Runs once a second.
+    pub async fn check(&mut self, tracer: &mut Tracer, pipeline: &mut Pipeline) -> Result<()> {
+        match self {
+            Watch::Containers { resolver, followed } => {
+                for one in followed.iter_mut() {
+                    follow(resolver, one, tracer, pipeline).await?;
+                }
+            }
+            Watch::Host { resolver, labelled } => {
+                let (containers, _problems) = resolver.running().await;
+                let running: HashMap<u32, &Container> = containers
+                    .iter()
+                    .filter(|c| c.state.is_running())
+                    .filter_map(|c| Some((c.mntns?, c)))
+                    .collect();
+                labelled.retain(|mntns, id| {
+                    let still = running.get(mntns).is_some_and(|c| c.id == *id);
+                    if !still {
+                        pipeline.forget_container(*mntns);
+                    }
+                    still
+                });
+                for (mntns, container) in running {
+                    if let std::collections::hash_map::Entry::Vacant(entry) = labelled.entry(mntns)
+                    {
+                        register(container, tracer, pipeline)?;
+                        entry.insert(container.id.clone());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn follow(
+    resolver: &Resolver,
+    one: &mut Followed,
+    tracer: &mut Tracer,
+    pipeline: &mut Pipeline,
+) -> Result<()> {
+    let name = one.container.display_name();
+    let change = match resolver.recheck(&one.container).await {
+        Ok(change) => change,
+        Err(error) => {
+            log::debug!("rechecking container {name}: {error}");
+            return Ok(());
+        }
+    };
+    match change {
+        Change::Unchanged if one.running => sample(&one.container, pipeline)?,
+        Change::Unchanged => {}
+        Change::Restarted { container, same_id } => {
+            if let Some(old) = one.container.mntns {
+                tracer.remove_mount_namespace(old)?;
+            }
+            register(&container, tracer, pipeline)?;
+            follow_processes(&container, tracer)?;
+            pipeline.notice(&format!(
+                "container {name} {} (pid {}): following it",
+                if same_id {
+                    "restarted"
+                } else {
+                    "was replaced by a new one of that name"
+                },
+                container
+                    .pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "?".into())
+            ))?;
+            one.container = *container;
+            one.running = true;
+        }
+        Change::Stopped { container } => {
+            if one.running {
+                if let Some(old) = one.container.mntns {
+                    tracer.remove_mount_namespace(old)?;
+                }
+                pipeline.notice(&format!(
+                    "container {name} stopped ({}); waiting for it to start again (Ctrl-C to \
+                     stop)",
+                    container.state
+                ))?;
+                one.running = false;
+            }
+            one.container = *container;
+        }
+        Change::Gone => {
+            if one.running {
+                if let Some(old) = one.container.mntns {
+                    tracer.remove_mount_namespace(old)?;
+                }
+                pipeline.notice(&format!(
+                    "container {name} was removed; waiting for a container of that name \
+                     (Ctrl-C to stop)"
+                ))?;
+                one.running = false;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Puts a container in the kernel filter and tells the pipeline what it is.
+pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipeline) -> Result<()> {
+    if let Some(dev) = container.shm.dev {
+        tracer.add_shm_dev(dev)?;
+    }
+    pipeline.set_container(container.info(), boot_ns())?;
+    sample(container, pipeline)
+}
+
+/// Follows a container's processes (`--container`, not `--all`, which sees everyone).
+pub fn follow_processes(container: &Container, tracer: &mut Tracer) -> Result<()> {
+    if let Some(mntns) = container.mntns {
+        tracer.add_mount_namespace(mntns)?;
+    }
+    if let Some(cgroup) = container.cgroup_id {
+        tracer.add_cgroup(cgroup)?;
+    }
+    Ok(())
+}
+
+/// Measures the container's /dev/shm now.
+fn sample(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
+    let Some(pid) = container.pid else {
+        return Ok(());
+    };
+    let Ok(shm) = crate::container::measure_shm(pid) else {
+        return Ok(());
+    };
+    if let (Some(dev), Some(size), Some(used)) = (shm.dev, shm.size_bytes, shm.used_bytes) {
+        pipeline.capacity(
+            Capacity {
+                dev,
+                size,
+                used,
+                ts_ns: boot_ns(),
+            },
+            Some(pid),
+        )?;
+    }
+    Ok(())
+}
