@@ -259,3 +259,91 @@ fn recordings(dir: &Path) -> std::io::Result<Vec<Recording>> {
     }
     Ok(found)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{os::unix::fs::symlink, time::SystemTime};
+
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("daemon-incidents-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn open(dir: &Path, quota: u64) -> Result<(Incidents, Metrics, Log)> {
+        let (metrics, _) = Metrics::new();
+        let log = Log::default();
+        let incidents = Incidents::open(
+            dir,
+            quota,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            metrics.clone(),
+            log.clone(),
+        )?;
+        Ok((incidents, metrics, log))
+    }
+
+    #[test]
+    fn the_quota_deletes_the_oldest_recordings_and_says_so() {
+        let dir = scratch("quota");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o750)).unwrap();
+        let day = Duration::from_secs(86_400);
+        for (i, name) in ["old.shmtrace", "middle.shmtrace", "new.shmtrace"]
+            .iter()
+            .enumerate()
+        {
+            let path = dir.join(name);
+            fs::write(&path, vec![0u8; 400]).unwrap();
+            let file = fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(SystemTime::now() - day * (3 - i as u32))
+                .unwrap();
+        }
+        // Not ours to delete: a symlink, and a file of another kind.
+        symlink("/etc/hostname", dir.join("link.shmtrace")).unwrap();
+        fs::write(dir.join("notes.txt"), vec![0u8; 4000]).unwrap();
+
+        let (_incidents, metrics, log) = open(&dir, 1000).unwrap();
+        assert!(!dir.join("old.shmtrace").exists());
+        assert!(dir.join("middle.shmtrace").exists());
+        assert!(dir.join("new.shmtrace").exists());
+        assert!(fs::symlink_metadata(dir.join("link.shmtrace")).is_ok());
+        assert!(dir.join("notes.txt").exists());
+        assert_eq!(metrics.recordings_deleted.get(), 1);
+        let lines = log.borrow();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0]["event"], "recording_deleted");
+        assert!(lines[0]["path"].as_str().unwrap().ends_with("old.shmtrace"));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_record_dir_others_could_plant_symlinks_in_is_refused() {
+        let dir = scratch("open");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let error = open(&dir, 1 << 20).err().unwrap().to_string();
+        assert!(error.contains("chmod go-w"), "{error}");
+
+        let link = scratch("link");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o750)).unwrap();
+        symlink(&dir, &link).unwrap();
+        let error = open(&link, 1 << 20).err().unwrap().to_string();
+        assert!(error.contains("symbolic link"), "{error}");
+        let _ = fs::remove_file(&link);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_missing_record_dir_is_made_private() {
+        let dir = scratch("new").join("incidents");
+        open(&dir, 1 << 20).unwrap();
+        let mode = fs::metadata(&dir).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o750);
+        let _ = fs::remove_dir_all(dir.parent().unwrap());
+    }
+}

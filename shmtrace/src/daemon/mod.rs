@@ -6,6 +6,8 @@
 #[cfg(test)]
 mod containerd_tests;
 mod fleet;
+#[cfg(test)]
+mod fleet_tests;
 mod http;
 mod incidents;
 mod metrics;
