@@ -74,6 +74,35 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
     let advised = value(&recommended[0]);
     assert!(advised > (2u64 << 20) as f64, "advised {advised}");
 
+    // Every query of the shipped Grafana dashboard runs in Prometheus, and its first panel
+    // (used / size) shows the container.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/grafana/shmtrace.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    for (i, panel) in dashboard["panels"].as_array().unwrap().iter().enumerate() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$instance", ".*")
+                .replace("$namespace", ".*")
+                .replace("$container", ".*");
+            let result = prometheus.query(&expr);
+            if i == 0 {
+                assert!(
+                    result.iter().any(|r| r["metric"]["container"] == name),
+                    "{expr}: {result:?}"
+                );
+            }
+        }
+    }
+
     let about_bystander = prometheus.query(&format!(r#"{{container="{}"}}"#, bystander.name));
     assert!(
         about_bystander.is_empty(),
