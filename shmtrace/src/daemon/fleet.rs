@@ -221,8 +221,11 @@ impl Fleet {
             let new_process = tracked.pid != container.pid || tracked.id != container.id;
             if new_process {
                 if let Some(old) = tracked.mntns.take() {
-                    self.by_mntns.remove(&old);
-                    changes.stopped_mntns.push(old);
+                    // Unless a container met earlier in this survey has the number now.
+                    if self.by_mntns.get(&old) == Some(&labels) {
+                        self.by_mntns.remove(&old);
+                        changes.stopped_mntns.push(old);
+                    }
                 }
                 // The high-water mark is since this start.
                 tracked.peak = 0;
@@ -246,8 +249,11 @@ impl Fleet {
                 continue;
             }
             if let Some(old) = tracked.mntns.take() {
-                self.by_mntns.remove(&old);
-                changes.stopped_mntns.push(old);
+                // The number may be a running container's already (recycled).
+                if self.by_mntns.get(&old) == Some(labels) {
+                    self.by_mntns.remove(&old);
+                    changes.stopped_mntns.push(old);
+                }
                 tracked.pid = None;
             }
             let since = *tracked.gone_since.get_or_insert(now);

@@ -146,3 +146,29 @@ fn a_restarted_container_continues_its_series_in_its_new_namespace() {
         "{text}"
     );
 }
+
+#[test]
+fn a_namespace_number_passed_from_a_gone_container_to_a_new_one_stays_the_new_ones() {
+    let (mut fleet, registry) = fleet(Duration::from_secs(60));
+    let me = std::process::id();
+    fleet.survey(&[container("first", NS, me)], Instant::now());
+    fleet.tally_in(NS, Tally::Touch, boot_ns(), Instant::now());
+    // `first` was removed and `second` started in its namespace number before the next survey;
+    // `second` failed at once.
+    let mut second = container("second", NS, me);
+    second.id = "2".repeat(64);
+    let survey_started = Instant::now();
+    fleet.tally_in(NS, failure(), boot_ns(), Instant::now());
+    let changes = fleet.survey(&[second], survey_started);
+    assert!(
+        changes.stopped_mntns.is_empty(),
+        "{:?}",
+        changes.stopped_mntns
+    );
+    fleet.tally_in(NS, failure(), boot_ns(), Instant::now());
+    let text = text(&registry);
+    assert!(
+        text.contains(r#"shmtrace_shm_failures_total{container="second",pod="",namespace="",runtime="docker",syscall="fallocate",errno="ENOSPC"} 1"#),
+        "{text}"
+    );
+}

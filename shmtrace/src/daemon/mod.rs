@@ -38,7 +38,7 @@ use crate::{
     cli::{ColorWhen, DaemonArgs},
     clock::{Clock, boot_ns},
     commands::{DefaultStream, init_logging, open_output},
-    container::{Resolver, measure_shm},
+    container::{Container, Resolver, measure_shm},
     diagnose::{Capacity, Diagnoser},
     event::LostCounts,
     live::{
@@ -72,7 +72,12 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
     };
     let mut tracer = Tracer::load(&options)?;
     target::register_shm_devs(&mut tracer, true)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // The event loop runs on this thread; the HTTP server and the surveys of the runtimes on
+    // a worker of their own, so that a scrape is answered while the loop is busy (and
+    // /healthz can say that the loop is stuck).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("shmtrace-daemon-io")
         .enable_all()
         .build()
         .context("starting the async runtime")?;
@@ -102,6 +107,14 @@ fn positive(seconds: f64, flag: &str) -> Result<Duration> {
         .ok()
         .filter(|d| !d.is_zero())
         .with_context(|| format!("{flag} must be a positive number of seconds, not {seconds}"))
+}
+
+/// One answer of the runtimes, from a survey that started at `started`.
+struct Survey {
+    started: Instant,
+    running: Vec<Container>,
+    /// Runtimes that did not answer, said as the CLI says it.
+    problems: Vec<String>,
 }
 
 struct Agent {
@@ -209,11 +222,19 @@ impl Agent {
         let mut batch: Vec<Bytes> = Vec::new();
         let mut last_survey: Option<Instant> = None;
         let mut last_lost = Instant::now();
+        // The runtimes answer in a task of their own: on a node with many containers a survey
+        // takes a while, and the ring buffer must be read meanwhile.
+        let mut surveying: Option<tokio::task::JoinHandle<Survey>> = None;
         loop {
             tokio::select! {
                 read = reader.read(&mut batch) => {
                     read.context("reading the ring buffer")?;
                     self.handle(&mut batch)?;
+                }
+                joined = async { surveying.as_mut().expect("guarded").await }, if surveying.is_some() => {
+                    surveying = None;
+                    self.take_survey(joined.context("surveying the container runtimes")?)?;
+                    self.write_log()?;
                 }
                 _ = ticker.tick() => {
                     heartbeat.beat();
@@ -229,9 +250,15 @@ impl Agent {
                         at.elapsed() >= self.interval
                             || (wanted && at.elapsed() >= SURVEY_AT_MOST_EVERY)
                     });
-                    if due {
+                    if due && surveying.is_none() {
                         last_survey = Some(Instant::now());
-                        self.survey().await?;
+                        let resolver = self.resolver.clone();
+                        surveying = Some(tokio::spawn(async move {
+                            let started = Instant::now();
+                            let (running, problems) = resolver.running().await;
+                            let problems = problems.iter().map(ToString::to_string).collect();
+                            Survey { started, running, problems }
+                        }));
                     } else if wanted {
                         // Not yet: ask again at the next tick.
                         self.fleet.borrow_mut().want_survey();
@@ -266,13 +293,15 @@ impl Agent {
         self.write_log()
     }
 
-    /// Asks the runtimes what runs, follows what started, forgets what stopped, and measures
+    /// What the runtimes said runs: follows what started, forgets what stopped, and measures
     /// the /dev/shm of every container that has series.
-    async fn survey(&mut self) -> Result<()> {
-        let started = Instant::now();
-        let (running, problems) = self.resolver.running().await;
-        for problem in problems {
-            let text = problem.to_string();
+    fn take_survey(&mut self, survey: Survey) -> Result<()> {
+        let Survey {
+            started,
+            running,
+            problems,
+        } = survey;
+        for text in problems {
             if !self.problems_logged.contains(&text) {
                 self.log.borrow_mut().push(json!({
                     "v": SCHEMA_VERSION,
