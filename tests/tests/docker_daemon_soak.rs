@@ -99,14 +99,14 @@ fn docker_churn_keeps_memory_flat_and_retires_series() {
                 image,
                 "sh",
                 "-c",
-                "dd if=/dev/zero of=/dev/shm/x bs=1k count=1; sleep 30",
+                "dd if=/dev/zero of=/dev/shm/x bs=1k count=1; sleep 300",
             ]
             .map(str::to_owned)
             .to_vec()
         });
         // A survey (every second; slower on a loaded machine) sees them and measures their
         // /dev/shm.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let seen = loop {
             let text = daemon.metrics();
             let seen: Vec<String> = names
