@@ -7,8 +7,8 @@
 //!
 //! Events can arrive before the runtimes are asked about a new container (a container that
 //! fails as it starts). What they count waits, per mount namespace, for the next survey of the
-//! runtimes, which is then asked for at once; a namespace that survey does not claim is counted
-//! as `runtime="unknown"`. Namespace numbers are recycled: a container that claims the number
+//! runtimes, which is then asked for at once; a namespace that three surveys do not claim is
+//! counted as `runtime="unknown"`. Namespace numbers are recycled: a container that claims the number
 //! is credited only if its main process started before the first event waiting there.
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -41,9 +41,14 @@ const MAX_PENDING_PER_NAMESPACE: usize = 1024;
 /// How many exited processes' namespaces are remembered, for diagnoses that come after the
 /// death.
 const EXITED_REMEMBERED: usize = 4096;
+/// Surveys a namespace waits through before its counts go to `runtime="unknown"`.
+const SURVEYS_WAITED: u32 = 3;
 
 struct Pending {
     since: Instant,
+    /// Surveys that ended since, without claiming the namespace. A runtime that answers
+    /// slowly may leave a container out of one answer: a few are waited for.
+    surveys: u32,
     /// The earliest event's time (`CLOCK_BOOTTIME` ns).
     first_ts_ns: u64,
     tallies: Vec<Tally>,
@@ -145,6 +150,7 @@ impl Fleet {
         }
         let pending = self.pending.entry(mntns).or_insert_with(|| Pending {
             since: now,
+            surveys: 0,
             first_ts_ns: ts_ns,
             tallies: Vec::new(),
         });
@@ -271,10 +277,15 @@ impl Fleet {
         }
 
         // Namespaces that waited for this survey: claimed now, or nobody's.
+        for pending in self.pending.values_mut() {
+            if pending.since < started {
+                pending.surveys += 1;
+            }
+        }
         let waited: Vec<u32> = self
             .pending
             .iter()
-            .filter(|(mntns, p)| p.since < started || self.by_mntns.contains_key(mntns))
+            .filter(|(mntns, p)| p.surveys >= SURVEYS_WAITED || self.by_mntns.contains_key(mntns))
             .map(|(mntns, _)| *mntns)
             .collect();
         for mntns in waited {

@@ -172,3 +172,19 @@ fn a_namespace_number_passed_from_a_gone_container_to_a_new_one_stays_the_new_on
         "{text}"
     );
 }
+
+#[test]
+fn a_namespace_no_survey_claims_waits_three_surveys_then_counts_as_unknown() {
+    let (mut fleet, registry) = fleet(Duration::from_secs(60));
+    fleet.tally_in(NS, failure(), boot_ns(), Instant::now());
+    for _ in 0..2 {
+        fleet.survey(&[], Instant::now());
+        assert!(!text(&registry).contains("ENOSPC"), "counted too early");
+    }
+    fleet.survey(&[], Instant::now());
+    let text = text(&registry);
+    assert!(
+        text.contains(r#"shmtrace_shm_failures_total{container="",pod="",namespace="",runtime="unknown",syscall="fallocate",errno="ENOSPC"} 1"#),
+        "{text}"
+    );
+}
