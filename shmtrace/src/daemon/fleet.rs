@@ -58,6 +58,9 @@ struct Pending {
 struct Tracked {
     id: String,
     pid: Option<u32>,
+    /// When its main process started (`CLOCK_BOOTTIME` ns): an event from before is not its
+    /// own, whatever its namespace number says.
+    start_ns: Option<u64>,
     mntns: Option<u32>,
     shm_dev: Option<u32>,
     /// Has series (touched /dev/shm).
@@ -141,6 +144,15 @@ impl Fleet {
             return;
         }
         if let Some(labels) = self.by_mntns.get(&mntns).cloned() {
+            // An event read late, from before this container took the number: not its own.
+            let before = self.by_labels[&labels]
+                .start_ns
+                .is_some_and(|start| ts_ns < start);
+            let labels = if before {
+                ContainerLabels::unknown()
+            } else {
+                labels
+            };
             self.apply(&labels, tally);
             return;
         }
@@ -216,6 +228,7 @@ impl Fleet {
             let tracked = self.by_labels.entry(labels.clone()).or_insert(Tracked {
                 id: String::new(),
                 pid: None,
+                start_ns: None,
                 mntns: None,
                 shm_dev: None,
                 touched: false,
@@ -236,6 +249,9 @@ impl Fleet {
                 // The high-water mark is since this start.
                 tracked.peak = 0;
                 changes.started.push(container.clone());
+            }
+            if new_process {
+                tracked.start_ns = container.pid.and_then(start_ns);
             }
             tracked.id = container.id.clone();
             tracked.pid = container.pid;
@@ -295,8 +311,7 @@ impl Fleet {
                 .get(&mntns)
                 .filter(|labels| {
                     self.by_labels[*labels]
-                        .pid
-                        .and_then(start_ns)
+                        .start_ns
                         .is_some_and(|start| start <= pending.first_ts_ns)
                 })
                 .cloned()

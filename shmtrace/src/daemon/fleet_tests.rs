@@ -188,3 +188,17 @@ fn a_namespace_no_survey_claims_waits_three_surveys_then_counts_as_unknown() {
         "{text}"
     );
 }
+
+#[test]
+fn an_event_read_after_a_new_container_took_its_namespace_is_not_the_new_ones() {
+    let (mut fleet, registry) = fleet(Duration::from_secs(60));
+    // The newcomer's main process is this test's; the event predates it (boot time 1 ns).
+    fleet.survey(
+        &[container("newcomer", NS, std::process::id())],
+        Instant::now(),
+    );
+    fleet.tally_in(NS, failure(), 1, Instant::now());
+    let text = text(&registry);
+    assert!(!text.contains("newcomer"), "{text}");
+    assert!(text.contains(r#"runtime="unknown""#), "{text}");
+}
