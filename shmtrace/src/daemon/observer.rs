@@ -88,12 +88,21 @@ fn tallies(event: &Event, note: &Annotation) -> Vec<Tally> {
                     .unwrap_or_else(|| "MSG_CTRUNC".to_owned()),
             },
         ],
-        Body::Call(_) if !note.irrelevant => vec![Tally::Touch],
+        // Using /dev/shm: an object made, sized, mapped or removed. Opening the directory
+        // itself is not (the runtime does it as it sets a container up).
+        Body::Call(_) if !note.irrelevant && note.object_path.as_deref().is_some_and(is_object) => {
+            vec![Tally::Touch]
+        }
         Body::Signal(signal) if signal.signo == libc::SIGBUS && note.fault.is_some() => {
             vec![Tally::Touch, Tally::Sigbus]
         }
         _ => Vec::new(),
     }
+}
+
+/// A path of an object in /dev/shm, not the directory (System V segments have their own names).
+fn is_object(path: &str) -> bool {
+    !matches!(path.trim_end_matches('/'), "/dev/shm" | "")
 }
 
 fn role_name(diagnosis: &Diagnosis) -> String {
