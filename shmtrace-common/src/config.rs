@@ -59,7 +59,8 @@ pub struct KernelOffsets {
 
 #[cfg(feature = "aya")]
 mod user {
-    // SAFETY: both are `#[repr(C)]`, made only of `u32`, with no padding.
+    // SAFETY: `#[repr(C)]`, made only of `u32`, with no padding.
     unsafe impl aya::Pod for super::Config {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::KernelOffsets {}
 }

@@ -169,7 +169,7 @@ pub struct RecordArgs {
     pub compress: bool,
 
     /// Start a new file when this one would grow past SIZE (suffixes K, M, G).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse)]
     pub max_size: Option<u64>,
 
     /// With --max-size: keep only the newest N files.
@@ -230,7 +230,7 @@ pub struct DaemonArgs {
     pub record_dir: Option<PathBuf>,
 
     /// Most bytes the recordings in --record-dir may take; the oldest are deleted first.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size_u64)]
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::size::parse)]
     pub record_quota: u64,
 
     /// Seconds of history kept in memory for a recording.
@@ -380,24 +380,8 @@ impl ColorWhen {
 
 /// `16M`, `512K`, `4096`.
 fn parse_size(text: &str) -> Result<u32, String> {
-    let bytes = parse_size_u64(text)?;
+    let bytes = crate::size::parse(text)?;
     u32::try_from(bytes).map_err(|_| format!("{text} is too large (at most 2G)"))
-}
-
-fn parse_size_u64(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, multiplier) = match text.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&text[..i], 1u64 << 10),
-        Some((i, 'M' | 'm')) => (&text[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&text[..i], 1 << 30),
-        _ => (text, 1),
-    };
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size like 16M, 512K or 4096"))?;
-    value
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("{text} is too large"))
 }
 
 /// `90`, `90s`, `15m`, `2h`, `0.5s`.
@@ -452,7 +436,7 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("8G").is_err());
-        assert_eq!(parse_size_u64("8G"), Ok(8 << 30));
+        assert_eq!(crate::size::parse("8G"), Ok(8 << 30));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 pub mod daemon;
 pub mod docker;
 pub mod live;
+pub mod postgres;
 pub mod prometheus;
 pub mod recording;
+pub mod runtimes;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},

@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::event::{Body, Call, Event, Syscall, names};
 use crate::model::{Annotation, ShmUsage};
 
-use super::Capacity;
+use super::capacity::Capacity;
 
 /// Why it failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -14,6 +14,14 @@ use super::Capacity;
 pub enum Cause {
     /// Killed by the OOM killer: the memory limit, which /dev/shm pages count against.
     OomKill,
+    /// There is no /dev/shm to create in (`docker run --ipc=none`, an image or sandbox
+    /// without one): ENOENT creating a file in it.
+    NoShm,
+    /// /dev/shm is mounted read-only: EROFS.
+    ReadOnly,
+    /// /dev/shm is full of files of processes that are gone; without them the size would
+    /// have been enough.
+    Leftovers,
     /// /dev/shm is full: ENOSPC, or SIGBUS touching a page the tmpfs could not provide.
     ShmFull,
     /// mmap ENOMEM on a /dev/shm object: too many mappings (vm.max_map_count).
@@ -78,6 +86,21 @@ pub struct Failure {
     /// `usage` (a fallocate after an ftruncate of the same size asks for nothing new).
     #[serde(skip)]
     pub unmet: u64,
+    /// Files on the same /dev/shm that processes now gone left behind, largest first.
+    #[serde(skip)]
+    pub leftovers: Vec<Leftover>,
+}
+
+/// A /dev/shm file still named and holding memory, whose creator is gone and which no traced
+/// process has open or mapped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Leftover {
+    pub path: String,
+    pub bytes: u64,
+    pub creator_pid: u32,
+    pub creator_comm: String,
+    /// How its creator ended: `killed by SIGKILL`, `exited with status 1`.
+    pub creator_ending: String,
 }
 
 impl Failure {
@@ -160,6 +183,9 @@ pub fn classify(
         )),
         Body::Call(call) => {
             let errno = call.errno()?;
+            if call.expected_error().is_some() {
+                return None;
+            }
             let cause = call_cause(call, errno);
             let kind = FailureKind::Call {
                 syscall: call.syscall.name(),
@@ -197,8 +223,15 @@ pub fn classify(
 }
 
 fn call_cause(call: &Call, errno: i32) -> Cause {
+    let in_shm = call
+        .display_path()
+        .is_some_and(|p| p.starts_with("/dev/shm/"));
     match (call.syscall, errno) {
         (Syscall::Shmget | Syscall::Shmat | Syscall::Shmctl, _) => Cause::SysvLimit,
+        // Creating a file in a directory that does not exist: expected_error() already set
+        // aside the opens that did not ask to create.
+        (Syscall::Openat | Syscall::Openat2, libc::ENOENT) if in_shm => Cause::NoShm,
+        (_, libc::EROFS) => Cause::ReadOnly,
         (_, libc::ENOSPC) => Cause::ShmFull,
         (Syscall::Mmap, libc::ENOMEM) => Cause::MapLimit,
         (_, libc::EMFILE | libc::ENFILE) => Cause::FdLimit,
@@ -216,4 +249,37 @@ fn request_bytes(call: &Call) -> u64 {
         Syscall::Shmget => a[1],
         _ => 0,
     }
+}
+
+/// The kernel's answer bounds it too. ENOSPC from a write or fallocate of `n` bytes means
+/// fewer pages were free than the call needed, and `n` bytes span at most
+/// `ceil((n - 1) / page) + 1` pages (the offset is not known); a SIGBUS inside a /dev/shm file
+/// means not one page was free. Pages dirtied through a mapping show in no system call, so
+/// this is what keeps a diagnosis from saying 43% used at ENOSPC when the use was measured
+/// after the processes freed their memory.
+pub(super) fn at_least_refused(
+    mut capacity: Capacity,
+    cause: Cause,
+    kind: &FailureKind,
+) -> Capacity {
+    const PAGE: u64 = 4096; // tmpfs allocates pages; larger pages only make this bound weaker
+    if cause != Cause::ShmFull {
+        return capacity;
+    }
+    let free_below = match kind {
+        FailureKind::Call {
+            syscall: "write" | "fallocate",
+            request,
+            ..
+        } => ((*request).max(1) - 1).div_ceil(PAGE) + 1,
+        FailureKind::Fault {
+            offset: Some(offset),
+            file_size: Some(size),
+            ..
+        } if (*offset as i64) < *size => 1,
+        _ => return capacity,
+    };
+    let floor = capacity.size.saturating_sub((free_below - 1) * PAGE);
+    capacity.used = capacity.used.max(floor);
+    capacity
 }

@@ -6,40 +6,44 @@
 //! become one [`Diagnosis`]. A trainer that dies after one of its workers is linked to the
 //! worker's diagnosis rather than diagnosed again. Capacity comes from [`Capacity`] samples fed
 //! in by the caller, so a recorded trace replays to the same diagnosis.
+mod capacity;
 mod failure;
+pub mod known;
+mod leftovers;
 mod recommend;
 pub mod role;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use serde::{Deserialize, Serialize};
-
-pub use failure::{Cause, Failure, FailureKind, classify};
+pub use capacity::Capacity;
+use capacity::at_least_held;
+use failure::at_least_refused;
+pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
+pub use known::KnownUser;
+pub use leftovers::Leftovers;
+use leftovers::{leftovers_on, summarise_leftovers};
 pub use recommend::{DataloaderDemand, Demand, Recommendation};
 pub use role::{Role, RoleKind, Roles};
 
 use crate::{
-    event::{Body, Event, ExitStatus, Syscall},
+    event::{Body, Event, ExitStatus, InodeId, Syscall},
     model::{Annotation, ContainerInfo, ShmUsage, StartedBy, World},
 };
-
-/// Size and use of one /dev/shm file system, measured with statfs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Capacity {
-    /// `dev_t` of the file system.
-    pub dev: u32,
-    pub size: u64,
-    pub used: u64,
-    /// When it was measured (`CLOCK_BOOTTIME` ns).
-    pub ts_ns: u64,
-}
 
 /// The answer about one process that failed or died.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Diagnosis {
     pub ts_ns: u64,
     pub pid: u32,
+    /// Its pid inside its container (what the program's own logs print), when it differs.
+    pub container_pid: Option<u32>,
     pub comm: String,
+    /// Its process title at the failure, when it rewrote its command line.
+    pub title: Option<String>,
+    /// The known /dev/shm user it is ([`known::KNOWN`]), by its objects or its name.
+    pub program: Option<&'static KnownUser>,
+    /// What its title says it does (`parallel worker for PID 34`).
+    pub program_role: Option<String>,
     pub role: Role,
     pub argv: Vec<String>,
     /// The trainer a worker served: pid and command line.
@@ -61,6 +65,12 @@ pub struct Diagnosis {
     pub recommendation: Option<Recommendation>,
     /// Why /dev/shm size is not the answer, and what is.
     pub explanation: Option<String>,
+    /// Files of dead processes on the /dev/shm that failed, and what they mean for the size.
+    pub leftovers: Option<Leftovers>,
+    /// Ways the program itself offers to need less /dev/shm, or none.
+    pub program_alternatives: Vec<String>,
+    /// Events the kernel could not deliver before this diagnosis: its counts may be short.
+    pub lost_events: u64,
 }
 
 /// Per place and role, for the closing table.
@@ -99,16 +109,19 @@ pub struct Diagnoser {
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
     diagnosed: HashMap<u32, Diagnosed>,
-    /// Bytes each process holds now, and the running total and peak of its group (place and
-    /// role at the time).
-    held: HashMap<u32, (u64, (String, RoleKind))>,
-    group_now: HashMap<(String, RoleKind), u64>,
+    /// Objects each process holds now, with its group (place and role at the time); per
+    /// group, how many of its processes hold each object (an object shared by several counts
+    /// once), and the most bytes the group held at once.
+    held: HashMap<u32, (HashSet<InodeId>, (String, RoleKind))>,
+    group_now: HashMap<(String, RoleKind), HashMap<InodeId, u32>>,
     group_peak: HashMap<(String, RoleKind), u64>,
     /// Failures and deaths per process.
     outcomes: HashMap<u32, (u64, bool)>,
     /// Label for mount namespaces nobody named (the demo's private one, say).
     unnamed_place: Option<String>,
     nccl_seen: bool,
+    /// Events lost so far (the caller says): a diagnosis made after losses says so.
+    lost_events: u64,
 }
 
 impl Diagnoser {
@@ -149,6 +162,11 @@ impl Diagnoser {
         }
     }
 
+    /// How many events the kernel could not deliver so far.
+    pub fn set_lost_events(&mut self, lost: u64) {
+        self.lost_events = lost;
+    }
+
     /// A fresh measurement of a /dev/shm file system.
     pub fn capacity(&mut self, sample: Capacity) {
         for container in self.containers.values_mut() {
@@ -180,6 +198,7 @@ impl Diagnoser {
                     | Syscall::Openat2
                     | Syscall::Ftruncate
                     | Syscall::Fallocate
+                    | Syscall::Write
                     | Syscall::Mmap
                     | Syscall::Munmap
                     | Syscall::Close
@@ -198,11 +217,11 @@ impl Diagnoser {
         let mut out = Vec::new();
         if let Body::Exit(status) = &event.body {
             let group = self.group(event.pid, event.mntns);
-            self.held_to(event.pid, 0, group);
+            self.held_to(event.pid, HashSet::new(), group, world);
             if !status.success() {
                 self.outcomes.entry(event.pid).or_default().1 = true;
             }
-            if let Some(diagnosis) = self.on_death(event, *status, world) {
+            if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
                 out.push(diagnosis);
             }
         }
@@ -299,27 +318,42 @@ impl Diagnoser {
         };
         let mut inodes: HashSet<_> = process.fds.values().map(|fd| fd.inode).collect();
         inodes.extend(process.mappings.iter().map(|m| m.inode));
-        let bytes = inodes
-            .iter()
+        let group = self.group(pid, mntns);
+        self.held_to(pid, inodes, group, world);
+    }
+
+    fn held_to(
+        &mut self,
+        pid: u32,
+        inodes: HashSet<InodeId>,
+        group: (String, RoleKind),
+        world: &World,
+    ) {
+        if let Some((before, old_group)) = self.held.remove(&pid)
+            && let Some(counts) = self.group_now.get_mut(&old_group)
+        {
+            for inode in before {
+                if let Some(n) = counts.get_mut(&inode) {
+                    *n -= 1;
+                    if *n == 0 {
+                        counts.remove(&inode);
+                    }
+                }
+            }
+        }
+        let counts = self.group_now.entry(group.clone()).or_default();
+        for inode in &inodes {
+            *counts.entry(*inode).or_default() += 1;
+        }
+        let now: u64 = counts
+            .keys()
             .filter_map(|inode| world.object(inode))
             .map(|o| o.footprint().0)
             .sum();
-        let group = self.group(pid, mntns);
-        self.held_to(pid, bytes, group);
-    }
-
-    fn held_to(&mut self, pid: u32, bytes: u64, group: (String, RoleKind)) {
-        let (before, old_group) = self.held.remove(&pid).unwrap_or((0, group.clone()));
-        if let Some(now) = self.group_now.get_mut(&old_group) {
-            *now = now.saturating_sub(before);
-        }
-        let now = self.group_now.entry(group.clone()).or_default();
-        *now += bytes;
-        let now = *now;
         let peak = self.group_peak.entry(group.clone()).or_default();
         *peak = (*peak).max(now);
-        if bytes > 0 {
-            self.held.insert(pid, (bytes, group));
+        if !inodes.is_empty() {
+            self.held.insert(pid, (inodes, group));
         }
     }
 
@@ -370,6 +404,10 @@ impl Diagnoser {
             .and_then(|d| self.capacity.get(&d).copied())
             .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
             .map(|c| at_least_refused(c, cause, &kind));
+        let leftovers = match (cause, dev) {
+            (Cause::ShmFull, Some(dev)) => leftovers_on(dev, world),
+            _ => Vec::new(),
+        };
         Failure {
             ts_ns: event.ts_ns,
             pid,
@@ -382,15 +420,24 @@ impl Diagnoser {
             capacity,
             workers_allocating,
             unmet,
+            leftovers,
         }
     }
 
-    fn on_death(&mut self, event: &Event, status: ExitStatus, world: &World) -> Option<Diagnosis> {
+    fn on_death(
+        &mut self,
+        event: &Event,
+        status: ExitStatus,
+        killed_by: Option<u32>,
+        world: &World,
+    ) -> Option<Diagnosis> {
         let pid = event.pid;
         let failures = self.pending.remove(&pid).unwrap_or_default();
         let role = self.roles.of(pid);
         if failures.is_empty() {
-            if status.success() {
+            // Ended by another process on purpose (a parent stopping its children at
+            // shutdown): nothing went wrong in it.
+            if status.success() || killed_by.is_some() {
                 return None;
             }
             // A trainer dying after one of its workers, or any process after its child: that
@@ -492,6 +539,31 @@ impl Diagnoser {
         let process = world.process(pid);
         let role = self.roles.of(pid);
         let container = self.containers.get(&mntns).cloned();
+        let title = process.and_then(|p| p.title.clone());
+        let program = failures
+            .iter()
+            .find_map(|f| match &f.kind {
+                FailureKind::Call { path: Some(p), .. }
+                | FailureKind::Fault { path: Some(p), .. } => known::by_object(p),
+                _ => None,
+            })
+            .or_else(|| {
+                process.and_then(|p| {
+                    known::by_process(&p.comm, title.as_deref())
+                        .or_else(|| p.opened.iter().find_map(|o| known::by_object(o)))
+                })
+            });
+        let program_role = program
+            .zip(title.as_deref())
+            .and_then(|(k, t)| known::role_in_title(k, t));
+        let leftovers = failures
+            .first()
+            .filter(|f| f.cause == Cause::ShmFull && !f.leftovers.is_empty())
+            .map(|f| summarise_leftovers(f, program, container.as_ref()));
+        let cause = match (&leftovers, cause) {
+            (Some(l), Cause::ShmFull) if l.enough_without => Cause::Leftovers,
+            _ => cause,
+        };
         let started_by = container
             .as_ref()
             .map(|c| c.started_by.clone())
@@ -541,10 +613,28 @@ impl Diagnoser {
                 recommendation: recommendation.clone(),
             },
         );
+        let already: Vec<&str> = recommendation
+            .iter()
+            .flat_map(|r| r.alternatives.iter().map(String::as_str))
+            .collect();
+        let program_alternatives = match cause {
+            Cause::ShmFull | Cause::NoShm | Cause::ReadOnly => program
+                .map(|k| k.alternatives)
+                .unwrap_or_default()
+                .iter()
+                .filter(|alt| !already.iter().any(|a| known::same_setting(a, alt)))
+                .map(|alt| (*alt).to_owned())
+                .collect(),
+            _ => Vec::new(),
+        };
         Diagnosis {
             ts_ns,
             pid,
+            container_pid: process.and_then(|p| p.nspid),
             comm: process.map(|p| p.comm.clone()).unwrap_or_default(),
+            title,
+            program,
+            program_role,
             role,
             argv: process.map(|p| p.argv.clone()).unwrap_or_default(),
             trainer,
@@ -559,54 +649,29 @@ impl Diagnoser {
             usage,
             recommendation,
             explanation: explain(cause),
+            leftovers,
+            program_alternatives,
+            lost_events: self.lost_events,
         }
     }
-}
-
-/// /dev/shm is measured when userspace reads the failure, which may be after the process
-/// freed what it held (a program that gets ENOSPC from sem_open unlinks its files at once, and
-/// the measurement then reads 0 bytes used): it was at least as full as the traced objects'
-/// allocated pages made it at that moment.
-fn at_least_held(mut capacity: Capacity, usage: Option<&ShmUsage>) -> Capacity {
-    if let Some(usage) = usage {
-        capacity.used = capacity.used.max(usage.allocated.min(capacity.size));
-    }
-    capacity
-}
-
-/// The kernel's answer bounds it too. ENOSPC from a write or fallocate of `n` bytes means
-/// fewer pages were free than the call needed, and `n` bytes span at most
-/// `ceil((n - 1) / page) + 1` pages (the offset is not known); a SIGBUS inside a /dev/shm file
-/// means not one page was free. Pages dirtied through a mapping show in no system call, so
-/// this is what keeps a diagnosis from saying 43% used at ENOSPC when the use was measured
-/// after the processes freed their memory.
-fn at_least_refused(mut capacity: Capacity, cause: Cause, kind: &FailureKind) -> Capacity {
-    const PAGE: u64 = 4096; // tmpfs allocates pages; larger pages only make this bound weaker
-    if cause != Cause::ShmFull {
-        return capacity;
-    }
-    let free_below = match kind {
-        FailureKind::Call {
-            syscall: "write" | "fallocate",
-            request,
-            ..
-        } => ((*request).max(1) - 1).div_ceil(PAGE) + 1,
-        FailureKind::Fault {
-            offset: Some(offset),
-            file_size: Some(size),
-            ..
-        } if (*offset as i64) < *size => 1,
-        _ => return capacity,
-    };
-    let floor = capacity.size.saturating_sub((free_below - 1) * PAGE);
-    capacity.used = capacity.used.max(floor);
-    capacity
 }
 
 /// For causes a bigger /dev/shm does not fix: what does.
 fn explain(cause: Cause) -> Option<String> {
     let text = match cause {
-        Cause::ShmFull => return None,
+        Cause::ShmFull | Cause::Leftovers => return None,
+        Cause::NoShm => {
+            "there is no /dev/shm to create files in: the container was started with \
+             --ipc=none, or its image or sandbox has no /dev/shm. Give it one: drop --ipc=none \
+             (docker run --ipc=private --shm-size=64m ..., compose ipc: private), or mount a \
+             tmpfs there (docker run --tmpfs /dev/shm:rw,size=64m; Kubernetes: an emptyDir \
+             with medium: Memory mounted at /dev/shm)"
+        }
+        Cause::ReadOnly => {
+            "/dev/shm is mounted read-only (EROFS): programs need to create files there. \
+             Mount it read-write (docker run --tmpfs /dev/shm:rw,size=64m, or drop ro/readonly \
+             from its mount; Kubernetes: readOnly: false on the /dev/shm volumeMount)"
+        }
         Cause::OomKill => {
             "the OOM killer ended it: the memory limit was reached. /dev/shm pages count \
              against the container's memory limit, so a bigger --shm-size alone makes this \

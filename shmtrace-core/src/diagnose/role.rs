@@ -20,6 +20,8 @@ pub enum RoleKind {
     ShmManager,
     Nccl,
     PythonMultiprocessing,
+    /// A child sharing tensors through torch.multiprocessing that is no DataLoader worker.
+    TorchMultiprocessing,
     Other,
 }
 
@@ -32,6 +34,7 @@ impl RoleKind {
             RoleKind::ShmManager => "torch_shm_manager",
             RoleKind::Nccl => "NCCL",
             RoleKind::PythonMultiprocessing => "Python multiprocessing",
+            RoleKind::TorchMultiprocessing => "torch.multiprocessing",
             RoleKind::Other => "other",
         }
     }
@@ -64,6 +67,7 @@ impl Role {
             (RoleKind::ShmManager, _) => "shm_manager".to_owned(),
             (RoleKind::Nccl, _) => "nccl".to_owned(),
             (RoleKind::PythonMultiprocessing, _) => "multiprocessing".to_owned(),
+            (RoleKind::TorchMultiprocessing, _) => "torch_mp".to_owned(),
             (RoleKind::Other, _) => String::new(),
         }
     }
@@ -107,10 +111,22 @@ impl Roles {
             .filter(|p| is_named_worker(p) || is_unnamed_worker(world, p))
             .collect();
         workers.sort_by_key(|p| (p.first_seen_ns, p.pid));
-        let mut next_index: HashMap<Option<u32>, u32> = HashMap::new();
+        // Numbered per trainer and per program it ran: workers of a program it replaced with
+        // exec are not this program's.
+        let mut next_index: HashMap<(Option<u32>, Option<u64>), u32> = HashMap::new();
         for worker in &workers {
             let trainer = trainer_of(world, worker);
-            let index = next_index.entry(trainer).or_default();
+            let program = trainer
+                .and_then(|t| world.process(t))
+                .and_then(|t| t.exec_ns)
+                .filter(|exec| *exec <= worker.first_seen_ns);
+            let trainer = trainer.filter(|t| {
+                world
+                    .process(*t)
+                    .and_then(|t| t.exec_ns)
+                    .is_none_or(|exec| exec <= worker.first_seen_ns)
+            });
+            let index = next_index.entry((trainer, program)).or_default();
             by_pid.insert(
                 worker.pid,
                 Role {
@@ -138,7 +154,19 @@ impl Roles {
             } else if process.opened.iter().any(|name| is_nccl(name)) {
                 RoleKind::Nccl
             } else if process.opened.iter().any(|name| is_torch(name)) {
-                RoleKind::Trainer
+                // Forked from a process of the same program, or started by multiprocessing's
+                // spawn or forkserver: a producer; a program started on its own is a trainer.
+                let forked = process.exec_ns.is_none()
+                    && process
+                        .parent
+                        .and_then(|p| world.process(p))
+                        .is_some_and(|p| p.comm == process.comm);
+                let spawned = process.argv.iter().any(|a| a.contains("multiprocessing"));
+                if forked || spawned {
+                    RoleKind::TorchMultiprocessing
+                } else {
+                    RoleKind::Trainer
+                }
             } else if process.opened.iter().any(|name| is_python_mp(name)) {
                 RoleKind::PythonMultiprocessing
             } else {
@@ -185,14 +213,17 @@ fn is_named_worker(process: &Process) -> bool {
     WORKER_NAMES.contains(&process.comm.as_str())
 }
 
-/// Before PyTorch 2.5 workers kept the trainer's name: a child of a Python process that
-/// opens torch_ objects is a worker.
+/// PyTorch 2.3 and 2.4 named the trainer `pt_main_thread` and left its workers unnamed: a
+/// child of it that opens torch_ objects is a worker. Other children sharing tensors are
+/// torch.multiprocessing producers, not DataLoader workers.
 fn is_unnamed_worker(world: &World, process: &Process) -> bool {
     process.opened.iter().any(|name| is_torch(name))
         && process
             .parent
             .and_then(|p| world.process(p))
-            .is_some_and(|parent| parent.comm == process.comm && !is_forkserver(parent))
+            .is_some_and(|parent| {
+                parent.comm == MAIN_THREAD && process.comm == MAIN_THREAD && !is_forkserver(parent)
+            })
 }
 
 /// The training process a worker serves: its nearest ancestor that is neither a worker nor a

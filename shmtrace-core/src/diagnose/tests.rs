@@ -315,3 +315,82 @@ fn used_is_at_least_what_the_kernel_refused() {
     run.exit(401, WORKER, 1);
     assert_eq!(run.of(401).capacity.unwrap().used, 1 << 20);
 }
+
+#[test]
+fn a_role_peak_counts_a_shared_object_once_and_includes_writes() {
+    let mut run = Run::new();
+    run.exec(200, &["/usr/bin/python3", "share.py"]);
+    let inode = run.create(200, "python3", "/dev/shm/shared", 5);
+    run.write(200, "python3", 5, inode, 64 << 10, 64 << 10);
+    run.fork(200, 201);
+    // The child writes through the descriptor it inherited: one object, two holders.
+    run.write(201, "python3", 5, inode, 4 << 10, 4 << 10);
+    let table = run.diagnoser.table(&run.world);
+    let (_, _, stats) = table
+        .iter()
+        .find(|(_, role, stats)| *role == RoleKind::Other && stats.processes == 2)
+        .unwrap_or_else(|| panic!("{table:#?}"));
+    assert_eq!(stats.peak_bytes, 68 << 10, "{table:#?}");
+}
+
+#[test]
+fn files_of_dead_processes_are_named_and_the_size_is_not_blamed() {
+    let mut run = Run::measured(800 << 10);
+    run.exec(300, &["/usr/bin/python3", "first.py"]);
+    let left = run.create(300, "python3", "/dev/shm/torch_300_1", 5);
+    run.write(300, "python3", 5, left, 768 << 10, 768 << 10);
+    run.event(
+        300,
+        "python3",
+        Body::Exit(ExitStatus::Signal {
+            signo: libc::SIGKILL,
+            core_dumped: false,
+        }),
+    );
+    run.exec(301, &["/usr/bin/python3", "second.py"]);
+    let next = run.create(301, "python3", "/dev/shm/torch_301_1", 5);
+    run.fallocate_fails(301, "python3", 5, next, 512 << 10);
+    run.exit(301, "python3", 1);
+    let d = run.of(301);
+    assert_eq!(d.cause, Cause::Leftovers, "{d:#?}");
+    assert!(d.recommendation.is_none(), "the size is not blamed: {d:#?}");
+    let leftovers = d.leftovers.as_ref().expect("leftovers");
+    assert!(leftovers.enough_without);
+    assert_eq!(leftovers.files.len(), 1);
+    assert_eq!(leftovers.files[0].path, "/dev/shm/torch_300_1");
+    assert_eq!(leftovers.files[0].creator_pid, 300);
+    assert_eq!(leftovers.files[0].creator_ending, "killed by SIGKILL");
+    assert_eq!(leftovers.remove, "rm -f -- /dev/shm/torch_300_1");
+    assert_eq!(d.program.map(|k| k.program), Some("PyTorch"));
+}
+
+#[test]
+fn a_child_its_parent_kills_is_not_diagnosed() {
+    let mut run = Run::new();
+    run.exec(400, &["/usr/bin/chromium"]);
+    run.fork(400, 401);
+    run.event(
+        400,
+        "chromium",
+        Body::Signal(crate::event::Signal {
+            signo: libc::SIGKILL,
+            code: 0,
+            errno: 0,
+            result: 0,
+            addr: 0,
+            target_pid: 401,
+            target_tid: 401,
+            target_comm: "chromium".into(),
+        }),
+    );
+    run.event(
+        401,
+        "chromium",
+        Body::Exit(ExitStatus::Signal {
+            signo: libc::SIGKILL,
+            core_dumped: false,
+        }),
+    );
+    run.exit(400, "chromium", 0);
+    assert!(run.out.is_empty(), "{:#?}", run.out);
+}

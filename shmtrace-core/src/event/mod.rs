@@ -56,10 +56,19 @@ pub enum Body {
 impl Event {
     /// A failed call, a fatal signal, an unsuccessful exit or an OOM kill: what `--failed`
     /// keeps, and what makes shmtrace measure /dev/shm before diagnosing it.
+    ///
+    /// Not failures: an error the program asked for (see [`Call::expected_error`]), and a
+    /// signal one process sends another (a parent ending its children); the receiver's death
+    /// is judged on its own.
     pub fn is_failure(&self) -> bool {
         match &self.body {
-            Body::Call(call) => call.failed(),
-            Body::Signal(_) | Body::Oom { .. } => true,
+            Body::Call(call) => call.failed() && call.expected_error().is_none(),
+            Body::Signal(signal) => {
+                signal.addr != 0
+                    || !(signal.sent_by_other(self.pid)
+                        || (signal.signo == libc::SIGKILL && signal.target_pid != self.pid))
+            }
+            Body::Oom { .. } => true,
             Body::Exit(status) => !status.success(),
             Body::Fork { .. } | Body::Exec(_) | Body::Rename { .. } => false,
         }
@@ -93,6 +102,31 @@ impl Call {
     /// An error, or a `recvmsg` that dropped the descriptors sent to it.
     pub fn failed(&self) -> bool {
         self.errno().is_some() || self.dropped_descriptors()
+    }
+
+    /// Why an error is part of the program's normal work rather than a failure, if it is:
+    /// programs probe what the kernel supports, check whether a name exists, and retry
+    /// with another name when one is taken. Judged from the call alone, so live and replayed
+    /// traces agree.
+    pub fn expected_error(&self) -> Option<&'static str> {
+        let errno = self.errno()?;
+        let flags = self.args[2];
+        let creates = flags & libc::O_CREAT as u64 != 0;
+        match (self.syscall, errno) {
+            // Chromium calls memfd_create("", invalid flags) to learn what the kernel
+            // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
+            (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),
+            (Syscall::Openat | Syscall::Openat2, libc::ENOENT) if !creates => {
+                Some("an existence check")
+            }
+            (Syscall::Openat | Syscall::Openat2, libc::EEXIST) => {
+                Some("a name already taken (programs retry with another)")
+            }
+            (Syscall::Unlink | Syscall::Unlinkat, libc::ENOENT) => Some("already removed"),
+            (Syscall::Shmget, libc::ENOENT) => Some("an existence check"),
+            (Syscall::Shmget, libc::EEXIST) => Some("a key already taken"),
+            _ => None,
+        }
     }
 
     /// A `recvmsg` whose `MSG_CTRUNC` says passed descriptors were dropped: the receiver has
@@ -152,6 +186,17 @@ pub struct Signal {
     pub target_comm: String,
 }
 
+impl Signal {
+    /// Sent on purpose by another process with kill(2), tgkill(2) or sigqueue(3), as a parent
+    /// ends its children at shutdown; not raised by the kernel (a fault, the OOM killer).
+    pub fn sent_by_other(&self, sender_pid: u32) -> bool {
+        const SI_USER: i32 = 0;
+        const SI_QUEUE: i32 = -1;
+        const SI_TKILL: i32 = -6;
+        sender_pid != self.target_pid && matches!(self.code, SI_USER | SI_QUEUE | SI_TKILL)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Exec {
     pub filename: String,
@@ -190,5 +235,77 @@ impl ExitStatus {
             ExitStatus::Code(code) => code,
             ExitStatus::Signal { signo, .. } => 128 + signo,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(syscall: Syscall, ret: i64, flags: u64) -> Call {
+        Call {
+            syscall,
+            fd: None,
+            ret,
+            args: [0, 0, flags, 0, 0, 0],
+            file: None,
+            path: Some("/dev/shm/sem.x".into()),
+            path_truncated: false,
+            relative_to_shm: false,
+        }
+    }
+
+    #[test]
+    fn probes_checks_and_taken_names_are_expected_errors() {
+        let einval = -i64::from(libc::EINVAL);
+        let enoent = -i64::from(libc::ENOENT);
+        let eexist = -i64::from(libc::EEXIST);
+        let enospc = -i64::from(libc::ENOSPC);
+        let creat = libc::O_CREAT as u64;
+        assert_eq!(
+            call(Syscall::MemfdCreate, einval, 0).expected_error(),
+            Some("a feature probe")
+        );
+        assert_eq!(
+            call(Syscall::Openat, enoent, 0).expected_error(),
+            Some("an existence check")
+        );
+        // Creating in a /dev/shm that is not there is a failure.
+        assert_eq!(call(Syscall::Openat, enoent, creat).expected_error(), None);
+        assert!(
+            call(Syscall::Openat, eexist, creat)
+                .expected_error()
+                .is_some()
+        );
+        assert!(call(Syscall::Unlink, enoent, 0).expected_error().is_some());
+        assert_eq!(call(Syscall::Fallocate, enospc, 0).expected_error(), None);
+        assert_eq!(call(Syscall::Openat, 3, creat).expected_error(), None);
+    }
+
+    #[test]
+    fn a_kill_from_another_process_is_no_failure_but_a_fault_is() {
+        let signal = |signo, code, addr| Event {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 10,
+            tid: 10,
+            comm: "parent".into(),
+            mntns: 0,
+            cgroup_id: 0,
+            container_match: false,
+            body: Body::Signal(Signal {
+                signo,
+                code,
+                errno: 0,
+                result: 0,
+                addr,
+                target_pid: 11,
+                target_tid: 11,
+                target_comm: "child".into(),
+            }),
+        };
+        assert!(!signal(libc::SIGKILL, 0, 0).is_failure());
+        assert!(!signal(libc::SIGKILL, 0x80, 0).is_failure());
+        assert!(signal(libc::SIGBUS, 2, 0x7f00_0000).is_failure());
     }
 }

@@ -23,6 +23,18 @@ pub struct Process {
     /// Paths of the first [`MAX_NAMES`] /dev/shm objects this process opened (created or not):
     /// what they are named tells what the process is (`torch_`, `nccl-`, `psm_`).
     pub opened: Vec<String>,
+    /// The last signal another process sent it on purpose: (sender pid, signal number).
+    /// SIGKILL counts whoever sent it (a runtime tearing a container down sends it from the
+    /// kernel), unless the OOM killer chose the process.
+    pub sent_signal: Option<(u32, i32)>,
+    /// When it last executed a new program: its DataLoader workers from before belong to the
+    /// program it was then.
+    pub exec_ns: Option<u64>,
+    /// Its pid in its own pid namespace (a container's), when /proc told it (`NSpid`).
+    pub nspid: Option<u32>,
+    /// Its process title (/proc/PID/cmdline, which programs such as PostgreSQL rewrite:
+    /// `postgres: parallel worker for PID 34`) when last read, if it differs from `argv`.
+    pub title: Option<String>,
 }
 
 /// Bound on the names kept per process, so a process creating millions of objects costs no
@@ -70,6 +82,10 @@ impl Process {
             exit_ns: None,
             thread_names: BTreeSet::new(),
             opened: Vec::new(),
+            sent_signal: None,
+            exec_ns: None,
+            nspid: None,
+            title: None,
         }
     }
 

@@ -17,6 +17,19 @@ pub struct Annotation {
     pub freed: Vec<String>,
     /// The event touched nothing shmtrace follows (an `munmap` of other memory, say).
     pub irrelevant: bool,
+    /// For the death of a process by a signal another process sent it on purpose (a parent
+    /// ending its children at shutdown): the sender's pid, or 0 for a termination request
+    /// (SIGTERM, SIGINT, SIGHUP) whose sender the probes do not see. Such a death is not a
+    /// failure.
+    pub killed_by: Option<u32>,
+}
+
+impl Annotation {
+    /// Whether the event shows the program hurt: a failure ([`Event::is_failure`]) other than
+    /// a death another process asked for.
+    pub fn is_failure(&self, event: &Event) -> bool {
+        event.is_failure() && self.killed_by.is_none()
+    }
 }
 
 /// Where a fault address points.
@@ -41,6 +54,8 @@ pub struct ProcSnapshot {
     pub exe: Option<String>,
     pub argv: Vec<String>,
     pub mntns: u32,
+    /// Its pid in its own pid namespace (`NSpid` in /proc/PID/status), when that differs.
+    pub nspid: Option<u32>,
     pub fds: Vec<SnapshotFd>,
     pub mappings: Vec<SnapshotMapping>,
 }
@@ -169,15 +184,17 @@ impl World {
     }
 
     /// Adds a process found in /proc, with the /dev/shm descriptors and mappings it already
-    /// had. Does nothing for a process already known.
+    /// had. For a process already known, only refreshes its title and container pid.
     pub fn seed(&mut self, snapshot: &ProcSnapshot, ts_ns: u64) {
         if self.processes.contains_key(&snapshot.pid) {
+            self.refresh(snapshot);
             return;
         }
         let mut process = Process::new(snapshot.pid, snapshot.comm.clone(), snapshot.mntns, ts_ns);
         process.parent = snapshot.ppid;
         process.exe = snapshot.exe.clone();
         process.argv = snapshot.argv.clone();
+        process.nspid = snapshot.nspid;
         for fd in &snapshot.fds {
             let object = self.object_entry(fd.inode, snapshot.mntns, ts_ns);
             object.path.get_or_insert_with(|| fd.path.clone());
@@ -214,6 +231,23 @@ impl World {
         self.processes.insert(snapshot.pid, process);
     }
 
+    /// What /proc says of a process already known, read again (at a failure): its pid in its
+    /// container, and its title when it rewrote its command line. Descriptors and mappings
+    /// come from events only.
+    fn refresh(&mut self, snapshot: &ProcSnapshot) {
+        let Some(process) = self.processes.get_mut(&snapshot.pid) else {
+            return;
+        };
+        if snapshot.nspid.is_some() {
+            process.nspid = snapshot.nspid;
+        }
+        let title = snapshot.argv.join(" ");
+        if !snapshot.argv.is_empty() && snapshot.argv != process.argv {
+            process.title = Some(title);
+        }
+        self.version += 1;
+    }
+
     /// Applies one event and says what it meant.
     pub fn apply(&mut self, event: &Event) -> Annotation {
         self.totals.events += 1;
@@ -236,7 +270,7 @@ impl World {
         let mut note = Annotation::default();
         match &event.body {
             Body::Call(call) => {
-                if call.failed() {
+                if call.failed() && call.expected_error().is_none() {
                     self.totals.failed_calls += 1;
                 }
                 self.apply_call(event, call, &mut note);
@@ -247,6 +281,8 @@ impl World {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
                     process.exe = Some(exec.filename.clone());
                     process.argv = exec.argv.clone();
+                    process.title = None;
+                    process.exec_ns = Some(event.ts_ns);
                     process.comm = event.comm.clone();
                     let cloexec: Vec<i32> = process
                         .fds
@@ -270,6 +306,17 @@ impl World {
                 }
                 let released = {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
+                    if let ExitStatus::Signal { signo, .. } = status {
+                        note.killed_by = match process.sent_signal {
+                            Some((sender, sent)) if sent == *signo => Some(sender),
+                            // Only ever sent on purpose, by a person, a parent or a runtime
+                            // stopping a container; the kernel raises none of them for a fault.
+                            _ if matches!(*signo, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) => {
+                                Some(0)
+                            }
+                            _ => None,
+                        };
+                    }
                     process.exit = Some(*status);
                     process.exit_ns = Some(event.ts_ns);
                     let fds: Vec<InodeId> = std::mem::take(&mut process.fds)
@@ -291,9 +338,19 @@ impl World {
             Body::Signal(signal) => {
                 if signal.addr != 0 {
                     note.fault = self.fault_site(signal.target_pid, signal.addr);
+                } else if (signal.sent_by_other(event.pid)
+                    || (signal.signo == libc::SIGKILL && signal.target_pid != event.pid))
+                    && let Some(target) = self.processes.get_mut(&signal.target_pid)
+                {
+                    target.sent_signal = Some((event.pid, signal.signo));
                 }
             }
-            Body::Oom { .. } => {}
+            // The OOM killer's SIGKILL is no request: its victim's death is a failure.
+            Body::Oom { victim_pid } => {
+                if let Some(victim) = self.processes.get_mut(victim_pid) {
+                    victim.sent_signal = None;
+                }
+            }
         }
         note
     }
@@ -337,6 +394,13 @@ impl World {
                     (ok, call.file, call.fd, call.display_path())
                 {
                     let flags = call.args[2];
+                    if self.is_stale(file.inode, flags, event.mntns) {
+                        self.retire(file.inode, note);
+                    }
+                    // Opened by its name, so it is alive: not an object freed before and
+                    // brought back by a passed descriptor, but a new one with the same
+                    // number (a restarted container's fresh /dev/shm numbers from 1 again).
+                    self.recently_freed.remove(&file.inode);
                     let created = flags & libc::O_CREAT as u64 != 0
                         && (flags & libc::O_EXCL as u64 != 0
                             || !self.objects.contains_key(&file.inode));
@@ -538,6 +602,62 @@ impl World {
         for inode in fds.into_iter().chain(maps) {
             self.free_if_released(inode, note);
         }
+    }
+
+    /// Whether a file just opened under `inode` cannot be the object the model knows by that
+    /// number. A file system cannot hand out the number of a file that still exists, so when
+    /// it does, the known one is gone without a trace: its /dev/shm was unmounted (a container
+    /// restarted; its new tmpfs numbers inodes from 1 on the same device number) or its
+    /// removal was among lost events. Proof is a create that had to be new (`O_EXCL`), or a
+    /// create in another mount namespace of a file nobody traced holds.
+    fn is_stale(&self, inode: InodeId, flags: u64, mntns: u32) -> bool {
+        let Some(known) = self.objects.get(&inode) else {
+            return false;
+        };
+        let creates = flags & libc::O_CREAT as u64 != 0;
+        let exclusive = flags & libc::O_EXCL as u64 != 0;
+        creates && (exclusive || (known.mntns != mntns && known.fds == 0 && known.mappings == 0))
+    }
+
+    /// Ends the lives of the objects named in mount namespace `mntns` on file system `dev`:
+    /// that namespace's private /dev/shm, unmounted when its last process ended (a container
+    /// that stopped or restarted). Returns how many.
+    pub fn retire_file_system(&mut self, dev: u32, mntns: u32) -> usize {
+        let gone: Vec<InodeId> = self
+            .objects
+            .values()
+            .filter(|o| o.inode.dev == dev && o.mntns == mntns)
+            .map(|o| o.inode)
+            .collect();
+        let mut note = Annotation::default();
+        for inode in &gone {
+            self.retire(*inode, &mut note);
+        }
+        gone.len()
+    }
+
+    /// Ends the life of an object whose file system went away with it (see `is_stale`).
+    fn retire(&mut self, inode: InodeId, note: &mut Annotation) {
+        let Some(object) = self.objects.remove(&inode) else {
+            return;
+        };
+        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
+        // Counted as freed only what was counted as created: not the objects found already
+        // there, nor /dev/shm itself held open.
+        if object.creator.is_some() {
+            self.totals.objects_freed += 1;
+        }
+        let usage = self.usage.entry(inode.dev).or_default();
+        usage.change(object.footprint(), (0, 0));
+        usage.objects = usage.objects.saturating_sub(1);
+        if let Some(path) = &object.path {
+            let key = (object.mntns, path.clone());
+            if self.names.get(&key) == Some(&inode) {
+                self.names.remove(&key);
+            }
+        }
+        note.freed.push(object.display_name());
+        self.version += 1;
     }
 
     /// An unlinked object with no descriptor or mapping left has given its memory back.

@@ -33,6 +33,9 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
     for failure in &d.failures {
         add("failed", failure.headline());
     }
+    if let Some(title) = &d.title {
+        add("title", title.clone());
+    }
     if let Some((pid, argv)) = &d.trainer {
         let command = if argv.is_empty() {
             "(command line unknown)".to_owned()
@@ -75,6 +78,32 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
         }
         add("demand", text);
     }
+    if let Some(leftovers) = &d.leftovers {
+        add(
+            "leftovers",
+            format!(
+                "{} of it held by {} that processes now gone left behind:",
+                human(leftovers.bytes),
+                count(leftovers.files.len() as u64, "file")
+            ),
+        );
+        for file in leftovers.files.iter().take(10) {
+            add(
+                "",
+                format!(
+                    "{} ({}), made by pid {} {} ({})",
+                    file.path,
+                    human(file.bytes),
+                    file.creator_pid,
+                    file.creator_comm,
+                    file.creator_ending
+                ),
+            );
+        }
+        if leftovers.files.len() > 10 {
+            add("", format!("... and {} more", leftovers.files.len() - 10));
+        }
+    }
     match (&d.recommendation, &d.explanation) {
         (Some(r), _) => {
             add(
@@ -103,6 +132,42 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
         (None, Some(explanation)) => add("cause", explanation.clone()),
         (None, None) => {}
     }
+    if let Some(leftovers) = &d.leftovers {
+        if leftovers.enough_without {
+            add(
+                "cause",
+                "/dev/shm is big enough: files of dead processes filled it".to_owned(),
+            );
+        } else {
+            add(
+                "note",
+                "even without those files /dev/shm would have been too small".to_owned(),
+            );
+        }
+        add(
+            "remove",
+            format!(
+                "{} (no traced process has them open or mapped; check with fuser first if \
+                 others may use them)",
+                leftovers.remove
+            ),
+        );
+        if let Some(avoid) = leftovers.avoid {
+            add("avoid", avoid.to_owned());
+        }
+    }
+    for alternative in &d.program_alternatives {
+        add("or", alternative.clone());
+    }
+    if d.lost_events > 0 {
+        add(
+            "warning",
+            format!(
+                "{} lost before this diagnosis: the counts above may be short",
+                count(d.lost_events, "event")
+            ),
+        );
+    }
     out
 }
 
@@ -119,7 +184,15 @@ fn headline(d: &Diagnosis) -> String {
         }
         None => ", still running".to_owned(),
     };
-    format!("{} (pid {}){role}{ending}", d.comm, d.pid)
+    let pids = match d.container_pid {
+        Some(inside) => format!("pid {}, pid {inside} in its container", d.pid),
+        None => format!("pid {}", d.pid),
+    };
+    let role = match (d.program, &d.program_role) {
+        (Some(program), Some(part)) => format!(", {} {part}", program.program),
+        _ => role,
+    };
+    format!("{} ({pids}){role}{ending}", d.comm)
 }
 
 /// The block as text lines, the title first.
@@ -148,7 +221,11 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
         "event": "diagnosis",
         "ts": clock.rfc3339(d.ts_ns),
         "pid": d.pid,
+        "container_pid": d.container_pid,
         "comm": d.comm,
+        "title": d.title,
+        "program": d.program.map(|k| k.program),
+        "program_role": d.program_role,
         "role": d.role.kind,
         "worker_index": d.role.worker_index,
         "trainer_pid": d.trainer.as_ref().map(|(pid, _)| pid),
@@ -168,6 +245,15 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
         })),
         "recommendation": d.recommendation,
         "explanation": d.explanation,
+        "leftovers": d.leftovers.as_ref().map(|l| json!({
+            "files": l.files,
+            "bytes": l.bytes,
+            "enough_without_them": l.enough_without,
+            "remove": l.remove,
+            "avoid": l.avoid,
+        })),
+        "program_alternatives": d.program_alternatives,
+        "lost_events": d.lost_events,
         "text": text(d),
     })
 }

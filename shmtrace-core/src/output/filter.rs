@@ -3,6 +3,7 @@
 use crate::{
     diagnose::{Diagnosis, Role, RoleKind},
     event::Event,
+    model::Annotation,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -31,8 +32,8 @@ impl Filter {
         }
     }
 
-    pub fn keep(&self, event: &Event, role: &Role, place: &str) -> bool {
-        (!self.failed_only || event.is_failure())
+    pub fn keep(&self, event: &Event, note: &Annotation, role: &Role, place: &str) -> bool {
+        (!self.failed_only || note.is_failure(event))
             && (self.pids.is_empty() || self.pids.contains(&event.pid))
             && (self.roles.is_empty() || self.roles.contains(&role.kind))
             && (self.events.is_empty() || self.events.iter().any(|e| e == event_name(event)))

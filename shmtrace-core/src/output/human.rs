@@ -48,12 +48,16 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
     }
     let (pid, comm, text, severity) = match &event.body {
         Body::Call(call) => {
-            let severity = if call.failed() {
+            let expected = call.expected_error();
+            let severity = if call.failed() && expected.is_none() {
                 Severity::Failure
             } else {
                 Severity::Normal
             };
             let mut text = format!("{} = {}", call_text(call, note), result_text(call));
+            if let Some(why) = expected {
+                text.push_str(&format!("  ({why}, not a failure)"));
+            }
             for freed in &note.freed {
                 text.push_str(&format!("  [freed {freed}]"));
             }
@@ -64,11 +68,16 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
             if signal.target_pid != event.pid {
                 text.push_str(&format!(" (sent by pid {} {})", event.pid, event.comm));
             }
+            let severity = if event.is_failure() {
+                Severity::Death
+            } else {
+                Severity::Normal
+            };
             (
                 signal.target_pid,
                 signal.target_comm.clone(),
                 text,
-                Severity::Death,
+                severity,
             )
         }
         Body::Fork { child_pid } => (
@@ -99,8 +108,15 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
             for freed in &note.freed {
                 text.push_str(&format!("  [freed {freed}]"));
             }
+            match note.killed_by {
+                Some(0) => text.push_str("  (a termination request, not a failure)"),
+                Some(sender) => text.push_str(&format!("  (ended by pid {sender}, not a failure)")),
+                None => {}
+            }
             let severity = if status.success() {
                 Severity::Quiet
+            } else if note.killed_by.is_some() {
+                Severity::Normal
             } else {
                 Severity::Death
             };

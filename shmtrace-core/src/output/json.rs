@@ -39,6 +39,16 @@ pub struct JsonEvent<'a> {
     pub signal: Option<String>,
     pub code: Option<String>,
     pub addr: Option<String>,
+    /// Whether the event shows the program hurt: a failed call, a fault, an OOM kill, a death
+    /// nobody asked for. Expected errors and deaths another process caused are not.
+    pub failure: bool,
+    /// Why a failed call is part of the program's normal work (`a feature probe`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<&'static str>,
+    /// For a death by a signal another process sent on purpose: the sender (0 for a
+    /// termination request, SIGTERM, SIGINT or SIGHUP, from a sender not traced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed_by_pid: Option<u32>,
 
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flags: Option<String>,
@@ -122,6 +132,9 @@ pub fn to_json<'a>(
         signal: None,
         code: None,
         addr: None,
+        failure: note.is_failure(event),
+        expected: None,
+        killed_by_pid: note.killed_by,
         flags: None,
         mode: None,
         prot: None,
@@ -210,6 +223,7 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
     out.fd = call.fd;
     out.ret = Some(call.ret);
     out.errno = call.errno().map(errno_name);
+    out.expected = call.expected_error();
     out.path = note.object_path.clone().or_else(|| call.display_path());
     if let Some(file) = call.file {
         out.object_size = Some(file.size);

@@ -134,6 +134,9 @@ impl Summary {
             "shmtrace: /dev/shm objects: {} created, {} freed",
             self.objects_created, self.objects_freed
         ));
+        if let Some(warning) = self.uncertain() {
+            lines.push(format!("shmtrace: warning: {warning}"));
+        }
         if !self.remaining.is_empty() {
             lines.push(format!(
                 "shmtrace: {} objects still hold memory (left behind, or still in use):",
@@ -161,6 +164,17 @@ impl Summary {
         lines
     }
 
+    /// What lost events make uncertain, when some were lost.
+    fn uncertain(&self) -> Option<String> {
+        let lost = self.lost.total();
+        (lost > 0).then(|| {
+            format!(
+                "{lost} events were lost, so these counts may be short, and objects listed as \
+                 still holding memory may have been freed by calls that were lost"
+            )
+        })
+    }
+
     pub fn json(&self) -> Value {
         json!({
             "v": SCHEMA_VERSION,
@@ -169,6 +183,7 @@ impl Summary {
             "events": self.events,
             "failed_calls": self.failed_calls,
             "lost": self.lost.total(),
+            "uncertain": self.uncertain(),
             "processes": self.processes,
             "deaths_by_signal": self.deaths_by_signal,
             "objects_created": self.objects_created,

@@ -19,6 +19,7 @@ pub fn world_snapshots(world: &World, ts_ns: u64) -> Vec<(u64, UserRecord)> {
                 exe: process.exe.clone(),
                 argv: process.argv.clone(),
                 mntns: process.mntns,
+                nspid: process.nspid,
                 fds: process
                     .fds
                     .iter()

@@ -19,6 +19,7 @@ mod pseudonym;
 mod reader;
 mod redact;
 mod rotation;
+mod set;
 mod user;
 mod writer;
 
@@ -28,7 +29,7 @@ pub(crate) mod tests;
 pub use carry::world_snapshots;
 pub use flight::{FlightOptions, FlightRecorder, Triggered};
 pub use header::{ContainerDescription, ShmCapacity, TargetDescription, TraceHeader};
-pub use reader::TraceSet;
+pub use set::TraceSet;
 // What the tests reach for beyond what the CLI uses.
 #[cfg(test)]
 pub use reader::{ReadError, Reason, TraceReader};

@@ -23,7 +23,8 @@ use zerocopy::FromBytes;
 use super::{
     header::{ContainerDescription, TraceHeader, random_id},
     pseudonym::Pseudonyms,
-    reader::{ReadError, TraceSet},
+    reader::ReadError,
+    set::TraceSet,
     user::{ProcessSnapshot, Record, UserRecord},
     writer::{TraceWriter, WriteError, WriteStats, WriterOptions, no_carry},
 };
@@ -200,6 +201,7 @@ impl Redactor {
                 exe: s.exe.as_deref().map(|e| names.path(e)),
                 argv: s.argv.iter().map(|a| names.arg(a)).collect(),
                 mntns: s.mntns,
+                nspid: s.nspid,
                 fds: s
                     .fds
                     .iter()

@@ -75,6 +75,8 @@ pub struct ProcessSnapshot {
     pub exe: Option<String>,
     pub argv: Vec<String>,
     pub mntns: u32,
+    /// Its pid in its container's pid namespace; absent in traces of older versions.
+    pub nspid: Option<u32>,
     pub fds: Vec<SnapshotFdRecord>,
     pub mappings: Vec<SnapshotMappingRecord>,
 }
@@ -112,6 +114,7 @@ impl From<&ProcSnapshot> for ProcessSnapshot {
             exe: s.exe.clone(),
             argv: s.argv.clone(),
             mntns: s.mntns,
+            nspid: s.nspid,
             fds: s
                 .fds
                 .iter()
@@ -152,6 +155,7 @@ impl ProcessSnapshot {
             exe: self.exe.clone(),
             argv: self.argv.clone(),
             mntns: self.mntns,
+            nspid: self.nspid,
             fds: self
                 .fds
                 .iter()
@@ -297,6 +301,7 @@ mod tests {
             exe: Some("/usr/bin/python3.11".into()),
             argv: vec!["python3".into(), "train.py".into()],
             mntns: 4026531841,
+            nspid: Some(12),
             fds: vec![SnapshotFd {
                 fd: 11,
                 inode: InodeId { dev: 26, ino: 99 },

@@ -39,7 +39,7 @@ impl Bar<'_> {
 
 pub fn lanes(out: &mut String, timeline: &Timeline, scale: &Scale) {
     let lanes = &timeline.lanes()[..timeline.lanes().len().min(MAX_LANES)];
-    let laid: Vec<(&Lane, Vec<Vec<Bar>>)> = lanes
+    let laid: Vec<(&Lane, Vec<Vec<Bar<'_>>>)> = lanes
         .iter()
         .map(|lane| (lane, rows(lane.pid, timeline.spans(), scale)))
         .collect();
@@ -70,7 +70,7 @@ pub fn lanes(out: &mut String, timeline: &Timeline, scale: &Scale) {
 fn draw_lane(
     out: &mut String,
     lane: &Lane,
-    rows: &[Vec<Bar>],
+    rows: &[Vec<Bar<'_>>],
     marks: &[&Mark],
     scale: &Scale,
     top: f64,
@@ -169,7 +169,7 @@ fn draw_lane(
     let _ = writeln!(out, "</g>");
 }
 
-fn draw_bar(out: &mut String, bar: &Bar, scale: &Scale, y: f64) {
+fn draw_bar(out: &mut String, bar: &Bar<'_>, scale: &Scale, y: f64) {
     let width = (bar.x2 - bar.x1).max(1.5);
     let class = if bar.still_held() {
         "span held-at-end"
@@ -253,7 +253,7 @@ fn role_name(lane: &Lane) -> String {
 fn rows<'a>(pid: u32, spans: &'a [Span], scale: &Scale) -> Vec<Vec<Bar<'a>>> {
     let mut mine: Vec<&Span> = spans.iter().filter(|s| s.pid == pid).collect();
     mine.sort_by_key(|s| (s.start_ns, s.end_ns.unwrap_or(u64::MAX)));
-    let mut rows: Vec<Vec<Bar>> = Vec::new();
+    let mut rows: Vec<Vec<Bar<'_>>> = Vec::new();
     for span in mine {
         let x1 = scale.x(span.start_ns);
         let x2 = scale.x(span.end_ns.unwrap_or(scale.end_ns)).max(x1);
@@ -271,7 +271,7 @@ fn rows<'a>(pid: u32, spans: &'a [Span], scale: &Scale) -> Vec<Vec<Bar<'a>>> {
                 .iter()
                 .enumerate()
                 .min_by(|a, b| {
-                    let end = |row: &Vec<Bar>| row.last().map_or(0.0, |bar| bar.x2);
+                    let end = |row: &Vec<Bar<'_>>| row.last().map_or(0.0, |bar| bar.x2);
                     end(a.1).total_cmp(&end(b.1))
                 })
                 .map(|(i, _)| i)

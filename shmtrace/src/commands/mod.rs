@@ -1,5 +1,6 @@
-//! One module per subcommand; `live` is what the live ones (trace, record, the demo) share.
-pub mod live;
+//! One module per subcommand; what the live ones (trace, record, demo) share is
+//! `crate::live::launch`.
+pub mod demo;
 pub mod record;
 pub mod replay;
 pub mod trace;

@@ -6,15 +6,14 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 
 use super::{
-    DefaultStream, init_logging,
-    live::{self, What},
-    open_output,
+    DefaultStream, init_logging, open_output,
     trace::{exit_code, host_diagnoser},
 };
 use crate::{
     cli::RecordArgs,
     clock::Clock,
     event,
+    live::launch::{self, What},
     model::{ContainerInfo, World},
     output::filter::Filter,
     pipeline::{Pipeline, Tap},
@@ -28,7 +27,7 @@ use crate::{
 pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
     let what = What::from_args(&args.target)?;
-    let options = live::tracer_options(&what, &args.target);
+    let options = launch::tracer_options(&what, &args.target);
     let target = what.describe(args.target.failed);
     let default = if what.is_command() {
         DefaultStream::Stderr
@@ -47,14 +46,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 .with_tap(tap),
         )
     };
-    let outcome = live::run(what, &options, make_pipeline, args.verbose)?;
+    let outcome = launch::run(what, &options, make_pipeline, args.verbose)?;
     Ok(exit_code(&outcome))
 }
 
 /// The trace file (or the flight recorder that writes them), with its header.
 fn open_tap(args: &RecordArgs, target: TargetDescription) -> Result<Box<dyn Tap>> {
     let mut header = TraceHeader::for_this_host(target);
-    header.host_mntns = crate::live::proc_scan::mount_namespace(std::process::id());
+    header.host_mntns = crate::kernel_ids::mount_namespace(std::process::id());
     let writer_options = WriterOptions {
         compression: args.compress.then_some(3),
         rotation: args.max_size.map(|max_size| Rotation {

@@ -3,16 +3,14 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::{
-    DefaultStream, init_logging,
-    live::{self, What},
-    open_output_args,
-};
+use super::{DefaultStream, init_logging, open_output_args};
 use crate::{
     cli::{OutputArgs, TargetArgs},
     clock::Clock,
     diagnose::Diagnoser,
-    live::{proc_scan, session::Outcome},
+    kernel_ids,
+    live::launch::{self, What},
+    live::session::Outcome,
     model::World,
     output::filter::Filter,
     pipeline::Pipeline,
@@ -21,13 +19,13 @@ use crate::{
 pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
     init_logging(output.verbose);
     let what = What::from_args(target)?;
-    let options = live::tracer_options(&what, target);
+    let options = launch::tracer_options(&what, target);
     let default = if what.is_command() {
         DefaultStream::Stderr
     } else {
         DefaultStream::Stdout
     };
-    let outcome = live::run(
+    let outcome = launch::run(
         what,
         &options,
         |_| pipeline(output, default, target.failed),
@@ -58,7 +56,7 @@ pub fn pipeline(
 
 /// A diagnoser that calls shmtrace's own mount namespace `host`.
 pub fn host_diagnoser() -> Diagnoser {
-    Diagnoser::new(proc_scan::mount_namespace(std::process::id()).unwrap_or(0))
+    Diagnoser::new(kernel_ids::mount_namespace(std::process::id()).unwrap_or(0))
 }
 
 /// The traced command's status, 130 after Ctrl-C, 0 otherwise.

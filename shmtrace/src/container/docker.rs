@@ -12,7 +12,9 @@ use std::{
 use serde::Deserialize;
 
 use super::{
-    FoundBy, IpcMode, Runtime, State,
+    Container, FoundBy, IpcMode, Runtime, State,
+    client::{Candidate, ClientFuture, RuntimeClient, is_sandbox, kube_labels},
+    endpoints::ProblemKind,
     http::{self, HttpError},
     shm::{ShmInfo, ShmSource},
 };
@@ -226,10 +228,6 @@ impl DockerClient {
         Ok(client)
     }
 
-    pub fn runtime(&self) -> Runtime {
-        self.runtime
-    }
-
     /// Every container, running or not.
     pub async fn list(&self) -> Result<Vec<Summary>, DockerError> {
         self.get_json(&format!("/v{}/containers/json?all=1", self.version))
@@ -299,11 +297,67 @@ fn percent_encode(text: &str) -> String {
     out
 }
 
+impl RuntimeClient for DockerClient {
+    fn runtime(&self) -> Runtime {
+        self.runtime
+    }
+
+    fn candidates(&mut self) -> ClientFuture<'_, Result<Vec<Candidate>, ProblemKind>> {
+        Box::pin(async move {
+            let list = self.list().await.map_err(problem)?;
+            Ok(list
+                .into_iter()
+                .filter(|s| !is_sandbox(s.labels().iter()))
+                .map(|s| {
+                    let kube = kube_labels(&s.labels());
+                    Candidate {
+                        runtime: self.runtime,
+                        name: s.name().unwrap_or_default().to_owned(),
+                        pod: kube.pod,
+                        namespace: kube.namespace,
+                        state: state(&s.state, 0),
+                        id: s.id,
+                    }
+                })
+                .collect())
+        })
+    }
+
+    fn describe<'a>(
+        &'a mut self,
+        id: &'a str,
+    ) -> ClientFuture<'a, Result<Option<Container>, String>> {
+        Box::pin(async move {
+            let inspect = self.inspect(id).await.map_err(|e| e.to_string())?;
+            Ok(inspect.map(|i| to_container(i, self.runtime, &self.socket)))
+        })
+    }
+}
+
+/// How a failed call shows among the runtimes that did not answer.
+pub fn problem(error: DockerError) -> ProblemKind {
+    if matches!(&error, DockerError::Http { source, .. } if source.is_denied()) {
+        return ProblemKind::Denied;
+    }
+    if error.is_not_listening() || matches!(error, DockerError::Http { .. }) {
+        ProblemKind::Down {
+            reason: match error {
+                DockerError::Http { source, .. } => source.to_string(),
+                other => other.to_string(),
+            },
+        }
+    } else {
+        ProblemKind::Failed {
+            reason: error.to_string(),
+        }
+    }
+}
+
 /// The container an inspect answer describes, before /proc is consulted.
 pub fn to_container(inspect: Inspect, runtime: Runtime, socket: &Path) -> super::Container {
     let labels = inspect.config.labels.unwrap_or_default();
     let pid = u32::try_from(inspect.state.pid).ok().filter(|p| *p > 0);
-    let kube = super::resolve::kube_labels(&labels);
+    let kube = kube_labels(&labels);
     super::Container {
         runtime,
         found_by: FoundBy::Api {

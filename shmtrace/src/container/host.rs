@@ -8,7 +8,7 @@ use super::{
     Container, IpcMode,
     shm::{self, ShmSource},
 };
-use crate::live::proc_scan;
+use crate::kernel_ids;
 
 /// Facts about the host, read once per lookup.
 #[derive(Clone, Copy, Debug, Default)]
@@ -42,7 +42,7 @@ pub fn enrich(container: &mut Container, host: &HostFacts) {
         container.shm.source = ShmSource::Configured;
         return;
     };
-    container.mntns = proc_scan::mount_namespace(pid);
+    container.mntns = kernel_ids::mount_namespace(pid);
     container.cgroup_id = host.pure_cgroup_v2.then(|| cgroup_v2_id(pid)).flatten();
     match shm::measure_shm(pid) {
         Ok(mut measured) => {

@@ -15,6 +15,7 @@
 //! [`crate::event::escape`], never raw.
 
 mod cgroup;
+mod client;
 mod cri;
 mod docker;
 mod endpoints;
@@ -26,26 +27,15 @@ mod rootfs;
 mod scan;
 mod shm;
 
-#[cfg(test)]
-mod docker_tests;
-#[cfg(test)]
-mod podman_tests;
-
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
 pub use error::ContainerError;
 pub use resolve::{Change, Query, Resolver};
 pub use shm::{ShmInfo, measure_shm};
-// What the tests reach for beyond what the CLI uses.
-#[cfg(test)]
+// What the runtime tests (tests/tests/*_runtimes.rs) reach for beyond what the CLI uses.
 pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
-#[cfg(test)]
-pub(crate) use cri::{channel, containerd_tests, proto};
-#[cfg(test)]
-pub(crate) use docker_tests::IMAGE as TEST_IMAGE;
-#[cfg(test)]
+pub use cri::{channel, proto};
 pub use endpoints::Endpoint;
-#[cfg(test)]
 pub use shm::{ShmError, ShmSource, host_shm_dev};
 
 use crate::event::escape;

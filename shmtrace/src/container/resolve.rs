@@ -1,17 +1,17 @@
 //! Finding a container by name or id across every runtime that answers, with the cgroup scan
 //! as the fallback; waiting for one to start; noticing that a name now points elsewhere.
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use super::{
-    Container, ContainerError, FoundBy, Runtime, State,
-    cri::{CriClient, CriError},
-    docker::{self, DockerClient, DockerError},
+    Container, ContainerError, FoundBy, Runtime,
+    client::{Candidate, RuntimeClient, id_label},
+    cri::{self, CriClient},
+    docker::{self, DockerClient},
     endpoints::{self, Api, Endpoint, ProblemKind, RuntimeProblem},
     error::QueryText,
     host::{self, HostFacts},
     scan,
 };
-use crate::event::escape;
 
 /// What to look for. Give a name or an id prefix; `pod` and `namespace` narrow Kubernetes
 /// containers (whose names repeat across pods).
@@ -55,50 +55,6 @@ impl Query {
     }
 }
 
-/// A container as a runtime's list shows it: enough to match a query and to list names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Candidate {
-    pub runtime: Runtime,
-    pub id: String,
-    pub name: String,
-    pub pod: Option<String>,
-    pub namespace: Option<String>,
-    pub state: State,
-}
-
-impl Candidate {
-    fn display_name(&self) -> String {
-        let name = if self.name.is_empty() {
-            id_label(self.runtime, &self.id)
-        } else {
-            escape::text(&self.name)
-        };
-        match (&self.namespace, &self.pod) {
-            (Some(ns), Some(pod)) => format!("{}/{}/{name}", escape::text(ns), escape::text(pod)),
-            _ => name,
-        }
-    }
-}
-
-/// The Kubernetes identity a container's labels carry (CRI runtimes, and cri-dockerd).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KubeLabels {
-    pub container: Option<String>,
-    pub pod: Option<String>,
-    pub namespace: Option<String>,
-    pub pod_uid: Option<String>,
-}
-
-pub fn kube_labels(labels: &BTreeMap<String, String>) -> KubeLabels {
-    let get = |key: &str| labels.get(key).filter(|v| !v.is_empty()).cloned();
-    KubeLabels {
-        container: get("io.kubernetes.container.name"),
-        pod: get("io.kubernetes.pod.name"),
-        namespace: get("io.kubernetes.pod.namespace"),
-        pod_uid: get("io.kubernetes.pod.uid"),
-    }
-}
-
 /// A container found, with what the lookup learned on the way.
 #[derive(Clone, Debug)]
 pub struct Resolution {
@@ -127,28 +83,9 @@ pub enum Change {
     Gone,
 }
 
-/// A runtime that answered.
-enum Source {
-    Docker(DockerClient),
-    Cri(CriClient),
-}
-
-impl Source {
-    fn runtime(&self) -> Runtime {
-        match self {
-            Source::Docker(client) => client.runtime(),
-            Source::Cri(client) => client.runtime(),
-        }
-    }
-
-    fn describe_socket(&self, endpoint: &Endpoint) -> String {
-        format!("{} at {}", self.runtime(), endpoint.socket.display())
-    }
-}
-
 /// Everything every runtime said, once.
 struct Survey {
-    sources: Vec<(Endpoint, Source, Vec<Candidate>)>,
+    sources: Vec<(Endpoint, Box<dyn RuntimeClient>, Vec<Candidate>)>,
     problems: Vec<RuntimeProblem>,
     /// Containers found by the cgroup scan that no answering runtime knows.
     scanned: Vec<Container>,
@@ -278,8 +215,9 @@ impl Resolver {
         }
 
         if let Some((source, candidate)) = matches.into_iter().next() {
-            let (endpoint, source, _) = &mut survey.sources[source];
-            let mut container = describe(source, endpoint, &candidate.id)
+            let (_, source, _) = &mut survey.sources[source];
+            let mut container = source
+                .describe(&candidate.id)
                 .await
                 .map_err(|reason| ContainerError::Describe {
                     query: query_text.clone(),
@@ -375,9 +313,9 @@ impl Resolver {
         let mut survey = self.survey().await;
         let host = HostFacts::read();
         let mut found = Vec::new();
-        for (endpoint, source, candidates) in &mut survey.sources {
+        for (_, source, candidates) in &mut survey.sources {
             for candidate in candidates.iter().filter(|c| c.state.is_running()) {
-                if let Ok(Some(mut container)) = describe(source, endpoint, &candidate.id).await {
+                if let Ok(Some(mut container)) = source.describe(&candidate.id).await {
                     host::enrich(&mut container, &host);
                     found.push(container);
                 }
@@ -438,89 +376,24 @@ impl Resolver {
         survey
     }
 
-    async fn connect(&self, endpoint: &Endpoint) -> Result<(Source, Vec<Candidate>), ProblemKind> {
-        match endpoint.api {
-            Api::Docker => {
-                let client =
-                    DockerClient::connect(&endpoint.socket, endpoint.runtime, self.timeout)
-                        .await
-                        .map_err(docker_problem)?;
-                let list = client.list().await.map_err(docker_problem)?;
-                let runtime = client.runtime();
-                let candidates = list
-                    .into_iter()
-                    .filter(|s| !super::cri::is_sandbox(s.labels().iter()))
-                    .map(|s| {
-                        let kube = kube_labels(&s.labels());
-                        Candidate {
-                            runtime,
-                            name: s.name().unwrap_or_default().to_owned(),
-                            pod: kube.pod,
-                            namespace: kube.namespace,
-                            state: docker::state(&s.state, 0),
-                            id: s.id,
-                        }
-                    })
-                    .collect();
-                Ok((Source::Docker(client), candidates))
-            }
-            Api::Cri => {
-                let mut client =
-                    CriClient::connect(&endpoint.socket, endpoint.runtime, self.timeout)
-                        .await
-                        .map_err(cri_problem)?;
-                let candidates = client.list().await.map_err(cri_problem)?;
-                Ok((Source::Cri(client), candidates))
-            }
-        }
-    }
-}
-
-async fn describe(
-    source: &mut Source,
-    endpoint: &Endpoint,
-    id: &str,
-) -> Result<Option<Container>, String> {
-    match source {
-        Source::Docker(client) => client
-            .inspect(id)
-            .await
-            .map(|inspect| {
-                inspect.map(|i| docker::to_container(i, client.runtime(), &endpoint.socket))
-            })
-            .map_err(|e| e.to_string()),
-        Source::Cri(client) => client.describe(id).await.map_err(|e| e.to_string()),
-    }
-}
-
-fn docker_problem(error: DockerError) -> ProblemKind {
-    if matches!(&error, DockerError::Http { source, .. } if source.is_denied()) {
-        return ProblemKind::Denied;
-    }
-    if error.is_not_listening() || matches!(error, DockerError::Http { .. }) {
-        ProblemKind::Down {
-            reason: match error {
-                DockerError::Http { source, .. } => source.to_string(),
-                other => other.to_string(),
-            },
-        }
-    } else {
-        ProblemKind::Failed {
-            reason: error.to_string(),
-        }
-    }
-}
-
-fn cri_problem(error: CriError) -> ProblemKind {
-    match error {
-        CriError::Connect { reason, .. } => ProblemKind::Down { reason },
-        // A containerd without the CRI plugin answers, but knows no RuntimeService.
-        CriError::Call { ref status, .. } if status.starts_with("Unimplemented") => {
-            ProblemKind::NoCri
-        }
-        other => ProblemKind::Failed {
-            reason: other.to_string(),
-        },
+    async fn connect(
+        &self,
+        endpoint: &Endpoint,
+    ) -> Result<(Box<dyn RuntimeClient>, Vec<Candidate>), ProblemKind> {
+        let mut client: Box<dyn RuntimeClient> = match endpoint.api {
+            Api::Docker => Box::new(
+                DockerClient::connect(&endpoint.socket, endpoint.runtime, self.timeout)
+                    .await
+                    .map_err(docker::problem)?,
+            ),
+            Api::Cri => Box::new(
+                CriClient::connect(&endpoint.socket, endpoint.runtime, self.timeout)
+                    .await
+                    .map_err(cri::problem)?,
+            ),
+        };
+        let candidates = client.candidates().await?;
+        Ok((client, candidates))
     }
 }
 
@@ -552,7 +425,9 @@ fn not_found(query: String, survey: &Survey) -> ContainerError {
         asked: survey
             .sources
             .iter()
-            .map(|(endpoint, source, _)| source.describe_socket(endpoint))
+            .map(|(endpoint, source, _)| {
+                format!("{} at {}", source.runtime(), endpoint.socket.display())
+            })
             .collect(),
         problems: survey
             .problems
@@ -566,9 +441,4 @@ fn not_found(query: String, survey: &Survey) -> ContainerError {
 
 fn short(id: &str) -> &str {
     super::short_id(id)
-}
-
-/// `docker 3f4e1bd2c2d8`: a container known only by id.
-pub fn id_label(runtime: Runtime, id: &str) -> String {
-    format!("{runtime} {}", super::short_id(id))
 }

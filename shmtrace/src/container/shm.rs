@@ -15,7 +15,7 @@ use nix::{
 };
 
 use super::rootfs;
-use crate::live::proc_scan;
+use crate::kernel_ids;
 
 /// Capacity and usage of a container's /dev/shm.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub enum ShmError {
 
 /// Measures the /dev/shm of the container that process `pid` belongs to, now.
 pub fn measure_shm(pid: u32) -> Result<ShmInfo, ShmError> {
-    let mntns_before = proc_scan::mount_namespace(pid);
+    let mntns_before = kernel_ids::mount_namespace(pid);
     let root = rootfs::open_root(pid).map_err(|errno| ShmError::Root { pid, errno })?;
     let shm = rootfs::open_in_root(&root, "/dev/shm").map_err(|errno| match errno {
         Errno::ENOENT | Errno::ENOTDIR => ShmError::Missing { pid },
@@ -104,14 +104,14 @@ pub fn measure_shm(pid: u32) -> Result<ShmInfo, ShmError> {
         errno,
     })?;
     // A pid reused by another process between the two reads would give someone else's numbers.
-    if proc_scan::mount_namespace(pid) != mntns_before {
+    if kernel_ids::mount_namespace(pid) != mntns_before {
         return Err(ShmError::Raced { pid });
     }
     // tmpfs reports page-sized blocks in f_bsize (and f_frsize alike).
     let block = stats.block_size() as u64;
     let total = stats.blocks() * block;
     let free = stats.blocks_free() * block;
-    let dev = proc_scan::kernel_dev_from_stat(stat.st_dev);
+    let dev = kernel_ids::kernel_dev_from_stat(stat.st_dev);
     Ok(ShmInfo {
         size_bytes: (total > 0).then_some(total),
         used_bytes: Some(total.saturating_sub(free)),
@@ -130,11 +130,11 @@ pub fn host_shm_dev() -> Option<u32> {
         .ok()
         .and_then(|root| rootfs::open_in_root(&root, "/dev/shm").ok())
         .and_then(|fd| fstat(&fd).ok())
-        .map(|stat| proc_scan::kernel_dev_from_stat(stat.st_dev));
+        .map(|stat| kernel_ids::kernel_dev_from_stat(stat.st_dev));
     from_init.or_else(|| {
         fs::metadata("/dev/shm")
             .ok()
-            .map(|m| proc_scan::kernel_dev_from_stat(m.dev()))
+            .map(|m| kernel_ids::kernel_dev_from_stat(m.dev()))
     })
 }
 
@@ -169,13 +169,7 @@ fn size_option_from_mountinfo(text: &str) -> Option<u64> {
 
 /// `65536k`, `1m`, `2g`, `4096`: tmpfs sizes as mountinfo shows them.
 fn parse_tmpfs_size(text: &str) -> Option<u64> {
-    let (digits, shift) = match text.as_bytes().last()? {
-        b'k' | b'K' => (&text[..text.len() - 1], 10),
-        b'm' | b'M' => (&text[..text.len() - 1], 20),
-        b'g' | b'G' => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+    crate::size::parse(text).ok()
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ impl Incidents {
             failed_only: false,
             containers: Vec::new(),
         });
-        header.host_mntns = crate::live::proc_scan::mount_namespace(std::process::id());
+        header.host_mntns = crate::kernel_ids::mount_namespace(std::process::id());
         // A name per daemon start: recordings of earlier runs stay, and count in the quota.
         let stamp = jiff::Timestamp::now()
             .strftime("%Y%m%dT%H%M%SZ")

@@ -3,8 +3,6 @@
 //! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
 //! and incident recordings (`incidents`). `fleet` follows the containers that come and go and
 //! says whose each count is; `observer` feeds it from the pipeline.
-#[cfg(test)]
-mod containerd_tests;
 mod fleet;
 #[cfg(test)]
 mod fleet_tests;
@@ -44,7 +42,7 @@ use crate::{
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
         machine::LiveMachine,
-        proc_scan, target, watch,
+        target, watch,
     },
     model::World,
     output::{filter::Filter, json::SCHEMA_VERSION},
@@ -145,8 +143,8 @@ impl Agent {
     ) -> Result<Agent> {
         // The host is pid 1's namespace: in a DaemonSet (hostPID) the daemon's own is its
         // container's.
-        let host_mntns = proc_scan::mount_namespace(1)
-            .or_else(|| proc_scan::mount_namespace(std::process::id()))
+        let host_mntns = crate::kernel_ids::mount_namespace(1)
+            .or_else(|| crate::kernel_ids::mount_namespace(std::process::id()))
             .unwrap_or(0);
         let fleet = Rc::new(RefCell::new(Fleet::new(
             metrics.clone(),
@@ -281,10 +279,14 @@ impl Agent {
         if batch.is_empty() {
             return Ok(());
         }
+        // Failing processes are looked up in /proc before the batch is handled, while they
+        // may still be there.
+        let mut machine = LiveMachine::default();
+        machine.read_failing_early(batch);
         for record in batch.drain(..) {
             if self
                 .pipeline
-                .kernel_record(&record, &mut LiveMachine)?
+                .kernel_record(&record, &mut machine)?
                 .is_none()
             {
                 self.metrics.malformed.inc();

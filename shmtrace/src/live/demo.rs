@@ -1,4 +1,5 @@
-//! `shmtrace demo`: a real /dev/shm failure, reproduced and explained, with no container.
+//! The workload of `shmtrace demo` (`commands::demo` traces it): a real /dev/shm failure, with
+//! no container.
 //!
 //! The workload runs in a private mount namespace whose /dev/shm is a 1 MiB tmpfs, and plays a
 //! PyTorch training process whose DataLoader workers fail the two ways real ones do:
@@ -9,7 +10,7 @@
 //!
 //! The namespace, and the tmpfs with it, disappear when the workload exits.
 use std::{
-    ffi::{CString, OsString},
+    ffi::CString,
     io::Write,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     process::ExitCode,
@@ -17,16 +18,6 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    cli::OutputArgs,
-    commands::{
-        DefaultStream,
-        live::{self, What},
-        trace,
-    },
-    event::ExitStatus,
-    live::bpf::TracerOptions,
-};
 use nix::{
     mount::{MsFlags, mount},
     sched::{CloneFlags, unshare},
@@ -43,37 +34,6 @@ const BATCH_BYTES: usize = 384 << 10;
 const LEGACY_BATCH_BYTES: usize = 768 << 10;
 /// The workload's own exit status: a training run that crashed.
 pub const WORKLOAD_STATUS: i32 = 1;
-
-/// `shmtrace demo`: traces the workload, with its diagnosis, on stdout.
-pub fn run(output: &OutputArgs) -> Result<ExitCode> {
-    crate::commands::init_logging(output.verbose);
-    let exe = std::env::current_exe().context("finding shmtrace's own executable")?;
-    println!(
-        "shmtrace demo: a PyTorch-like DataLoader runs in a private mount namespace whose \
-         /dev/shm is a {SHM_SIZE} tmpfs, and runs out of it.\n"
-    );
-    let what = What::Command(vec![
-        exe.into_os_string(),
-        OsString::from("__demo-workload"),
-    ]);
-    // The demo's trace goes to stdout, whatever a traced command's would do.
-    let make_pipeline = |_: &[_]| {
-        let mut pipeline = trace::pipeline(output, DefaultStream::Stdout, false)?;
-        pipeline.name_other_namespaces("the demo's private namespace");
-        Ok(pipeline)
-    };
-    let outcome = live::run(
-        what,
-        &TracerOptions::default(),
-        make_pipeline,
-        output.verbose,
-    )?;
-    match outcome.command_status {
-        Some(ExitStatus::Code(WORKLOAD_STATUS)) => Ok(ExitCode::SUCCESS),
-        Some(_) if outcome.interrupted => Ok(ExitCode::from(130)),
-        other => bail!("the demo workload did not fail the way it should have ({other:?})"),
-    }
-}
 
 /// Entry point of the hidden `__demo-workload` subcommand: two training runs, one after the
 /// other, in one private /dev/shm.
@@ -292,6 +252,7 @@ fn fallocate_worker(worker: usize, batches: usize, ready: Option<OwnedFd>) -> i3
         };
         // SAFETY: plain syscalls on a descriptor we own.
         unsafe { libc::ftruncate(fd.as_raw_fd(), BATCH_BYTES as libc::off_t) };
+        // SAFETY: as above.
         let rc = unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, BATCH_BYTES as libc::off_t) };
         if rc != 0 {
             let error = std::io::Error::last_os_error();

@@ -1,12 +1,14 @@
 //! Live tracing: the one wing that needs the kernel. It feeds the core's pipeline as a replay
 //! does, only from the ring buffer instead of a file.
 //!
+//! `launch` starts a live trace (probes, target, session) for the commands that trace,
 //! `bpf` loads and attaches the probes and reads their records, `target` says what to trace,
 //! `session` runs the loop that hands records to the pipeline, `watch` follows containers as
 //! they come and go, `proc_scan` reads /proc, `machine` answers the pipeline's questions about
 //! the running machine, `demo` is the built-in demonstration.
 pub mod bpf;
 pub mod demo;
+pub mod launch;
 pub mod machine;
 pub mod proc_scan;
 pub mod session;

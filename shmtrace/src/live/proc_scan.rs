@@ -4,20 +4,11 @@ use std::{collections::HashSet, fs, path::Path};
 
 use crate::{
     event::{InodeId, escape},
+    kernel_ids::{kernel_dev, kernel_dev_from_stat, mount_namespace},
     model::{ProcSnapshot, SnapshotFd, SnapshotMapping},
 };
 
 const DELETED: &str = " (deleted)";
-
-/// The kernel's `dev_t` encoding (`MKDEV`): what the probes report.
-pub fn kernel_dev(major: u64, minor: u64) -> u32 {
-    ((major << 20) | (minor & 0xfffff)) as u32
-}
-
-/// Kernel `dev_t` of a `st_dev` from stat(2) (glibc's encoding).
-pub fn kernel_dev_from_stat(st_dev: u64) -> u32 {
-    kernel_dev(libc::major(st_dev) as u64, libc::minor(st_dev) as u64)
-}
 
 /// `0:26` to a kernel `dev_t`.
 fn parse_majmin(text: &str) -> Option<u32> {
@@ -27,13 +18,6 @@ fn parse_majmin(text: &str) -> Option<u32> {
 
 pub fn exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Mount namespace inode number of `pid`.
-pub fn mount_namespace(pid: u32) -> Option<u32> {
-    let link = fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()?;
-    let text = link.to_str()?;
-    text.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok()
 }
 
 /// `pid` and all its descendants, from the parent links in /proc.
@@ -114,6 +98,7 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
             .map(|a| escape::text(a))
             .collect(),
         mntns,
+        nspid: container_pid(pid),
         fds: Vec::new(),
         mappings: Vec::new(),
     };
@@ -165,6 +150,15 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
         }
     }
     Some(snapshot)
+}
+
+/// `pid` as its own pid namespace numbers it (the last `NSpid` of /proc/PID/status), when
+/// it differs from the host's: the pid a container's logs print (PostgreSQL's, say).
+pub fn container_pid(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let innermost: u32 = line.split_whitespace().last()?.parse().ok()?;
+    (innermost != pid).then_some(innermost)
 }
 
 /// A /dev/shm path from /proc, escaped, with its ` (deleted)` marker split off.

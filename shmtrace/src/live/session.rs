@@ -177,8 +177,10 @@ impl Session {
         if batch.is_empty() {
             return Ok(());
         }
+        let mut machine = LiveMachine::default();
+        machine.read_failing_early(batch);
         for record in batch.drain(..) {
-            let event = self.pipeline.kernel_record(&record, &mut LiveMachine)?;
+            let event = self.pipeline.kernel_record(&record, &mut machine)?;
             if let (Ending::Pids(live), Some(event)) = (&mut *ending, event) {
                 match event.body {
                     Body::Exit(_) => {

@@ -86,6 +86,7 @@ const CREATE: i32 =
 /// PyTorch >= 2.10: ftruncate then fallocate of 2 MiB in a 1 MiB /dev/shm.
 fn fallocate_enospc() {
     let fd = open("/dev/shm/torch_fallocate_0", CREATE);
+    // SAFETY: calls on our own fresh descriptor and NUL-terminated literal paths.
     unsafe {
         check(libc::ftruncate(fd, 2 << 20) as i64, "ftruncate");
         check(libc::fallocate(fd, 0, 0, 2 << 20) as i64, "fallocate");
@@ -113,6 +114,7 @@ fn write_enospc() {
 /// PyTorch <= 2.9: ftruncate 2 MiB (sparse), mmap, fill: SIGBUS past 1 MiB.
 fn sigbus() {
     let fd = open("/dev/shm/psm_sigbus", CREATE);
+    // SAFETY: a 2 MiB mapping of our own file, written only within it; SIGBUS past the tmpfs is the point.
     unsafe {
         libc::ftruncate(fd, 2 << 20);
         let addr = libc::mmap(
@@ -133,6 +135,7 @@ fn sigbus() {
 fn shmget() {
     std::fs::write("/proc/sys/kernel/shmmax", "1048576")
         .expect("lower shmmax (needs --private-shm)");
+    // SAFETY: System V calls with valid arguments; the segment is attached and removed by us only.
     unsafe {
         // Over shmmax: EINVAL.
         check(
@@ -153,22 +156,27 @@ fn shmget() {
 
 /// Parent -> child -> grandchild; only the grandchild touches /dev/shm.
 fn fork_tree() {
+    // SAFETY: the exerciser is single-threaded.
     match unsafe { fork() }.unwrap() {
-        ForkResult::Child => match unsafe { fork() }.unwrap() {
-            ForkResult::Child => {
-                let fd = open("/dev/shm/grandchild_object", CREATE);
-                unsafe {
-                    libc::ftruncate(fd, 8192);
-                    libc::unlink(c"/dev/shm/grandchild_object".as_ptr());
+        ForkResult::Child => {
+            // SAFETY: the exerciser is single-threaded.
+            match unsafe { fork() }.unwrap() {
+                ForkResult::Child => {
+                    let fd = open("/dev/shm/grandchild_object", CREATE);
+                    // SAFETY: our own fresh descriptor and a NUL-terminated literal path.
+                    unsafe {
+                        libc::ftruncate(fd, 8192);
+                        libc::unlink(c"/dev/shm/grandchild_object".as_ptr());
+                    }
+                    println!("grandchild {}", std::process::id());
+                    exit(0);
                 }
-                println!("grandchild {}", std::process::id());
-                exit(0);
+                ForkResult::Parent { child } => {
+                    waitpid(child, None).unwrap();
+                    exit(0);
+                }
             }
-            ForkResult::Parent { child } => {
-                waitpid(child, None).unwrap();
-                exit(0);
-            }
-        },
+        }
         ForkResult::Parent { child } => {
             waitpid(child, None).unwrap();
         }
@@ -181,6 +189,7 @@ fn die_by_signal(args: &[String]) {
         .first()
         .and_then(|s| s.parse().ok())
         .unwrap_or(libc::SIGSEGV);
+    // SAFETY: resets and raises a signal in our own process.
     unsafe {
         libc::signal(signo, libc::SIG_DFL);
         libc::raise(signo);
@@ -190,6 +199,7 @@ fn die_by_signal(args: &[String]) {
 
 /// Names relative to a /dev/shm directory descriptor and to a /dev/shm working directory.
 fn relative() {
+    // SAFETY: calls with NUL-terminated literal paths and descriptors we own.
     unsafe {
         let dir = libc::open(c"/dev/shm".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY);
         let fd = libc::openat(dir, c"via_dirfd".as_ptr(), CREATE, 0o600);
@@ -214,6 +224,7 @@ fn openat2() {
         mode: 0o600,
         resolve: 0x08, /* RESOLVE_NO_SYMLINKS */
     };
+    // SAFETY: `how` is a valid `open_how` of the size passed, and the path is NUL-terminated.
     unsafe {
         let fd = libc::syscall(
             libc::SYS_openat2,
@@ -228,6 +239,7 @@ fn openat2() {
 }
 
 fn memfd() {
+    // SAFETY: a NUL-terminated literal name.
     unsafe {
         check(
             libc::memfd_create(c"torch-memfd".as_ptr(), libc::MFD_CLOEXEC) as i64,
@@ -239,6 +251,7 @@ fn memfd() {
 /// Maps four pages and unmaps the middle two.
 fn munmap() {
     let fd = open("/dev/shm/unmapped", CREATE);
+    // SAFETY: maps our own 16 KiB file and unmaps two of its pages, which nothing refers to.
     unsafe {
         libc::ftruncate(fd, 16384);
         let addr = libc::mmap(
@@ -258,6 +271,7 @@ fn munmap() {
 /// A name with a terminal escape and a newline.
 fn hostile_name() {
     let fd = open("/dev/shm/evil\x1b[2J\nname", CREATE);
+    // SAFETY: closes our own descriptor and unlinks a NUL-terminated literal path.
     unsafe {
         libc::close(fd);
         libc::unlink(c"/dev/shm/evil\x1b[2J\nname".as_ptr());
@@ -271,6 +285,7 @@ fn burst(args: &[String]) {
         let name = format!("/dev/shm/burst_{i}");
         let fd = open(&name, CREATE);
         let c = CString::new(name).unwrap();
+        // SAFETY: our own fresh descriptor and a NUL-terminated path we own.
         unsafe {
             libc::ftruncate(fd, 4096);
             libc::close(fd);

@@ -248,17 +248,20 @@ fn one_object(
     counts: &mut Counts,
 ) -> Result<()> {
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    // SAFETY (all calls below): plain syscalls on our own descriptor, path and mapping; the
-    // mapping is `size` bytes and only written within that range.
+    // The calls below are plain syscalls on our own descriptor, path and mapping; the mapping
+    // is `size` bytes and only written within that range.
+    // SAFETY: `name` is a NUL-terminated path.
     let fd = check(unsafe { libc::open(name.as_ptr(), flags, 0o600) }, "openat")?;
     counts.0[0] += 1;
     let result = (|| -> Result<()> {
         check(
+            // SAFETY: our own descriptor.
             unsafe { libc::ftruncate(fd, size as libc::off_t) },
             "ftruncate",
         )?;
         counts.0[1] += 1;
         check(
+            // SAFETY: our own descriptor.
             unsafe { libc::fallocate(fd, 0, 0, size as libc::off_t) },
             "fallocate",
         )?;
@@ -266,11 +269,13 @@ fn one_object(
         if write_call {
             let len = header.len().min(size);
             check(
+                // SAFETY: `len` is at most `header.len()`, so the read stays in `header`.
                 unsafe { libc::write(fd, header.as_ptr().cast(), len) } as i32,
                 "write",
             )?;
             counts.0[3] += 1;
         }
+        // SAFETY: a fresh shared mapping of our own descriptor, placed by the kernel.
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -287,21 +292,26 @@ fn one_object(
         counts.0[4] += 1;
         let bytes = map.cast::<u8>();
         if fill {
+            // SAFETY: the mapping is `size` bytes, writable, and nothing else refers to it.
             unsafe { std::ptr::write_bytes(bytes, n as u8, size) };
         } else {
             // One store per page: every page is faulted in and dirtied, for the least work
             // besides the calls themselves (the hardest case for a tracer's relative cost).
             for offset in (0..size).step_by(PAGE) {
+                // SAFETY: `offset < size`, inside the writable mapping.
                 unsafe { std::ptr::write_volatile(bytes.add(offset), n as u8) };
             }
         }
+        // SAFETY: the mapping made above, unmapped once; `bytes` is not used after.
         check(unsafe { libc::munmap(map, size) }, "munmap")?;
         counts.0[5] += 1;
         Ok(())
     })();
+    // SAFETY: our own descriptor, closed once.
     check(unsafe { libc::close(fd) }, "close")?;
     counts.0[6] += 1;
     result?;
+    // SAFETY: `name` is a NUL-terminated path.
     check(unsafe { libc::unlink(name.as_ptr()) }, "unlink")?;
     counts.0[7] += 1;
     Ok(())
@@ -319,6 +329,7 @@ fn check(ret: i32, call: &str) -> Result<i32> {
 pub fn own_cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is valid, and getrusage fills it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
@@ -335,6 +346,7 @@ impl Usage {
         let get = |who| {
             // SAFETY: an all-zero rusage is valid, and getrusage fills it.
             let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: `usage` is a valid, writable rusage.
             unsafe { libc::getrusage(who, &mut usage) };
             usage
         };

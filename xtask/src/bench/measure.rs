@@ -162,8 +162,8 @@ impl Running {
         let mut status = 0;
         // SAFETY: an all-zero rusage is valid; wait4 fills it.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: reaping our own child; std's `Child` is not waited on afterwards.
         let reaped = loop {
+            // SAFETY: reaping our own child; std's `Child` is not waited on afterwards.
             let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
             if r == -1 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
             {

@@ -1,6 +1,9 @@
 //! A real full disk under the writer: a child process in its own mount namespace writes into a
 //! 256 KiB tmpfs until the disk is full. The lost records are counted, the file stays readable
 //! up to its last good block, and once space is back a `writer_loss` record marks the hole.
+//!
+//! The child runs in a user namespace of its own (`unshare --map-root-user`), where it may
+//! mount a tmpfs: the test needs no root, only unprivileged user namespaces (Debian's default).
 use std::process::Command;
 
 use super::*;
@@ -14,9 +17,11 @@ fn full_disk_child() {
         return; // Only runs when `a_full_disk_is_counted_and_marked` starts it.
     }
     use nix::mount::{MsFlags, mount};
-    // Without root there is no private tmpfs to fill: fail, do not pass by skipping.
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .expect("a private mount namespace for the full tmpfs (run the tests as root)");
+    // Without a namespace of its own there is no private tmpfs to fill: fail, do not skip.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect(
+        "a private mount namespace for the full tmpfs (are user namespaces disabled? \
+         sysctl kernel.unprivileged_userns_clone=1)",
+    );
     mount(
         None::<&str>,
         "/",
@@ -84,7 +89,11 @@ fn full_disk_child() {
 
 #[test]
 fn a_full_disk_is_counted_and_marked() {
-    let output = Command::new(std::env::current_exe().unwrap())
+    // util-linux's unshare makes the user namespace: it must be done before any thread
+    // starts, which the test harness in the child does not allow.
+    let output = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--"])
+        .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "record::tests::full_disk::full_disk_child",
@@ -92,7 +101,7 @@ fn a_full_disk_is_counted_and_marked() {
         ])
         .env(ENV, "1")
         .output()
-        .unwrap();
+        .expect("running util-linux's unshare (Debian: apt-get install util-linux)");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),

@@ -221,6 +221,7 @@ pub fn snapshot(pid: u32) -> UserRecord {
         exe: Some("/usr/bin/python3.11".into()),
         argv: vec!["python3".into(), "train.py".into()],
         mntns: 4026532400,
+        nspid: Some(7),
         fds: vec![SnapshotFd {
             fd: 5,
             inode: InodeId { dev: 26, ino: 5 },

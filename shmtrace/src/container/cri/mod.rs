@@ -15,7 +15,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::{
     Container, FoundBy, IpcMode, Runtime, State,
-    resolve::{Candidate, kube_labels},
+    client::{Candidate, ClientFuture, RuntimeClient, is_sandbox, kube_labels},
+    endpoints::ProblemKind,
     shm::ShmInfo,
 };
 use crate::event::escape;
@@ -77,10 +78,6 @@ impl CriClient {
             .into_inner();
         client.runtime = runtime_of(&version.runtime_name).unwrap_or(runtime);
         Ok(client)
-    }
-
-    pub fn runtime(&self) -> Runtime {
-        self.runtime
     }
 
     /// Every container the runtime knows (sandboxes are not containers in the CRI).
@@ -145,6 +142,41 @@ impl CriClient {
     }
 }
 
+impl RuntimeClient for CriClient {
+    fn runtime(&self) -> Runtime {
+        self.runtime
+    }
+
+    fn candidates(&mut self) -> ClientFuture<'_, Result<Vec<Candidate>, ProblemKind>> {
+        Box::pin(async move { self.list().await.map_err(problem) })
+    }
+
+    fn describe<'a>(
+        &'a mut self,
+        id: &'a str,
+    ) -> ClientFuture<'a, Result<Option<Container>, String>> {
+        Box::pin(async move {
+            CriClient::describe(self, id)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// How a failed call shows among the runtimes that did not answer.
+pub fn problem(error: CriError) -> ProblemKind {
+    match error {
+        CriError::Connect { reason, .. } => ProblemKind::Down { reason },
+        // A containerd without the CRI plugin answers, but knows no RuntimeService.
+        CriError::Call { ref status, .. } if status.starts_with("Unimplemented") => {
+            ProblemKind::NoCri
+        }
+        other => ProblemKind::Failed {
+            reason: other.to_string(),
+        },
+    }
+}
+
 /// A gRPC channel over the unix socket at `socket`.
 pub async fn channel(socket: &Path, timeout: Duration) -> Result<Channel, String> {
     // The URI is required by the API but unused: the connector dials the socket.
@@ -167,15 +199,6 @@ fn runtime_of(name: &str) -> Option<Runtime> {
         "cri-o" => Some(Runtime::CriO),
         _ => None,
     }
-}
-
-/// Pause containers, where a runtime lists them among containers (cri-dockerd does; CRI
-/// runtimes list sandboxes separately).
-pub fn is_sandbox<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>) -> bool {
-    labels.into_iter().any(|(k, v)| {
-        (k == "io.kubernetes.docker.type" && v == "podsandbox")
-            || (k == "io.cri-containerd.kind" && v == "sandbox")
-    })
 }
 
 /// A row of `ListContainers`, for matching by name, pod and namespace.
@@ -317,6 +340,3 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-pub(crate) mod containerd_tests;

@@ -53,6 +53,7 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
             let n = unsafe { libc::read(go_read.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
             if n != 1 {
                 // shmtrace gave up before releasing us.
+                // SAFETY: _exit is async-signal-safe and never returns.
                 unsafe { libc::_exit(127) };
             }
             let errno = match nix::unistd::execvp(&c_argv[0], &c_argv) {

@@ -8,7 +8,10 @@ use anyhow::{Result, bail};
 
 pub use command::{RunningCommand, spawn_paused};
 
-use crate::live::{bpf::Tracer, proc_scan};
+use crate::{
+    kernel_ids,
+    live::{bpf::Tracer, proc_scan},
+};
 
 /// Checks that every pid names a live process.
 pub fn check_pids(pids: &[u32]) -> Result<()> {
@@ -42,7 +45,7 @@ pub fn register_pids(tracer: &mut Tracer, roots: &[u32]) -> Result<Vec<u32>> {
 /// `every_namespace`, those of every container on the host.
 pub fn register_shm_devs(tracer: &mut Tracer, every_namespace: bool) -> Result<()> {
     if let Ok(meta) = fs::metadata("/dev/shm") {
-        tracer.add_shm_dev(proc_scan::kernel_dev_from_stat(meta.dev()))?;
+        tracer.add_shm_dev(kernel_ids::kernel_dev_from_stat(meta.dev()))?;
     }
     if every_namespace {
         for dev in proc_scan::shm_devs() {

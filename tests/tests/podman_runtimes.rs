@@ -10,12 +10,14 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-use super::{
-    Endpoint, FoundBy, IpcMode, PathClass, Query, Resolver, Runtime, ShmSource, State,
-    docker_tests::{unique, wait_for},
-    parse_proc_cgroup,
+use shmtrace::{
+    container::{
+        Endpoint, FoundBy, IpcMode, PathClass, Query, Resolver, Runtime, ShmSource, State,
+        parse_proc_cgroup,
+    },
+    kernel_ids,
 };
-use crate::live::proc_scan;
+use shmtrace_tests::runtimes::{unique, wait_for};
 
 const IMAGE: &str = "localhost/shmtrace-podman-test:1";
 const GLOBAL: &[&str] = &["--cgroup-manager", "cgroupfs", "--events-backend", "file"];
@@ -154,7 +156,7 @@ async fn finds_podman_containers_through_its_docker_api() {
     assert_eq!(found.image.as_deref(), Some(IMAGE));
     assert_eq!(found.state, State::Running);
     assert_eq!(found.pid, Some(pid));
-    assert_eq!(found.mntns, proc_scan::mount_namespace(pid));
+    assert_eq!(found.mntns, kernel_ids::mount_namespace(pid));
     assert_eq!(found.shm.configured_bytes, Some(2 << 20));
     assert_eq!(found.shm.size_bytes, Some(2 << 20));
     assert_eq!(found.shm.source, ShmSource::Measured { pid });

@@ -5,116 +5,19 @@
 //! drops, also when a test fails. The image is a busybox root file system made here and
 //! imported with `docker import`: no registry is needed.
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
-    sync::{
-        OnceLock,
-        atomic::{AtomicU32, Ordering},
-    },
     time::{Duration, Instant},
 };
 
-use super::{
-    Change, ContainerError, Endpoint, FoundBy, IpcMode, Query, Resolver, Runtime, ShmError,
-    ShmSource, State, host_shm_dev, measure_shm,
+use shmtrace::{
+    container::{
+        Change, ContainerError, Endpoint, FoundBy, IpcMode, Query, Resolver, Runtime, ShmError,
+        ShmSource, State, host_shm_dev, measure_shm,
+    },
+    kernel_ids,
 };
-use crate::live::proc_scan;
-
-const SOCKET: &str = "/var/run/docker.sock";
-pub(crate) const IMAGE: &str = "shmtrace-container-test:1";
-
-/// Runs the docker CLI; panics with its stderr when it fails.
-pub(super) fn docker(args: &[&str]) -> String {
-    let output = Command::new("docker")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the docker CLI ({e}); install docker.io"));
-    assert!(
-        output.status.success(),
-        "docker {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
-/// Checks the daemon answers and makes the test image, once per test process.
-pub(super) fn image() -> &'static str {
-    static READY: OnceLock<()> = OnceLock::new();
-    READY.get_or_init(|| {
-        let version = Command::new("docker")
-            .args(["version", "--format", "{{.Server.Version}}"])
-            .output();
-        match version {
-            Ok(out) if out.status.success() => {}
-            other => panic!(
-                "Docker is not reachable at {SOCKET}, and these tests need it: start it with \
-                 `dockerd --bridge=none --iptables=false &` (as root). ({other:?})"
-            ),
-        }
-        import_busybox_image(IMAGE, &[]);
-    });
-    IMAGE
-}
-
-/// `docker import` of a root file system holding a static busybox and its applet links, as
-/// `tag`, with Dockerfile-like `changes` (`ENTRYPOINT [...]`).
-pub(super) fn import_busybox_image(tag: &str, changes: &[&str]) {
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("no busybox: install busybox-static");
-    let root = std::env::temp_dir().join(unique("rootfs"));
-    let bin = root.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::fs::copy(busybox, bin.join("busybox")).unwrap();
-    let applets = Command::new(bin.join("busybox"))
-        .arg("--list")
-        .output()
-        .unwrap();
-    for applet in String::from_utf8_lossy(&applets.stdout).lines() {
-        let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
-    }
-    for dir in ["dev", "proc", "sys", "tmp", "etc"] {
-        std::fs::create_dir_all(root.join(dir)).unwrap();
-    }
-    let mut tar = Command::new("tar")
-        .arg("-C")
-        .arg(&root)
-        .args(["-c", "."])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("tar");
-    let mut args = vec!["import"];
-    for change in changes {
-        args.extend(["--change", change]);
-    }
-    args.extend(["-", tag]);
-    let import = Command::new("docker")
-        .args(&args)
-        .stdin(tar.stdout.take().unwrap())
-        .output()
-        .expect("docker import");
-    assert!(
-        tar.wait().unwrap().success(),
-        "tar of the test root file system"
-    );
-    assert!(
-        import.status.success(),
-        "docker import failed: {}",
-        String::from_utf8_lossy(&import.stderr)
-    );
-    let _ = std::fs::remove_dir_all(&root);
-}
-
-pub(super) fn unique(what: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "shmtrace-test-{}-{}-{what}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use shmtrace_tests::runtimes::{IMAGE, SOCKET, docker, image, unique, wait_for};
 
 /// A container removed (with `docker rm -f`, by name) when dropped.
 struct TestContainer {
@@ -197,8 +100,8 @@ async fn resolves_by_exact_name_never_by_substring() {
     assert_eq!(container.state, State::Running);
     assert_eq!(container.pid, Some(short.pid()));
     let mntns = container.mntns.expect("a mount namespace");
-    assert_eq!(Some(mntns), proc_scan::mount_namespace(short.pid()));
-    assert_ne!(Some(mntns), proc_scan::mount_namespace(std::process::id()));
+    assert_eq!(Some(mntns), kernel_ids::mount_namespace(short.pid()));
+    assert_ne!(Some(mntns), kernel_ids::mount_namespace(std::process::id()));
     assert!(!found.fallback);
     // Docker's default: 64 MiB, private.
     assert_eq!(container.shm.configured_bytes, Some(64 << 20));
@@ -362,7 +265,7 @@ async fn follows_a_restart_under_the_same_name() {
     assert_ne!(second.pid, first.pid);
     // The new init has a new mount namespace, but its inode number may be the old one's:
     // namespace inode numbers are recycled (seen here). Compare pids, never namespaces alone.
-    assert_eq!(second.mntns, proc_scan::mount_namespace(container.pid()));
+    assert_eq!(second.mntns, kernel_ids::mount_namespace(container.pid()));
 
     docker(&["stop", "-t", "0", &container.name]);
     assert!(matches!(
@@ -423,7 +326,7 @@ async fn measures_a_small_shm_and_its_use() {
         "{}",
         String::from_utf8_lossy(&dd.stderr)
     );
-    let after = super::measure_shm(found.pid.unwrap()).unwrap();
+    let after = measure_shm(found.pid.unwrap()).unwrap();
     assert!(
         after.used_bytes.unwrap() >= before + (512 << 10),
         "{before} -> {after:?}"
@@ -439,7 +342,7 @@ async fn measures_a_small_shm_and_its_use() {
     ]);
     assert!(!full.status.success());
     assert!(String::from_utf8_lossy(&full.stderr).contains("No space left on device"));
-    let full = super::measure_shm(found.pid.unwrap()).unwrap();
+    let full = measure_shm(found.pid.unwrap()).unwrap();
     assert_eq!(full.used_bytes, full.size_bytes);
     println!(
         "--shm-size 1m: size {:?}, used {before} -> {:?} after 512 KiB -> {:?} when full",
@@ -516,7 +419,7 @@ async fn a_container_cannot_redirect_the_measurement_with_symlinks() {
     use std::os::unix::fs::MetadataExt;
     assert_ne!(
         measured.dev,
-        Some(proc_scan::kernel_dev_from_stat(host_root.dev()))
+        Some(kernel_ids::kernel_dev_from_stat(host_root.dev()))
     );
 
     // `/dev/shm -> /proc/1/root/tmp`: a magic link, refused.
@@ -581,7 +484,7 @@ async fn a_daemon_that_is_down_falls_back_to_the_cgroup_scan() {
     assert_eq!(scanned.runtime, Runtime::Docker);
     assert_eq!(scanned.id, id);
     assert_eq!(scanned.pid, Some(container.pid()));
-    assert_eq!(scanned.mntns, proc_scan::mount_namespace(container.pid()));
+    assert_eq!(scanned.mntns, kernel_ids::mount_namespace(container.pid()));
     assert_eq!(scanned.shm.size_bytes, Some(64 << 20));
 
     // A socket that does not exist at all, named explicitly, is reported too.
@@ -592,12 +495,4 @@ async fn a_daemon_that_is_down_falls_back_to_the_cgroup_scan() {
     let error = missing.resolve(&Query::name("x")).await.unwrap_err();
     assert!(error.to_string().contains("no such socket"), "{error}");
     let _ = std::fs::remove_file(&dead);
-}
-
-pub(super) fn wait_for(mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out waiting");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }

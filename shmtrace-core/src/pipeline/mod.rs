@@ -5,74 +5,28 @@
 //! [`Environment`]: live, a process first seen is looked up in /proc and /dev/shm is measured
 //! when something fails; the results go to the tap as records, so that a replay meets the same
 //! inputs at the same place and reaches the same diagnosis without a live machine.
+mod ports;
+#[cfg(test)]
+mod tests;
+mod trigger;
+
 use std::collections::HashSet;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
 
 use crate::{
-    diagnose::{Capacity, Diagnoser, Diagnosis, Role, RoleKind, Roles},
+    diagnose::{Capacity, Diagnoser, Diagnosis, Role},
     event::{Body, Event, LostCounts, decode},
-    model::{Annotation, ContainerInfo, ProcSnapshot, World},
+    model::{ContainerInfo, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
-    record::{self, Trigger, TriggerReason, UserRecord},
+    record::UserRecord,
 };
 
-/// What the pipeline may ask of the machine.
-pub trait Environment {
-    /// The process as /proc shows it now.
-    fn snapshot(&mut self, pid: u32) -> Option<ProcSnapshot>;
-    /// The /dev/shm of the first of `pids` that can be reached.
-    fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity>;
-}
+pub use ports::{Environment, Observer, Recorded, Tap};
+use trigger::{capacity_record, trigger};
 
-/// A recorded trace: everything the machine said is in the file already.
-pub struct Recorded;
-
-impl Environment for Recorded {
-    fn snapshot(&mut self, _: u32) -> Option<ProcSnapshot> {
-        None
-    }
-
-    fn measure(&mut self, _: &[u32], _: u64) -> Option<Capacity> {
-        None
-    }
-}
-
-/// Where a copy of the trace goes.
-pub trait Tap {
-    fn kernel(&mut self, bytes: &Bytes) -> Result<()>;
-    fn user(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()>;
-    /// Something failed: the flight recorder writes its window.
-    fn trigger(&mut self, ts_ns: u64, trigger: Trigger) -> Result<()>;
-    /// Called often (every 100 ms): time to flush what is due.
-    fn tick(&mut self, world: &World, now_ns: u64) -> Result<()>;
-    /// Tracing ended; returns what to tell the user (`wrote trace.shmtrace: ...`).
-    fn finish(self: Box<Self>, world: &World, now_ns: u64) -> Result<Option<String>>;
-}
-
-/// Watches what the pipeline learns, in order, to describe the whole trace afterwards (the
-/// HTML and Perfetto pictures of `report`). It sees every event and diagnosis, whatever the
-/// filter shows.
-pub trait Observer {
-    /// An event, once the model has applied it; `role` and `place` as the output shows them.
-    fn event(&mut self, event: &Event, note: &Annotation, role: &Role, place: &str, world: &World);
-    /// A process learned from /proc, with what it already held.
-    fn seeded(&mut self, pid: u32, ts_ns: u64, world: &World);
-    fn capacity(&mut self, sample: &Capacity);
-    fn container(&mut self, info: &ContainerInfo);
-    fn diagnosis(&mut self, diagnosis: &Diagnosis);
-    /// The trace ended at `end_ns`; `roles` are as known at the end, `lost` counts the events
-    /// the kernel could not deliver. Returns what to tell the user (`wrote report.html`).
-    fn finish(
-        self: Box<Self>,
-        world: &World,
-        roles: &Roles,
-        lost: u64,
-        end_ns: u64,
-    ) -> Result<Option<String>>;
-}
-
+/// Runs every record through decode, model, diagnose and output, and copies it to the tap.
 pub struct Pipeline {
     world: World,
     diagnoser: Diagnoser,
@@ -87,6 +41,10 @@ pub struct Pipeline {
     measured: HashSet<u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
     measured_devs: HashSet<u32>,
+    /// Processes whose title and container pid were read again at their first /dev/shm call,
+    /// and at their first failure.
+    read_at_call: HashSet<u32>,
+    read_at_failure: HashSet<u32>,
     lost: LostCounts,
     malformed: u64,
 }
@@ -104,6 +62,8 @@ impl Pipeline {
             observer: None,
             measured: HashSet::new(),
             measured_devs: HashSet::new(),
+            read_at_call: HashSet::new(),
+            read_at_failure: HashSet::new(),
             lost: LostCounts::default(),
             malformed: 0,
         }
@@ -191,26 +151,35 @@ impl Pipeline {
             // First sight of a process that existed before: learn what it already holds.
             if let Some(snapshot) = env.snapshot(event.pid) {
                 self.seed(&snapshot, event.ts_ns)?;
+                self.read_at_call.insert(event.pid);
             }
         }
         self.measure_if_needed(&event, env)?;
+        self.reread_title(&event, env)?;
         if let Some(tap) = &mut self.tap {
             tap.kernel(bytes)?;
         }
         let note = self.world.apply(&event);
+        if let Body::Fork { child_pid } = &event.body {
+            self.read_young_child(event.pid, *child_pid, env)?;
+        }
+        if let Body::Exit(_) = &event.body {
+            self.retire_private_shm(event.mntns);
+        }
         let role = self.role_shown(&event);
-        let place = self.diagnoser.place(event.mntns);
+        let shown_mntns = self.shown_mntns(&event);
+        let place = self.diagnoser.place(shown_mntns);
         if let Some(observer) = &mut self.observer {
             observer.event(&event, &note, &role, &place, &self.world);
         }
-        if self.show_events && self.filter.keep(&event, &role, &place) {
+        if self.show_events && self.filter.keep(&event, &note, &role, &place) {
             self.output
                 .event(
                     &event,
                     &note,
                     &role,
                     &place,
-                    self.diagnoser.container(event.mntns),
+                    self.diagnoser.container(shown_mntns),
                 )
                 .context("writing output")?;
         }
@@ -235,7 +204,10 @@ impl Pipeline {
                 used: sample.capacity.used_bytes,
                 ts_ns,
             }),
-            UserRecord::Lost(counters) => self.lost = counters.to_counts().0,
+            UserRecord::Lost(counters) => {
+                self.lost = counters.to_counts().0;
+                self.diagnoser.set_lost_events(self.lost.total());
+            }
             UserRecord::Container(container) => {
                 self.output.show_places();
                 let info = container.to_info();
@@ -265,6 +237,7 @@ impl Pipeline {
         self.output.lost(&delta, &total)?;
         self.tap_user(ts_ns, &UserRecord::Lost((&total).into()))?;
         self.lost = total;
+        self.diagnoser.set_lost_events(self.lost.total());
         Ok(())
     }
 
@@ -348,6 +321,21 @@ impl Pipeline {
         }
     }
 
+    /// The mount namespace of the process an event's line is about: a signal's line is about
+    /// its receiver, whose container it belongs to whoever sent it (the kernel tearing a
+    /// namespace down sends from a task whose namespace reads 0).
+    fn shown_mntns(&self, event: &Event) -> u32 {
+        match &event.body {
+            Body::Signal(signal) => self
+                .world
+                .process(signal.target_pid)
+                .map(|p| p.mntns)
+                .filter(|mntns| *mntns != 0)
+                .unwrap_or(event.mntns),
+            _ => event.mntns,
+        }
+    }
+
     /// The role of the process an event's line is about (a signal's receiver, say).
     fn role_shown(&mut self, event: &Event) -> Role {
         let roles = self.diagnoser.roles(&self.world);
@@ -356,6 +344,77 @@ impl Pipeline {
             Body::Rename { pid, .. } => roles.of(*pid),
             Body::Oom { victim_pid } => roles.of(*victim_pid),
             _ => roles.of_thread(event.pid, &event.comm),
+        }
+    }
+
+    /// Reads a process's title and container pid from /proc again, at its first /dev/shm
+    /// call and at its first failure: PostgreSQL's `postgres: parallel worker for PID 34` is
+    /// written over its command line after fork, where no event shows it, and a process that
+    /// fails may be gone by the time its failure is read. Recorded like any snapshot, so a
+    /// replay shows the same.
+    fn reread_title(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        let (subject, failed) = match &event.body {
+            Body::Call(call) => (event.pid, call.failed() && call.expected_error().is_none()),
+            Body::Signal(signal) if signal.addr != 0 => (signal.target_pid, true),
+            _ => return Ok(()),
+        };
+        let first_call = self.read_at_call.insert(subject);
+        let first_failure = failed && self.read_at_failure.insert(subject);
+        if !first_call && !first_failure {
+            return Ok(());
+        }
+        match env.snapshot(subject) {
+            Some(snapshot) => self.seed(&snapshot, event.ts_ns),
+            None => Ok(()),
+        }
+    }
+
+    /// When the last process of a container with a private /dev/shm has ended, that /dev/shm
+    /// is unmounted with everything in it. Its objects end there: a restarted container gets
+    /// a fresh /dev/shm whose files reuse the same device, inode numbers, names and even mount
+    /// namespace number, and must not be taken for the old ones.
+    fn retire_private_shm(&mut self, mntns: u32) {
+        if self
+            .world
+            .processes()
+            .any(|p| p.alive() && p.mntns == mntns)
+        {
+            return;
+        }
+        let Some(container) = self.diagnoser.container(mntns) else {
+            return;
+        };
+        if container.ipc != "private" {
+            return;
+        }
+        if let Some(dev) = container.shm_dev {
+            self.world.retire_file_system(dev, mntns);
+        }
+    }
+
+    /// Reads a new child's container pid while it is young, when its parent is in a
+    /// container's pid namespace: a PostgreSQL parallel worker lives a few milliseconds, and
+    /// may be gone by the time its failure is read. After the fork is applied, so the child is
+    /// known and only refreshed.
+    fn read_young_child(
+        &mut self,
+        parent: u32,
+        child: u32,
+        env: &mut dyn Environment,
+    ) -> Result<()> {
+        let contained = self
+            .world
+            .process(parent)
+            .is_some_and(|p| p.nspid.is_some());
+        if !contained || !self.world.knows(child) {
+            return Ok(());
+        }
+        match env.snapshot(child) {
+            Some(snapshot) => self.seed(
+                &snapshot,
+                self.world.process(child).map_or(0, |p| p.first_seen_ns),
+            ),
+            None => Ok(()),
         }
     }
 
@@ -399,216 +458,5 @@ impl Pipeline {
         self.measured_devs.insert(sample.dev);
         self.learn_capacity(sample);
         self.tap_user(event.ts_ns, &capacity_record(sample, Some(subject)))
-    }
-}
-
-fn capacity_record(sample: Capacity, pid: Option<u32>) -> UserRecord {
-    UserRecord::Capacity(record::CapacitySample {
-        pid,
-        container: None,
-        capacity: record::ShmCapacity {
-            dev: sample.dev,
-            size_bytes: sample.size,
-            used_bytes: sample.used,
-            available_bytes: sample.size.saturating_sub(sample.used),
-        },
-    })
-}
-
-/// What makes the flight recorder write its window: ENOSPC, a SIGBUS fault, a worker's death.
-fn trigger(event: &Event, note: &Annotation, role: &Role) -> Option<Trigger> {
-    let (reason, detail) = match &event.body {
-        Body::Call(call) if call.errno() == Some(libc::ENOSPC) => (
-            TriggerReason::Enospc,
-            format!(
-                "{} on {} returned ENOSPC",
-                call.syscall.name(),
-                note.object_path.as_deref().unwrap_or("?")
-            ),
-        ),
-        Body::Signal(signal) if signal.signo == libc::SIGBUS && signal.addr != 0 => (
-            TriggerReason::Sigbus,
-            format!(
-                "SIGBUS at {:#x}{}",
-                signal.addr,
-                note.fault
-                    .as_ref()
-                    .map(|f| format!(" in {}", f.path))
-                    .unwrap_or_default()
-            ),
-        ),
-        Body::Exit(status)
-            if !status.success()
-                && (role.kind == RoleKind::DataloaderWorker
-                    || matches!(status, crate::event::ExitStatus::Signal { .. })) =>
-        {
-            (
-                TriggerReason::WorkerDeath,
-                format!("pid {} ({}) ended: {status:?}", event.pid, event.comm),
-            )
-        }
-        _ => return None,
-    };
-    let pid = match &event.body {
-        Body::Signal(signal) => signal.target_pid,
-        _ => event.pid,
-    };
-    Some(Trigger {
-        reason,
-        pid: Some(pid),
-        detail,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use shmtrace_common::{
-        EventKind, ExitEvent, FileRef, ForkEvent, Header, PATH_LEN, PathEvent, Syscall,
-        SyscallEvent, flags,
-    };
-
-    use super::*;
-    use crate::{clock::Clock, output::Format};
-
-    const NS: u32 = 4026532177;
-    const HOST_SHM: u32 = 26;
-    const PRIVATE_SHM: u32 = 47;
-
-    /// The machine as the pipeline asks it: /dev/shm is the host's until the namespace mounts
-    /// its own, and nothing can be measured once every process is gone.
-    struct Machine {
-        shm: u32,
-        gone: bool,
-    }
-
-    impl Environment for Machine {
-        fn snapshot(&mut self, _: u32) -> Option<ProcSnapshot> {
-            None
-        }
-
-        fn measure(&mut self, _: &[u32], ts_ns: u64) -> Option<Capacity> {
-            (!self.gone).then_some(Capacity {
-                dev: self.shm,
-                size: if self.shm == PRIVATE_SHM {
-                    1 << 20
-                } else {
-                    64 << 20
-                },
-                used: 0,
-                ts_ns,
-            })
-        }
-    }
-
-    fn bytes_of<T>(value: &T) -> Bytes {
-        // SAFETY: test-only view of a plain-old-data struct as bytes.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size_of::<T>()) };
-        Bytes::copy_from_slice(bytes)
-    }
-
-    fn header(kind: EventKind, flags: u16, pid: u32, ts_ns: u64) -> Header {
-        let mut comm = [0u8; 16];
-        comm[..7].copy_from_slice(b"python3");
-        Header {
-            kind: kind as u16,
-            flags,
-            ts_ns,
-            pid,
-            tid: pid,
-            mntns: NS,
-            cgroup_id: 1,
-            comm,
-            ..Header::default()
-        }
-    }
-
-    fn call(syscall: Syscall, pid: u32, ts_ns: u64, ret: i64, args: [u64; 6]) -> SyscallEvent {
-        SyscallEvent {
-            header: header(EventKind::Syscall, flags::FILE, pid, ts_ns),
-            syscall: syscall as u16,
-            fd: 3,
-            ret,
-            args,
-            file: FileRef {
-                dev: PRIVATE_SHM,
-                mode: libc::S_IFREG | 0o600,
-                ino: 9,
-                size: 0,
-                blocks: 0,
-            },
-            ..SyscallEvent::default()
-        }
-    }
-
-    #[test]
-    fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_live() {
-        let mut pipeline = Pipeline::new(
-            World::new(),
-            Diagnoser::new(4026531841),
-            Output::new(
-                Box::new(std::io::sink()),
-                Format::Json,
-                Clock::with_offset(0, jiff::tz::TimeZone::UTC),
-                false,
-            ),
-            Filter::default(),
-        );
-        let mut machine = Machine {
-            shm: HOST_SHM,
-            gone: false,
-        };
-        // `unshare -m` then a fork: first sight of the namespace, /dev/shm still the host's.
-        let fork = ForkEvent {
-            header: header(EventKind::Fork, 0, 10, 1),
-            child_pid: 11,
-            _pad: 0,
-        };
-        pipeline
-            .kernel_record(&bytes_of(&fork), &mut machine)
-            .unwrap();
-        // A 1 MiB tmpfs is mounted on /dev/shm; a semaphore is created on it.
-        machine.shm = PRIVATE_SHM;
-        let flags = (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) as u64;
-        let mut path = [0u8; PATH_LEN];
-        path[..19].copy_from_slice(b"/dev/shm/sem.AbCdEf");
-        let open = PathEvent {
-            call: SyscallEvent {
-                header: header(EventKind::Path, flags::FILE, 11, 2),
-                ..call(Syscall::Openat, 11, 2, 3, [0, 0, flags, 0o600, 0, 0])
-            },
-            path,
-        };
-        pipeline
-            .kernel_record(&bytes_of(&open), &mut machine)
-            .unwrap();
-        // Its write fails; by the time the events are read, every process has exited.
-        machine.gone = true;
-        let write = call(
-            Syscall::Write,
-            11,
-            3,
-            -(libc::ENOSPC as i64),
-            [3, 0, 32, 0, 0, 0],
-        );
-        pipeline
-            .kernel_record(&bytes_of(&write), &mut machine)
-            .unwrap();
-        let exit = ExitEvent {
-            header: header(EventKind::Exit, 0, 11, 4),
-            exit_code: 1 << 8,
-            _pad: 0,
-        };
-        pipeline
-            .kernel_record(&bytes_of(&exit), &mut machine)
-            .unwrap();
-
-        let diagnosis = &pipeline.diagnoses()[0];
-        assert_eq!(diagnosis.pid, 11);
-        let capacity = diagnosis
-            .capacity
-            .expect("the size of the /dev/shm that filled up");
-        assert_eq!(capacity.dev, PRIVATE_SHM);
-        assert_eq!(capacity.size, 1 << 20);
     }
 }

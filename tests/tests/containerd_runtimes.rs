@@ -13,12 +13,14 @@ use std::{
     time::Duration,
 };
 
-use super::{channel, proto};
-use crate::container::{
-    Endpoint, FoundBy, IpcMode, Query, Resolver, Runtime, State,
-    docker_tests::{docker, import_busybox_image, unique, wait_for},
+use shmtrace::{
+    container::{
+        ContainerError, Endpoint, FoundBy, IpcMode, PathClass, QosClass, Query, Resolver, Runtime,
+        State, channel, parse_proc_cgroup, proto,
+    },
+    kernel_ids,
 };
-use crate::live::proc_scan;
+use shmtrace_tests::runtimes::{IMAGE, docker, image, import_busybox_image, unique, wait_for};
 
 const PAUSE_IMAGE: &str = "shmtrace-container-test-pause:1";
 
@@ -32,7 +34,7 @@ pub(crate) struct Containerd {
 impl Containerd {
     pub(crate) fn start() -> Containerd {
         // The images are Docker's: make them there first.
-        let image = super::super::docker_tests::image();
+        let image = image();
         import_busybox_image(PAUSE_IMAGE, &[r#"ENTRYPOINT ["/bin/sleep", "2147483647"]"#]);
 
         let dir = PathBuf::from(format!("/tmp/{}", unique("containerd")));
@@ -290,7 +292,7 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
             .await
             .expect("containerd's CRI socket"),
     );
-    let image = super::super::docker_tests::IMAGE;
+    let image = IMAGE;
     let uid_a = "6f1b7c3e-0a52-4c1e-9d3a-2b8f0c6e1a01";
     let uid_b = "6f1b7c3e-0a52-4c1e-9d3a-2b8f0c6e1a02";
     let (sandbox_a, id_a) = run_pod(
@@ -354,7 +356,7 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
         }
     );
     let pid = container.pid.expect("the main pid, from the verbose info");
-    assert_eq!(container.mntns, proc_scan::mount_namespace(pid));
+    assert_eq!(container.mntns, kernel_ids::mount_namespace(pid));
     // containerd gives each pod a 64 MiB /dev/shm, shared by its containers.
     assert_eq!(container.shm.size_bytes, Some(64 << 20));
     assert!(container.shm.is_tmpfs);
@@ -392,11 +394,11 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
     // The cgroup layout is the kubelet's cgroupfs one, and the scan reads it.
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     println!("{text}");
-    match crate::container::parse_proc_cgroup(&text) {
-        crate::container::PathClass::Container(found) => {
+    match parse_proc_cgroup(&text) {
+        PathClass::Container(found) => {
             assert_eq!(found.id, id_a);
             assert_eq!(found.pod_uid.as_deref(), Some(uid_a));
-            assert_eq!(found.qos, Some(crate::container::QosClass::BestEffort));
+            assert_eq!(found.qos, Some(QosClass::BestEffort));
         }
         other => panic!("expected a container cgroup, got {other:?} from {text}"),
     }
@@ -406,9 +408,72 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
         .resolve(&Query::id(&sandbox_a[..12]))
         .await
         .unwrap_err();
-    assert!(
-        matches!(error, crate::container::ContainerError::NotFound { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, ContainerError::NotFound { .. }), "{error}");
     drop(docker(&["version", "--format", "{{.Server.Version}}"]));
+}
+
+/// `shmtrace daemon` against this containerd: a pod made the way the kubelet makes one touches
+/// its /dev/shm, and the daemon's metrics carry the container's `pod` and `namespace`.
+#[tokio::test]
+async fn the_daemons_metrics_carry_pod_and_namespace_labels() {
+    shmtrace_tests::require_root();
+    let containerd = Containerd::start();
+    let mut client = proto::runtime_service_client::RuntimeServiceClient::new(
+        channel(&containerd.socket, Duration::from_secs(10))
+            .await
+            .expect("containerd's CRI socket"),
+    );
+    let socket = containerd.socket.to_str().unwrap().to_owned();
+    let daemon =
+        shmtrace_tests::daemon::Daemon::start(&["--interval", "1s", "--cri-socket", &socket]);
+    let uid = "7a2c9d4e-1b63-4d2f-8e4b-3c9a1d7f2b01";
+    let (_, id) = run_pod(
+        &mut client,
+        &containerd.dir,
+        "daemon-trainer-0",
+        "daemon-ml",
+        uid,
+        "worker",
+        IMAGE,
+    )
+    .await;
+    // Let a survey see the pod, then make an object in its /dev/shm from inside.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let exec = client
+        .exec_sync(proto::ExecSyncRequest {
+            container_id: id,
+            cmd: ["dd", "if=/dev/zero", "of=/dev/shm/x", "bs=1k", "count=64"]
+                .map(str::to_owned)
+                .to_vec(),
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(
+        exec.exit_code,
+        0,
+        "dd in the pod: {}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+    let labels = [
+        ("container", "worker"),
+        ("pod", "daemon-trainer-0"),
+        ("namespace", "daemon-ml"),
+        ("runtime", "containerd"),
+    ];
+    let text = daemon.wait_for_metric(Duration::from_secs(30), |line| {
+        line.starts_with("shmtrace_shm_used_bytes")
+            && labels
+                .iter()
+                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+    });
+    let used = shmtrace_tests::daemon::sample(&text, "shmtrace_shm_used_bytes", &labels).unwrap();
+    assert!(used >= (64 << 10) as f64, "{text}");
+    assert!(
+        shmtrace_tests::daemon::sample(&text, "shmtrace_shm_size_bytes", &labels).is_some(),
+        "{text}"
+    );
+    let (status, _, stderr) = daemon.stop();
+    assert!(status.success(), "{stderr}");
 }

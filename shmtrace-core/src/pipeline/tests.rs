@@ -1,0 +1,150 @@
+//! The pipeline against a machine that answers as a real one would.
+use shmtrace_common::{
+    EventKind, ExitEvent, FileRef, ForkEvent, Header, PATH_LEN, PathEvent, Syscall, SyscallEvent,
+    flags,
+};
+
+use super::*;
+use crate::{clock::Clock, output::Format};
+
+const NS: u32 = 4026532177;
+const HOST_SHM: u32 = 26;
+const PRIVATE_SHM: u32 = 47;
+
+/// The machine as the pipeline asks it: /dev/shm is the host's until the namespace mounts
+/// its own, and nothing can be measured once every process is gone.
+struct Machine {
+    shm: u32,
+    gone: bool,
+}
+
+impl Environment for Machine {
+    fn snapshot(&mut self, _: u32) -> Option<ProcSnapshot> {
+        None
+    }
+
+    fn measure(&mut self, _: &[u32], ts_ns: u64) -> Option<Capacity> {
+        (!self.gone).then_some(Capacity {
+            dev: self.shm,
+            size: if self.shm == PRIVATE_SHM {
+                1 << 20
+            } else {
+                64 << 20
+            },
+            used: 0,
+            ts_ns,
+        })
+    }
+}
+
+fn bytes_of<T>(value: &T) -> Bytes {
+    // SAFETY: test-only view of a plain-old-data struct as bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size_of::<T>()) };
+    Bytes::copy_from_slice(bytes)
+}
+
+fn header(kind: EventKind, flags: u16, pid: u32, ts_ns: u64) -> Header {
+    let mut comm = [0u8; 16];
+    comm[..7].copy_from_slice(b"python3");
+    Header {
+        kind: kind as u16,
+        flags,
+        ts_ns,
+        pid,
+        tid: pid,
+        mntns: NS,
+        cgroup_id: 1,
+        comm,
+        ..Header::default()
+    }
+}
+
+fn call(syscall: Syscall, pid: u32, ts_ns: u64, ret: i64, args: [u64; 6]) -> SyscallEvent {
+    SyscallEvent {
+        header: header(EventKind::Syscall, flags::FILE, pid, ts_ns),
+        syscall: syscall as u16,
+        fd: 3,
+        ret,
+        args,
+        file: FileRef {
+            dev: PRIVATE_SHM,
+            mode: libc::S_IFREG | 0o600,
+            ino: 9,
+            size: 0,
+            blocks: 0,
+        },
+        ..SyscallEvent::default()
+    }
+}
+
+#[test]
+fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_live() {
+    let mut pipeline = Pipeline::new(
+        World::new(),
+        Diagnoser::new(4026531841),
+        Output::new(
+            Box::new(std::io::sink()),
+            Format::Json,
+            Clock::with_offset(0, jiff::tz::TimeZone::UTC),
+            false,
+        ),
+        Filter::default(),
+    );
+    let mut machine = Machine {
+        shm: HOST_SHM,
+        gone: false,
+    };
+    // `unshare -m` then a fork: first sight of the namespace, /dev/shm still the host's.
+    let fork = ForkEvent {
+        header: header(EventKind::Fork, 0, 10, 1),
+        child_pid: 11,
+        _pad: 0,
+    };
+    pipeline
+        .kernel_record(&bytes_of(&fork), &mut machine)
+        .unwrap();
+    // A 1 MiB tmpfs is mounted on /dev/shm; a semaphore is created on it.
+    machine.shm = PRIVATE_SHM;
+    let flags = (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) as u64;
+    let mut path = [0u8; PATH_LEN];
+    path[..19].copy_from_slice(b"/dev/shm/sem.AbCdEf");
+    let open = PathEvent {
+        call: SyscallEvent {
+            header: header(EventKind::Path, flags::FILE, 11, 2),
+            ..call(Syscall::Openat, 11, 2, 3, [0, 0, flags, 0o600, 0, 0])
+        },
+        path,
+    };
+    pipeline
+        .kernel_record(&bytes_of(&open), &mut machine)
+        .unwrap();
+    // Its write fails; by the time the events are read, every process has exited.
+    machine.gone = true;
+    let write = call(
+        Syscall::Write,
+        11,
+        3,
+        -(libc::ENOSPC as i64),
+        [3, 0, 32, 0, 0, 0],
+    );
+    pipeline
+        .kernel_record(&bytes_of(&write), &mut machine)
+        .unwrap();
+    let exit = ExitEvent {
+        header: header(EventKind::Exit, 0, 11, 4),
+        exit_code: 1 << 8,
+        _pad: 0,
+    };
+    pipeline
+        .kernel_record(&bytes_of(&exit), &mut machine)
+        .unwrap();
+
+    let diagnosis = &pipeline.diagnoses()[0];
+    assert_eq!(diagnosis.pid, 11);
+    let capacity = diagnosis
+        .capacity
+        .expect("the size of the /dev/shm that filled up");
+    assert_eq!(capacity.dev, PRIVATE_SHM);
+    assert_eq!(capacity.size, 1 << 20);
+}

@@ -1,0 +1,66 @@
+//! What the pipeline hands the tap besides raw records: the flight recorder's triggers and
+//! the capacity samples it measured.
+use crate::{
+    diagnose::{Capacity, Role, RoleKind},
+    event::{Body, Event},
+    model::Annotation,
+    record::{self, Trigger, TriggerReason, UserRecord},
+};
+
+pub(super) fn capacity_record(sample: Capacity, pid: Option<u32>) -> UserRecord {
+    UserRecord::Capacity(record::CapacitySample {
+        pid,
+        container: None,
+        capacity: record::ShmCapacity {
+            dev: sample.dev,
+            size_bytes: sample.size,
+            used_bytes: sample.used,
+            available_bytes: sample.size.saturating_sub(sample.used),
+        },
+    })
+}
+
+/// What makes the flight recorder write its window: ENOSPC, a SIGBUS fault, a worker's death.
+pub(super) fn trigger(event: &Event, note: &Annotation, role: &Role) -> Option<Trigger> {
+    let (reason, detail) = match &event.body {
+        Body::Call(call) if call.errno() == Some(libc::ENOSPC) => (
+            TriggerReason::Enospc,
+            format!(
+                "{} on {} returned ENOSPC",
+                call.syscall.name(),
+                note.object_path.as_deref().unwrap_or("?")
+            ),
+        ),
+        Body::Signal(signal) if signal.signo == libc::SIGBUS && signal.addr != 0 => (
+            TriggerReason::Sigbus,
+            format!(
+                "SIGBUS at {:#x}{}",
+                signal.addr,
+                note.fault
+                    .as_ref()
+                    .map(|f| format!(" in {}", f.path))
+                    .unwrap_or_default()
+            ),
+        ),
+        Body::Exit(status)
+            if !status.success()
+                && (role.kind == RoleKind::DataloaderWorker
+                    || matches!(status, crate::event::ExitStatus::Signal { .. })) =>
+        {
+            (
+                TriggerReason::WorkerDeath,
+                format!("pid {} ({}) ended: {status:?}", event.pid, event.comm),
+            )
+        }
+        _ => return None,
+    };
+    let pid = match &event.body {
+        Body::Signal(signal) => signal.target_pid,
+        _ => event.pid,
+    };
+    Some(Trigger {
+        reason,
+        pid: Some(pid),
+        detail,
+    })
+}

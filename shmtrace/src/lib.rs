@@ -1,0 +1,40 @@
+//! shmtrace: explain why programs in containers run out of shared memory.
+//!
+//! The analysis lives in the `shmtrace-core` library: `event` (decoded records) -> `model`
+//! (processes and /dev/shm objects) -> `diagnose` (roles, failures, advice) -> `output` (text,
+//! JSON, summary), with `record` as a tap that writes trace files and `report` as an observer
+//! that draws a recorded trace (HTML, Perfetto); `pipeline` runs records through those steps.
+//! This crate adds `live` (the probes, the session that feeds the pipeline from the kernel,
+//! the watcher, the targets, the demo), `container` (the runtimes' APIs) and `commands` (the
+//! subcommands); `main.rs` only parses the command line and runs one. It is a library as
+//! well as a binary so that the tests of the container runtimes, which need the runtimes
+//! running, live in the tests crate (`tests/tests/docker_*.rs`, ...) and not in here.
+//! See docs/architecture.md.
+pub mod cli;
+pub mod commands;
+pub mod container;
+pub mod daemon;
+pub mod kernel_ids;
+pub mod live;
+
+// The core's modules, under the names this crate's modules use (`crate::record::...`).
+use shmtrace_core::{clock, diagnose, event, model, output, pipeline, record, report, size};
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command};
+
+/// Runs the command `cli` names.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        None => commands::trace::run(&cli.target, &cli.output),
+        Some(Command::Record(args)) => commands::record::run(&args),
+        Some(Command::Report(args)) => commands::replay::report(&args),
+        Some(Command::Show(args)) => commands::replay::show(&args),
+        Some(Command::Daemon(args)) => daemon::run(&args),
+        Some(Command::Demo { output }) => commands::demo::run(&output),
+        Some(Command::DemoWorkload) => live::demo::workload(),
+    }
+}
