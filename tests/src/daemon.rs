@@ -12,7 +12,7 @@ use std::{
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
-use crate::{read_json_lines, recording::wait_for, shmtrace, tempdir};
+use crate::{read_json_lines, recording::wait_for, tempdir};
 
 /// A port nobody listens on now (the kernel picks it).
 pub fn free_port() -> u16 {
@@ -55,7 +55,7 @@ impl Daemon {
     pub fn start(args: &[&str]) -> Daemon {
         let dir = tempdir();
         let addr = format!("127.0.0.1:{}", free_port());
-        let child = shmtrace()
+        let child = std::process::Command::new(crate::shmtrace_bin())
             .args(["daemon", "--listen", &addr])
             .args(args)
             .stdout(std::fs::File::create(dir.join("stdout.jsonl")).unwrap())

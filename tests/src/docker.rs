@@ -9,11 +9,15 @@ use std::{
 
 use crate::{exerciser, tempdir};
 
-pub const IMAGE: &str = "shmtrace-e2e:1";
+/// The test image's repository; its tag is a digest of what goes into it (see [`image`]).
+pub const IMAGE_REPOSITORY: &str = "shmtrace-e2e";
 /// Busybox applets the tests' shell scripts use.
 const APPLETS: [&str; 12] = [
     "sh", "sleep", "dd", "touch", "cat", "ls", "rm", "test", "true", "echo", "mkdir", "[",
 ];
+/// Directories of the image's root file system.
+const DIRS: [&str; 6] = ["dev/shm", "tmp", "proc", "sys", "work", "x"];
+const BUSYBOX: &str = "/bin/busybox";
 
 fn docker(args: &[&str]) -> Output {
     Command::new("docker")
@@ -33,37 +37,62 @@ pub fn require_docker() {
     );
 }
 
-/// The test image, imported once per run from the host's static busybox.
+/// The test image, imported once from the host's static busybox, as
+/// `shmtrace-e2e:<digest>`. The tag is a digest of the image's content (busybox, applets,
+/// directories): test runs of different checkouts on one machine, at the same time or not,
+/// share an image only when it is the same, and an image from an older checkout that lacks
+/// an applet is never taken for this one's.
 pub fn image() -> &'static str {
-    static READY: OnceLock<()> = OnceLock::new();
-    READY.get_or_init(|| {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
         require_docker();
-        if docker(&["image", "inspect", IMAGE]).status.success() {
-            return;
+        let busybox = std::fs::read(BUSYBOX)
+            .unwrap_or_else(|e| panic!("{BUSYBOX}: {e} (apt-get install busybox-static)"));
+        let tag = format!("{IMAGE_REPOSITORY}:{:016x}", content_digest(&busybox));
+        if docker(&["image", "inspect", &tag]).status.success() {
+            return tag;
         }
         let root = tempdir().join("rootfs");
         let bin = root.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
-        for dir in ["dev/shm", "tmp", "proc", "sys", "work", "x"] {
+        for dir in DIRS {
             std::fs::create_dir_all(root.join(dir)).unwrap();
         }
-        std::fs::copy("/bin/busybox", bin.join("busybox"))
-            .expect("/bin/busybox (apt-get install busybox-static)");
+        // Never executed here (only in containers, from Docker's copy): no ETXTBSY.
+        std::fs::write(bin.join("busybox"), &busybox).unwrap();
+        std::fs::set_permissions(
+            bin.join("busybox"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         for applet in APPLETS {
             std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
         }
         let status = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "tar -C {} -c . | docker import - {IMAGE} >/dev/null",
+                "tar -C {} -c . | docker import - {tag} >/dev/null",
                 root.display()
             ))
             .status()
             .unwrap();
         assert!(status.success(), "docker import of the test image failed");
         let _ = std::fs::remove_dir_all(root);
-    });
-    IMAGE
+        tag
+    })
+}
+
+/// FNV-1a over everything the image is made of: stable across runs and Rust versions.
+fn content_digest(busybox: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let parts = APPLETS.iter().chain(DIRS.iter()).map(|s| s.as_bytes());
+    for part in parts.chain([busybox]) {
+        for byte in part.iter().chain([&0u8]) {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
 }
 
 /// A running container; removed on drop.
@@ -155,9 +184,10 @@ fn unique() -> usize {
     COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Waits until `path` exists (a script's "I am ready" mark), up to ten seconds.
+/// Waits until `path` exists (a script's "I am ready" mark), up to a minute.
 pub fn wait_for(path: &Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Generous: container start and exec are slow on a loaded 2-core machine.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !path.exists() {
         assert!(
             std::time::Instant::now() < deadline,

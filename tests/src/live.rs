@@ -3,17 +3,20 @@
 use std::{
     io::{BufRead, BufReader, Read},
     path::PathBuf,
-    process::{Child, ChildStderr, ExitStatus, Stdio},
+    process::{ChildStderr, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
-use crate::{read_json_lines, shmtrace, tempdir};
+use crate::{command::ShmtraceChild, read_json_lines, shmtrace, tempdir};
+
+/// How long shmtrace may take to load, attach and say it is tracing, on a loaded machine.
+const START_LIMIT: Duration = Duration::from_secs(60);
 
 pub struct LiveTracer {
-    child: Child,
+    child: ShmtraceChild,
     stderr: BufReader<ChildStderr>,
     /// Every stderr line so far.
     pub log: Vec<String>,
@@ -39,7 +42,22 @@ impl LiveTracer {
             log: Vec::new(),
             out,
         };
+        // Bounded: a shmtrace that never gets to tracing is killed, which ends the wait below.
+        let (watchdog, started) = std::sync::mpsc::channel::<()>();
+        let pid = Pid::from_raw(tracer.child.id() as i32);
+        std::thread::spawn(move || {
+            if started.recv_timeout(START_LIMIT).is_err() {
+                eprintln!("shmtrace did not start tracing within {START_LIMIT:?}: killing it");
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            }
+        });
         tracer.wait_for_line("shmtrace: tracing");
+        let _ = watchdog.send(());
+        // Tracing: every program is loaded and attached, so the leak check knows them all.
+        assert!(
+            !tracer.child.bpf_objects().is_empty(),
+            "shmtrace says it is tracing but holds no BPF object"
+        );
         tracer
     }
 
@@ -60,6 +78,29 @@ impl LiveTracer {
         }
     }
 
+    /// Waits (up to a minute) until the output holds a record for which `wanted` is true,
+    /// and returns it. shmtrace flushes its output every 100 ms.
+    pub fn wait_for_record(&self, wanted: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+            // The last line may be half written: only whole lines count.
+            let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+            if let Some(found) = whole
+                .lines()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .find(|record| wanted(record))
+            {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such record within a minute; output so far:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Ctrl-C, then the exit status, the rest of stderr and every JSON record.
     pub fn stop(mut self) -> (ExitStatus, String, Vec<Value>) {
         // Let the last events through the ring buffer before interrupting.
@@ -76,7 +117,7 @@ impl LiveTracer {
     }
 
     fn finish(mut self, complaint: &str) -> (ExitStatus, String, Vec<Value>) {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;
@@ -88,6 +129,7 @@ impl LiveTracer {
         let _ = self.stderr.read_to_string(&mut rest);
         let log = self.log.join("") + &rest;
         let records = read_json_lines(&self.out);
+        self.child.assert_released();
         (status, log, records)
     }
 }

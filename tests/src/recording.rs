@@ -12,12 +12,17 @@ use std::{
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
-use crate::{read_json_lines, shmtrace, tempdir};
+use crate::{
+    command::{ShmtraceChild, ShmtraceCommand},
+    read_json_lines, shmtrace, tempdir,
+};
 
 /// `shmtrace record ...` running in the background.
 pub struct Recorder {
-    child: Child,
+    child: ShmtraceChild,
     stderr: Arc<Mutex<String>>,
+    /// Says when the stderr reader reached the end of the pipe.
+    stderr_done: mpsc::Receiver<()>,
 }
 
 impl Recorder {
@@ -44,10 +49,11 @@ impl Recorder {
             .arg(crate::shmtrace_bin())
             .arg("record")
             .args(args);
-        Recorder::spawn(command, stdout, ready)
+        // `exec` keeps the pid: the leak check watches shmtrace itself.
+        Recorder::spawn(ShmtraceCommand::from_command(command), stdout, ready)
     }
 
-    fn spawn(mut command: Command, stdout: &Path, ready: &str) -> Recorder {
+    fn spawn(mut command: ShmtraceCommand, stdout: &Path, ready: &str) -> Recorder {
         let mut child = command
             .stdout(std::fs::File::create(stdout).unwrap())
             .stderr(Stdio::piped())
@@ -55,6 +61,7 @@ impl Recorder {
             .expect("starting shmtrace record");
         let stderr = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
+        let (done_tx, stderr_done) = mpsc::channel();
         let pipe = child.stderr.take().unwrap();
         let text = stderr.clone();
         let marker = ready.to_owned();
@@ -66,14 +73,23 @@ impl Recorder {
                     let _ = tx.send(());
                 }
             }
+            let _ = done_tx.send(());
         });
-        let recorder = Recorder { child, stderr };
+        let recorder = Recorder {
+            child,
+            stderr,
+            stderr_done,
+        };
         if rx.recv_timeout(Duration::from_secs(30)).is_err() {
             panic!(
                 "shmtrace record did not print {ready:?} within 30 s; stderr:\n{}",
                 recorder.stderr()
             );
         }
+        assert!(
+            !recorder.child.bpf_objects().is_empty(),
+            "shmtrace printed {ready:?} but holds no BPF object"
+        );
         recorder
     }
 
@@ -85,15 +101,23 @@ impl Recorder {
     pub fn interrupt(mut self) -> (ExitStatus, String) {
         self.signal(Signal::SIGINT);
         let status = wait_for(&mut self.child, Duration::from_secs(60));
-        // Let the reading thread take the last lines.
-        std::thread::sleep(Duration::from_millis(100));
+        self.child.assert_released();
+        self.wait_for_stderr_end();
         (status, self.stderr())
+    }
+
+    /// Waits until the reading thread has taken the last lines. The traced command shares the
+    /// pipe and may outlive shmtrace (after a kill), so the wait is bounded.
+    fn wait_for_stderr_end(&self) {
+        let _ = self.stderr_done.recv_timeout(Duration::from_secs(10));
     }
 
     /// `kill -9`.
     pub fn kill(mut self) -> String {
         self.signal(Signal::SIGKILL);
         wait_for(&mut self.child, Duration::from_secs(10));
+        self.child.assert_released();
+        self.wait_for_stderr_end();
         self.stderr()
     }
 

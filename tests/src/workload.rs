@@ -3,7 +3,6 @@
 //! with `--shm-size`; traced by the real binary or not.
 use std::{
     fs::File,
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
@@ -13,6 +12,7 @@ use serde_json::Value;
 
 use crate::{
     Trace,
+    command::ShmtraceCommand,
     docker::{Container, require_docker},
     live::LiveTracer,
     read_json_lines, require_root, shmtrace, tempdir,
@@ -202,7 +202,7 @@ fn wait_container(container: &Container) -> i64 {
 /// on a full pipe), bounded by [`DEADLINE`].
 /// It runs in a process group of its own, which a timeout kills whole: a hung workload must not
 /// outlive its test.
-fn run(mut command: Command, dir: &Path) -> Output {
+fn run(mut command: ShmtraceCommand, dir: &Path) -> Output {
     let stdout = dir.join("stdout");
     let stderr = dir.join("stderr");
     let mut child = command
@@ -216,6 +216,7 @@ fn run(mut command: Command, dir: &Path) -> Output {
         // SAFETY: kill has no memory-safety preconditions; -group names the process group.
         unsafe { libc::kill(-group, libc::SIGKILL) };
     });
+    child.assert_released();
     Output {
         status,
         stdout: std::fs::read(&stdout).unwrap_or_default(),

@@ -9,7 +9,7 @@ use std::{
 };
 
 use shmtrace_tests::{
-    assert_no_shmtrace_programs_left_since, bpf_program_watermark,
+    bpf_objects::OwnBpfObjects,
     daemon::{Daemon, sample},
     docker, require_root, serial,
 };
@@ -61,13 +61,13 @@ fn docker_churn_keeps_memory_flat_and_retires_series() {
     docker::require_docker();
     let image = docker::image();
     let _serial = serial();
-    let watermark = bpf_program_watermark();
     let daemon = Daemon::start(&[
         "--interval",
         "1s",
         "--retain",
         &format!("{RETAIN_SECONDS}s"),
     ]);
+    let bpf = OwnBpfObjects::watch(daemon.pid());
     let prefix = format!("daemon-soak-{}", std::process::id());
 
     let restarted = format!("{prefix}-restarted");
@@ -185,5 +185,9 @@ fn docker_churn_keeps_memory_flat_and_retires_series() {
     drop(cleanup);
     let (status, _, stderr) = daemon.stop();
     assert!(status.success(), "daemon exit {status}: {stderr}");
-    assert_no_shmtrace_programs_left_since(watermark);
+    // Every BPF program, map and link it held is gone from the kernel.
+    assert!(
+        !bpf.assert_released().is_empty(),
+        "the daemon held no BPF object"
+    );
 }

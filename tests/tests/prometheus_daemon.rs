@@ -10,7 +10,7 @@ use std::{
 };
 
 use shmtrace_tests::{
-    assert_no_shmtrace_programs_left_since, bpf_program_watermark,
+    bpf_objects::OwnBpfObjects,
     daemon::{Daemon, sample},
     docker::{self, Container},
     prometheus::{Prometheus, value},
@@ -27,7 +27,6 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
     require_root();
     docker::require_docker();
     let _serial = serial();
-    let watermark = bpf_program_watermark();
     let record_dir = shmtrace_tests::tempdir().join("incidents");
     let daemon = Daemon::start(&[
         "--interval",
@@ -37,6 +36,7 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
         "--tail",
         "1",
     ]);
+    let bpf = OwnBpfObjects::watch(daemon.pid());
     let prometheus = Prometheus::start("shmtrace", &daemon.addr);
 
     let bystander = Container::run("daemon-prom-bystander", &[], "sleep 600");
@@ -201,5 +201,9 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
         explained,
         "no recording explains the failure: {recordings:?}"
     );
-    assert_no_shmtrace_programs_left_since(watermark);
+    // Every BPF program, map and link it held is gone from the kernel.
+    assert!(
+        !bpf.assert_released().is_empty(),
+        "the daemon held no BPF object"
+    );
 }

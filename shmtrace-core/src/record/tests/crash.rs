@@ -71,7 +71,18 @@ fn kill_mid_write(compressed: bool) {
             }
         })
     };
+    // Bounded, and never waiting on a child that already ended: on a loaded machine the child
+    // may be slow, and a child that failed must fail the test, not hang it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while reported.load(std::sync::atomic::Ordering::SeqCst) < 20_000 {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the writing child ended before it was killed: {status}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writing child flushed only {} records in two minutes",
+            reported.load(std::sync::atomic::Ordering::SeqCst)
+        );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     nix::sys::signal::kill(

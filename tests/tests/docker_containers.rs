@@ -51,7 +51,7 @@ fn a_container_is_traced_by_name_through_enospc_and_sigbus() {
     assert_eq!(fallocate["container"]["shm_size"], 1 << 20);
     assert_eq!(
         fallocate["container"]["image"],
-        shmtrace_tests::docker::IMAGE
+        shmtrace_tests::docker::image()
     );
 
     let sigbus = ours
@@ -169,14 +169,13 @@ fn a_restarted_container_is_followed() {
 fn a_name_that_matches_nothing_lists_the_running_containers() {
     let _guard = setup();
     let running = Container::run("shmtrace-e2e-listed", &[], "sleep 600");
-    let output = shmtrace()
-        .args(["--container", "no-such-container-for-shmtrace"])
-        .output()
-        .unwrap();
+    // Unique to this run: nobody else's container may match it.
+    let missing = format!("no-such-container-{}", running.name);
+    let output = shmtrace().args(["--container", &missing]).output().unwrap();
     let text = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(
-        text.contains("no container named \"no-such-container-for-shmtrace\""),
+        text.contains(&format!("no container named \"{missing}\"")),
         "{text}"
     );
     assert!(
@@ -188,14 +187,18 @@ fn a_name_that_matches_nothing_lists_the_running_containers() {
 #[test]
 fn host_wide_mode_labels_events_with_their_container() {
     let _guard = setup();
+    // Until told to go, the container keeps making a /dev/shm file, so that the test can see
+    // when shmtrace has learned the container (it looks once a second, and a loaded machine
+    // may take longer) instead of guessing a delay.
     let c = Container::run(
         "shmtrace-e2e-all",
         &["--shm-size", "1m"],
-        &after_go("/x/shm-exerciser fallocate-enospc"),
+        "while [ ! -e /work/go ]; do touch /dev/shm/warmup; rm -f /dev/shm/warmup; \
+         sleep 0.1; done; /x/shm-exerciser fallocate-enospc; touch /work/done; sleep 600",
     );
     let tracer = LiveTracer::start(&["--all"]);
-    // Let the watcher learn the containers (it checks every second).
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let name = c.name.clone();
+    tracer.wait_for_record(|r| r["path"] == "/dev/shm/warmup" && r["container"]["name"] == *name);
     c.signal("go");
     wait_for(&c.work.join("done"));
     let (_, log, records) = tracer.stop();
