@@ -62,6 +62,13 @@ pub enum Command {
     ///   shmtrace report --size run.shmtrace          the same, from a recording
     #[command(verbatim_doc_comment)]
     Size(SizeArgs),
+    /// Run as a node agent: trace every container on the host, for weeks, in bounded memory.
+    ///
+    /// Serves Prometheus metrics (/metrics) and a health check (/healthz) on --listen, writes
+    /// every failure and diagnosis to stdout as one JSON line (docs/json.md), and with
+    /// --record-dir keeps a flight recording of each incident that `shmtrace report` reads.
+    /// See docs/fleet.md.
+    Daemon(DaemonArgs),
     /// Run a built-in workload that exhausts a tiny private /dev/shm, and trace it.
     ///
     /// It needs no container: it makes a private mount namespace with a 1 MiB /dev/shm, runs a
@@ -256,6 +263,66 @@ pub struct SizeOptions {
 }
 
 #[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// Serve /metrics (Prometheus text format) and /healthz at this address. Use
+    /// 0.0.0.0:9184 to be scraped from other machines.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9184")]
+    pub listen: std::net::SocketAddr,
+
+    /// Keep a flight recording of each incident (ENOSPC, SIGBUS, a worker's death) in DIR,
+    /// one file per incident: the --window seconds before it and --tail seconds after.
+    /// `shmtrace report FILE` reads them.
+    #[arg(long, value_name = "DIR")]
+    pub record_dir: Option<PathBuf>,
+
+    /// Most bytes the recordings in --record-dir may take; the oldest are deleted first.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::size::parse)]
+    pub record_quota: u64,
+
+    /// Seconds of history kept in memory for a recording.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub window: f64,
+
+    /// Seconds recorded after an incident.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub tail: f64,
+
+    /// How long the series of a container that is gone stay (suffix s, m or h): long enough
+    /// for Prometheus to scrape its last values and for alerts on it to fire.
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
+    pub retain: std::time::Duration,
+
+    /// How often the runtimes are asked which containers run, and /dev/shm use is measured.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub interval: std::time::Duration,
+
+    /// Ask the Docker (or Podman) daemon at this socket instead of the usual places.
+    #[arg(long, value_name = "PATH")]
+    pub docker_socket: Option<PathBuf>,
+
+    /// Ask the CRI runtime (containerd, CRI-O) at this socket too. Repeat for several.
+    #[arg(long, value_name = "PATH")]
+    pub cri_socket: Vec<PathBuf>,
+
+    /// Kernel ring buffer size, in bytes (suffixes K, M, G). A power of two.
+    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    pub buffer_size: u32,
+
+    /// Read the kernel's BTF from FILE instead of /sys/kernel/btf/vmlinux.
+    #[arg(
+        long,
+        value_name = "FILE",
+        hide = true,
+        default_value = "/sys/kernel/btf/vmlinux"
+    )]
+    pub kernel_btf: PathBuf,
+
+    /// Also print shmtrace's own diagnostics.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A trace file (or the first file of a rotated set).
     #[arg(value_name = "FILE")]
@@ -382,6 +449,23 @@ fn parse_budget(text: &str) -> Result<u64, String> {
         .unwrap_or(trimmed);
     crate::size::parse(docker_like)
         .map_err(|_| format!("{text:?} is not a size like 512m, 1g or 1Gi"))
+}
+
+/// `90`, `90s`, `15m`, `2h`, `0.5s`.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.char_indices().last() {
+        Some((i, 's')) => (&text[..i], 1.0),
+        Some((i, 'm')) => (&text[..i], 60.0),
+        Some((i, 'h')) => (&text[..i], 3600.0),
+        _ => (text, 1.0),
+    };
+    number
+        .parse::<f64>()
+        .ok()
+        .and_then(|n| std::time::Duration::try_from_secs_f64(n * unit).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{text:?} is not a duration like 30s, 15m or 2h"))
 }
 
 fn parse_role(text: &str) -> Result<RoleKind, String> {

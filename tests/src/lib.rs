@@ -2,10 +2,12 @@
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
 pub mod bpf_objects;
 pub mod command;
+pub mod daemon;
 pub mod diagnosis;
 pub mod docker;
 pub mod live;
 pub mod postgres;
+pub mod prometheus;
 pub mod pytorch;
 pub mod recording;
 pub mod runtimes;

@@ -25,14 +25,14 @@ use shmtrace_tests::runtimes::{IMAGE, docker, image, import_busybox_image, uniqu
 const PAUSE_IMAGE: &str = "shmtrace-container-test-pause:1";
 
 /// A private containerd, killed and cleaned up when dropped.
-struct Containerd {
-    dir: PathBuf,
-    socket: PathBuf,
+pub(crate) struct Containerd {
+    pub(crate) dir: PathBuf,
+    pub(crate) socket: PathBuf,
     child: Child,
 }
 
 impl Containerd {
-    fn start() -> Containerd {
+    pub(crate) fn start() -> Containerd {
         // The images are Docker's: make them there first.
         let image = image();
         import_busybox_image(PAUSE_IMAGE, &[r#"ENTRYPOINT ["/bin/sleep", "2147483647"]"#]);
@@ -198,7 +198,7 @@ fn namespaces() -> proto::NamespaceOption {
 }
 
 /// Runs a pod with one container, the way the kubelet would; returns (sandbox id, container id).
-async fn run_pod(
+pub(crate) async fn run_pod(
     client: &mut proto::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
     dir: &Path,
     pod: &str,
@@ -410,4 +410,70 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
         .unwrap_err();
     assert!(matches!(error, ContainerError::NotFound { .. }), "{error}");
     drop(docker(&["version", "--format", "{{.Server.Version}}"]));
+}
+
+/// `shmtrace daemon` against this containerd: a pod made the way the kubelet makes one touches
+/// its /dev/shm, and the daemon's metrics carry the container's `pod` and `namespace`.
+#[tokio::test]
+async fn the_daemons_metrics_carry_pod_and_namespace_labels() {
+    shmtrace_tests::require_root();
+    let containerd = Containerd::start();
+    let mut client = proto::runtime_service_client::RuntimeServiceClient::new(
+        channel(&containerd.socket, Duration::from_secs(10))
+            .await
+            .expect("containerd's CRI socket"),
+    );
+    let socket = containerd.socket.to_str().unwrap().to_owned();
+    let daemon =
+        shmtrace_tests::daemon::Daemon::start(&["--interval", "1s", "--cri-socket", &socket]);
+    let uid = "7a2c9d4e-1b63-4d2f-8e4b-3c9a1d7f2b01";
+    let (_, id) = run_pod(
+        &mut client,
+        &containerd.dir,
+        "daemon-trainer-0",
+        "daemon-ml",
+        uid,
+        "worker",
+        IMAGE,
+    )
+    .await;
+    // Let a survey see the pod, then make an object in its /dev/shm from inside.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let exec = client
+        .exec_sync(proto::ExecSyncRequest {
+            container_id: id,
+            cmd: ["dd", "if=/dev/zero", "of=/dev/shm/x", "bs=1k", "count=64"]
+                .map(str::to_owned)
+                .to_vec(),
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(
+        exec.exit_code,
+        0,
+        "dd in the pod: {}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+    let labels = [
+        ("container", "worker"),
+        ("pod", "daemon-trainer-0"),
+        ("namespace", "daemon-ml"),
+        ("runtime", "containerd"),
+    ];
+    let text = daemon.wait_for_metric(Duration::from_secs(30), |line| {
+        line.starts_with("shmtrace_shm_used_bytes")
+            && labels
+                .iter()
+                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+    });
+    let used = shmtrace_tests::daemon::sample(&text, "shmtrace_shm_used_bytes", &labels).unwrap();
+    assert!(used >= (64 << 10) as f64, "{text}");
+    assert!(
+        shmtrace_tests::daemon::sample(&text, "shmtrace_shm_size_bytes", &labels).is_some(),
+        "{text}"
+    );
+    let (status, _, stderr) = daemon.stop();
+    assert!(status.success(), "{stderr}");
 }

@@ -15,6 +15,7 @@
 //! - `probes`: BPF run-time statistics per program;
 //! - `stats`, `table`: medians, spreads and the printed tables.
 mod churn;
+mod daemon_idle;
 mod floor;
 mod measure;
 mod neighbours;
@@ -86,6 +87,13 @@ pub struct BenchArgs {
     /// The shmtrace binary [default: build and use target/release/shmtrace].
     #[arg(long, value_name = "PATH")]
     shmtrace: Option<PathBuf>,
+    /// Seconds to measure an idle `shmtrace daemon` (daemon-idle; 0 skips it)
+    /// [default: 60, or 20 with --quick].
+    #[arg(long, value_name = "SECONDS")]
+    daemon_idle: Option<u64>,
+    /// Only the daemon-idle part.
+    #[arg(long)]
+    only_daemon_idle: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
@@ -283,6 +291,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let mut saved = Vec::new();
     let mut target_rows = Vec::new();
+    let sizes = if args.only_daemon_idle {
+        Vec::new()
+    } else {
+        sizes
+    };
     for size in sizes {
         let case = Case::new(args, size, &exe, &tag);
         check_room(size, args.workers)?;
@@ -331,7 +344,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "runs": raw_runs(&results),
         }));
     }
-    if !args.no_targets && !INTERRUPTED.load(Ordering::SeqCst) {
+    if !args.no_targets && !args.only_daemon_idle && !INTERRUPTED.load(Ordering::SeqCst) {
         let rounds = if args.quick { 1 } else { 3 };
         target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds));
         churn::remove_leftovers(&tag);
@@ -346,6 +359,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let targets_text = targets::table(&target_rows);
     println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
+    let idle_seconds = args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 });
+    if idle_seconds > 0 {
+        let figures = daemon_idle::measure(&setup.shmtrace, &setup.scratch, idle_seconds)?;
+        let (text, json) = daemon_idle::report(&figures);
+        println!("{text}");
+        saved.push(json!({ "case": "daemon-idle", "daemon_idle": json }));
+    }
     let elapsed = started.elapsed().as_secs_f64();
     println!(
         "Benchmark took {elapsed:.0} s. Load average at the end: {}.",

@@ -29,9 +29,14 @@ pub fn run_all(args: &FuzzArgs) -> Result<()> {
     // One build for every target. No sanitizer: the code under test is safe Rust, where
     // libFuzzer finds panics, overflows and hangs without one, and AddressSanitizer would make
     // the build of the whole dependency tree (tokio, aya, tonic) several times slower in CI.
-    run(Command::new("cargo")
-        .current_dir(&fuzz)
-        .args(["+nightly", "fuzz", "build", "-O", "--sanitizer", "none"]))?;
+    run(Command::new("cargo").current_dir(&fuzz).args([
+        "+nightly",
+        "fuzz",
+        "build",
+        "-O",
+        "--sanitizer",
+        "none",
+    ]))?;
     let scratch = std::env::temp_dir().join(format!("shmtrace-fuzz-{}", std::process::id()));
     let mut failed = Vec::new();
     println!(
@@ -44,7 +49,15 @@ pub fn run_all(args: &FuzzArgs) -> Result<()> {
         let seeds = fuzz.join("corpus").join(target);
         let output = Command::new("cargo")
             .current_dir(&fuzz)
-            .args(["+nightly", "fuzz", "run", "-O", "--sanitizer", "none", target])
+            .args([
+                "+nightly",
+                "fuzz",
+                "run",
+                "-O",
+                "--sanitizer",
+                "none",
+                target,
+            ])
             .arg(&corpus)
             .arg(&seeds)
             .args(["--", &format!("-max_total_time={}", args.seconds)])

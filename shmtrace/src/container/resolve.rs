@@ -138,6 +138,16 @@ impl Resolver {
         self
     }
 
+    /// Asks the CRI runtime (containerd, CRI-O) at `socket` too, first.
+    pub fn cri_socket(mut self, socket: impl Into<PathBuf>) -> Resolver {
+        let socket = socket.into();
+        self.endpoints
+            .insert(0, Endpoint::containerd(socket.clone()));
+        self.endpoints = endpoints::dedup(self.endpoints);
+        self.explicit.push(socket);
+        self
+    }
+
     /// The one container `query` names, running, with its /dev/shm measured.
     ///
     /// Errors: [`ContainerError::NotFound`] (listing the running containers),

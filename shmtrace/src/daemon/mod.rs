@@ -1,0 +1,408 @@
+//! `shmtrace daemon`: the node agent. Host-wide tracing through the same pipeline as a live
+//! trace, with three sinks of its own: metrics (`metrics`, served by `http`), JSON lines on
+//! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
+//! and incident recordings (`incidents`). `fleet` follows the containers that come and go and
+//! says whose each count is; `observer` feeds it from the pipeline.
+mod fleet;
+#[cfg(test)]
+mod fleet_tests;
+mod http;
+mod incidents;
+mod metrics;
+mod observer;
+
+use std::{
+    cell::RefCell,
+    io::Write,
+    process::ExitCode,
+    rc::Rc,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use serde_json::json;
+use shmtrace_common::Loss;
+use tokio::signal::unix::{SignalKind, signal};
+
+use self::{
+    fleet::Fleet,
+    http::Heartbeat,
+    incidents::{Incidents, Log},
+    metrics::{KindLabels, Metrics},
+    observer::FleetObserver,
+};
+use crate::{
+    cli::{ColorWhen, DaemonArgs},
+    clock::{Clock, boot_ns},
+    commands::{DefaultStream, init_logging, open_output},
+    container::{Container, Resolver, measure_shm},
+    diagnose::{Capacity, Diagnoser},
+    event::LostCounts,
+    live::{
+        bpf::{EventReader, Tracer, TracerOptions},
+        machine::LiveMachine,
+        target, watch,
+    },
+    model::World,
+    output::{filter::Filter, json::SCHEMA_VERSION},
+    pipeline::Pipeline,
+};
+
+/// How often records are collected and the tap flushes (as in a live trace).
+const TICK: Duration = Duration::from_millis(100);
+/// How often the kernel's loss counters are read.
+const LOST_EVERY: Duration = Duration::from_secs(1);
+/// The soonest a survey of the runtimes follows the last one, when events from an unknown
+/// namespace ask for one.
+const SURVEY_AT_MOST_EVERY: Duration = Duration::from_millis(250);
+
+pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
+    init_logging(args.verbose);
+    let window = positive(args.window, "--window")?;
+    let tail = positive(args.tail, "--tail")?;
+    let options = TracerOptions {
+        all: true,
+        match_containers: false,
+        failed_only: false,
+        ring_buffer_bytes: args.buffer_size,
+        btf_path: args.kernel_btf.clone(),
+    };
+    let mut tracer = Tracer::load(&options)?;
+    target::register_shm_devs(&mut tracer, true)?;
+    // The event loop runs on this thread; the HTTP server and the surveys of the runtimes on
+    // a worker of their own, so that a scrape is answered while the loop is busy (and
+    // /healthz can say that the loop is stuck).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("shmtrace-daemon-io")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let (metrics, registry) = Metrics::new();
+        let heartbeat = Heartbeat::default();
+        heartbeat.beat();
+        http::serve(args.listen, Arc::new(registry), heartbeat.clone()).await?;
+        let log: Log = Rc::default();
+        let mut agent = Agent::new(args, tracer, metrics, log, window, tail)?;
+        eprintln!(
+            "shmtrace daemon: tracing /dev/shm use of every process and container; metrics at \
+             http://{}/metrics{}",
+            args.listen,
+            match &args.record_dir {
+                Some(dir) => format!(", incident recordings in {}", dir.display()),
+                None => String::new(),
+            }
+        );
+        agent.run(heartbeat).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn positive(seconds: f64, flag: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} must be a positive number of seconds, not {seconds}"))
+}
+
+/// One answer of the runtimes, from a survey that started at `started`.
+struct Survey {
+    started: Instant,
+    running: Vec<Container>,
+    /// Runtimes that did not answer, said as the CLI says it.
+    problems: Vec<String>,
+}
+
+struct Agent {
+    tracer: Tracer,
+    pipeline: Pipeline,
+    fleet: Rc<RefCell<Fleet>>,
+    metrics: Metrics,
+    resolver: Resolver,
+    log: Log,
+    interval: Duration,
+    lost: LostCounts,
+    /// Runtime problems already logged, so that a runtime that stays down is said once.
+    problems_logged: Vec<String>,
+    started: Instant,
+}
+
+/// Most distinct runtime problems remembered (beyond them, repeats are logged again).
+const MAX_PROBLEMS_REMEMBERED: usize = 64;
+
+impl Agent {
+    fn new(
+        args: &DaemonArgs,
+        tracer: Tracer,
+        metrics: Metrics,
+        log: Log,
+        window: Duration,
+        tail: Duration,
+    ) -> Result<Agent> {
+        // The host is pid 1's namespace: in a DaemonSet (hostPID) the daemon's own is its
+        // container's.
+        let host_mntns = crate::kernel_ids::mount_namespace(1)
+            .or_else(|| crate::kernel_ids::mount_namespace(std::process::id()))
+            .unwrap_or(0);
+        let fleet = Rc::new(RefCell::new(Fleet::new(
+            metrics.clone(),
+            host_mntns,
+            args.retain,
+        )));
+        let output = open_output(
+            None,
+            true,
+            ColorWhen::Never,
+            DefaultStream::Stdout,
+            Clock::now().context("reading the clocks")?,
+        )?;
+        let mut pipeline = Pipeline::new(
+            World::new(),
+            Diagnoser::new(host_mntns),
+            output,
+            Filter::failed_only(),
+        )
+        .with_observer(Box::new(FleetObserver {
+            fleet: fleet.clone(),
+            metrics: metrics.clone(),
+        }));
+        if let Some(dir) = &args.record_dir {
+            let incidents = Incidents::open(
+                dir,
+                args.record_quota,
+                window,
+                tail,
+                metrics.clone(),
+                log.clone(),
+            )?;
+            pipeline = pipeline.with_tap(Box::new(incidents));
+        }
+        let mut resolver = match &args.docker_socket {
+            Some(socket) => Resolver::new().docker_socket(socket),
+            None => Resolver::new(),
+        };
+        for socket in &args.cri_socket {
+            resolver = resolver.cri_socket(socket);
+        }
+        // Every kind's loss counter exists from the start, so that the first loss is an
+        // increase Prometheus sees.
+        for kind in shmtrace_common::EventKind::ALL {
+            drop(
+                metrics
+                    .lost
+                    .get_or_create(&loss_labels(Loss::RingFull(kind))),
+            );
+        }
+        Ok(Agent {
+            tracer,
+            pipeline,
+            fleet,
+            metrics,
+            resolver,
+            log,
+            interval: args.interval,
+            lost: LostCounts::default(),
+            problems_logged: Vec::new(),
+            started: Instant::now(),
+        })
+    }
+
+    async fn run(&mut self, heartbeat: Heartbeat) -> Result<()> {
+        let ring = self
+            .tracer
+            .take_events()
+            .context("the ring buffer was already taken")?;
+        let mut reader = EventReader::new(ring).context("watching the ring buffer")?;
+        let mut interrupt =
+            signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut batch: Vec<Bytes> = Vec::new();
+        let mut last_survey: Option<Instant> = None;
+        let mut last_lost = Instant::now();
+        // The runtimes answer in a task of their own: on a node with many containers a survey
+        // takes a while, and the ring buffer must be read meanwhile.
+        let mut surveying: Option<tokio::task::JoinHandle<Survey>> = None;
+        loop {
+            tokio::select! {
+                read = reader.read(&mut batch) => {
+                    read.context("reading the ring buffer")?;
+                    self.handle(&mut batch)?;
+                }
+                joined = async { surveying.as_mut().expect("guarded").await }, if surveying.is_some() => {
+                    surveying = None;
+                    self.take_survey(joined.context("surveying the container runtimes")?)?;
+                    self.write_log()?;
+                }
+                _ = ticker.tick() => {
+                    heartbeat.beat();
+                    reader.drain(&mut batch);
+                    self.handle(&mut batch)?;
+                    self.pipeline.tick(boot_ns()?)?;
+                    if last_lost.elapsed() >= LOST_EVERY {
+                        last_lost = Instant::now();
+                        self.check_lost()?;
+                    }
+                    let wanted = self.fleet.borrow_mut().take_survey_wanted();
+                    let due = last_survey.is_none_or(|at| {
+                        at.elapsed() >= self.interval
+                            || (wanted && at.elapsed() >= SURVEY_AT_MOST_EVERY)
+                    });
+                    if due && surveying.is_none() {
+                        last_survey = Some(Instant::now());
+                        let resolver = self.resolver.clone();
+                        surveying = Some(tokio::spawn(async move {
+                            let started = Instant::now();
+                            let (running, problems) = resolver.running().await;
+                            let problems = problems.iter().map(ToString::to_string).collect();
+                            Survey { started, running, problems }
+                        }));
+                    } else if wanted {
+                        // Not yet: ask again at the next tick.
+                        self.fleet.borrow_mut().want_survey();
+                    }
+                    self.write_log()?;
+                }
+                _ = interrupt.recv() => break,
+                _ = terminate.recv() => break,
+            }
+        }
+        reader.drain(&mut batch);
+        self.handle(&mut batch)?;
+        self.check_lost()?;
+        self.pipeline
+            .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
+        self.write_log()
+    }
+
+    fn handle(&mut self, batch: &mut Vec<Bytes>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // Failing processes are looked up in /proc before the batch is handled, while they
+        // may still be there.
+        let mut machine = LiveMachine::default();
+        machine.read_failing_early(batch);
+        for record in batch.drain(..) {
+            if self
+                .pipeline
+                .kernel_record(&record, &mut machine)?
+                .is_none()
+            {
+                self.metrics.malformed.inc();
+            }
+        }
+        self.write_log()
+    }
+
+    /// What the runtimes said runs: follows what started, forgets what stopped, and measures
+    /// the /dev/shm of every container that has series.
+    fn take_survey(&mut self, survey: Survey) -> Result<()> {
+        let Survey {
+            started,
+            running,
+            problems,
+        } = survey;
+        for text in problems {
+            if !self.problems_logged.contains(&text) {
+                self.log.borrow_mut().push(json!({
+                    "v": SCHEMA_VERSION,
+                    "event": "runtime_problem",
+                    "problem": text,
+                }));
+                if self.problems_logged.len() >= MAX_PROBLEMS_REMEMBERED {
+                    self.problems_logged.remove(0);
+                }
+                self.problems_logged.push(text);
+            }
+        }
+        let changes = self.fleet.borrow_mut().survey(&running, started);
+        for mntns in changes.stopped_mntns {
+            self.pipeline.forget_container(mntns);
+        }
+        for container in &changes.started {
+            if let Err(error) = watch::register(container, &mut self.tracer, &mut self.pipeline) {
+                self.probe_error("shm_devs", format!("{error:#}"));
+            }
+        }
+        let pids = self.fleet.borrow().to_measure();
+        for pid in pids {
+            let Ok(shm) = measure_shm(pid) else { continue };
+            if let (Some(dev), Some(size), Some(used)) = (shm.dev, shm.size_bytes, shm.used_bytes) {
+                // The pipeline passes it on to the fleet (as the observer's capacity).
+                let sample = Capacity {
+                    dev,
+                    size,
+                    used,
+                    ts_ns: boot_ns()?,
+                };
+                self.pipeline.capacity(sample, Some(pid))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_lost(&mut self) -> Result<()> {
+        let total = match self.tracer.lost() {
+            Ok(total) => total,
+            Err(error) => {
+                self.probe_error("lost_counters", error.to_string());
+                return Ok(());
+            }
+        };
+        for (loss, count) in total.since(&self.lost).by_kind() {
+            // A full ring buffer loses events; a failed probe read is a probe error (under
+            // host-wide tracing, mostly other processes' paths that were not paged in).
+            let family = match loss {
+                Loss::RingFull(_) => &self.metrics.lost,
+                _ => &self.metrics.probe_errors,
+            };
+            family.get_or_create(&loss_labels(loss)).inc_by(count);
+        }
+        self.lost = total.clone();
+        self.pipeline.lost(total, boot_ns()?)
+    }
+
+    fn probe_error(&mut self, kind: &str, error: String) {
+        self.metrics
+            .probe_errors
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
+        self.log.borrow_mut().push(json!({
+            "v": SCHEMA_VERSION,
+            "event": "probe_error",
+            "kind": kind,
+            "error": error,
+        }));
+    }
+
+    /// The daemon's own JSON lines, after the pipeline's output, whole lines at a time.
+    fn write_log(&mut self) -> Result<()> {
+        self.pipeline.output().flush().context("writing output")?;
+        let lines = std::mem::take(&mut *self.log.borrow_mut());
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let mut stdout = std::io::stdout().lock();
+        for line in lines {
+            writeln!(stdout, "{line}").context("writing output")?;
+        }
+        stdout.flush().context("writing output")
+    }
+}
+
+fn loss_labels(loss: Loss) -> KindLabels {
+    let kind = match loss {
+        Loss::RingFull(kind) => format!("{kind:?}").to_lowercase(),
+        Loss::PathRead => "path_read".to_owned(),
+        Loss::KernelRead => "kernel_read".to_owned(),
+        Loss::UserRead => "argument_read".to_owned(),
+        Loss::Pending => "pending_calls_full".to_owned(),
+    };
+    KindLabels { kind }
+}

@@ -1,0 +1,159 @@
+//! A running `shmtrace daemon` for the fleet tests: started on a free port, its metrics read
+//! over real HTTP, stopped with SIGTERM as a DaemonSet's kubelet would, its JSON lines read
+//! back.
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+use serde_json::Value;
+
+use crate::{read_json_lines, recording::wait_for, tempdir};
+
+/// A port nobody listens on now (the kernel picks it).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding a free port")
+        .port()
+}
+
+/// `GET path` over HTTP/1.0: (status code, body).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+pub struct Daemon {
+    child: Child,
+    pub addr: String,
+    pub dir: PathBuf,
+}
+
+impl Daemon {
+    /// `shmtrace daemon --listen 127.0.0.1:PORT ARGS`; returns once /healthz answers.
+    pub fn start(args: &[&str]) -> Daemon {
+        let dir = tempdir();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = std::process::Command::new(crate::shmtrace_bin())
+            .args(["daemon", "--listen", &addr])
+            .args(args)
+            .stdout(std::fs::File::create(dir.join("stdout.jsonl")).unwrap())
+            .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("starting shmtrace daemon");
+        let mut daemon = Daemon { child, addr, dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, _)) = http_get(&daemon.addr, "/healthz") {
+                return daemon;
+            }
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                panic!(
+                    "shmtrace daemon ended ({status}) before serving: {}",
+                    daemon.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "shmtrace daemon did not answer on {}: {}",
+                daemon.addr,
+                daemon.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    /// The metrics as Prometheus' text format.
+    pub fn metrics(&self) -> String {
+        let (status, body) = http_get(&self.addr, "/metrics").expect("GET /metrics");
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        body
+    }
+
+    /// Waits (up to `limit`) until a line of /metrics satisfies `wanted`; returns the text.
+    pub fn wait_for_metric(&self, limit: Duration, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let text = self.metrics();
+            if text.lines().any(&wanted) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such metric after {limit:?}:\n{text}\nstderr: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Resident memory, in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status")
+    }
+
+    /// SIGTERM; the exit status and every JSON line it wrote.
+    pub fn stop(mut self) -> (ExitStatus, Vec<Value>, String) {
+        nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).unwrap();
+        let status = wait_for(&mut self.child, Duration::from_secs(20));
+        let lines = read_json_lines(&self.dir.join("stdout.jsonl"));
+        (status, lines, self.stderr())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The value of the first sample of `name` whose labels include every `label="value"` given.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}

@@ -1,0 +1,209 @@
+//! `shmtrace daemon` scraped by a real Prometheus while a real Docker container fails in a
+//! 1 MiB /dev/shm: Prometheus' HTTP API has the failure counter and the size, used and
+//! recommended gauges for that container by name, and nothing for a bystander; the advised
+//! size, applied, lets the same workload succeed. Needs root, Docker and Debian's prometheus
+//! package, and fails loudly without them.
+use std::{
+    io::Write,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use shmtrace_tests::{
+    bpf_objects::OwnBpfObjects,
+    daemon::{Daemon, sample},
+    docker::{self, Container},
+    prometheus::{Prometheus, value},
+    recording::replay,
+    require_root, serial,
+};
+
+/// Writes 2 MiB into /dev/shm in one `dd` block once /work/go exists, then stays up so that
+/// its /dev/shm can be measured.
+const WORKLOAD: &str = "while [ ! -e /work/go ]; do sleep 0.1; done; dd if=/dev/zero of=/dev/shm/fill bs=2M count=1; sleep 600";
+
+#[test]
+fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    let record_dir = shmtrace_tests::tempdir().join("incidents");
+    let daemon = Daemon::start(&[
+        "--interval",
+        "1s",
+        "--record-dir",
+        record_dir.to_str().unwrap(),
+        "--tail",
+        "1",
+    ]);
+    let bpf = OwnBpfObjects::watch(daemon.pid());
+    let prometheus = Prometheus::start("shmtrace", &daemon.addr);
+
+    let bystander = Container::run("daemon-prom-bystander", &[], "sleep 600");
+    let failing = Container::run("daemon-prom-fail", &["--shm-size", "1m"], WORKLOAD);
+    // Let a survey of the runtimes see both before the failure (one runs every second).
+    std::thread::sleep(Duration::from_secs(3));
+    failing.signal("go");
+
+    let name = failing.name.clone();
+    let name = name.as_str();
+    let failures = prometheus.wait_for(
+        &format!(r#"shmtrace_shm_failures_total{{container="{name}"}}"#),
+        Duration::from_secs(30),
+    );
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["metric"]["errno"], "ENOSPC", "{failures:?}");
+    assert_eq!(failures[0]["metric"]["runtime"], "docker", "{failures:?}");
+    assert!(value(&failures[0]) >= 1.0, "{failures:?}");
+
+    let size = prometheus.wait_for(
+        &format!(r#"shmtrace_shm_size_bytes{{container="{name}"}}"#),
+        Duration::from_secs(15),
+    );
+    assert_eq!(value(&size[0]), (1u64 << 20) as f64, "{size:?}");
+    let used = prometheus.wait_for(
+        &format!(r#"shmtrace_shm_used_bytes{{container="{name}"}} > 0"#),
+        Duration::from_secs(15),
+    );
+    // dd filled it: the tmpfs is full.
+    assert_eq!(value(&used[0]), (1u64 << 20) as f64, "{used:?}");
+    let recommended = prometheus.wait_for(
+        &format!(r#"shmtrace_recommended_shm_bytes{{container="{name}"}}"#),
+        Duration::from_secs(15),
+    );
+    let advised = value(&recommended[0]);
+    assert!(advised > (2u64 << 20) as f64, "advised {advised}");
+
+    // Every query of the shipped Grafana dashboard runs in Prometheus, and its first panel
+    // (used / size) shows the container.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/grafana/shmtrace.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    for (i, panel) in dashboard["panels"].as_array().unwrap().iter().enumerate() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$instance", ".*")
+                .replace("$namespace", ".*")
+                .replace("$container", ".*");
+            let result = prometheus.query(&expr);
+            if i == 0 {
+                assert!(
+                    result.iter().any(|r| r["metric"]["container"] == name),
+                    "{expr}: {result:?}"
+                );
+            }
+        }
+    }
+
+    let about_bystander = prometheus.query(&format!(r#"{{container="{}"}}"#, bystander.name));
+    assert!(
+        about_bystander.is_empty(),
+        "an untouched container has series: {about_bystander:?}"
+    );
+
+    // A real scrape passes promtool's checks.
+    let scrape = daemon.metrics();
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}\n{scrape}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "shmtrace_shm_failures_total",
+            &[("container", name)]
+        ),
+        Some(1.0),
+        "{scrape}"
+    );
+
+    // The advice works: the same workload in a /dev/shm of the advised size succeeds.
+    let rerun = Container::run(
+        "daemon-prom-advised",
+        &["--shm-size", &format!("{}", advised as u64)],
+        "touch /work/go; dd if=/dev/zero of=/dev/shm/fill bs=2M count=1 && touch /work/ok; sleep 600",
+    );
+    docker::wait_for(&rerun.work.join("ok"));
+
+    drop(failing);
+    drop(bystander);
+    drop(rerun);
+    let (status, lines, stderr) = daemon.stop();
+    assert!(status.success(), "daemon exit {status}: {stderr}");
+    // Other processes on the machine fail too: show only what concerns this test.
+    let ours = |lines: &[serde_json::Value]| -> String {
+        lines
+            .iter()
+            .filter(|l| l.to_string().contains(name) || l["event"] == "recording")
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let failure = lines
+        .iter()
+        .find(|l| l["errno"] == "ENOSPC" && l["container"]["name"] == name)
+        .unwrap_or_else(|| panic!("no failure line: {}", ours(&lines)));
+    assert_eq!(failure["event"], "write", "{failure}");
+    let diagnosis = lines
+        .iter()
+        .find(|l| l["event"] == "diagnosis" && l["container"]["name"] == name)
+        .unwrap_or_else(|| panic!("no diagnosis line: {}", ours(&lines)));
+    assert_eq!(diagnosis["cause"], "shm_full", "{diagnosis}");
+    assert_eq!(
+        diagnosis["recommendation"]["min_bytes"].as_f64(),
+        Some(advised),
+        "{diagnosis}"
+    );
+    // The incident was recorded, and `shmtrace report` explains it from the file. Other
+    // processes on the machine may have had incidents of their own meanwhile: one of the
+    // recordings is ours.
+    let recordings: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["event"] == "recording")
+        .filter_map(|l| l["path"].as_str())
+        .collect();
+    assert!(
+        !recordings.is_empty(),
+        "no recording line: {}",
+        ours(&lines)
+    );
+    let explained = recordings.iter().any(|path| {
+        let report = replay("report", std::path::Path::new(path), &[]);
+        report.records.iter().any(|r| {
+            r["event"] == "diagnosis" && r["cause"] == "shm_full" && r["container"]["name"] == name
+        })
+    });
+    assert!(
+        explained,
+        "no recording explains the failure: {recordings:?}"
+    );
+    // Every BPF program, map and link it held is gone from the kernel.
+    assert!(
+        !bpf.assert_released().is_empty(),
+        "the daemon held no BPF object"
+    );
+}
