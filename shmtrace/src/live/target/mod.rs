@@ -87,6 +87,7 @@ mod tests {
     fn a_zombie_pid_is_refused() {
         // SAFETY: the child exits at once; the parent reaps it below.
         let child = match unsafe { nix::unistd::fork() }.unwrap() {
+            // SAFETY: _exit is async-signal-safe, as a forked child of a threaded test needs.
             nix::unistd::ForkResult::Child => unsafe { libc::_exit(0) },
             nix::unistd::ForkResult::Parent { child } => child,
         };
