@@ -31,6 +31,28 @@ impl LostCounts {
         self.by_kind.iter().map(|(kind, count)| (*kind, *count))
     }
 
+    /// Counts by reason, for JSON: `{"ring_full": 3, "path_read": 2}` (reasons with a count
+    /// only). A failed path read is usually another file's path that was not paged in yet,
+    /// so tools that ask "were records dropped?" look at `ring_full`.
+    pub fn by_reason(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut reasons = std::collections::BTreeMap::<&str, u64>::new();
+        for (loss, count) in self.by_kind() {
+            let key = match loss {
+                Loss::RingFull(_) => "ring_full",
+                Loss::PathRead => "path_read",
+                Loss::KernelRead => "kernel_read",
+                Loss::UserRead => "argument_read",
+                Loss::Pending => "pending_full",
+            };
+            let slot = reasons.entry(key).or_default();
+            *slot = slot.saturating_add(count);
+        }
+        reasons
+            .into_iter()
+            .map(|(key, count)| (key.to_owned(), count.into()))
+            .collect()
+    }
+
     /// `3 Syscall records (ring buffer full), 2 path reads failed`.
     pub fn describe(&self) -> String {
         self.by_kind()

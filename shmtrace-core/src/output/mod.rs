@@ -168,6 +168,7 @@ impl Output {
                 "event": "lost",
                 "lost": delta.total(),
                 "lost_total": total.total(),
+                "lost_by_reason": delta.by_reason(),
             }))?,
         }
         if self.notices_to_stderr || matches!(self.sink, Sink::Json(_)) {

@@ -186,6 +186,7 @@ impl Summary {
             "events": self.events,
             "failed_calls": self.failed_calls,
             "lost": self.lost.total(),
+            "lost_by_reason": self.lost.by_reason(),
             "uncertain": self.uncertain(),
             "processes": self.processes,
             "deaths_by_signal": self.deaths_by_signal,
