@@ -33,6 +33,15 @@ fn run(command: &mut Command, what: &str) -> Output {
     output
 }
 
+/// A fresh temporary directory (made 0700, as `tempdir` makes them) that the postgres user
+/// may pass through to the cluster inside it, which it owns.
+fn traversable_tempdir() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    dir
+}
+
 /// The host's postgres user and group ids: the server runs as them in the container.
 fn postgres_ids() -> (u32, u32) {
     let user = nix::unistd::User::from_name("postgres")
@@ -52,7 +61,7 @@ fn template() -> &'static Path {
             initdb.display()
         );
         let (uid, gid) = postgres_ids();
-        let dir = tempdir().join("pg-template");
+        let dir = traversable_tempdir().join("pg-template");
         std::fs::create_dir(&dir).unwrap();
         nix::unistd::chown(&dir, Some(uid.into()), Some(gid.into())).unwrap();
         run(
@@ -80,7 +89,7 @@ impl Postgres {
     /// it accepts connections.
     pub fn start(prefix: &str, docker_flags: &[&str], settings: &[&str]) -> Postgres {
         let (uid, gid) = postgres_ids();
-        let data = tempdir().join("pgdata");
+        let data = traversable_tempdir().join("pgdata");
         run(
             Command::new("cp").arg("-a").arg(template()).arg(&data),
             "copying the PostgreSQL cluster",

@@ -464,7 +464,11 @@ fn restarts_keep_objects_apart() {
     // No record was dropped. (Path reads may fail: runc's own paths, literals in pages of its
     // binary not yet touched when the container starts, cannot be read by a probe; they are
     // counted, and none of them is one of this container's files, all 60 of which were seen.)
-    assert_eq!(summary["lost_by_reason"].get("ring_full"), None, "{summary}");
+    assert_eq!(
+        summary["lost_by_reason"].get("ring_full"),
+        None,
+        "{summary}"
+    );
     // No death at a restart is a failure: the runtime ended them on purpose. (Not checked
     // for the first one, started before shmtrace: the probes do not report the signal that
     // ends a process they did not see start.)

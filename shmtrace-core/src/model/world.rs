@@ -172,6 +172,11 @@ impl World {
     /// The processes whose role-relevant facts changed after `version` (repeats possible), or
     /// `None` when the log no longer reaches back that far.
     pub fn changes_since(&self, version: u64) -> Option<impl Iterator<Item = u32> + '_> {
+        debug_assert_eq!(
+            self.change_base + self.change_log.len() as u64,
+            self.version,
+            "every version bump has its change-log entry"
+        );
         let skip = version.checked_sub(self.change_base)?;
         Some(self.change_log.iter().skip(skip as usize).copied())
     }
@@ -269,7 +274,7 @@ impl World {
         if !snapshot.argv.is_empty() && snapshot.argv != process.argv {
             process.title = Some(title);
         }
-        self.version += 1;
+        self.changed(snapshot.pid);
     }
 
     /// Applies one event and says what it meant.
@@ -683,7 +688,9 @@ impl World {
             }
         }
         note.freed.push(object.display_name());
-        self.version += 1;
+        // Every bump has its entry in the change log (pid 0: no process to look at again),
+        // or `changes_since` would skip the changes after it.
+        self.changed(0);
     }
 
     /// An unlinked object with no descriptor or mapping left has given its memory back.
