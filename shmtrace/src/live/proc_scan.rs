@@ -157,7 +157,9 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
 #[cfg(fuzzing)]
 pub fn fuzz_proc_files(data: &[u8]) {
     use procfs::FromRead;
-    let _ = procfs::process::Stat::from_read(data);
+    if kernel_shaped_stat(data) {
+        let _ = procfs::process::Stat::from_read(data);
+    }
     let _ = procfs::process::Status::from_read(data);
     let _ = procfs::process::MemoryMaps::from_read(data);
     let _ = procfs::process::MountInfos::from_read(data);
@@ -165,6 +167,29 @@ pub fn fuzz_proc_files(data: &[u8]) {
         let _ = parse_majmin(text);
         let _ = shm_path(Path::new(text));
     }
+}
+
+/// Whether `data` has the shape the kernel gives every /proc/PID/stat line: `PID (COMM) S ...`.
+/// procfs-core 0.18's `Stat` parser slices the line without checking it (the fuzzer found a
+/// panic on a line ending in `)`), which is safe for what the kernel writes, whatever a
+/// process names itself, since the kernel puts the name between the pid and the state, but
+/// not for arbitrary bytes.
+#[cfg(fuzzing)]
+fn kernel_shaped_stat(data: &[u8]) -> bool {
+    let line = String::from_utf8_lossy(data);
+    let line = line.trim().as_bytes();
+    let (Some(open), Some(close)) = (
+        line.iter().position(|b| *b == b'('),
+        line.iter().rposition(|b| *b == b')'),
+    ) else {
+        return false;
+    };
+    open >= 2
+        && close > open
+        && line[..open - 1].iter().all(u8::is_ascii_digit)
+        && line[open - 1] == b' '
+        && line.get(close + 1) == Some(&b' ')
+        && line.len() > close + 2
 }
 
 /// `pid` as its own pid namespace numbers it (the last `NSpid` of /proc/PID/status), when
