@@ -16,13 +16,20 @@ pub const IMAGE: &str = "shmtrace-container-test:1";
 
 /// Runs the docker CLI; panics with its stderr when it fails.
 pub fn docker(args: &[&str]) -> String {
-    let output = Command::new("docker")
+    cli("docker", &[], args, "install docker.io")
+}
+
+/// Runs a container runtime's CLI with `global` options before `args`, and returns its
+/// trimmed stdout; panics with its stderr when it fails, or with `install` when it is missing.
+pub fn cli(program: &str, global: &[&str], args: &[&str], install: &str) -> String {
+    let output = Command::new(program)
+        .args(global)
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run the docker CLI ({e}); install docker.io"));
+        .unwrap_or_else(|e| panic!("cannot run {program} ({e}); {install}"));
     assert!(
         output.status.success(),
-        "docker {} failed: {}",
+        "{program} {} failed: {}",
         args.join(" "),
         String::from_utf8_lossy(&output.stderr)
     );

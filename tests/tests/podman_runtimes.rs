@@ -17,24 +17,13 @@ use shmtrace::{
     },
     kernel_ids,
 };
-use shmtrace_tests::runtimes::{unique, wait_for};
+use shmtrace_tests::runtimes::{cli, unique, wait_for};
 
 const IMAGE: &str = "localhost/shmtrace-podman-test:1";
 const GLOBAL: &[&str] = &["--cgroup-manager", "cgroupfs", "--events-backend", "file"];
 
 fn podman(args: &[&str]) -> String {
-    let output = Command::new("podman")
-        .args(GLOBAL)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run podman ({e}); install it: apt-get install podman"));
-    assert!(
-        output.status.success(),
-        "podman {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    cli("podman", GLOBAL, args, "install it: apt-get install podman")
 }
 
 /// `podman import` of a busybox root file system.
