@@ -164,6 +164,10 @@ pub mod flags {
     /// In the kernel only: a call outside /dev/shm, reported only if it fails for want of file
     /// descriptors (EMFILE, ENFILE) or, for `recvmsg`, drops the descriptors sent to it.
     pub const FD_LIMIT_ONLY: u16 = 1 << 6;
+    /// In the kernel only: the path could not be read at `sys_enter` (a probe cannot fault in
+    /// a page not yet touched), so it is read and judged at `sys_exit`, after the call itself
+    /// has brought the page in.
+    pub const PATH_AT_EXIT: u16 = 1 << 7;
 }
 
 /// Who did what, and when. Starts every record.

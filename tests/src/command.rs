@@ -9,7 +9,10 @@ use std::{
     process::{Child, Command, ExitStatus, Output, Stdio},
 };
 
-use crate::bpf_objects::{Object, OwnBpfObjects};
+use crate::{
+    bpf_objects::{Object, OwnBpfObjects},
+    watchdog::Watchdog,
+};
 
 /// A `Command` that runs shmtrace (directly, or through a wrapper that execs it in the same
 /// process, such as `unshare ... sh -c 'exec "$@"'`). Its builder methods are those of
@@ -75,9 +78,11 @@ impl ShmtraceCommand {
     pub fn spawn(&mut self) -> std::io::Result<ShmtraceChild> {
         let child = self.0.spawn()?;
         let objects = OwnBpfObjects::watch(child.id());
+        let watchdog = Watchdog::arm(child.id(), format!("{:?}", self.0));
         Ok(ShmtraceChild {
             child,
             objects: Some(objects),
+            _watchdog: watchdog,
         })
     }
 
@@ -107,10 +112,13 @@ impl fmt::Debug for ShmtraceCommand {
 }
 
 /// A running shmtrace. It derefs to its `Child`; when it drops, shmtrace is killed if still
-/// running, reaped, and its BPF objects checked to be gone.
+/// running, reaped, and its BPF objects checked to be gone. One that runs past
+/// [`crate::watchdog::LIMIT`] is killed.
 pub struct ShmtraceChild {
     child: Child,
     objects: Option<OwnBpfObjects>,
+    /// Kills a shmtrace that never ends, so a test fails instead of hanging the suite.
+    _watchdog: Watchdog,
 }
 
 impl ShmtraceChild {

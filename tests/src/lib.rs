@@ -12,6 +12,7 @@ pub mod pytorch;
 pub mod recording;
 pub mod runtimes;
 pub mod sizing;
+pub mod watchdog;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},

@@ -142,10 +142,14 @@ pub fn wait_for(child: &mut Child, limit: Duration) -> ExitStatus {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
-        assert!(
-            Instant::now() < deadline,
-            "process did not exit within {limit:?}"
-        );
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "process {} did not exit within {limit:?}; killed",
+                child.id()
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }

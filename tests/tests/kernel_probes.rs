@@ -190,6 +190,24 @@ fn paths_relative_to_a_shm_directory() {
 }
 
 #[test]
+fn paths_in_pages_not_yet_touched_are_read_when_the_call_returns() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "untouched-path"]);
+    assert_eq!(trace.summary()["lost"], 0, "{}", trace.dump());
+    let open = trace.events("openat");
+    let path = open
+        .iter()
+        .filter_map(|r| r["path"].as_str())
+        .find(|path| path.starts_with("/dev/shm/untouched-"))
+        .unwrap_or_else(|| panic!("no openat of the untouched path: {}", trace.dump()));
+    let unlinked = trace
+        .events("unlink")
+        .iter()
+        .any(|r| r["path"].as_str() == Some(path) && r["ret"] == 0);
+    assert!(unlinked, "no unlink of {path}: {}", trace.dump());
+}
+
+#[test]
 fn openat2_memfd_and_partial_munmap() {
     let _guard = serial();
     let trace = trace_exerciser(&[], &["openat2"]);

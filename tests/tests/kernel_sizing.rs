@@ -4,10 +4,13 @@
 use std::{
     path::Path,
     process::{Command, Stdio},
+    time::Duration,
 };
 
 use serde_json::Value;
-use shmtrace_tests::{require_root, serial, shmtrace, tempdir, workload::PYTHON};
+use shmtrace_tests::{
+    recording::wait_for, require_root, serial, shmtrace, tempdir, workload::PYTHON,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -118,11 +121,17 @@ fn size_of_running_processes() {
         let n = std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
         assert!(n > 0, "shmtrace size ended before tracing");
     }
+    // The rest of stderr is read on, so that shmtrace never blocks on a full pipe.
+    let rest = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
     std::fs::write(&go, b"").unwrap();
     assert!(workload.wait().unwrap().success());
     // It ends by itself once every traced process has exited.
-    let status = sizer.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
+    let status = wait_for(&mut sizer, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{}", rest.join().unwrap());
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     check_report(&report);
     let _ = std::fs::remove_dir_all(dir);

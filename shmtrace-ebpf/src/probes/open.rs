@@ -5,7 +5,7 @@
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Loss, Syscall, flags};
 
-use super::syscall::{self, enter_args};
+use super::syscall::{self, PathIs, enter_args};
 use crate::{emit, kernel, scope};
 
 enter_args! {
@@ -66,12 +66,13 @@ fn enter(call: Syscall, mut args: [u64; 6], how: Option<u64>) -> Option<()> {
     let scope_flags = scope::in_scope(tgid, task, &off)?;
     let dfd = args[0] as i32;
     let path_flags = match syscall::shm_path(task, dfd, args[1], &off) {
-        Some(path_flags) => path_flags,
+        PathIs::Shm(path_flags) => path_flags,
         // Elsewhere, a followed process's open matters only if it runs out of descriptors.
-        None => {
+        PathIs::Elsewhere => {
             scope::tracked(tgid, task, &off)?;
             flags::FD_LIMIT_ONLY
         }
+        PathIs::Unread => flags::PATH_AT_EXIT,
     };
     if let Some(how) = how {
         // SAFETY: a user pointer; a bad one is an error, not a fault.

@@ -140,23 +140,36 @@ pub fn shm_fd(task: u64, fd: i32, off: &KernelOffsets) -> Option<(u64, FileRef)>
     Some((inode, kernel::inode_ref(inode, dev, off)))
 }
 
+/// What a path argument says about a call.
+pub enum PathIs {
+    /// In /dev/shm, with the header flags to record.
+    Shm(u16),
+    /// Somewhere else.
+    Elsewhere,
+    /// Not readable now: a page the program has not touched yet, which a probe cannot fault
+    /// in. Judged again at `sys_exit` ([`flags::PATH_AT_EXIT`]), when the call has read it.
+    Unread,
+}
+
 /// Whether a path argument names something in /dev/shm: an absolute `/dev/shm/...` path, or a
 /// relative one resolved from a directory (`dfd`, or the working directory) on a /dev/shm file
-/// system. Returns the header flags to record.
+/// system.
 #[inline(always)]
-pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> Option<u16> {
-    let buf = SCRATCH.get_ptr_mut(0)?;
+pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> PathIs {
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        return PathIs::Elsewhere;
+    };
     // SAFETY: a per-CPU buffer of PATH_LEN bytes; the helper stops at its end.
     let len = unsafe {
         bpf_probe_read_user_str(buf as *mut c_void, PATH_LEN as u32, path as *const c_void)
     };
     if len <= 0 {
-        // NULL is the caller's mistake (the call fails with EFAULT); anything else is a page
-        // we could not read, and a call we cannot judge.
-        if path != 0 {
-            emit::count(Loss::PathRead);
-        }
-        return None;
+        // NULL is the caller's mistake (the call fails with EFAULT).
+        return if path == 0 {
+            PathIs::Elsewhere
+        } else {
+            PathIs::Unread
+        };
     }
     // SAFETY: the buffer is initialised up to `len` bytes, and `len` is at least 1.
     let buf = unsafe { &*buf };
@@ -165,25 +178,27 @@ pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> Option<u
         let mut i = 0;
         while i < SHM_PREFIX.len() - 1 {
             if buf[i] != SHM_PREFIX[i] {
-                return None;
+                return PathIs::Elsewhere;
             }
             i += 1;
         }
         if len == SHM_DIR_LEN || (len == SHM_DIR_LEN + 1 && buf[8] == b'/') {
-            return Some(flags::SHM_DIRECTORY);
+            return PathIs::Shm(flags::SHM_DIRECTORY);
         }
         if buf[8] != b'/' {
-            return None;
+            return PathIs::Elsewhere;
         }
-        return Some(0);
+        return PathIs::Shm(0);
     }
     let dir_dev = if dfd == AT_FDCWD {
-        kernel::cwd_dev(task, off)?
+        kernel::cwd_dev(task, off)
     } else {
-        kernel::inode_dev(kernel::fd_inode(task, dfd, off)?, off)?
+        kernel::fd_inode(task, dfd, off).and_then(|inode| kernel::inode_dev(inode, off))
     };
-    SHM_DEVS.get_ptr(dir_dev)?;
-    Some(flags::RELATIVE_TO_SHM)
+    match dir_dev {
+        Some(dev) if SHM_DEVS.get_ptr(dev).is_some() => PathIs::Shm(flags::RELATIVE_TO_SHM),
+        _ => PathIs::Elsewhere,
+    }
 }
 
 const EMFILE: i64 = 24;
@@ -267,6 +282,9 @@ fn on_exit(ctx: &TracePointContext) {
         .map(|exit| exit.ret)
         .unwrap_or(0);
 
+    if pending.flags & flags::PATH_AT_EXIT != 0 && !judge_at_exit(&mut pending, tgid) {
+        return;
+    }
     if pending.flags & flags::SHM_DIRECTORY != 0 {
         learn_directory(kernel::current_task(), ret, &kernel::offsets());
         return;
@@ -296,6 +314,50 @@ fn on_exit(ctx: &TracePointContext) {
     match path_arg(pending.syscall) {
         Some(index) => emit_path(&pending, ret, index, task, &off),
         None => emit_call(&pending, ret, task, &off),
+    }
+}
+
+/// Reads the path of a call whose path was unreadable at `sys_enter`, and decides as
+/// `sys_enter` would have: whether to report it, and with which flags.
+#[inline(always)]
+fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
+    let Some(index) = path_arg(pending.syscall) else {
+        return false;
+    };
+    let path = if index == 0 {
+        pending.args[0]
+    } else {
+        pending.args[1]
+    };
+    let off = kernel::offsets();
+    let task = kernel::current_task();
+    let dfd = if index == 0 {
+        AT_FDCWD
+    } else {
+        pending.args[0] as i32
+    };
+    let kept = pending.flags & !flags::PATH_AT_EXIT;
+    match shm_path(task, dfd, path, &off) {
+        PathIs::Shm(path_flags) => {
+            pending.flags = kept | path_flags;
+            true
+        }
+        // As at sys_enter: an open elsewhere matters only to a followed process, and only if it
+        // runs out of descriptors.
+        PathIs::Elsewhere => {
+            let opens = pending.syscall == Syscall::Openat as u16
+                || pending.syscall == Syscall::Openat2 as u16;
+            if opens && scope::tracked(tgid, task, &off).is_some() {
+                pending.flags = kept | flags::FD_LIMIT_ONLY;
+                true
+            } else {
+                false
+            }
+        }
+        PathIs::Unread => {
+            emit::count(Loss::PathRead);
+            false
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! Removing /dev/shm names.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::Syscall;
+use shmtrace_common::{Syscall, flags};
 
-use super::syscall::{self, AT_FDCWD, enter_args};
+use super::syscall::{self, AT_FDCWD, PathIs, enter_args};
 use crate::{kernel, scope};
 
 enter_args! {
@@ -50,7 +50,11 @@ fn enter(call: Syscall, dfd: i32, path: u64, args: [u64; 6]) -> Option<()> {
     let off = kernel::offsets();
     let task = kernel::current_task();
     let scope_flags = scope::in_scope(tgid, task, &off)?;
-    let path_flags = syscall::shm_path(task, dfd, path, &off)?;
+    let path_flags = match syscall::shm_path(task, dfd, path, &off) {
+        PathIs::Shm(path_flags) => path_flags,
+        PathIs::Elsewhere => return None,
+        PathIs::Unread => flags::PATH_AT_EXIT,
+    };
     syscall::stash(tid, call, scope_flags | path_flags, -1, args);
     Some(())
 }

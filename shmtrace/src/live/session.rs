@@ -184,6 +184,9 @@ impl Session {
                     ticks += 1;
                     if ticks.is_multiple_of(TICKS_PER_LOST_CHECK) {
                         self.check_lost()?;
+                        if self.forget_exited_unseen(&mut ending)? {
+                            break;
+                        }
                     }
                     self.pipeline.tick(boot_ns()?)?;
                 }
@@ -235,9 +238,47 @@ impl Session {
         Ok(())
     }
 
+    /// The exit record of a followed process can be lost (a full ring buffer): without it the
+    /// trace would wait forever. A process that is gone, or a zombie, after its records were
+    /// read has exited; it is said so, and the trace ends if it was the last one.
+    fn forget_exited_unseen(&mut self, ending: &mut Ending) -> Result<bool> {
+        let Ending::Pids(live) = ending else {
+            return Ok(false);
+        };
+        let gone: Vec<u32> = live
+            .iter()
+            .copied()
+            .filter(|&pid| has_exited(pid))
+            .collect();
+        for pid in gone {
+            live.remove(&pid);
+            self.pipeline.notice(&format!(
+                "process {pid} has exited, but its exit record was not seen (see the lost counts)"
+            ))?;
+        }
+        Ok(live.is_empty())
+    }
+
     fn check_lost(&mut self) -> Result<()> {
         let total = self.tracer.lost()?;
         self.pipeline.lost(total, boot_ns()?)
+    }
+}
+
+/// Whether /proc says the process is gone or a zombie. ESRCH comes from a process that exited
+/// while its file was read. Any other error says nothing, so the process is taken to be running.
+fn has_exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state == 'Z' || state == 'X'),
+        Err(error) => {
+            matches!(
+                error.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput
+            ) || error.raw_os_error() == Some(libc::ESRCH)
+        }
     }
 }
 

@@ -18,8 +18,8 @@ use nix::{
 };
 
 /// The path's address, after reading it once. A syscall tracepoint cannot fault a page in, so
-/// a literal in a page of the binary not yet touched would be unreadable to the probes: they
-/// count that as a lost path read (docs/probes.md), which these tests are not about.
+/// a literal in a page of the binary not yet touched is read at `sys_exit` instead
+/// (docs/probes.md). `untouched-path` tests that; the other scenarios are about other things.
 fn resident(path: &'static CStr) -> *const libc::c_char {
     for byte in path.to_bytes_with_nul() {
         // SAFETY: a reference to a byte of a live CStr is valid for reads.
@@ -45,6 +45,7 @@ fn main() {
         "fork-tree" => fork_tree(),
         "die-by-signal" => die_by_signal(rest),
         "relative" => relative(),
+        "untouched-path" => untouched_path(),
         "openat2" => openat2(),
         "memfd" => memfd(),
         "munmap" => munmap(),
@@ -205,6 +206,42 @@ fn relative() {
         let fd = libc::openat(libc::AT_FDCWD, resident(c"via_cwd"), CREATE, 0o600);
         check(fd as i64, "openat cwd");
         libc::unlink(resident(c"via_cwd"));
+    }
+}
+
+/// Opens and unlinks a /dev/shm name whose bytes sit in pages no one has touched yet: each is a
+/// fresh private mapping of a file holding the path, so the probe at `sys_enter` cannot read it.
+fn untouched_path() {
+    let name = format!("/dev/shm/untouched-{}\0", std::process::id());
+    let holder = format!("/tmp/shm-exerciser-path-{}", std::process::id());
+    std::fs::write(&holder, name.as_bytes()).expect("writing the path file");
+    let file = std::fs::File::open(&holder).expect("opening the path file");
+    let _ = std::fs::remove_file(&holder);
+    let map = || {
+        // SAFETY: a new read-only private mapping of a file we hold open; nothing reads it here.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED, "mmap of the path file");
+        page as *const libc::c_char
+    };
+    let (for_open, for_unlink) = (map(), map());
+    // SAFETY: both mappings hold the NUL-terminated path.
+    unsafe {
+        let fd = libc::openat(libc::AT_FDCWD, for_open, CREATE, 0o600);
+        check(fd as i64, "openat through an untouched page");
+        libc::close(fd);
+        check(
+            libc::unlink(for_unlink) as i64,
+            "unlink through an untouched page",
+        );
     }
 }
 
