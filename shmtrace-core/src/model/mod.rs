@@ -4,12 +4,18 @@
 //!
 //! The model is fed only events and `/proc` snapshots taken by the caller, never reads the
 //! machine itself, so a recorded trace replays into the same state.
+mod annotation;
 mod container_info;
 mod object;
 mod process;
+mod snapshot;
+mod usage;
 mod world;
 
+pub use annotation::{Annotation, FaultSite};
 pub use container_info::{ContainerInfo, StartedBy, container_label};
 pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
-pub use world::{Annotation, ProcSnapshot, ShmUsage, SnapshotFd, SnapshotMapping, World};
+pub use snapshot::{ProcSnapshot, SnapshotFd, SnapshotMapping};
+pub use usage::{ShmUsage, Totals};
+pub use world::World;

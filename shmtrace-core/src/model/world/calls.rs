@@ -1,0 +1,163 @@
+//! What each /dev/shm system call does to the model: open, size, map, unmap, unlink, close.
+use super::World;
+use crate::{
+    event::{Call, Event, InodeId, Syscall},
+    model::{Annotation, Mapping, OpenFd, ShmObject, process::MAX_NAMES},
+};
+
+impl World {
+    pub(super) fn apply_call(&mut self, event: &Event, call: &Call, note: &mut Annotation) {
+        let ok = !call.failed();
+        match call.syscall {
+            Syscall::Openat | Syscall::Openat2 => {
+                note.object_path = call.display_path();
+                if let (true, Some(file), Some(fd), Some(path)) =
+                    (ok, call.file, call.fd, call.display_path())
+                {
+                    let flags = call.args[2];
+                    if self.is_stale(file.inode, flags, event.mntns) {
+                        self.retire(file.inode, note);
+                    }
+                    // Opened by its name, so it is alive: not an object freed before and
+                    // brought back by a passed descriptor, but a new one with the same
+                    // number (a restarted container's fresh /dev/shm numbers from 1 again).
+                    self.recently_freed.remove(&file.inode);
+                    let created = flags & libc::O_CREAT as u64 != 0
+                        && (flags & libc::O_EXCL as u64 != 0
+                            || !self.objects.contains_key(&file.inode));
+                    let is_new = !self.objects.contains_key(&file.inode);
+                    if is_new {
+                        self.totals.objects_created += u64::from(created);
+                    }
+                    let object = self.object_entry(file.inode, event.mntns, event.ts_ns);
+                    object.path = Some(path.clone());
+                    object.linked = true;
+                    object.fds += 1;
+                    if created && is_new {
+                        object.creator = Some(event.pid);
+                    }
+                    self.names.insert((event.mntns, path.clone()), file.inode);
+                    self.update_size(file.inode, file.size, file.allocated);
+                    let process = self.processes.get_mut(&event.pid).expect("ensured");
+                    if process.opened.len() < MAX_NAMES && !process.opened.contains(&path) {
+                        process.opened.push(path);
+                        // Inline, as `process` still borrows the map; `changed` trims the log.
+                        self.version += 1;
+                        self.change_log.push_back(event.pid);
+                    }
+                    let previous = process.fds.insert(
+                        fd,
+                        OpenFd {
+                            inode: file.inode,
+                            cloexec: flags & libc::O_CLOEXEC as u64 != 0,
+                        },
+                    );
+                    // A descriptor number reused without a close we saw (or one a /proc
+                    // snapshot already showed): the old reference is gone.
+                    if let Some(previous) = previous {
+                        self.release(vec![previous.inode], Vec::new(), note);
+                    }
+                }
+            }
+            Syscall::Ftruncate
+            | Syscall::Fallocate
+            | Syscall::Write
+            | Syscall::Mmap
+            | Syscall::Close => {
+                let Some(file) = call.file else { return };
+                let inode = file.inode;
+                let path = self
+                    .name_for_fd(event.pid, call.fd, inode)
+                    .or_else(|| self.recently_freed.get(&inode).cloned());
+                let is_new = !self.objects.contains_key(&inode);
+                let object = self.object_entry(inode, event.mntns, event.ts_ns);
+                if object.path.is_none() {
+                    object.path = path;
+                }
+                if is_new {
+                    // First seen through a descriptor: one passed from another process, whose
+                    // name is normally gone already (PyTorch unlinks before passing it).
+                    object.linked = false;
+                }
+                let request = match call.syscall {
+                    Syscall::Ftruncate => call.args[1],
+                    Syscall::Fallocate => call.args[2].saturating_add(call.args[3]),
+                    _ => 0,
+                };
+                object.peak_request = object.peak_request.max(request);
+                note.object_path = Some(object.display_name());
+                self.update_size(inode, file.size, file.allocated);
+                match call.syscall {
+                    Syscall::Mmap if ok => {
+                        let process = self.processes.get_mut(&event.pid).expect("ensured");
+                        let start = call.ret as u64;
+                        let len = call.args[1];
+                        let changes = process.unmap(start, len);
+                        process.map(Mapping {
+                            start,
+                            len,
+                            inode,
+                            offset: call.args[5],
+                        });
+                        self.adjust_mappings(changes, note);
+                        self.object_entry(inode, event.mntns, event.ts_ns).mappings += 1;
+                    }
+                    // close releases the descriptor even when it reports an error, except EBADF.
+                    Syscall::Close if call.errno() != Some(libc::EBADF) => {
+                        let process = self.processes.get_mut(&event.pid).expect("ensured");
+                        let removed = call.fd.and_then(|fd| process.fds.remove(&fd));
+                        if removed.is_some() {
+                            self.release(vec![inode], Vec::new(), note);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Syscall::Munmap => {
+                let process = self.processes.get_mut(&event.pid).expect("ensured");
+                let changes = if ok {
+                    process.unmap(call.args[0], call.args[1])
+                } else {
+                    Vec::new()
+                };
+                match changes.first() {
+                    Some((inode, _)) => {
+                        note.object_path = self.objects.get(inode).map(ShmObject::display_name)
+                    }
+                    None => note.irrelevant = true,
+                }
+                self.adjust_mappings(changes, note);
+            }
+            Syscall::Unlink | Syscall::Unlinkat => {
+                let Some(path) = call.display_path() else {
+                    return;
+                };
+                note.object_path = Some(path.clone());
+                if ok && let Some(inode) = self.names.remove(&(event.mntns, path)) {
+                    if let Some(object) = self.objects.get_mut(&inode) {
+                        object.linked = false;
+                    }
+                    self.free_if_released(inode, note);
+                }
+            }
+            Syscall::MemfdCreate
+            | Syscall::Recvmsg
+            | Syscall::Shmget
+            | Syscall::Shmat
+            | Syscall::Shmdt
+            | Syscall::Shmctl => {}
+        }
+    }
+
+    /// The name a descriptor was opened under, when the object has none yet.
+    pub(super) fn name_for_fd(&self, pid: u32, fd: Option<i32>, inode: InodeId) -> Option<String> {
+        if let Some(object) = self.objects.get(&inode)
+            && object.path.is_some()
+        {
+            return object.path.clone();
+        }
+        let process = self.processes.get(&pid)?;
+        let open = process.fds.get(&fd?)?;
+        self.objects.get(&open.inode)?.path.clone()
+    }
+}
