@@ -18,4 +18,4 @@ pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
 pub use snapshot::{ProcSnapshot, SnapshotFd, SnapshotMapping};
 pub use usage::{ShmUsage, Totals};
-pub use world::World;
+pub use world::{Evictions, Retention, World};

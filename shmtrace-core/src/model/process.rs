@@ -16,6 +16,9 @@ pub struct Process {
     /// /dev/shm mappings, sorted by start address, never overlapping.
     pub mappings: Vec<Mapping>,
     pub first_seen_ns: u64,
+    /// Its latest event: a process that has been silent longest is the first a capped model
+    /// forgets (its exit may have been lost).
+    pub last_seen_ns: u64,
     pub exit: Option<ExitStatus>,
     pub exit_ns: Option<u64>,
     /// Names of the process's other threads (`pt_data_pin`, say), at most [`MAX_NAMES`].
@@ -78,6 +81,7 @@ impl Process {
             fds: BTreeMap::new(),
             mappings: Vec::new(),
             first_seen_ns: ts_ns,
+            last_seen_ns: ts_ns,
             exit: None,
             exit_ns: None,
             thread_names: BTreeSet::new(),

@@ -4,6 +4,9 @@ use std::collections::{HashMap, VecDeque};
 
 mod calls;
 mod objects;
+mod retention;
+
+pub use retention::{Evictions, Retention};
 
 use super::{
     Annotation, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject, ShmUsage, Totals,
@@ -30,6 +33,8 @@ pub struct World {
     /// Names of objects recently freed, by inode: a descriptor passed to another process
     /// (SCM_RIGHTS, which is not traced) brings one back.
     recently_freed: HashMap<InodeId, String>,
+    /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
+    forgetting: Option<retention::Forgetting>,
 }
 
 /// Bound on `change_log`: a reader further behind recomputes from scratch.
@@ -175,10 +180,11 @@ impl World {
         self.totals.events += 1;
         self.ensure_process(event);
         // A process can change mount namespace (unshare, setns): the latest event says where.
-        if let Some(process) = self.processes.get_mut(&event.pid)
-            && event.mntns != 0
-        {
-            process.mntns = event.mntns;
+        if let Some(process) = self.processes.get_mut(&event.pid) {
+            process.last_seen_ns = process.last_seen_ns.max(event.ts_ns);
+            if event.mntns != 0 {
+                process.mntns = event.mntns;
+            }
         }
         match &event.body {
             Body::Fork { child_pid, .. } => self.changed(*child_pid),
@@ -225,6 +231,9 @@ impl World {
             Body::Exit(status) => {
                 if matches!(status, ExitStatus::Signal { .. }) {
                     self.totals.deaths_by_signal += 1;
+                }
+                if let Some(forgetting) = &mut self.forgetting {
+                    forgetting.exited(event.pid, event.ts_ns);
                 }
                 let released = {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");

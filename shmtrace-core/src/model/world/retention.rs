@@ -1,0 +1,196 @@
+//! Forgetting, for a trace that runs for weeks (`shmtrace daemon`): a process that ended is
+//! dropped once nothing can ask about it any more, and caps on processes and objects are a
+//! backstop (lost exit records, a node with more live processes than planned), with every
+//! entry a cap drops counted. The one-shot commands keep everything, since their summary
+//! speaks of every process: forgetting is off unless [`World::with_retention`] turns it on.
+use std::collections::{HashSet, VecDeque};
+
+use super::World;
+use crate::{event::InodeId, model::Annotation};
+
+/// How long what ended is kept, and the most kept at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// How long an exited process stays after its exit: a diagnosis that comes after it (a
+    /// trainer dying of its worker's failure) and the flight recorder's window look it up.
+    pub linger_ns: u64,
+    /// Most processes kept, alive or not.
+    pub max_processes: usize,
+    /// Most /dev/shm objects kept.
+    pub max_objects: usize,
+}
+
+/// Entries dropped because a cap was reached (not because they ended), since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evictions {
+    pub processes: u64,
+    pub objects: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Forgetting {
+    retention: Retention,
+    /// Exits in the order they came: (exit time, pid).
+    exited: VecDeque<(u64, u32)>,
+    /// Exited long enough ago, but still asked about: the creator of a file still in
+    /// /dev/shm (a leftover names it), or one the caller keeps.
+    pinned: Vec<(u64, u32)>,
+    evictions: Evictions,
+}
+
+impl Forgetting {
+    pub(super) fn exited(&mut self, pid: u32, ts_ns: u64) {
+        self.exited.push_back((ts_ns, pid));
+    }
+}
+
+/// Down to this share of a cap once it is exceeded, so that a model at its cap does not sort
+/// everything again at every call.
+fn below(cap: usize) -> usize {
+    cap - cap / 10
+}
+
+impl World {
+    /// A model that forgets what ended (see the module's documentation).
+    pub fn with_retention(mut self, retention: Retention) -> World {
+        self.forgetting = Some(Forgetting {
+            retention,
+            exited: VecDeque::new(),
+            pinned: Vec::new(),
+            evictions: Evictions::default(),
+        });
+        self
+    }
+
+    /// What the caps dropped so far.
+    pub fn evictions(&self) -> Evictions {
+        self.forgetting
+            .as_ref()
+            .map(|f| f.evictions)
+            .unwrap_or_default()
+    }
+
+    pub fn process_count(&self) -> usize {
+        self.processes.len()
+    }
+
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// The processes to forget at `now_ns` (boot time): those that exited more than the
+    /// linger ago, unless `keep` says otherwise or a live object names them as its creator;
+    /// then, while over the cap, the others that ended or went silent longest ago (a live
+    /// process whose exit record was lost, say), those holding nothing first, counted as
+    /// evictions. Nothing is forgotten yet: the caller first tells what
+    /// else knows them, then calls [`World::forget`].
+    pub fn due_to_forget(&mut self, now_ns: u64, keep: impl Fn(u32) -> bool) -> Vec<u32> {
+        let Some(forgetting) = &mut self.forgetting else {
+            return Vec::new();
+        };
+        let linger = forgetting.retention.linger_ns;
+        let mut candidates = std::mem::take(&mut forgetting.pinned);
+        while let Some(&(exit_ns, pid)) = forgetting.exited.front() {
+            if exit_ns.saturating_add(linger) > now_ns {
+                break;
+            }
+            forgetting.exited.pop_front();
+            candidates.push((exit_ns, pid));
+        }
+        let mut due = Vec::new();
+        if !candidates.is_empty() {
+            let creators: HashSet<u32> = self.objects.values().filter_map(|o| o.creator).collect();
+            for (exit_ns, pid) in candidates {
+                // Forgotten already, or the number is another process's now.
+                let Some(process) = self.processes.get(&pid) else {
+                    continue;
+                };
+                if process.exit_ns != Some(exit_ns) {
+                    continue;
+                }
+                if keep(pid) || creators.contains(&pid) {
+                    forgetting.pinned.push((exit_ns, pid));
+                } else {
+                    due.push(pid);
+                }
+            }
+        }
+        let cap = forgetting.retention.max_processes;
+        let left = self.processes.len() - due.len();
+        if left > cap {
+            let excess = left - below(cap);
+            let already: HashSet<u32> = due.iter().copied().collect();
+            let mut others: Vec<_> = self
+                .processes
+                .values()
+                .filter(|p| !already.contains(&p.pid))
+                .map(|p| {
+                    let holds = !p.fds.is_empty() || !p.mappings.is_empty();
+                    ((holds, p.exit_ns.unwrap_or(p.last_seen_ns)), p.pid)
+                })
+                .collect();
+            others.sort_unstable();
+            due.extend(others.iter().take(excess).map(|(_, pid)| *pid));
+            forgetting.evictions.processes += excess as u64;
+        }
+        due
+    }
+
+    /// Forgets `pids` (from [`World::due_to_forget`]); a process forgotten alive lets go of
+    /// what it held. Then, while over the cap on objects, drops the oldest objects nobody
+    /// holds, then the oldest others, counted as evictions.
+    pub fn forget(&mut self, pids: &[u32]) {
+        if self.forgetting.is_none() {
+            return;
+        }
+        let mut note = Annotation::default();
+        for pid in pids {
+            let Some(process) = self.processes.remove(pid) else {
+                continue;
+            };
+            let fds = process.fds.values().map(|fd| fd.inode).collect();
+            let maps = process.mappings.iter().map(|m| m.inode).collect();
+            self.release(fds, maps, &mut note);
+        }
+        let Some(forgetting) = &mut self.forgetting else {
+            return;
+        };
+        let cap = forgetting.retention.max_objects;
+        if self.objects.len() <= cap {
+            return;
+        }
+        let excess = self.objects.len() - below(cap);
+        forgetting.evictions.objects += excess as u64;
+        let mut oldest: Vec<_> = self
+            .objects
+            .values()
+            .map(|o| ((o.fds > 0 || o.mappings > 0, o.first_seen_ns), o.inode))
+            .collect();
+        oldest.sort_unstable_by_key(|(order, inode)| (*order, inode.dev, inode.ino));
+        for (_, inode) in oldest.into_iter().take(excess) {
+            self.evict_object(inode);
+        }
+    }
+
+    /// Drops an object from the model without saying it was freed: what it held no longer
+    /// counts in its file system's use.
+    fn evict_object(&mut self, inode: InodeId) {
+        let Some(object) = self.objects.remove(&inode) else {
+            return;
+        };
+        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
+        let usage = self.usage.entry(inode.dev).or_default();
+        usage.change(object.footprint(), (0, 0));
+        usage.objects = usage.objects.saturating_sub(1);
+        if let Some(path) = &object.path {
+            let key = (object.mntns, path.clone());
+            if self.names.get(&key) == Some(&inode) {
+                self.names.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "retention_tests.rs"]
+mod tests;

@@ -1,0 +1,169 @@
+//! Forgetting, fed decoded events built in code as the probes would send them.
+use super::*;
+use crate::event::{Body, Call, Event, ExitStatus, FileRef, Syscall};
+
+const MNTNS: u32 = 4026531841;
+const DEV: u32 = 47;
+const SECOND: u64 = 1_000_000_000;
+
+fn event(ts_ns: u64, pid: u32, body: Body) -> Event {
+    Event {
+        ts_ns,
+        cpu: 0,
+        pid,
+        tid: pid,
+        comm: "worker".to_owned(),
+        mntns: MNTNS,
+        cgroup_id: 1,
+        container_match: false,
+        body,
+    }
+}
+
+fn call(syscall: Syscall, ino: u64, path: Option<&str>, args: [u64; 6]) -> Body {
+    Body::Call(Call {
+        syscall,
+        fd: Some(3),
+        ret: 3,
+        args,
+        file: Some(FileRef {
+            inode: InodeId { dev: DEV, ino },
+            mode: libc::S_IFREG | 0o600,
+            size: 4096,
+            allocated: 4096,
+        }),
+        path: path.map(str::to_owned),
+        path_truncated: false,
+        relative_to_shm: false,
+    })
+}
+
+/// A child of pid 1 that creates `/dev/shm/obj-N`, then removes it (unless `leave`), and
+/// exits: the events of its whole life, starting at `ts`.
+fn short_life(world: &mut World, ts: u64, pid: u32, leave: bool) {
+    let path = format!("/dev/shm/obj-{pid}");
+    let create = (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) as u64;
+    world.apply(&event(ts, 1, Body::Fork { child_pid: pid }));
+    world.apply(&event(
+        ts + 1,
+        pid,
+        call(
+            Syscall::Openat,
+            u64::from(pid),
+            Some(&path),
+            [0, 0, create, 0o600, 0, 0],
+        ),
+    ));
+    if !leave {
+        world.apply(&event(
+            ts + 2,
+            pid,
+            call(Syscall::Unlink, u64::from(pid), Some(&path), [0; 6]),
+        ));
+    }
+    world.apply(&event(
+        ts + 3,
+        pid,
+        call(Syscall::Close, u64::from(pid), None, [3, 0, 0, 0, 0, 0]),
+    ));
+    world.apply(&event(ts + 4, pid, Body::Exit(ExitStatus::Code(0))));
+}
+
+fn retention(max_processes: usize, max_objects: usize) -> Retention {
+    Retention {
+        linger_ns: 10 * SECOND,
+        max_processes,
+        max_objects,
+    }
+}
+
+#[test]
+fn without_retention_the_model_keeps_every_process() {
+    let mut world = World::new();
+    for pid in 2..1002 {
+        short_life(&mut world, u64::from(pid) * SECOND, pid, false);
+    }
+    assert!(world.due_to_forget(u64::MAX, |_| false).is_empty());
+    world.forget(&[2, 3]);
+    assert_eq!(world.process_count(), 1001);
+    assert_eq!(world.evictions(), Evictions::default());
+}
+
+#[test]
+fn an_exited_process_is_kept_for_the_linger_then_forgotten() {
+    let mut world = World::new().with_retention(retention(1000, 1000));
+    short_life(&mut world, SECOND, 2, false);
+    assert!(world.due_to_forget(5 * SECOND, |_| false).is_empty());
+    // Kept while the caller still needs it (a failure not yet diagnosed).
+    assert!(world.due_to_forget(20 * SECOND, |pid| pid == 2).is_empty());
+    assert_eq!(world.due_to_forget(21 * SECOND, |_| false), vec![2]);
+    world.forget(&[2]);
+    assert!(!world.knows(2));
+    assert!(world.knows(1), "the parent is alive");
+    assert_eq!(world.evictions(), Evictions::default());
+}
+
+#[test]
+fn the_creator_of_a_file_left_in_dev_shm_is_kept_while_the_file_is_there() {
+    let mut world = World::new().with_retention(retention(1000, 1000));
+    short_life(&mut world, SECOND, 2, true);
+    assert!(world.due_to_forget(60 * SECOND, |_| false).is_empty());
+    assert!(world.knows(2), "a leftover's diagnosis names who made it");
+    // Removed by someone else: the creator no longer matters.
+    let path = "/dev/shm/obj-2";
+    world.apply(&event(
+        61 * SECOND,
+        1,
+        call(Syscall::Unlink, 2, Some(path), [0; 6]),
+    ));
+    assert_eq!(world.due_to_forget(62 * SECOND, |_| false), vec![2]);
+}
+
+/// A node's weeks in small: 100,000 short-lived processes, a hundred a second,, one in ten leaving a file in
+/// /dev/shm that is never removed, exit records lost for one in a hundred. What is kept stays
+/// under the caps, and everything the caps dropped is counted.
+#[test]
+fn a_long_stream_of_short_lived_processes_stays_under_the_caps() {
+    const MAX_PROCESSES: usize = 2000;
+    const MAX_OBJECTS: usize = 1000;
+    let mut world = World::new().with_retention(retention(MAX_PROCESSES, MAX_OBJECTS));
+    let mut ts = SECOND;
+    let mut largest = (0, 0);
+    for n in 0..100_000u32 {
+        let pid = 2 + n % 4_000_000;
+        if n % 100 == 0 {
+            // Its exit record was lost: it looks alive forever.
+            world.apply(&event(ts, 1, Body::Fork { child_pid: pid }));
+        } else {
+            short_life(&mut world, ts, pid, n % 10 == 0);
+        }
+        ts += SECOND / 100;
+        if n % 100 == 0 {
+            let due = world.due_to_forget(ts, |_| false);
+            world.forget(&due);
+            largest.0 = largest.0.max(world.process_count());
+            largest.1 = largest.1.max(world.object_count());
+        }
+    }
+    // Between two calls, a second of processes (a hundred) comes on top.
+    assert!(largest.0 <= MAX_PROCESSES + 100, "{largest:?}");
+    assert!(largest.1 <= MAX_OBJECTS + 100, "{largest:?}");
+    let evictions = world.evictions();
+    // The lost exits, and the leftovers beyond the cap, were dropped and counted.
+    assert!(evictions.processes > 0, "{evictions:?}");
+    assert!(
+        evictions.objects >= 9_000 - MAX_OBJECTS as u64,
+        "{evictions:?}"
+    );
+    // Those the cap dropped are the silent ones: the processes that exited within the
+    // linger are all still there, for the diagnoses that may come after them.
+    let recent = (ts - 10 * SECOND) / (SECOND / 100);
+    for n in (recent as u32 + 1..100_000).filter(|n| n % 10 != 0) {
+        assert!(world.knows(2 + n), "pid {} exited within the linger", 2 + n);
+    }
+    assert!(world.knows(1), "the long-lived parent stays");
+    // What is still counted as held on the file system is what the kept objects hold.
+    let held: u64 = world.live_objects().map(|o| o.allocated).sum();
+    assert_eq!(world.usage(DEV).unwrap().allocated, held);
+    assert_eq!(world.totals().processes_seen, 100_001);
+}
