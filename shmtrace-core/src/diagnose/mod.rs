@@ -8,6 +8,7 @@
 //! in by the caller, so a recorded trace replays to the same diagnosis.
 mod capacity;
 mod failure;
+mod forget;
 pub mod known;
 mod leftovers;
 mod pressure;
@@ -20,6 +21,7 @@ pub use capacity::Capacity;
 use capacity::at_least_held;
 use failure::at_least_refused;
 pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
+pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
 use leftovers::{leftovers_on, summarise_leftovers};
@@ -127,6 +129,8 @@ pub struct Diagnoser {
     first_used: HashMap<u32, u64>,
     /// Events lost so far (the caller says): a diagnosis made after losses says so.
     lost_events: u64,
+    /// Rows of the closing table dropped to bound memory ([`Diagnoser::forget`]).
+    evicted_groups: u64,
 }
 
 impl Diagnoser {

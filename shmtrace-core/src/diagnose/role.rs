@@ -107,6 +107,9 @@ pub struct Roles {
     workers: HashMap<WorkerKey, Vec<(u64, u32)>>,
     /// Where each worker was filed.
     filed_under: HashMap<u32, WorkerKey>,
+    /// Per key, workers forgotten from the front of its list ([`Roles::forget`]): later
+    /// workers keep their numbers. A worker forgotten from the middle stays as pid 0.
+    forgotten: HashMap<WorkerKey, u32>,
     /// `World::version` these roles reflect; `None` before the first computation.
     version: Option<u64>,
 }
@@ -173,7 +176,7 @@ impl Roles {
         let serves_workers = self
             .workers
             .iter()
-            .any(|(key, list)| key.0 == Some(pid) && !list.is_empty());
+            .any(|(key, list)| key.0 == Some(pid) && list.iter().any(|(_, p)| *p != 0));
         let kind = if serves_workers {
             Some(RoleKind::Trainer)
         } else {
@@ -211,12 +214,16 @@ impl Roles {
         let Some(list) = self.workers.get(&key) else {
             return;
         };
+        let base = self.forgotten.get(&key).copied().unwrap_or(0);
         for (index, (_, pid)) in list.iter().enumerate().skip(from) {
+            if *pid == 0 {
+                continue;
+            }
             self.by_pid.insert(
                 *pid,
                 Role {
                     kind: RoleKind::DataloaderWorker,
-                    worker_index: Some(index as u32),
+                    worker_index: Some(base + index as u32),
                     trainer: key.0,
                 },
             );
@@ -282,8 +289,36 @@ impl Roles {
             by_pid,
             workers: workers_by_key,
             filed_under,
+            forgotten: HashMap::new(),
             version: Some(world.version()),
         }
+    }
+
+    /// Forgets a process the model forgot (`World::forget`). A worker's place in its
+    /// trainer's list is kept, so that the workers after it keep their numbers.
+    pub fn forget(&mut self, pid: u32) {
+        self.by_pid.remove(&pid);
+        if let Some(key) = self.filed_under.remove(&pid)
+            && let Some(list) = self.workers.get_mut(&key)
+        {
+            if let Some(entry) = list.iter_mut().find(|(_, p)| *p == pid) {
+                entry.1 = 0;
+            }
+            let gone = list.iter().take_while(|(_, p)| *p == 0).count();
+            list.drain(..gone);
+            *self.forgotten.entry(key).or_default() += gone as u32;
+            if list.is_empty() {
+                self.workers.remove(&key);
+            }
+        }
+        // A trainer forgotten: nothing is numbered under it any more.
+        self.forgotten
+            .retain(|key, _| key.0 != Some(pid) || self.workers.contains_key(key));
+    }
+
+    /// How many processes have a role other than `other`.
+    pub fn remembered(&self) -> usize {
+        self.by_pid.len()
     }
 
     pub fn of(&self, pid: u32) -> Role {

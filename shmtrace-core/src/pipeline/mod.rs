@@ -6,6 +6,9 @@
 //! when something fails; the results go to the tap as records, so that a replay meets the same
 //! inputs at the same place and reaches the same diagnosis without a live machine.
 mod ports;
+mod retention;
+#[cfg(test)]
+mod retention_tests;
 #[cfg(test)]
 mod tests;
 mod trigger;
@@ -24,6 +27,7 @@ use crate::{
 };
 
 pub use ports::{Environment, Observer, Recorded, Tap};
+pub use retention::{Evicted, State};
 use trigger::{capacity_record, trigger};
 
 /// Runs every record through decode, model, diagnose and output, and copies it to the tap.
@@ -47,6 +51,9 @@ pub struct Pipeline {
     read_at_failure: HashSet<u32>,
     lost: LostCounts,
     malformed: u64,
+    /// Most diagnoses kept for the summary ([`Pipeline::bounded`]); `None` keeps all.
+    max_diagnoses: Option<usize>,
+    evicted_diagnoses: u64,
 }
 
 impl Pipeline {
@@ -66,6 +73,8 @@ impl Pipeline {
             read_at_failure: HashSet::new(),
             lost: LostCounts::default(),
             malformed: 0,
+            max_diagnoses: None,
+            evicted_diagnoses: 0,
         }
     }
 
@@ -97,6 +106,8 @@ impl Pipeline {
     /// A container stopped: its mount namespace number may come back for another one.
     pub fn forget_container(&mut self, mntns: u32) {
         self.diagnoser.forget_container(mntns);
+        // Measured again when another container has the number.
+        self.measured.remove(&mntns);
     }
 
     pub fn name_other_namespaces(&mut self, label: &str) {
@@ -329,6 +340,13 @@ impl Pipeline {
                 .context("writing output")?;
         }
         self.diagnoses.push(diagnosis);
+        if self
+            .max_diagnoses
+            .is_some_and(|max| self.diagnoses.len() > max)
+        {
+            self.diagnoses.remove(0);
+            self.evicted_diagnoses += 1;
+        }
         Ok(())
     }
 

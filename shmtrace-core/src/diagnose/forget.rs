@@ -1,0 +1,146 @@
+//! Forgetting the processes the model forgot (`World::forget`, a daemon's long run): their
+//! roles, the diagnoses a later one could have followed, their counts for the closing table.
+use super::{Diagnoser, Diagnosis};
+use crate::model::World;
+
+/// Most (place, role) rows kept for the closing table once nobody in them holds anything.
+const MAX_TABLE_ROWS: usize = 1024;
+
+/// What the diagnoser holds per process, and what it dropped to stay bounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Remembered {
+    /// Diagnoses made, kept for those that may follow them (a trainer dying after a worker).
+    pub diagnoses: usize,
+    /// Processes with failures not yet diagnosed.
+    pub pending: usize,
+    /// Processes with a role.
+    pub roles: usize,
+    /// Rows of the closing table.
+    pub table_rows: usize,
+    /// Rows of the closing table dropped, since the start.
+    pub evicted_table_rows: u64,
+}
+
+impl Diagnoser {
+    /// Whether `pid` has failures not yet diagnosed.
+    pub fn has_pending(&self, pid: u32) -> bool {
+        self.pending.contains_key(&pid)
+    }
+
+    /// The diagnosis of `pid`'s failures so far, now: for a process about to be forgotten
+    /// alive (a cap dropped it), so that its failures are not lost with it.
+    pub fn diagnose_now(&mut self, pid: u32, world: &World) -> Option<Diagnosis> {
+        let failures = self.pending.remove(&pid)?;
+        let mntns = world.process(pid).map_or(0, |p| p.mntns);
+        let ts = failures.last().map_or(0, |f| f.ts_ns);
+        Some(self.diagnose(pid, mntns, ts, None, failures, world))
+    }
+
+    /// Forgets `pids`, which the model forgets too.
+    pub fn forget(&mut self, pids: &[u32]) {
+        for pid in pids {
+            self.pending.remove(pid);
+            self.diagnosed.remove(pid);
+            self.outcomes.remove(pid);
+            self.loaders.remove(pid);
+            if let Some((inodes, group)) = self.held.remove(pid)
+                && let Some(counts) = self.group_now.get_mut(&group)
+            {
+                for inode in inodes {
+                    if let Some(n) = counts.get_mut(&inode) {
+                        *n -= 1;
+                        if *n == 0 {
+                            counts.remove(&inode);
+                        }
+                    }
+                }
+            }
+            self.roles.forget(*pid);
+        }
+        if pids.is_empty() {
+            return;
+        }
+        self.group_now.retain(|_, counts| !counts.is_empty());
+        // A place per container: over weeks, rows of containers long gone would pile up.
+        if self.group_peak.len() > MAX_TABLE_ROWS {
+            let before = self.group_peak.len();
+            let now = &self.group_now;
+            self.group_peak.retain(|group, _| now.contains_key(group));
+            self.evicted_groups += (before - self.group_peak.len()) as u64;
+        }
+    }
+
+    pub fn remembered(&self) -> Remembered {
+        Remembered {
+            diagnoses: self.diagnosed.len(),
+            pending: self.pending.len(),
+            roles: self.roles.remembered(),
+            table_rows: self.group_peak.len(),
+            evicted_table_rows: self.evicted_groups,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        diagnose::{RoleKind, Roles},
+        event::{Body, Event, ExitStatus},
+        model::{Retention, World},
+    };
+
+    fn event(ts_ns: u64, pid: u32, comm: &str, body: Body) -> Event {
+        Event {
+            ts_ns,
+            cpu: 0,
+            pid,
+            tid: pid,
+            comm: comm.to_owned(),
+            mntns: 1,
+            cgroup_id: 1,
+            container_match: false,
+            body,
+        }
+    }
+
+    /// A trainer (pid 10) starts DataLoader worker `pid` at `ts`.
+    fn worker(world: &mut World, pid: u32, ts: u64) {
+        world.apply(&event(ts, 10, "python3", Body::Fork { child_pid: pid }));
+        let rename = Body::Rename {
+            pid,
+            tid: pid,
+            comm: "pt_data_worker".to_owned(),
+        };
+        world.apply(&event(ts + 1, pid, "pt_data_worker", rename));
+    }
+
+    #[test]
+    fn workers_keep_their_numbers_when_earlier_ones_are_forgotten() {
+        let mut world = World::new().with_retention(Retention {
+            linger_ns: 10,
+            max_processes: 100,
+            max_objects: 100,
+        });
+        let mut roles = Roles::default();
+        for (i, pid) in [11, 12, 13].into_iter().enumerate() {
+            worker(&mut world, pid, 100 * i as u64);
+        }
+        let exit = Body::Exit(ExitStatus::Code(0));
+        world.apply(&event(1000, 11, "pt_data_worker", exit.clone()));
+        world.apply(&event(1001, 12, "pt_data_worker", exit));
+        roles.update(&world);
+        let due = world.due_to_forget(2000, |_| false);
+        assert_eq!(due.len(), 2);
+        world.forget(&due);
+        for pid in &due {
+            roles.forget(*pid);
+        }
+        worker(&mut world, 14, 3000);
+        roles.update(&world);
+        let index = |pid| roles.of(pid).worker_index;
+        assert_eq!((index(13), index(14)), (Some(2), Some(3)));
+        assert_eq!(roles.of(11).kind, RoleKind::Other);
+        assert_eq!(roles.of(10).kind, RoleKind::Trainer);
+        assert_eq!(roles.remembered(), 3);
+    }
+}

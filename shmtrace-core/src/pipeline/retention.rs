@@ -1,0 +1,80 @@
+//! Bounded state for a trace that runs for weeks (`shmtrace daemon`): the model forgets what
+//! ended ([`World::with_retention`]), and the pipeline has everything that knows those
+//! processes forget them too, keeps only the latest diagnoses, and says how much it holds and
+//! what its caps dropped. The one-shot commands do none of this.
+use anyhow::Result;
+
+use super::Pipeline;
+use crate::model::World;
+
+/// What the analysis holds now, and what its caps dropped since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    pub processes: usize,
+    pub objects: usize,
+    /// Diagnoses the diagnoser remembers for those that may follow them.
+    pub diagnoses: usize,
+    /// Diagnoses kept for the closing summary.
+    pub summary_diagnoses: usize,
+    pub roles: usize,
+    pub evicted: Evicted,
+}
+
+/// Entries dropped because a cap was reached, since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evicted {
+    pub processes: u64,
+    pub objects: u64,
+    pub summary_diagnoses: u64,
+    pub table_rows: u64,
+}
+
+impl Pipeline {
+    /// Keeps at most `max_diagnoses` diagnoses for the closing summary (the latest); the
+    /// model's own bounds come with its [`World::with_retention`].
+    pub fn bounded(mut self, max_diagnoses: usize) -> Pipeline {
+        self.max_diagnoses = Some(max_diagnoses);
+        self
+    }
+
+    /// Forgets what no longer matters at `now_ns` (boot time), in the model and everything
+    /// that knows its processes. A process the model's cap drops alive has its failures so far
+    /// diagnosed first.
+    pub fn prune(&mut self, now_ns: u64) -> Result<()> {
+        let diagnoser = &self.diagnoser;
+        let due = self
+            .world
+            .due_to_forget(now_ns, |pid| diagnoser.has_pending(pid));
+        for pid in &due {
+            if let Some(diagnosis) = self.diagnoser.diagnose_now(*pid, &self.world) {
+                self.show_diagnosis(diagnosis)?;
+            }
+        }
+        self.world.forget(&due);
+        self.diagnoser.forget(&due);
+        for pid in &due {
+            self.read_at_call.remove(pid);
+            self.read_at_failure.remove(pid);
+        }
+        Ok(())
+    }
+
+    pub fn state(&self) -> State {
+        let world: &World = &self.world;
+        let remembered = self.diagnoser.remembered();
+        let evictions = world.evictions();
+        State {
+            processes: world.process_count(),
+            objects: world.object_count(),
+            diagnoses: remembered.diagnoses,
+            summary_diagnoses: self.diagnoses.len(),
+            roles: remembered.roles,
+            evicted: Evicted {
+                processes: evictions.processes,
+                objects: evictions.objects,
+                summary_diagnoses: self.evicted_diagnoses,
+                table_rows: remembered.evicted_table_rows,
+            },
+        }
+    }
+}
