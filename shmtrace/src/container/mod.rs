@@ -31,6 +31,7 @@ mod shm;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
+pub use client::Candidate;
 pub use error::ContainerError;
 pub use resolve::{Change, Query, Resolver};
 pub use shm::{ShmInfo, measure_shm};

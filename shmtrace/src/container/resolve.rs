@@ -310,10 +310,22 @@ impl Resolver {
     /// Every running container, described and measured: what `--all` labels events with.
     /// Sandboxes (pause) are left out.
     pub async fn running(&self) -> (Vec<Container>, Vec<RuntimeProblem>) {
+        let (running, _, problems) = self.running_and_stopped().await;
+        (running, problems)
+    }
+
+    /// As [`Resolver::running`], and the containers the runtimes list that do not run (as
+    /// the list shows them: no process, no /dev/shm), so that one that stopped before it was
+    /// seen running can still be named.
+    pub async fn running_and_stopped(
+        &self,
+    ) -> (Vec<Container>, Vec<Candidate>, Vec<RuntimeProblem>) {
         let mut survey = self.survey().await;
         let host = HostFacts::read();
         let mut found = Vec::new();
+        let mut stopped = Vec::new();
         for (_, source, candidates) in &mut survey.sources {
+            stopped.extend(candidates.iter().filter(|c| !c.state.is_running()).cloned());
             for candidate in candidates.iter().filter(|c| c.state.is_running()) {
                 if let Ok(Some(mut container)) = source.describe(&candidate.id).await {
                     host::enrich(&mut container, &host);
@@ -325,7 +337,7 @@ impl Resolver {
             host::enrich(&mut container, &host);
             found.push(container);
         }
-        (found, survey.problems)
+        (found, stopped, survey.problems)
     }
 
     /// Asks every runtime for its containers; scans /proc when one could not answer.

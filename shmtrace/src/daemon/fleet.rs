@@ -7,16 +7,26 @@
 //!
 //! Events can arrive before the runtimes are asked about a new container (a container that
 //! fails as it starts). What they count waits, per mount namespace, for the next survey of the
-//! runtimes, which is then asked for at once; a namespace that three surveys do not claim is
-//! counted as `runtime="unknown"`. Namespace numbers are recycled: a container that claims the number
-//! is credited only if its main process started before the first event waiting there.
+//! runtimes, which is then asked for at once. The first process to count there is looked up in
+//! /proc as it acts: its cgroup names its container's runtime and id. A namespace that three
+//! surveys do not claim (the container stopped first) is counted for that container all the
+//! same, by the name the runtime's list of stopped containers gives its id, or by its short id
+//! once it is removed; only a namespace whose processes are in no container's cgroup (and no
+//! survey claims) is counted as `runtime="unknown"`.
+//!
+//! Namespace numbers are recycled, and the kernel hands a freed one to the next namespace made:
+//! a container removed and another started between two surveys share one. So the first process
+//! to count in a claimed namespace is checked against the claimer's id by its cgroup too, and a
+//! container that claims a number is credited with what waited there only if it is the one the
+//! cgroup named (or, where no cgroup named one, if its main process started before the first
+//! event waiting there).
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     time::{Duration, Instant},
 };
 
 use super::metrics::{ContainerLabels, DeathLabels, FailureLabels, Metrics};
-use crate::container::Container;
+use crate::container::{Candidate, Container, PathClass, Runtime, parse_proc_cgroup};
 
 /// Something to count for whoever a namespace turns out to be.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,8 +51,29 @@ const MAX_PENDING_PER_NAMESPACE: usize = 1024;
 /// How many exited processes' namespaces are remembered, for diagnoses that come after the
 /// death.
 const EXITED_REMEMBERED: usize = 4096;
-/// Surveys a namespace waits through before its counts go to `runtime="unknown"`.
+/// Surveys a namespace waits through before its counts go to the container its cgroup named,
+/// or to `runtime="unknown"`.
 const SURVEYS_WAITED: u32 = 3;
+/// Processes whose container was checked by cgroup, remembered (then checked again).
+const CHECKED_REMEMBERED: usize = 65_536;
+
+/// The container a process is in, by its cgroup (`/proc/PID/cgroup`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub runtime: Runtime,
+    pub id: String,
+}
+
+fn member_of(pid: u32) -> Option<Member> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    match parse_proc_cgroup(&text) {
+        PathClass::Container(found) => Some(Member {
+            runtime: found.runtime,
+            id: found.id,
+        }),
+        _ => None,
+    }
+}
 
 struct Pending {
     since: Instant,
@@ -52,6 +83,8 @@ struct Pending {
     /// The earliest event's time (`CLOCK_BOOTTIME` ns).
     first_ts_ns: u64,
     tallies: Vec<Tally>,
+    /// The container the first process to count there is in, by its cgroup.
+    member: Option<Member>,
 }
 
 /// A series' container.
@@ -91,6 +124,12 @@ pub struct Fleet {
     pid_mntns: HashMap<u32, u32>,
     exited: VecDeque<u32>,
     survey_wanted: bool,
+    /// Processes checked by cgroup against the container claiming their namespace.
+    checked: HashSet<u32>,
+    /// Names the runtimes list for stopped containers (by id), of namespaces still waiting.
+    stopped: HashMap<String, ContainerLabels>,
+    /// How a process's container is found (its cgroup; the tests give their own).
+    member_of: fn(u32) -> Option<Member>,
 }
 
 impl Fleet {
@@ -105,7 +144,22 @@ impl Fleet {
             pid_mntns: HashMap::new(),
             exited: VecDeque::new(),
             survey_wanted: false,
+            checked: HashSet::new(),
+            stopped: HashMap::new(),
+            member_of,
         }
+    }
+
+    /// Containers with series or followed now, including gone ones not yet retired.
+    pub fn followed(&self) -> usize {
+        self.by_labels.len()
+    }
+
+    /// Finds processes' containers with `lookup` instead of their cgroups.
+    #[cfg(test)]
+    pub fn with_lookup(mut self, lookup: fn(u32) -> Option<Member>) -> Fleet {
+        self.member_of = lookup;
+        self
     }
 
     /// Whether an event came from a namespace no survey has claimed yet.
@@ -128,6 +182,7 @@ impl Fleet {
         while self.exited.len() > EXITED_REMEMBERED {
             if let Some(old) = self.exited.pop_front() {
                 self.pid_mntns.remove(&old);
+                self.checked.remove(&old);
             }
         }
     }
@@ -139,9 +194,36 @@ impl Fleet {
     /// Counts `tally`, of an event at `ts_ns`, for the container of `mntns` (or the host), now
     /// or after the next survey.
     pub fn tally_in(&mut self, mntns: u32, tally: Tally, ts_ns: u64, now: Instant) {
+        self.tally(mntns, None, tally, ts_ns, now);
+    }
+
+    /// As [`Fleet::tally_in`], for an event of process `pid`, which /proc may still show: its
+    /// cgroup says which container it is in.
+    pub fn tally_from(&mut self, pid: u32, mntns: u32, tally: Tally, ts_ns: u64, now: Instant) {
+        self.tally(mntns, Some(pid), tally, ts_ns, now);
+    }
+
+    fn tally(&mut self, mntns: u32, pid: Option<u32>, tally: Tally, ts_ns: u64, now: Instant) {
         if mntns == self.host_mntns {
             self.apply(&ContainerLabels::host(), tally);
             return;
+        }
+        let mut member = None;
+        if self.checked.len() >= CHECKED_REMEMBERED {
+            self.checked.clear();
+        }
+        if let (Some(pid), Some(labels)) = (pid, self.by_mntns.get(&mntns))
+            && self.checked.insert(pid)
+        {
+            member = (self.member_of)(pid);
+            if member
+                .as_ref()
+                .is_some_and(|m| m.id != self.by_labels[labels].id)
+            {
+                // The number is another container's now: the claimer is gone, and the
+                // next survey says whose it is.
+                self.by_mntns.remove(&mntns);
+            }
         }
         if let Some(labels) = self.by_mntns.get(&mntns).cloned() {
             // An event read late, from before this container took the number: not its own.
@@ -160,11 +242,15 @@ impl Fleet {
             self.apply(&ContainerLabels::unknown(), tally);
             return;
         }
+        if !self.pending.contains_key(&mntns) && member.is_none() {
+            member = pid.and_then(self.member_of);
+        }
         let pending = self.pending.entry(mntns).or_insert_with(|| Pending {
             since: now,
             surveys: 0,
             first_ts_ns: ts_ns,
             tallies: Vec::new(),
+            member,
         });
         pending.first_ts_ns = pending.first_ts_ns.min(ts_ns);
         if pending.tallies.len() >= MAX_PENDING_PER_NAMESPACE {
@@ -190,6 +276,32 @@ impl Fleet {
                 Ok(())
             }
             None => Err(tally),
+        }
+    }
+
+    /// The containers the runtimes list that do not run, from the same answer as the next
+    /// [`Fleet::survey`]: names for those of waiting namespaces.
+    pub fn know_stopped(&mut self, stopped: &[Candidate]) {
+        self.stopped.clear();
+        let waiting: HashSet<&str> = self
+            .pending
+            .values()
+            .filter_map(|p| p.member.as_ref())
+            .map(|m| m.id.as_str())
+            .collect();
+        for candidate in stopped.iter().filter(|c| waiting.contains(c.id.as_str())) {
+            let name = if candidate.name.is_empty() {
+                candidate.id.chars().take(12).collect()
+            } else {
+                candidate.name.clone()
+            };
+            let labels = ContainerLabels {
+                container: name,
+                pod: candidate.pod.clone().unwrap_or_default(),
+                namespace: candidate.namespace.clone().unwrap_or_default(),
+                runtime: candidate.runtime.as_str().to_owned(),
+            };
+            self.stopped.insert(candidate.id.clone(), labels);
         }
     }
 
@@ -306,21 +418,57 @@ impl Fleet {
             .collect();
         for mntns in waited {
             let pending = self.pending.remove(&mntns).expect("listed");
-            let labels = self
-                .by_mntns
-                .get(&mntns)
-                .filter(|labels| {
-                    self.by_labels[*labels]
+            let claimer = self.by_mntns.get(&mntns);
+            let labels = match (&pending.member, claimer) {
+                (Some(member), Some(labels)) if self.by_labels[labels].id == member.id => {
+                    labels.clone()
+                }
+                (Some(member), _) => self.gone_member(member, now),
+                (None, Some(labels))
+                    if self.by_labels[labels]
                         .start_ns
-                        .is_some_and(|start| start <= pending.first_ts_ns)
-                })
-                .cloned()
-                .unwrap_or_else(ContainerLabels::unknown);
+                        .is_some_and(|start| start <= pending.first_ts_ns) =>
+                {
+                    labels.clone()
+                }
+                (None, _) => ContainerLabels::unknown(),
+            };
             for tally in pending.tallies {
                 self.apply(&labels, tally);
             }
         }
+        self.stopped.clear();
         changes
+    }
+
+    /// The labels of a container no survey saw running (it stopped first): as the runtime
+    /// lists it stopped, or by its short id once removed. Followed as gone, so that its series
+    /// retire after `--retain`.
+    fn gone_member(&mut self, member: &Member, now: Instant) -> ContainerLabels {
+        let labels = self
+            .stopped
+            .get(&member.id)
+            .cloned()
+            .unwrap_or_else(|| ContainerLabels {
+                container: member.id.chars().take(12).collect(),
+                runtime: member.runtime.as_str().to_owned(),
+                ..ContainerLabels::default()
+            });
+        self.by_labels
+            .entry(labels.clone())
+            .or_insert_with(|| Tracked {
+                id: member.id.clone(),
+                pid: None,
+                start_ns: None,
+                mntns: None,
+                shm_dev: None,
+                touched: false,
+                peak: 0,
+                gone_since: Some(now),
+                failures: HashSet::new(),
+                roles: HashSet::new(),
+            });
+        labels
     }
 
     fn apply(&mut self, labels: &ContainerLabels, tally: Tally) {

@@ -7,12 +7,12 @@ use std::{
 };
 
 use super::{
-    fleet::{Fleet, Tally},
+    fleet::{Fleet, Member, Tally},
     metrics::{Metrics, encode},
 };
 use crate::{
     clock::boot_ns,
-    container::{Container, FoundBy, IpcMode, Runtime, ShmInfo, State},
+    container::{Candidate, Container, FoundBy, IpcMode, Runtime, ShmInfo, State},
 };
 
 const HOST: u32 = 4026531841;
@@ -206,4 +206,85 @@ fn an_event_read_after_a_new_container_took_its_namespace_is_not_the_new_ones() 
     let text = text(&registry);
     assert!(!text.contains("newcomer"), "{text}");
     assert!(text.contains(r#"runtime="unknown""#), "{text}");
+}
+
+/// Process 7001 is in the container whose id is that of `container("crashed", ..)`; 7002 in
+/// that of `container("newcomer", ..)`; others in none.
+fn cgroups(pid: u32) -> Option<Member> {
+    let name = match pid {
+        7001 => "crashed",
+        7002 => "newcomer",
+        _ => return None,
+    };
+    Some(Member {
+        runtime: Runtime::Docker,
+        id: container(name, 0, 0).id,
+    })
+}
+
+#[test]
+fn a_container_that_stopped_before_any_survey_is_counted_by_the_name_its_runtime_lists() {
+    let (fleet, registry) = fleet(Duration::from_secs(60));
+    let mut fleet = fleet.with_lookup(cgroups);
+    fleet.tally_from(7001, NS, failure(), boot_ns().unwrap(), Instant::now());
+    let crashed = container("crashed", NS, 0);
+    let stopped = Candidate {
+        runtime: Runtime::Docker,
+        id: crashed.id.clone(),
+        name: "crashed".into(),
+        pod: Some("job-0".into()),
+        namespace: Some("ml".into()),
+        state: State::Exited { code: Some(1) },
+    };
+    for _ in 0..3 {
+        fleet.know_stopped(std::slice::from_ref(&stopped));
+        fleet.survey(&[], Instant::now());
+    }
+    let text = text(&registry);
+    assert!(
+        text.contains(r#"shmtrace_shm_failures_total{container="crashed",pod="job-0",namespace="ml",runtime="docker",syscall="fallocate",errno="ENOSPC"} 1"#),
+        "{text}"
+    );
+    assert!(!text.contains(r#"runtime="unknown""#), "{text}");
+}
+
+#[test]
+fn a_container_removed_before_any_survey_is_counted_by_its_short_id_and_retires() {
+    let (fleet, registry) = fleet(Duration::ZERO);
+    let mut fleet = fleet.with_lookup(cgroups);
+    fleet.tally_from(7001, NS, failure(), boot_ns().unwrap(), Instant::now());
+    for _ in 0..3 {
+        fleet.know_stopped(&[]);
+        fleet.survey(&[], Instant::now());
+    }
+    let short = &container("crashed", 0, 0).id[..12];
+    let counted = text(&registry);
+    assert!(
+        counted.contains(&format!(
+            r#"container="{short}",pod="",namespace="",runtime="docker",syscall="fallocate""#
+        )),
+        "{counted}"
+    );
+    fleet.survey(&[], Instant::now());
+    let later = text(&registry);
+    assert!(!later.contains(short), "not retired: {later}");
+}
+
+#[test]
+fn a_namespace_number_recycled_between_two_surveys_is_not_credited_to_the_gone_container() {
+    let (fleet, registry) = fleet(Duration::from_secs(60));
+    let mut fleet = fleet.with_lookup(cgroups);
+    let me = std::process::id();
+    fleet.survey(&[container("crashed", NS, me)], Instant::now());
+    // "crashed" is removed and "newcomer" gets its namespace number before the next survey.
+    fleet.tally_from(7002, NS, failure(), boot_ns().unwrap(), Instant::now());
+    assert!(fleet.take_survey_wanted(), "a survey is asked for at once");
+    assert!(!text(&registry).contains("ENOSPC"), "counted too early");
+    fleet.survey(&[container("newcomer", NS, me)], Instant::now());
+    let text = text(&registry);
+    assert!(
+        text.contains(r#"shmtrace_shm_failures_total{container="newcomer",pod="",namespace="",runtime="docker",syscall="fallocate",errno="ENOSPC"} 1"#),
+        "{text}"
+    );
+    assert!(!text.contains(r#"container="crashed""#), "{text}");
 }

@@ -103,6 +103,8 @@ pub struct Metrics {
     pub recordings_written: Counter,
     pub recordings_deleted: Counter,
     pub recording_errors: Counter,
+    pub state_entries: Family<KindLabels, Gauge>,
+    pub state_evictions: Family<KindLabels, Counter>,
 }
 
 impl Metrics {
@@ -190,6 +192,16 @@ impl Metrics {
             "recording_errors",
             "Incident recordings that could not be written",
             m.recording_errors,
+        );
+        registry.register(
+            "state_entries",
+            "Entries the daemon's analysis holds now (processes, objects, diagnoses, ...), by kind",
+            m.state_entries,
+        );
+        registry.register(
+            "state_evictions",
+            "Entries dropped because a bound on the daemon's memory was reached, by kind",
+            m.state_evictions,
         );
         (metrics, registry)
     }

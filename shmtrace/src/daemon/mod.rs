@@ -37,7 +37,7 @@ use crate::{
     cli::{ColorWhen, DaemonArgs},
     clock::{Clock, boot_ns},
     commands::{DefaultStream, init_logging, open_output},
-    container::{Container, Resolver, measure_shm},
+    container::{Candidate, Container, Resolver, measure_shm},
     diagnose::{Capacity, Diagnoser},
     event::LostCounts,
     live::{
@@ -45,15 +45,23 @@ use crate::{
         machine::LiveMachine,
         target, watch,
     },
-    model::World,
+    model::{Retention, World},
     output::{filter::Filter, json::SCHEMA_VERSION},
-    pipeline::Pipeline,
+    pipeline::{Evicted, Pipeline},
 };
 
 /// How often records are collected and the tap flushes (as in a live trace).
 const TICK: Duration = Duration::from_millis(100);
-/// How often the kernel's loss counters are read.
+/// How often the kernel's loss counters are read, and what ended is forgotten.
 const LOST_EVERY: Duration = Duration::from_secs(1);
+/// Least time an exited process is kept: diagnoses that follow a death (a trainer's after its
+/// worker's) come within seconds.
+const LINGER_AT_LEAST: Duration = Duration::from_secs(60);
+/// Most processes and /dev/shm objects the analysis keeps (a kilobyte or so each), and most
+/// diagnoses kept for the closing summary.
+const MAX_PROCESSES: usize = 32_768;
+const MAX_OBJECTS: usize = 32_768;
+const MAX_DIAGNOSES: usize = 256;
 /// The soonest a survey of the runtimes follows the last one, when events from an unknown
 /// namespace ask for one.
 const SURVEY_AT_MOST_EVERY: Duration = Duration::from_millis(250);
@@ -112,6 +120,8 @@ fn positive(seconds: f64, flag: &str) -> Result<Duration> {
 struct Survey {
     started: Instant,
     running: Vec<Container>,
+    /// Listed, not running: names for containers that stopped before a survey saw them.
+    stopped: Vec<Candidate>,
     /// Runtimes that did not answer, said as the CLI says it.
     problems: Vec<String>,
 }
@@ -128,6 +138,8 @@ struct Agent {
     /// Runtime problems already logged, so that a runtime that stays down is said once.
     problems_logged: Vec<String>,
     started: Instant,
+    /// Evictions already counted in the metrics.
+    evicted: Evicted,
 }
 
 /// Most distinct runtime problems remembered (beyond them, repeats are logged again).
@@ -159,12 +171,20 @@ impl Agent {
             DefaultStream::Stdout,
             Clock::now().context("reading the clocks")?,
         )?;
+        // Weeks of processes: what ended is forgotten once the diagnoses that may follow it,
+        // and the flight recorder's window, are past.
+        let retention = Retention {
+            linger_ns: (window + tail).max(LINGER_AT_LEAST).as_nanos() as u64,
+            max_processes: MAX_PROCESSES,
+            max_objects: MAX_OBJECTS,
+        };
         let mut pipeline = Pipeline::new(
-            World::new(),
+            World::new().with_retention(retention),
             Diagnoser::new(host_mntns),
             output,
             Filter::failed_only(),
         )
+        .bounded(MAX_DIAGNOSES)
         .with_observer(Box::new(FleetObserver {
             fleet: fleet.clone(),
             metrics: metrics.clone(),
@@ -207,6 +227,7 @@ impl Agent {
             lost: LostCounts::default(),
             problems_logged: Vec::new(),
             started: Instant::now(),
+            evicted: Evicted::default(),
         })
     }
 
@@ -247,6 +268,7 @@ impl Agent {
                     if last_lost.elapsed() >= LOST_EVERY {
                         last_lost = Instant::now();
                         self.check_lost()?;
+                        self.forget()?;
                     }
                     let wanted = self.fleet.borrow_mut().take_survey_wanted();
                     let due = last_survey.is_none_or(|at| {
@@ -258,9 +280,10 @@ impl Agent {
                         let resolver = self.resolver.clone();
                         surveying = Some(tokio::spawn(async move {
                             let started = Instant::now();
-                            let (running, problems) = resolver.running().await;
+                            let (running, stopped, problems) =
+                                resolver.running_and_stopped().await;
                             let problems = problems.iter().map(ToString::to_string).collect();
-                            Survey { started, running, problems }
+                            Survey { started, running, stopped, problems }
                         }));
                     } else if wanted {
                         // Not yet: ask again at the next tick.
@@ -306,6 +329,7 @@ impl Agent {
         let Survey {
             started,
             running,
+            stopped,
             problems,
         } = survey;
         for text in problems {
@@ -321,6 +345,7 @@ impl Agent {
                 self.problems_logged.push(text);
             }
         }
+        self.fleet.borrow_mut().know_stopped(&stopped);
         let changes = self.fleet.borrow_mut().survey(&running, started);
         for mntns in changes.stopped_mntns {
             self.pipeline.forget_container(mntns);
@@ -344,6 +369,46 @@ impl Agent {
                 self.pipeline.capacity(sample, Some(pid))?;
             }
         }
+        Ok(())
+    }
+
+    /// Forgets what ended long enough ago, and says how much the analysis holds and what
+    /// its bounds dropped.
+    fn forget(&mut self) -> Result<()> {
+        self.pipeline.prune(boot_ns()?)?;
+        let state = self.pipeline.state();
+        let followed = self.fleet.borrow().followed();
+        for (kind, entries) in [
+            ("process", state.processes),
+            ("object", state.objects),
+            ("diagnosis", state.diagnoses),
+            ("summary_diagnosis", state.summary_diagnoses),
+            ("role", state.roles),
+            ("container", followed),
+        ] {
+            self.metrics
+                .state_entries
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .set(entries as i64);
+        }
+        let (now, before) = (state.evicted, self.evicted);
+        for (kind, count) in [
+            ("process", now.processes - before.processes),
+            ("object", now.objects - before.objects),
+            (
+                "summary_diagnosis",
+                now.summary_diagnoses - before.summary_diagnoses,
+            ),
+            ("table_row", now.table_rows - before.table_rows),
+        ] {
+            // Every kind's counter exists from the start, so that a first eviction is an
+            // increase Prometheus sees.
+            self.metrics
+                .state_evictions
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .inc_by(count);
+        }
+        self.evicted = now;
         Ok(())
     }
 

@@ -27,7 +27,7 @@ impl Observer for FleetObserver {
         let now = Instant::now();
         fleet.saw_process(event.pid, event.mntns);
         for tally in tallies(event, note) {
-            fleet.tally_in(event.mntns, tally, event.ts_ns, now);
+            fleet.tally_from(event.pid, event.mntns, tally, event.ts_ns, now);
         }
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
