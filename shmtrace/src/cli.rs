@@ -296,6 +296,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     pub interval: std::time::Duration,
 
+    /// How long the analysis keeps a process after it exits (suffix s, m or h): a diagnosis
+    /// that follows a death (a trainer's, after its DataLoader worker's) needs it. Then it is
+    /// forgotten, so that memory stays bounded over weeks.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub forget_after: std::time::Duration,
+
     /// Ask the Docker (or Podman) daemon at this socket instead of the usual places.
     #[arg(long, value_name = "PATH")]
     pub docker_socket: Option<PathBuf>,

@@ -1,8 +1,8 @@
 //! `shmtrace daemon` scraped by a real Prometheus while a real Docker container fails in a
 //! 1 MiB /dev/shm: Prometheus' HTTP API has the failure counter and the size, used and
-//! recommended gauges for that container by name, and nothing for a bystander; the advised
-//! size, applied, lets the same workload succeed. Needs root, Docker and Debian's prometheus
-//! package, and fails loudly without them.
+//! recommended gauges for that container by name, and nothing for a bystander that only lists
+//! /dev/shm; the advised size, applied, lets the same workload succeed. Needs root, Docker and
+//! Debian's prometheus package, and fails loudly without them.
 use std::{
     io::Write,
     process::{Command, Stdio},
@@ -39,7 +39,13 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
     let bpf = OwnBpfObjects::watch(daemon.pid());
     let prometheus = Prometheus::start("shmtrace", &daemon.addr);
 
-    let bystander = Container::run("daemon-prom-bystander", &[], "sleep 600");
+    // It lists /dev/shm again and again (opening the directory), and touches nothing in it:
+    // that is no use of /dev/shm, and earns no series.
+    let bystander = Container::run(
+        "daemon-prom-bystander",
+        &[],
+        "while true; do ls -la /dev/shm /dev/shm/ >/dev/null; sleep 0.2; done",
+    );
     let failing = Container::run("daemon-prom-fail", &["--shm-size", "1m"], WORKLOAD);
     // Let a survey of the runtimes see both before the failure (one runs every second).
     std::thread::sleep(Duration::from_secs(3));
@@ -106,7 +112,11 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
     let about_bystander = prometheus.query(&format!(r#"{{container="{}"}}"#, bystander.name));
     assert!(
         about_bystander.is_empty(),
-        "an untouched container has series: {about_bystander:?}"
+        "a container that only lists /dev/shm has series: {about_bystander:?}"
+    );
+    assert!(
+        !daemon.metrics().contains(&bystander.name),
+        "a container that only lists /dev/shm has series"
     );
 
     // A real scrape passes promtool's checks.

@@ -75,6 +75,17 @@ fn member_of(pid: u32) -> Option<Member> {
     }
 }
 
+/// The container of any process still in mount namespace `mntns`: for a namespace whose
+/// first process to count is gone already (`dd` writes and exits in a millisecond). One pass
+/// over /proc, once per namespace no survey claimed yet.
+fn member_in(mntns: u32) -> Option<Member> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| crate::kernel_ids::mount_namespace(*pid) == Some(mntns))
+        .find_map(member_of)
+}
+
 struct Pending {
     since: Instant,
     /// Surveys that ended since, without claiming the namespace. A runtime that answers
@@ -128,8 +139,10 @@ pub struct Fleet {
     checked: HashSet<u32>,
     /// Names the runtimes list for stopped containers (by id), of namespaces still waiting.
     stopped: HashMap<String, ContainerLabels>,
-    /// How a process's container is found (its cgroup; the tests give their own).
+    /// How a process's container is found (its cgroup), and a namespace's (any of its
+    /// processes'); the tests give their own.
     member_of: fn(u32) -> Option<Member>,
+    member_in: fn(u32) -> Option<Member>,
 }
 
 impl Fleet {
@@ -147,6 +160,7 @@ impl Fleet {
             checked: HashSet::new(),
             stopped: HashMap::new(),
             member_of,
+            member_in,
         }
     }
 
@@ -157,8 +171,13 @@ impl Fleet {
 
     /// Finds processes' containers with `lookup` instead of their cgroups.
     #[cfg(test)]
-    pub fn with_lookup(mut self, lookup: fn(u32) -> Option<Member>) -> Fleet {
-        self.member_of = lookup;
+    pub fn with_lookup(
+        mut self,
+        of_process: fn(u32) -> Option<Member>,
+        in_namespace: fn(u32) -> Option<Member>,
+    ) -> Fleet {
+        self.member_of = of_process;
+        self.member_in = in_namespace;
         self
     }
 
@@ -243,7 +262,8 @@ impl Fleet {
             return;
         }
         if !self.pending.contains_key(&mntns) && member.is_none() {
-            member = pid.and_then(self.member_of);
+            let (of_process, in_namespace) = (self.member_of, self.member_in);
+            member = pid.and_then(|pid| of_process(pid).or_else(|| in_namespace(mntns)));
         }
         let pending = self.pending.entry(mntns).or_insert_with(|| Pending {
             since: now,

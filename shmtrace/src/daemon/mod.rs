@@ -54,9 +54,6 @@ use crate::{
 const TICK: Duration = Duration::from_millis(100);
 /// How often the kernel's loss counters are read, and what ended is forgotten.
 const LOST_EVERY: Duration = Duration::from_secs(1);
-/// Least time an exited process is kept: diagnoses that follow a death (a trainer's after its
-/// worker's) come within seconds.
-const LINGER_AT_LEAST: Duration = Duration::from_secs(60);
 /// Most processes and /dev/shm objects the analysis keeps (a kilobyte or so each), and most
 /// diagnoses kept for the closing summary.
 const MAX_PROCESSES: usize = 32_768;
@@ -171,10 +168,10 @@ impl Agent {
             DefaultStream::Stdout,
             Clock::now().context("reading the clocks")?,
         )?;
-        // Weeks of processes: what ended is forgotten once the diagnoses that may follow it,
-        // and the flight recorder's window, are past.
+        // Weeks of processes: what ended is forgotten once the diagnoses that may follow it
+        // are past (the flight recorder keeps what its recordings need on its own).
         let retention = Retention {
-            linger_ns: (window + tail).max(LINGER_AT_LEAST).as_nanos() as u64,
+            linger_ns: args.forget_after.as_nanos() as u64,
             max_processes: MAX_PROCESSES,
             max_objects: MAX_OBJECTS,
         };
