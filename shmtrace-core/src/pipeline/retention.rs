@@ -59,6 +59,23 @@ impl Pipeline {
         Ok(())
     }
 
+    /// The container of mount namespace `mntns` is gone, with the /dev/shm it had of its
+    /// own: the objects named there on any file system but `shared_dev` (the host's
+    /// /dev/shm, whose files outlive the container) end. Returns how many.
+    pub fn retire_namespace(&mut self, mntns: u32, shared_dev: Option<u32>) -> usize {
+        let mut devs: Vec<u32> = self
+            .world
+            .live_objects()
+            .filter(|o| o.mntns == mntns && Some(o.inode.dev) != shared_dev)
+            .map(|o| o.inode.dev)
+            .collect();
+        devs.sort_unstable();
+        devs.dedup();
+        devs.into_iter()
+            .map(|dev| self.world.retire_file_system(dev, mntns))
+            .sum()
+    }
+
     pub fn state(&self) -> State {
         let world: &World = &self.world;
         let remembered = self.diagnoser.remembered();

@@ -123,6 +123,8 @@ pub struct Changes {
     pub started: Vec<Container>,
     /// Mount namespaces of containers that stopped or were replaced.
     pub stopped_mntns: Vec<u32>,
+    /// Mount namespaces of containers that stopped before any survey saw them running.
+    pub unseen_mntns: Vec<u32>,
 }
 
 pub struct Fleet {
@@ -443,7 +445,10 @@ impl Fleet {
                 (Some(member), Some(labels)) if self.by_labels[labels].id == member.id => {
                     labels.clone()
                 }
-                (Some(member), _) => self.gone_member(member, now),
+                (Some(member), _) => {
+                    changes.unseen_mntns.push(mntns);
+                    self.gone_member(member, now)
+                }
                 (None, Some(labels))
                     if self.by_labels[labels]
                         .start_ns

@@ -37,7 +37,7 @@ use crate::{
     cli::{ColorWhen, DaemonArgs},
     clock::{Clock, boot_ns},
     commands::{DefaultStream, init_logging, open_output},
-    container::{Candidate, Container, Resolver, measure_shm},
+    container::{Candidate, Container, Resolver, host_shm_dev, measure_shm},
     diagnose::{Capacity, Diagnoser},
     event::LostCounts,
     live::{
@@ -137,6 +137,8 @@ struct Agent {
     started: Instant,
     /// Evictions already counted in the metrics.
     evicted: Evicted,
+    /// The host's /dev/shm, whose files outlive the containers that made them.
+    host_shm_dev: Option<u32>,
 }
 
 /// Most distinct runtime problems remembered (beyond them, repeats are logged again).
@@ -225,6 +227,7 @@ impl Agent {
             problems_logged: Vec::new(),
             started: Instant::now(),
             evicted: Evicted::default(),
+            host_shm_dev: host_shm_dev(),
         })
     }
 
@@ -346,6 +349,10 @@ impl Agent {
         let changes = self.fleet.borrow_mut().survey(&running, started);
         for mntns in changes.stopped_mntns {
             self.pipeline.forget_container(mntns);
+            self.pipeline.retire_namespace(mntns, self.host_shm_dev);
+        }
+        for mntns in changes.unseen_mntns {
+            self.pipeline.retire_namespace(mntns, self.host_shm_dev);
         }
         for container in &changes.started {
             if let Err(error) = watch::register(container, &mut self.tracer, &mut self.pipeline) {
