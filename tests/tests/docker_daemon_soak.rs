@@ -282,9 +282,11 @@ fn docker_churn_keeps_memory_flat_and_retires_series() {
     let text = daemon.metrics();
     let state_end = state(&text);
     println!("daemon state once the churn stopped: {state_end:?}");
+    // Kept were 200 containers' processes and files, there would be hundreds; the bound
+    // leaves room for what else runs on the machine meanwhile.
     for kind in STATE {
         assert!(
-            state_end[kind] <= state_warm[kind].max(20),
+            state_end[kind] <= state_warm[kind].max(50) * 2,
             "{kind}: {} entries after the churn, {} after 2 waves",
             state_end[kind],
             state_warm[kind]

@@ -236,20 +236,29 @@ impl Fleet {
         if let (Some(pid), Some(labels)) = (pid, self.by_mntns.get(&mntns))
             && self.checked.insert(pid)
         {
-            member = (self.member_of)(pid);
-            if member
-                .as_ref()
-                .is_some_and(|m| m.id != self.by_labels[labels].id)
+            let claimer = self.by_labels.get(labels);
+            // Its main process gone, or elsewhere: the number is not the claimer's any more.
+            let here = claimer
+                .and_then(|t| t.pid)
+                .is_some_and(|main| crate::kernel_ids::mount_namespace(main) == Some(mntns));
+            if here {
+                member = (self.member_of)(pid);
+            }
+            if !here
+                || member
+                    .as_ref()
+                    .is_some_and(|m| claimer.is_none_or(|t| t.id != m.id))
             {
-                // The number is another container's now: the claimer is gone, and the
-                // next survey says whose it is.
+                // The next survey says whose it is.
                 self.by_mntns.remove(&mntns);
             }
         }
         if let Some(labels) = self.by_mntns.get(&mntns).cloned() {
             // An event read late, from before this container took the number: not its own.
-            let before = self.by_labels[&labels]
-                .start_ns
+            let before = self
+                .by_labels
+                .get(&labels)
+                .and_then(|t| t.start_ns)
                 .is_some_and(|start| ts_ns < start);
             let labels = if before {
                 ContainerLabels::unknown()
@@ -372,7 +381,9 @@ impl Fleet {
                 roles: HashSet::new(),
             });
             let new_process = tracked.pid != container.pid || tracked.id != container.id;
-            if new_process {
+            // A new process, or its namespace could not be read again (it is ending): the
+            // number it had is no longer its own.
+            if new_process || tracked.mntns != container.mntns {
                 if let Some(old) = tracked.mntns.take() {
                     // Unless a container met earlier in this survey has the number now.
                     if self.by_mntns.get(&old) == Some(&labels) {
@@ -380,6 +391,8 @@ impl Fleet {
                         changes.stopped_mntns.push(old);
                     }
                 }
+            }
+            if new_process {
                 // The high-water mark is since this start.
                 tracked.peak = 0;
                 changes.started.push(container.clone());
@@ -442,7 +455,12 @@ impl Fleet {
             let pending = self.pending.remove(&mntns).expect("listed");
             let claimer = self.by_mntns.get(&mntns);
             let labels = match (&pending.member, claimer) {
-                (Some(member), Some(labels)) if self.by_labels[labels].id == member.id => {
+                (Some(member), Some(labels))
+                    if self
+                        .by_labels
+                        .get(labels)
+                        .is_some_and(|t| t.id == member.id) =>
+                {
                     labels.clone()
                 }
                 (Some(member), _) => {
@@ -450,8 +468,10 @@ impl Fleet {
                     self.gone_member(member, now)
                 }
                 (None, Some(labels))
-                    if self.by_labels[labels]
-                        .start_ns
+                    if self
+                        .by_labels
+                        .get(labels)
+                        .and_then(|t| t.start_ns)
                         .is_some_and(|start| start <= pending.first_ts_ns) =>
                 {
                     labels.clone()

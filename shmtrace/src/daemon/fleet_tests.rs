@@ -305,3 +305,18 @@ fn a_namespace_whose_first_process_is_gone_is_named_by_another_of_its_processes(
     assert!(text.contains(&format!(r#"container="{short}""#)), "{text}");
     assert!(!text.contains(r#"runtime="unknown""#), "{text}");
 }
+
+#[test]
+fn a_container_whose_namespace_could_not_be_read_again_leaves_no_stale_number() {
+    let (mut fleet, _registry) = fleet(Duration::ZERO);
+    let me = std::process::id();
+    fleet.survey(&[container("ending", NS, me)], Instant::now());
+    // Listed running once more, but its process was ending: no namespace to read.
+    let mut ending = container("ending", NS, me);
+    ending.mntns = None;
+    let changes = fleet.survey(&[ending], Instant::now());
+    assert_eq!(changes.stopped_mntns, vec![NS]);
+    fleet.survey(&[], Instant::now());
+    // Its number is another namespace's now: counted without a trace of the old one.
+    fleet.tally_in(NS, failure(), boot_ns().unwrap(), Instant::now());
+}
