@@ -383,14 +383,13 @@ impl Fleet {
             let new_process = tracked.pid != container.pid || tracked.id != container.id;
             // A new process, or its namespace could not be read again (it is ending): the
             // number it had is no longer its own.
-            if new_process || tracked.mntns != container.mntns {
-                if let Some(old) = tracked.mntns.take() {
-                    // Unless a container met earlier in this survey has the number now.
-                    if self.by_mntns.get(&old) == Some(&labels) {
-                        self.by_mntns.remove(&old);
-                        changes.stopped_mntns.push(old);
-                    }
-                }
+            if (new_process || tracked.mntns != container.mntns)
+                && let Some(old) = tracked.mntns.take()
+                // Unless a container met earlier in this survey has the number now.
+                && self.by_mntns.get(&old) == Some(&labels)
+            {
+                self.by_mntns.remove(&old);
+                changes.stopped_mntns.push(old);
             }
             if new_process {
                 // The high-water mark is since this start.
