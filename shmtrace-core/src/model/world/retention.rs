@@ -79,11 +79,11 @@ impl World {
     }
 
     /// The processes to forget at `now_ns` (boot time): those that exited more than the
-    /// linger ago, unless `keep` says otherwise or a live object names them as its creator;
+    /// linger ago, and live ones that hold nothing, are nobody's parent and were silent as
+    /// long, unless `keep` says otherwise or a live object names them as its creator;
     /// then, while over the cap, the others that ended or went silent longest ago (a live
-    /// process whose exit record was lost, say), those holding nothing first, counted as
-    /// evictions. Nothing is forgotten yet: the caller first tells what
-    /// else knows them, then calls [`World::forget`].
+    /// process whose exit record was lost, say), counted as evictions. Nothing is forgotten
+    /// yet: the caller first tells what else knows them, then calls [`World::forget`].
     pub fn due_to_forget(&mut self, now_ns: u64, keep: impl Fn(u32) -> bool) -> Vec<u32> {
         let Some(forgetting) = &mut self.forgetting else {
             return Vec::new();
@@ -98,8 +98,8 @@ impl World {
             candidates.push((exit_ns, pid));
         }
         let mut due = Vec::new();
+        let creators: HashSet<u32> = self.objects.values().filter_map(|o| o.creator).collect();
         if !candidates.is_empty() {
-            let creators: HashSet<u32> = self.objects.values().filter_map(|o| o.creator).collect();
             for (exit_ns, pid) in candidates {
                 // Forgotten already, or the number is another process's now.
                 let Some(process) = self.processes.get(&pid) else {
@@ -115,6 +115,29 @@ impl World {
                 }
             }
         }
+        // Live ones that hold nothing, are nobody's parent, and were silent for the linger: a
+        // process seen only as it sent a signal or opened /dev/shm itself (a runtime, `ls`)
+        // is not followed, and its exit is never seen. Should it act again, it is met anew.
+        let parents: HashSet<u32> = self
+            .processes
+            .values()
+            .filter(|p| p.alive())
+            .filter_map(|p| p.parent)
+            .collect();
+        due.extend(
+            self.processes
+                .values()
+                .filter(|p| {
+                    p.alive()
+                        && p.fds.is_empty()
+                        && p.mappings.is_empty()
+                        && p.last_seen_ns.saturating_add(linger) <= now_ns
+                        && !parents.contains(&p.pid)
+                        && !creators.contains(&p.pid)
+                })
+                .map(|p| p.pid)
+                .filter(|pid| !keep(*pid)),
+        );
         let cap = forgetting.retention.max_processes;
         let left = self.processes.len() - due.len();
         if left > cap {
@@ -124,10 +147,9 @@ impl World {
                 .processes
                 .values()
                 .filter(|p| !already.contains(&p.pid))
-                .map(|p| {
-                    let holds = !p.fds.is_empty() || !p.mappings.is_empty();
-                    ((holds, p.exit_ns.unwrap_or(p.last_seen_ns)), p.pid)
-                })
+                // Silent longest first, holding something or not: a live process dropped
+                // this way is read from /proc again when it acts.
+                .map(|p| (p.exit_ns.unwrap_or(p.last_seen_ns), p.pid))
                 .collect();
             others.sort_unstable();
             due.extend(others.iter().take(excess).map(|(_, pid)| *pid));
