@@ -88,9 +88,13 @@ fn tallies(event: &Event, note: &Annotation) -> Vec<Tally> {
                     .unwrap_or_else(|| "MSG_CTRUNC".to_owned()),
             },
         ],
-        // Using /dev/shm: an object made, sized, mapped or removed. Opening the directory
-        // itself is not (the runtime does it as it sets a container up).
-        Body::Call(_) if !note.irrelevant && note.object_path.as_deref().is_some_and(is_object) => {
+        // Using /dev/shm: an object made, sized, mapped or removed. Opening or closing the
+        // directory itself is not (the runtime does it as it sets a container up; `ls` does).
+        Body::Call(call)
+            if !note.irrelevant
+                && !is_directory(call)
+                && note.object_path.as_deref().is_some_and(is_object) =>
+        {
             vec![Tally::Touch]
         }
         Body::Signal(signal) if signal.signo == libc::SIGBUS && note.fault.is_some() => {
@@ -98,6 +102,12 @@ fn tallies(event: &Event, note: &Annotation) -> Vec<Tally> {
         }
         _ => Vec::new(),
     }
+}
+
+/// The call acted on a directory (the close of `ls`'s descriptor of /dev/shm shows no path).
+fn is_directory(call: &crate::event::Call) -> bool {
+    call.file
+        .is_some_and(|file| file.mode & libc::S_IFMT == libc::S_IFDIR)
 }
 
 /// A path of an object in /dev/shm, not the directory (System V segments have their own names).
@@ -110,4 +120,54 @@ fn role_name(diagnosis: &Diagnosis) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_else(|| "other".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Call, FileRef, InodeId, Syscall};
+
+    /// `close(3)` of a descriptor of `mode`, as the model annotates a file it never saw
+    /// opened.
+    fn close(mode: u32) -> (Event, Annotation) {
+        let call = Call {
+            syscall: Syscall::Close,
+            fd: Some(3),
+            ret: 0,
+            args: [3, 0, 0, 0, 0, 0],
+            file: Some(FileRef {
+                inode: InodeId { dev: 27, ino: 1 },
+                mode,
+                size: 80,
+                allocated: 0,
+            }),
+            path: None,
+            path_truncated: false,
+            relative_to_shm: false,
+        };
+        let event = Event {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 2,
+            tid: 2,
+            comm: "ls".into(),
+            mntns: 3,
+            cgroup_id: 1,
+            container_match: false,
+            body: Body::Call(call),
+        };
+        let note = Annotation {
+            object_path: Some("<inode 1 on 0:27>".into()),
+            ..Annotation::default()
+        };
+        (event, note)
+    }
+
+    #[test]
+    fn closing_the_dev_shm_directory_is_no_use_of_it_and_closing_a_file_is() {
+        let (event, note) = close(libc::S_IFDIR | 0o1777);
+        assert_eq!(tallies(&event, &note), Vec::new());
+        let (event, note) = close(libc::S_IFREG | 0o600);
+        assert_eq!(tallies(&event, &note), vec![Tally::Touch]);
+    }
 }
