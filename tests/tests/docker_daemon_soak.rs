@@ -90,7 +90,7 @@ fn state(text: &str) -> BTreeMap<&'static str, u64> {
 }
 
 /// Runs `docker ARGS` for every item at once, and waits for them all; returns what each
-/// printed (`docker run -d` prints the container's id).
+/// printed, stdout (`docker run -d` prints the container's id) then stderr.
 fn docker_all(items: &[String], args: impl Fn(&str) -> Vec<String>) -> Vec<String> {
     let children: Vec<_> = items
         .iter()
@@ -112,7 +112,9 @@ fn docker_all(items: &[String], args: impl Fn(&str) -> Vec<String>) -> Vec<Strin
                 "docker: {}",
                 String::from_utf8_lossy(&output.stderr)
             );
-            String::from_utf8_lossy(&output.stdout).trim().to_owned()
+            let mut printed = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+            printed.push_str(&String::from_utf8_lossy(&output.stderr));
+            printed
         })
         .collect()
 }
@@ -228,6 +230,20 @@ fn docker_churn_keeps_memory_flat_and_retires_series() {
             std::thread::sleep(Duration::from_millis(500));
         };
         with_series.extend(seen);
+        // Every container wrote into its /dev/shm before it is removed (on a loaded machine,
+        // one may not have run `dd` yet): dd says so in the container's log.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let logs = docker_all(&names, |name| ["logs", name].map(str::to_owned).to_vec());
+            if logs.iter().all(|log| log.contains("records out")) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "wave {wave}: dd did not run in every container: {logs:?}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
         docker_all(&names, |name| {
             ["rm", "-f", name].map(str::to_owned).to_vec()
         });
