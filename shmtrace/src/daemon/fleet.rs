@@ -75,10 +75,13 @@ fn member_of(pid: u32) -> Option<Member> {
     }
 }
 
-/// The container of any process still in mount namespace `mntns`: for a namespace whose
-/// first process to count is gone already (`dd` writes and exits in a millisecond). One pass
-/// over /proc, once per namespace no survey claimed yet.
-fn member_in(mntns: u32) -> Option<Member> {
+/// When process `pid` is gone already (`dd` writes and exits in a millisecond), the container
+/// of any process still in its mount namespace `mntns`. One pass over /proc, once per
+/// namespace no survey claimed yet; none for a process that is there (in no container).
+fn member_in(pid: u32, mntns: u32) -> Option<Member> {
+    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return None;
+    }
     std::fs::read_dir("/proc")
         .ok()?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
@@ -144,7 +147,7 @@ pub struct Fleet {
     /// How a process's container is found (its cgroup), and a namespace's (any of its
     /// processes'); the tests give their own.
     member_of: fn(u32) -> Option<Member>,
-    member_in: fn(u32) -> Option<Member>,
+    member_in: fn(u32, u32) -> Option<Member>,
 }
 
 impl Fleet {
@@ -176,7 +179,7 @@ impl Fleet {
     pub fn with_lookup(
         mut self,
         of_process: fn(u32) -> Option<Member>,
-        in_namespace: fn(u32) -> Option<Member>,
+        in_namespace: fn(u32, u32) -> Option<Member>,
     ) -> Fleet {
         self.member_of = of_process;
         self.member_in = in_namespace;
@@ -274,7 +277,7 @@ impl Fleet {
         }
         if !self.pending.contains_key(&mntns) && member.is_none() {
             let (of_process, in_namespace) = (self.member_of, self.member_in);
-            member = pid.and_then(|pid| of_process(pid).or_else(|| in_namespace(mntns)));
+            member = pid.and_then(|pid| of_process(pid).or_else(|| in_namespace(pid, mntns)));
         }
         let pending = self.pending.entry(mntns).or_insert_with(|| Pending {
             since: now,

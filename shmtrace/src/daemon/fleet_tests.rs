@@ -225,7 +225,7 @@ fn cgroups(pid: u32) -> Option<Member> {
 #[test]
 fn a_container_that_stopped_before_any_survey_is_counted_by_the_name_its_runtime_lists() {
     let (fleet, registry) = fleet(Duration::from_secs(60));
-    let mut fleet = fleet.with_lookup(cgroups, |_| None);
+    let mut fleet = fleet.with_lookup(cgroups, |_, _| None);
     fleet.tally_from(7001, NS, failure(), boot_ns().unwrap(), Instant::now());
     let crashed = container("crashed", NS, 0);
     let stopped = Candidate {
@@ -251,7 +251,7 @@ fn a_container_that_stopped_before_any_survey_is_counted_by_the_name_its_runtime
 #[test]
 fn a_container_removed_before_any_survey_is_counted_by_its_short_id_and_retires() {
     let (fleet, registry) = fleet(Duration::ZERO);
-    let mut fleet = fleet.with_lookup(cgroups, |_| None);
+    let mut fleet = fleet.with_lookup(cgroups, |_, _| None);
     fleet.tally_from(7001, NS, failure(), boot_ns().unwrap(), Instant::now());
     for _ in 0..3 {
         fleet.know_stopped(&[]);
@@ -273,7 +273,7 @@ fn a_container_removed_before_any_survey_is_counted_by_its_short_id_and_retires(
 #[test]
 fn a_namespace_number_recycled_between_two_surveys_is_not_credited_to_the_gone_container() {
     let (fleet, registry) = fleet(Duration::from_secs(60));
-    let mut fleet = fleet.with_lookup(cgroups, |_| None);
+    let mut fleet = fleet.with_lookup(cgroups, |_, _| None);
     let me = std::process::id();
     fleet.survey(&[container("crashed", NS, me)], Instant::now());
     // "crashed" is removed and "newcomer" gets its namespace number before the next survey.
@@ -294,7 +294,9 @@ fn a_namespace_whose_first_process_is_gone_is_named_by_another_of_its_processes(
     let (fleet, registry) = fleet(Duration::from_secs(60));
     // Process 7003 exited before it was looked up; the namespace's other processes are in
     // "crashed"'s cgroup.
-    let mut fleet = fleet.with_lookup(cgroups, |mntns| cgroups(if mntns == NS { 7001 } else { 0 }));
+    let mut fleet = fleet.with_lookup(cgroups, |_, mntns| {
+        cgroups(if mntns == NS { 7001 } else { 0 })
+    });
     fleet.tally_from(7003, NS, failure(), boot_ns().unwrap(), Instant::now());
     for _ in 0..3 {
         fleet.know_stopped(&[]);
