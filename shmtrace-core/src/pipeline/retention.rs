@@ -60,20 +60,17 @@ impl Pipeline {
     }
 
     /// The container of mount namespace `mntns` is gone, with the /dev/shm it had of its
-    /// own: the objects named there on any file system but `shared_dev` (the host's
-    /// /dev/shm, whose files outlive the container) end. Returns how many.
-    pub fn retire_namespace(&mut self, mntns: u32, shared_dev: Option<u32>) -> usize {
-        let mut devs: Vec<u32> = self
-            .world
-            .live_objects()
-            .filter(|o| o.mntns == mntns && Some(o.inode.dev) != shared_dev)
-            .map(|o| o.inode.dev)
-            .collect();
-        devs.sort_unstable();
-        devs.dedup();
-        devs.into_iter()
-            .map(|dev| self.world.retire_file_system(dev, mntns))
-            .sum()
+    /// own: the objects named there before `before_ns` (when another container took the
+    /// number, if one did) on any file system but `shared_dev` (the host's /dev/shm, whose
+    /// files outlive the container) end. Returns how many.
+    pub fn retire_namespace(
+        &mut self,
+        mntns: u32,
+        shared_dev: Option<u32>,
+        before_ns: Option<u64>,
+    ) -> usize {
+        self.world
+            .retire_namespace(mntns, shared_dev, before_ns.unwrap_or(u64::MAX))
     }
 
     pub fn state(&self) -> State {

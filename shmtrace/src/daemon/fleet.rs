@@ -126,8 +126,10 @@ pub struct Changes {
     pub started: Vec<Container>,
     /// Mount namespaces of containers that stopped or were replaced.
     pub stopped_mntns: Vec<u32>,
-    /// Mount namespaces of containers that stopped before any survey saw them running.
-    pub unseen_mntns: Vec<u32>,
+    /// Mount namespaces of containers that are gone, claimed or not, even when another
+    /// container has the number now: with the start of that one (what was there before it
+    /// was the gone one's), or `None`.
+    pub ended: Vec<(u32, Option<u64>)>,
 }
 
 pub struct Fleet {
@@ -367,6 +369,7 @@ impl Fleet {
     pub fn survey(&mut self, running: &[Container], started: Instant) -> Changes {
         let now = Instant::now();
         let mut changes = Changes::default();
+        let mut ended = Vec::new();
         let mut seen: HashSet<ContainerLabels> = HashSet::new();
         for container in running.iter().filter(|c| c.state.is_running()) {
             let labels = labels_of(container);
@@ -388,11 +391,13 @@ impl Fleet {
             // number it had is no longer its own.
             if (new_process || tracked.mntns != container.mntns)
                 && let Some(old) = tracked.mntns.take()
-                // Unless a container met earlier in this survey has the number now.
-                && self.by_mntns.get(&old) == Some(&labels)
             {
-                self.by_mntns.remove(&old);
-                changes.stopped_mntns.push(old);
+                ended.push(old);
+                // Unless a container met earlier in this survey has the number now.
+                if self.by_mntns.get(&old) == Some(&labels) {
+                    self.by_mntns.remove(&old);
+                    changes.stopped_mntns.push(old);
+                }
             }
             if new_process {
                 // The high-water mark is since this start.
@@ -425,6 +430,7 @@ impl Fleet {
                     self.by_mntns.remove(&old);
                     changes.stopped_mntns.push(old);
                 }
+                ended.push(old);
                 tracked.pid = None;
             }
             let since = *tracked.gone_since.get_or_insert(now);
@@ -466,7 +472,7 @@ impl Fleet {
                     labels.clone()
                 }
                 (Some(member), _) => {
-                    changes.unseen_mntns.push(mntns);
+                    ended.push(mntns);
                     self.gone_member(member, now)
                 }
                 (None, Some(labels))
@@ -485,6 +491,19 @@ impl Fleet {
             }
         }
         self.stopped.clear();
+        ended.sort_unstable();
+        ended.dedup();
+        changes.ended = ended
+            .into_iter()
+            .map(|mntns| {
+                let taken_by = self
+                    .by_mntns
+                    .get(&mntns)
+                    .and_then(|l| self.by_labels.get(l));
+                // A claimer whose start is unknown: nothing can be told apart, nothing ends.
+                (mntns, taken_by.map(|t| t.start_ns.unwrap_or(0)))
+            })
+            .collect();
         changes
     }
 

@@ -322,3 +322,24 @@ fn a_container_whose_namespace_could_not_be_read_again_leaves_no_stale_number() 
     // Its number is another namespace's now: counted without a trace of the old one.
     fleet.tally_in(NS, failure(), boot_ns().unwrap(), Instant::now());
 }
+
+#[test]
+fn a_gone_containers_namespace_ends_even_when_another_took_the_number() {
+    let (mut fleet, _registry) = fleet(Duration::from_secs(60));
+    let me = std::process::id();
+    fleet.survey(&[container("first", NS, me)], Instant::now());
+    // Removed; "newcomer" has its number by the next survey.
+    let changes = fleet.survey(&[container("newcomer", NS, me)], Instant::now());
+    assert!(
+        changes.stopped_mntns.is_empty(),
+        "the number is the newcomer's"
+    );
+    // What was named there before the newcomer started was the first one's.
+    let started = changes.ended.first().and_then(|(_, before)| *before);
+    assert_eq!(changes.ended.len(), 1);
+    assert_eq!(changes.ended[0].0, NS);
+    assert!(started.is_some_and(|ns| ns > 0 && ns <= boot_ns().unwrap()));
+    // Gone too: the number ends whole.
+    let changes = fleet.survey(&[], Instant::now());
+    assert_eq!(changes.ended, vec![(NS, None)]);
+}

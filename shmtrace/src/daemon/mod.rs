@@ -349,10 +349,10 @@ impl Agent {
         let changes = self.fleet.borrow_mut().survey(&running, started);
         for mntns in changes.stopped_mntns {
             self.pipeline.forget_container(mntns);
-            self.pipeline.retire_namespace(mntns, self.host_shm_dev);
         }
-        for mntns in changes.unseen_mntns {
-            self.pipeline.retire_namespace(mntns, self.host_shm_dev);
+        for (mntns, before) in changes.ended {
+            self.pipeline
+                .retire_namespace(mntns, self.host_shm_dev, before);
         }
         for container in &changes.started {
             if let Err(error) = watch::register(container, &mut self.tracer, &mut self.pipeline) {

@@ -82,6 +82,30 @@ impl World {
         gone.len()
     }
 
+    /// Ends the lives of the objects named in mount namespace `mntns` on any file system but
+    /// `shared_dev` (the host's /dev/shm, whose files outlive containers), first seen before
+    /// `before_ns`: a gone container's own /dev/shm, whose namespace number another container
+    /// may have taken since (its objects come after it started). Returns how many.
+    pub fn retire_namespace(
+        &mut self,
+        mntns: u32,
+        shared_dev: Option<u32>,
+        before_ns: u64,
+    ) -> usize {
+        let gone: Vec<InodeId> = self
+            .objects
+            .values()
+            .filter(|o| o.mntns == mntns && Some(o.inode.dev) != shared_dev)
+            .filter(|o| o.first_seen_ns < before_ns)
+            .map(|o| o.inode)
+            .collect();
+        let mut note = Annotation::default();
+        for inode in &gone {
+            self.retire(*inode, &mut note);
+        }
+        gone.len()
+    }
+
     /// Ends the life of an object whose file system went away with it (see `is_stale`).
     pub(super) fn retire(&mut self, inode: InodeId, note: &mut Annotation) {
         let Some(object) = self.objects.remove(&inode) else {

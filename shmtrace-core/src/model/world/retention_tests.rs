@@ -205,3 +205,20 @@ fn a_live_process_that_holds_nothing_and_stays_silent_is_forgotten_unless_a_pare
     // Silent for the linger: 2 goes; 3 holds a file, 1 is 3's parent.
     assert_eq!(world.due_to_forget(12 * SECOND, |_| false), vec![2]);
 }
+
+#[test]
+fn a_namespace_retired_before_a_time_keeps_what_came_after() {
+    let mut world = World::new();
+    // One container leaves /dev/shm/obj-2; another, with the same namespace number, makes
+    // /dev/shm/obj-3 after it started at 50 s.
+    short_life(&mut world, SECOND, 2, true);
+    short_life(&mut world, 60 * SECOND, 3, true);
+    assert_eq!(world.retire_namespace(MNTNS, Some(DEV + 1), 50 * SECOND), 1);
+    let left: Vec<_> = world
+        .live_objects()
+        .filter_map(|o| o.path.clone())
+        .collect();
+    assert_eq!(left, vec!["/dev/shm/obj-3".to_owned()]);
+    // Files on the shared /dev/shm outlive any container.
+    assert_eq!(world.retire_namespace(MNTNS, Some(DEV), u64::MAX), 0);
+}
