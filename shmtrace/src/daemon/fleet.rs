@@ -204,6 +204,8 @@ impl Fleet {
 
     /// A process exited; its namespace is kept a while for the diagnosis that follows.
     pub fn process_exited(&mut self, pid: u32) {
+        // Its number may be another process's soon (pid_max is often 32768): checked anew.
+        self.checked.remove(&pid);
         self.exited.push_back(pid);
         while self.exited.len() > EXITED_REMEMBERED {
             if let Some(old) = self.exited.pop_front() {

@@ -7,6 +7,15 @@ use crate::{
 
 impl World {
     pub(super) fn apply_call(&mut self, event: &Event, call: &Call, note: &mut Annotation) {
+        // A directory (/dev/shm itself, whose descriptor `ls` or a runtime closes) is no
+        // object: kept as one, each container's would stay in the model for good.
+        if call
+            .file
+            .is_some_and(|file| file.mode & libc::S_IFMT == libc::S_IFDIR)
+        {
+            note.object_path = call.display_path();
+            return;
+        }
         let ok = !call.failed();
         match call.syscall {
             Syscall::Openat | Syscall::Openat2 => {

@@ -222,3 +222,15 @@ fn a_namespace_retired_before_a_time_keeps_what_came_after() {
     // Files on the shared /dev/shm outlive any container.
     assert_eq!(world.retire_namespace(MNTNS, Some(DEV), u64::MAX), 0);
 }
+
+#[test]
+fn a_directory_is_no_object() {
+    let mut world = World::new();
+    // `ls /dev/shm` closes its descriptor of the directory: no path, the mode says what it is.
+    let mut close = call(Syscall::Close, 1, None, [3, 0, 0, 0, 0, 0]);
+    if let Body::Call(call) = &mut close {
+        call.file.as_mut().unwrap().mode = libc::S_IFDIR | 0o1777;
+    }
+    world.apply(&event(SECOND, 2, close));
+    assert_eq!(world.object_count(), 0);
+}
