@@ -16,7 +16,6 @@ pub mod role;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-pub use capacity::Capacity;
 use capacity::at_least_held;
 use failure::at_least_refused;
 pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
@@ -27,6 +26,7 @@ pub use recommend::{DataloaderDemand, Demand, Recommendation, advise, with_headr
 pub use role::{Role, RoleKind, Roles};
 
 use crate::{
+    capacity::Capacity,
     event::{Body, Event, ExitStatus, InodeId, Syscall},
     model::{Annotation, ContainerInfo, ShmUsage, StartedBy, World},
 };

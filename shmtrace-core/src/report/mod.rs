@@ -24,8 +24,9 @@ use anyhow::{Context, Result};
 pub use timeline::Timeline;
 
 use crate::{
+    capacity::Capacity,
     clock::Clock,
-    diagnose::{Capacity, Diagnosis, Role, Roles},
+    diagnose::{Diagnosis, Role, Roles},
     event::Event,
     model::{Annotation, ContainerInfo, World},
     output::safe_open::{FileId, OpenOptions, Replacement},

@@ -256,7 +256,7 @@ impl Fleet {
             tracked.id = container.id.clone();
             tracked.pid = container.pid;
             tracked.mntns = container.mntns;
-            tracked.shm_dev = container.shm.dev;
+            tracked.shm_dev = container.shm.dev();
             tracked.gone_since = None;
             if let Some(mntns) = container.mntns {
                 self.by_mntns.insert(mntns, labels);

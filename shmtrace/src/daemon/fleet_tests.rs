@@ -11,6 +11,7 @@ use super::{
     metrics::{Metrics, encode},
 };
 use crate::{
+    capacity::Capacity,
     clock::boot_ns,
     container::{Container, FoundBy, IpcMode, Runtime, ShmInfo, State},
 };
@@ -34,7 +35,12 @@ fn container(name: &str, mntns: u32, pid: u32) -> Container {
         mntns: Some(mntns),
         cgroup_id: None,
         shm: ShmInfo {
-            dev: Some(50),
+            measured: Some(Capacity {
+                dev: 50,
+                size: 0,
+                used: 0,
+                ts_ns: 0,
+            }),
             ..ShmInfo::default()
         },
         ipc: IpcMode::Private,

@@ -38,7 +38,7 @@ use crate::{
     clock::{Clock, boot_ns},
     commands::{DefaultStream, init_logging, open_output},
     container::{Container, Resolver, measure_shm},
-    diagnose::{Capacity, Diagnoser},
+    diagnose::Diagnoser,
     event::LostCounts,
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
@@ -333,14 +333,8 @@ impl Agent {
         let pids = self.fleet.borrow().to_measure();
         for pid in pids {
             let Ok(shm) = measure_shm(pid) else { continue };
-            if let (Some(dev), Some(size), Some(used)) = (shm.dev, shm.size_bytes, shm.used_bytes) {
+            if let Some(sample) = shm.capacity() {
                 // The pipeline passes it on to the fleet (as the observer's capacity).
-                let sample = Capacity {
-                    dev,
-                    size,
-                    used,
-                    ts_ns: boot_ns()?,
-                };
                 self.pipeline.capacity(sample, Some(pid))?;
             }
         }

@@ -9,7 +9,8 @@ use super::{
     metrics::Metrics,
 };
 use crate::{
-    diagnose::{Capacity, Cause, Diagnosis, Role, Roles},
+    capacity::Capacity,
+    diagnose::{Cause, Diagnosis, Role, Roles},
     event::{Body, Event, names},
     model::{Annotation, ContainerInfo, World},
     pipeline::Observer,
