@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::output::safe_open::{self, FileId, OpenOptions};
+use crate::safe_open::{self, FileId, OpenOptions};
 
 pub use super::write_error::WriteError;
 
@@ -499,7 +499,7 @@ impl TraceWriter {
 }
 
 /// How a file of the recording is opened: locked against a second recorder, never through a
-/// link (see `output::safe_open`); numbered files after the first must be new.
+/// link (see `safe_open`); numbered files after the first must be new.
 fn open_options(options: &WriterOptions, create_new: bool) -> OpenOptions {
     let open = OpenOptions::new().locked().not_over(&options.not_over);
     if create_new { open.create_new() } else { open }
