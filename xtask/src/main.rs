@@ -9,10 +9,12 @@
 //! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor).
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
 //! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
+//! - `check-layers`: the modules of the core and the binary import only downwards.
 mod bench;
 mod ebpf;
 mod fuzz;
 mod gen_cri;
+mod layering;
 
 use std::{path::PathBuf, process::Command};
 
@@ -38,6 +40,8 @@ enum Task {
     CheckEbpf,
     /// Run clippy on the eBPF crate for the BPF target (nightly), warnings as errors.
     LintEbpf,
+    /// Check that no module imports upwards against docs/architecture.md's layers.
+    CheckLayers,
     /// Build, then run the whole test suite (needs root for the kernel and Docker tests).
     Test {
         /// Extra arguments for `cargo test`, after `--`.
@@ -77,6 +81,7 @@ fn main() -> Result<()> {
         Task::BuildEbpf { verify_only } => ebpf::build(verify_only),
         Task::CheckEbpf => ebpf::check(),
         Task::LintEbpf => ebpf::lint(),
+        Task::CheckLayers => layering::run(),
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
