@@ -6,6 +6,11 @@
 //! become one [`Diagnosis`]. A trainer that dies after one of its workers is linked to the
 //! worker's diagnosis rather than diagnosed again. Capacity comes from [`Capacity`] samples fed
 //! in by the caller, so a recorded trace replays to the same diagnosis.
+//!
+//! This file routes events and holds the diagnoser's state; `evidence` notes what a failure
+//! needs as it happens, `verdict` turns failures and deaths into a [`Diagnosis`], `table` keeps
+//! the closing table; `failure`, `role`, `known`, `recommend`, `pressure` and `leftovers` are
+//! what they decide with.
 mod capacity;
 mod evidence;
 mod failure;
