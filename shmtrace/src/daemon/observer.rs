@@ -39,9 +39,7 @@ impl Observer for FleetObserver {
 
     fn capacity(&mut self, sample: &Capacity) {
         // Measured at a failure: the fullest it is likely to be seen.
-        self.fleet
-            .borrow_mut()
-            .measured(sample.dev, sample.size, sample.used);
+        self.fleet.borrow_mut().measured(sample);
     }
 
     fn container(&mut self, _: &ContainerInfo) {}
