@@ -6,18 +6,17 @@ use std::{
     io::{BufRead, BufReader},
     os::unix::fs::{PermissionsExt, symlink},
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
 
 use nix::{sys::signal::Signal, unistd::Pid};
-use shmtrace_tests::{recording::wait_for, require_root, serial, shmtrace_bin, tempdir};
-
-/// The binary as a plain `Command`: these tests need its stdin, stdout and signals.
-fn shmtrace() -> Command {
-    Command::new(shmtrace_bin())
-}
+use shmtrace_tests::{
+    command::{ShmtraceChild, ShmtraceCommand},
+    recording::wait_for,
+    require_root, serial, shmtrace, tempdir,
+};
 
 /// A script that makes `n` /dev/shm objects, each created and removed: events to record.
 fn shm_churn(n: u32) -> String {
@@ -57,9 +56,10 @@ fn small_trace() -> (PathBuf, PathBuf) {
     (dir, file)
 }
 
-/// `shmtrace ARGS` in the background, its stderr read line by line.
+/// `shmtrace ARGS` in the background, its stderr read line by line; its BPF objects are checked
+/// to be released when it ends.
 struct Background {
-    child: Child,
+    child: ShmtraceChild,
     lines: mpsc::Receiver<String>,
     seen: String,
 }
@@ -84,6 +84,16 @@ impl Background {
             lines,
             seen: String::new(),
         }
+    }
+
+    /// Waits for shmtrace to say it is tracing, and checks that it then holds BPF objects (so
+    /// that the leak check at the end has something to check).
+    fn wait_until_tracing(&mut self) {
+        self.wait_for_line("shmtrace: tracing");
+        assert!(
+            !self.child.bpf_objects().is_empty(),
+            "shmtrace says it is tracing but holds no BPF object"
+        );
     }
 
     /// Waits (30 s at most) for a stderr line containing `needle`.
@@ -111,23 +121,16 @@ impl Background {
         nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
     }
 
-    /// Waits for the exit; returns the status and all of stderr.
+    /// Waits for the exit and checks the BPF objects are released; returns the status and all
+    /// of stderr.
     fn finish(mut self) -> (std::process::ExitStatus, String) {
         let status = wait_for(&mut self.child, Duration::from_secs(60));
+        self.child.assert_released();
         while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(300)) {
             self.seen.push_str(&line);
             self.seen.push('\n');
         }
         (status, self.seen.clone())
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 
@@ -222,7 +225,7 @@ fn a_second_recorder_on_the_same_file_fails_clearly() {
         &["record", "--all", "-o", file_arg],
         Stdio::from(std::fs::File::create(&summary).unwrap()),
     );
-    first.wait_for_line("shmtrace: tracing");
+    first.wait_until_tracing();
     let second = run(&["record", "-o", file_arg, "--", "true"]);
     let stderr = text(&second.stderr);
     assert!(!second.status.success(), "{stderr}");
@@ -273,7 +276,7 @@ fn sighup_ends_record_all_with_its_summary_and_end_mark() {
         &["record", "--all", "-o", file.to_str().unwrap()],
         Stdio::from(std::fs::File::create(&summary).unwrap()),
     );
-    recorder.wait_for_line("shmtrace: tracing");
+    recorder.wait_until_tracing();
     recorder.signal(Signal::SIGHUP);
     let (status, stderr) = recorder.finish();
     let summary = std::fs::read_to_string(summary).unwrap();
@@ -312,7 +315,7 @@ fn sigusr1_makes_the_flight_recorder_write_and_keep_running() {
         ],
         Stdio::from(std::fs::File::create(dir.join("summary.txt")).unwrap()),
     );
-    recorder.wait_for_line("shmtrace: tracing");
+    recorder.wait_until_tracing();
     recorder.signal(Signal::SIGUSR1);
     recorder.wait_for_line("writing the moments before it to");
     std::thread::sleep(Duration::from_millis(500));
@@ -344,7 +347,7 @@ fn a_closed_stdout_ends_a_host_wide_trace_quietly() {
     let _guard = serial();
     require_root();
     let mut tracer = Background::start(&["--all"], Stdio::piped());
-    tracer.wait_for_line("shmtrace: tracing");
+    tracer.wait_until_tracing();
     // `| head -1` that has read its line: the pipe's reader is gone.
     drop(tracer.child.stdout.take());
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -440,7 +443,8 @@ fn hostile_names_in_a_trace_file_are_escaped_in_text() {
     let dir = tempdir();
     let file = dir.join("hostile.shmtrace");
     let hostname = "evil\x1b]0;TITLE\x07\x1b[2J\x1b[31mX";
-    let output = Command::new("unshare")
+    let mut unshare = Command::new("unshare");
+    unshare
         // Through /proc: the kernel takes any bytes, hostname(1) would refuse them.
         .args([
             "--uts",
@@ -449,7 +453,9 @@ fn hostile_names_in_a_trace_file_are_escaped_in_text() {
             r#"printf '%s' "$0" > /proc/sys/kernel/hostname && exec "$@""#,
             hostname,
         ])
-        .arg(shmtrace_tests::shmtrace_bin())
+        .arg(shmtrace_tests::shmtrace_bin());
+    // `exec` keeps the pid: the leak check watches shmtrace itself.
+    let output = ShmtraceCommand::from_command(unshare)
         .arg("record")
         .arg("-o")
         .arg(&file)
@@ -600,6 +606,7 @@ fn a_zombie_pid_is_refused_at_once() {
         .spawn()
         .unwrap();
     let status = wait_for(&mut tracer, Duration::from_secs(20));
+    tracer.assert_released();
     let _ = parent.kill();
     let _ = parent.wait();
     let mut stderr = String::new();
