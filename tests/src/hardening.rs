@@ -130,3 +130,60 @@ impl Background {
         (status, self.seen.clone())
     }
 }
+
+/// The preamble's length (the header's CBOR starts there), and where in it the header's
+/// length is (docs/trace-format.md).
+pub const PREAMBLE_LEN: usize = 20;
+const HEADER_LEN_AT: std::ops::Range<usize> = 12..16;
+/// A frame's head, and where in it the payload's length is.
+pub const FRAME_HEAD_LEN: usize = 20;
+const PAYLOAD_LEN_AT: std::ops::Range<usize> = 4..8;
+
+fn u32_at(bytes: &[u8], at: std::ops::Range<usize>) -> usize {
+    u32::from_le_bytes(bytes[at].try_into().expect("4 bytes")) as usize
+}
+
+/// Where each frame of an uncompressed trace file starts, by walking the lengths the format
+/// documents (docs/trace-format.md): the bytes a damaged-file test cuts or changes.
+pub fn frame_starts(file: &[u8]) -> Vec<usize> {
+    const COMPRESSED: u8 = 1 << 1;
+    assert_eq!(
+        file[10] & COMPRESSED,
+        0,
+        "a compressed trace: its frames are inside blocks"
+    );
+    let mut at = PREAMBLE_LEN + u32_at(file, HEADER_LEN_AT);
+    let mut starts = Vec::new();
+    while at + FRAME_HEAD_LEN <= file.len() {
+        starts.push(at);
+        at += FRAME_HEAD_LEN + u32_at(&file[at..], PAYLOAD_LEN_AT);
+    }
+    assert_eq!(at, file.len(), "the frames do not end where the file does");
+    starts
+}
+
+/// The trace file with its header's CBOR changed by `change`, and the header's checksum made
+/// right again (CRC-32 of the preamble's first 16 bytes and of the CBOR): a file whose header
+/// is hostile rather than damaged.
+pub fn with_header(file: &[u8], change: impl FnOnce(&mut [u8])) -> Vec<u8> {
+    let mut file = file.to_vec();
+    let header = PREAMBLE_LEN..PREAMBLE_LEN + u32_at(&file, HEADER_LEN_AT);
+    change(&mut file[header.clone()]);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&file[..16]);
+    crc.update(&file[header]);
+    file[16..PREAMBLE_LEN].copy_from_slice(&crc.finalize().to_le_bytes());
+    file
+}
+
+/// Where the value of the CBOR text key `key` starts in `header`.
+pub fn cbor_value_of(header: &[u8], key: &str) -> usize {
+    // A short text string: major type 3 with its length in the low bits.
+    let mut encoded = vec![0x60 | key.len() as u8];
+    encoded.extend(key.as_bytes());
+    let at = header
+        .windows(encoded.len())
+        .position(|w| w == encoded)
+        .unwrap_or_else(|| panic!("no {key:?} in the header"));
+    at + encoded.len()
+}

@@ -1,6 +1,7 @@
 //! Input shmtrace did not make (issue 11): a rotated set with a file missing or repeated, hostile
-//! names in a trace file, every bad argument of `show`, traces read from pipes, and a `--pid` that
-//! is a zombie. Each gets a clear answer, and nothing is printed raw. Real probes, root.
+//! names in a trace file, a file cut inside a record or with a hostile header, every bad argument
+//! of `show`, traces read from pipes, and a `--pid` that is a zombie. Each gets a clear answer,
+//! keeps what is readable, and nothing is printed raw. Real probes, root.
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Output, Stdio},
@@ -9,8 +10,11 @@ use std::{
 
 use shmtrace_tests::{
     command::ShmtraceCommand,
-    hardening::{record, run, shm_churn, small_trace, text},
-    recording::wait_for,
+    hardening::{
+        FRAME_HEAD_LEN, PREAMBLE_LEN, cbor_value_of, frame_starts, record, run, shm_churn,
+        small_trace, text, with_header,
+    },
+    recording::{Replay, replay, wait_for},
     require_root, serial, shmtrace, tempdir,
 };
 
@@ -98,14 +102,21 @@ fn show_rejects_bad_times_and_event_names_and_reads_pipes() {
     require_root();
     let (dir, file) = small_trace();
     let file_arg = file.to_str().unwrap();
-    for bad in ["1e30", "inf", "NaN", "-1"] {
+    // Each refused with the reason that applies to it.
+    for (bad, reason) in [
+        ("1e30", "too far after the start of the trace"),
+        ("inf", "too far after the start of the trace"),
+        ("NaN", "is a number of seconds, 0 or more"),
+        ("-1", "is a number of seconds, 0 or more"),
+    ] {
         for flag in ["--since", "--until"] {
-            let output = run(&["show", file_arg, flag, bad]);
+            // `--since=-1`: as two words, clap would take -1 for a flag and never ask shmtrace.
+            let output = run(&["show", file_arg, &format!("{flag}={bad}")]);
+            let stderr = text(&output.stderr);
             assert!(!output.status.success(), "{flag} {bad} was accepted");
             assert!(
-                text(&output.stderr).contains(bad),
-                "{}",
-                text(&output.stderr)
+                stderr.contains(&format!("{bad}: ")) && stderr.contains(reason),
+                "{flag} {bad}: {stderr}"
             );
         }
     }
@@ -223,4 +234,116 @@ fn a_zombie_pid_is_refused_at_once() {
     assert!(!status.success());
     assert!(stderr.contains("zombie"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn a_damaged_trace_keeps_what_is_readable_and_a_hostile_header_is_named() {
+    let _guard = serial();
+    require_root();
+    let dir = tempdir();
+    let file = dir.join("whole.shmtrace");
+    record(&file, &[], &shm_churn(40));
+    let whole = std::fs::read(&file).unwrap();
+    let opened = |replayed: &Replay| -> Vec<String> {
+        replayed
+            .of("openat")
+            .iter()
+            .map(|r| r["path"].to_string())
+            .collect()
+    };
+    let all = opened(replay("show", &file, &[]).assert_ok());
+
+    // Cut inside a record past the middle, as a recorder killed mid-write leaves it.
+    let starts = frame_starts(&whole);
+    let torn = starts[starts.len() / 2];
+    let cut = dir.join("cut.shmtrace");
+    let cut_at = torn + FRAME_HEAD_LEN + 7;
+    std::fs::write(&cut, &whole[..cut_at]).unwrap();
+    for subcommand in ["show", "report"] {
+        let replayed = replay(subcommand, &cut, &[]);
+        replayed.assert_ok();
+        let said = format!(
+            "at byte offset {torn}: the file ends inside the record ({} of ",
+            cut_at - torn
+        );
+        assert!(
+            replayed.stderr().contains(&said),
+            "{subcommand}: {}",
+            replayed.stderr()
+        );
+        if subcommand == "show" {
+            let kept = opened(&replayed);
+            assert!(
+                !kept.is_empty() && kept.len() < all.len(),
+                "{} of {} opens kept",
+                kept.len(),
+                all.len()
+            );
+            assert_eq!(kept, all[..kept.len()], "the records before the tear");
+        }
+    }
+
+    // Headers behind a good checksum: hostile, not damaged.
+    let layout = with_header(&whole, |header| {
+        let at = cbor_value_of(header, "record_layout");
+        assert_eq!(header[at], 0x1b, "the layout hash is an 8-byte integer");
+        header[at + 1] ^= 0x55;
+    });
+    let found = {
+        let at = PREAMBLE_LEN + cbor_value_of(&layout[PREAMBLE_LEN..], "record_layout") + 1;
+        u64::from_be_bytes(layout[at..at + 8].try_into().unwrap())
+    };
+    let wrong_type = with_header(&whole, |header| {
+        let at = cbor_value_of(header, "sequence");
+        // An empty text where the sequence number should be.
+        header[at] = 0x60;
+    });
+    let garbage = with_header(&whole, |header| header.fill(0xff));
+    let mut bad_checksum = whole.clone();
+    bad_checksum[PREAMBLE_LEN + 3] ^= 1;
+    for (name, bytes, said) in [
+        (
+            "layout",
+            layout,
+            format!("laid out differently (layout {found:016x}"),
+        ),
+        (
+            "wrong-type",
+            wrong_type,
+            "at byte offset 20: the header could not be decoded".to_owned(),
+        ),
+        (
+            "garbage",
+            garbage,
+            "at byte offset 20: the header could not be decoded".to_owned(),
+        ),
+        (
+            "bad-checksum",
+            bad_checksum,
+            "the header is corrupt (its checksum is".to_owned(),
+        ),
+    ] {
+        let path = dir.join(format!("{name}.shmtrace"));
+        std::fs::write(&path, bytes).unwrap();
+        for subcommand in ["show", "report"] {
+            let output = run(&[subcommand, path.to_str().unwrap()]);
+            let stderr = text(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(1),
+                "{name} {subcommand}: {stderr}"
+            );
+            assert!(stderr.contains(&said), "{name} {subcommand}: {stderr}");
+            assert!(
+                stderr.contains(path.to_str().unwrap()),
+                "{name} {subcommand} does not name the file: {stderr}"
+            );
+            assert!(
+                output.stdout.is_empty(),
+                "{name} {subcommand} printed records: {}",
+                text(&output.stdout)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
