@@ -162,9 +162,10 @@ fn a_full_disk_keeps_what_fit_and_still_prints_the_summary() {
     let openats = shown.lines().filter(|l| l.contains("\"openat\"")).count();
     assert!(openats > 50, "only {openats} calls kept:\n{shown}");
     // The block that did not fit is written record by record: the file fills the disk to
-    // within a record (the largest is well under 4 KiB).
+    // within a record (this workload's largest, an exec, is 596 bytes). Without that, the
+    // file stopped 4 KiB short of full.
     assert!(
-        kept > 124 * 1024,
+        kept > 126 * 1024,
         "the file stops at {kept} bytes of a 128 KiB disk: records that fit were dropped; {stderr}"
     );
     let _ = std::fs::remove_dir_all(dir);
