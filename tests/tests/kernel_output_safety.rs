@@ -83,7 +83,7 @@ fn no_output_is_written_through_a_planted_symlink() {
         assert!(stderr.contains("symbolic link"), "{args:?}: {stderr}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "{args:?}");
     }
-    // Rotation: numbered files are opened the same way, so one planted later is refused too.
+    // Rotation: a numbered file planted before the start is refused at the start.
     let base = shared.join("rot.shmtrace");
     symlink(&victim, shared.join("rot.000001.shmtrace")).unwrap();
     let output = shmtrace()
@@ -94,6 +94,67 @@ fn no_output_is_written_through_a_planted_symlink() {
         .unwrap();
     assert!(!output.status.success());
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_symlink_planted_during_a_rotated_recording_is_not_followed() {
+    let _guard = serial();
+    require_root();
+    let dir = tempdir();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let base = shared.join("rot.shmtrace");
+    let go = dir.join("go");
+    // The workload waits until the link is planted, then makes enough records for several
+    // 64 KiB files.
+    let script = format!(
+        "while [ ! -e '{}' ]; do sleep 0.05; done; {}",
+        go.display(),
+        shm_churn(1500)
+    );
+    let mut recorder = Background::start(
+        &[
+            "record",
+            "--max-size",
+            "64K",
+            "-o",
+            base.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        Stdio::null(),
+    );
+    recorder.wait_for_line("shmtrace: recording to");
+    let planted = shared.join("rot.000001.shmtrace");
+    symlink(&victim, &planted).unwrap();
+    std::fs::write(&go, b"").unwrap();
+    let (status, stderr) = recorder.finish();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        b"precious",
+        "rotation wrote through the planted link: {stderr}"
+    );
+    assert!(
+        std::fs::symlink_metadata(&planted)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(
+        stderr.contains("rot.000001.shmtrace exists already"),
+        "{stderr}"
+    );
+    assert!(
+        shared.join("rot.000002.shmtrace").exists(),
+        "the recording did not go on in the next file: {stderr}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
