@@ -1,6 +1,7 @@
 //! Helpers for the hardening tests (`kernel_output_safety`, `kernel_signals`,
-//! `kernel_hostile_input`): small real recordings, and shmtrace in the background with its
-//! stderr read line by line, signalled as a user or a supervisor would.
+//! `kernel_hostile_input`, `kernel_privileges`): small real recordings; shmtrace in the
+//! background with its stderr read line by line, signalled as a user or a supervisor would; and
+//! the byte surgery that turns a real trace file into a damaged or hostile one.
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
