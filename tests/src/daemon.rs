@@ -5,14 +5,14 @@ use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
     path::PathBuf,
-    process::{Child, ExitStatus, Stdio},
+    process::{ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
-use crate::{read_json_lines, recording::wait_for, tempdir};
+use crate::{command::ShmtraceChild, read_json_lines, recording::wait_for, shmtrace, tempdir};
 
 /// A port nobody listens on now (the kernel picks it).
 pub fn free_port() -> u16 {
@@ -44,8 +44,9 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// Its BPF objects are checked to be released when it stops (or is dropped).
 pub struct Daemon {
-    child: Child,
+    child: ShmtraceChild,
     pub addr: String,
     pub dir: PathBuf,
 }
@@ -55,7 +56,7 @@ impl Daemon {
     pub fn start(args: &[&str]) -> Daemon {
         let dir = tempdir();
         let addr = format!("127.0.0.1:{}", free_port());
-        let child = std::process::Command::new(crate::shmtrace_bin())
+        let child = shmtrace()
             .args(["daemon", "--listen", &addr])
             .args(args)
             .stdout(std::fs::File::create(dir.join("stdout.jsonl")).unwrap())
@@ -127,21 +128,13 @@ impl Daemon {
             .expect("VmRSS in /proc/PID/status")
     }
 
-    /// SIGTERM; the exit status and every JSON line it wrote.
+    /// SIGTERM, then the leak check; the exit status and every JSON line it wrote.
     pub fn stop(mut self) -> (ExitStatus, Vec<Value>, String) {
         nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).unwrap();
         let status = wait_for(&mut self.child, Duration::from_secs(20));
+        self.child.assert_released();
         let lines = read_json_lines(&self.dir.join("stdout.jsonl"));
         (status, lines, self.stderr())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 
