@@ -96,7 +96,17 @@ impl Daemon {
 
     /// The metrics as Prometheus' text format.
     pub fn metrics(&self) -> String {
-        let (status, body) = http_get(&self.addr, "/metrics").expect("GET /metrics");
+        let (status, body) = http_get(&self.addr, "/metrics").unwrap_or_else(|error| {
+            // Say whether the daemon is still there, and what it said.
+            let alive = std::fs::metadata(format!("/proc/{}", self.child.id())).is_ok();
+            panic!(
+                "GET {}/metrics: {error}; the daemon (pid {}) is {}; its stderr:\n{}",
+                self.addr,
+                self.child.id(),
+                if alive { "running" } else { "gone" },
+                self.stderr()
+            )
+        });
         assert_eq!(status, 200, "GET /metrics: {body}");
         body
     }
