@@ -84,13 +84,13 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
         let (metrics, registry) = Metrics::new();
         let heartbeat = Heartbeat::default();
         heartbeat.beat();
-        http::serve(args.listen, Arc::new(registry), heartbeat.clone()).await?;
+        let listening = http::serve(args.listen, Arc::new(registry), heartbeat.clone()).await?;
         let log: Log = Rc::default();
         let mut agent = Agent::new(args, tracer, metrics, log, window, tail)?;
         eprintln!(
             "shmtrace daemon: tracing /dev/shm use of every process and container; metrics at \
              http://{}/metrics{}",
-            args.listen,
+            listening,
             match &args.record_dir {
                 Some(dir) => format!(", incident recordings in {}", dir.display()),
                 None => String::new(),
