@@ -78,10 +78,8 @@ pub fn has_mappings(tgid: u32) -> bool {
 
 #[inline(always)]
 fn container_matches(task: u64, off: &KernelOffsets) -> bool {
-    if let Some(mntns) = kernel::task_mntns(task, off) {
-        if TARGET_MNTNS.get_ptr(mntns).is_some() {
-            return true;
-        }
+    if kernel::task_mntns(task, off).is_some_and(|mntns| TARGET_MNTNS.get_ptr(mntns).is_some()) {
+        return true;
     }
     // SAFETY: no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };

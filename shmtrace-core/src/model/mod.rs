@@ -13,7 +13,7 @@ mod usage;
 mod world;
 
 pub use annotation::{Annotation, FaultSite};
-pub use container_info::{ContainerInfo, StartedBy, container_label};
+pub use container_info::{ContainerInfo, StartedBy, container_label, short_id};
 pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
 pub use snapshot::{ProcSnapshot, SnapshotFd, SnapshotMapping};
