@@ -3,6 +3,10 @@
 //! (its namespace number may be reused). Each traced container's /dev/shm is measured every
 //! second, for the use-over-time picture and for `shm_used` in events. In host-wide mode, new
 //! containers are learned so that events are labelled with them.
+//!
+//! While a followed container is not running, the probes hold what processes outside
+//! shmtrace's namespace do (`live::hold`): when the container starts, its first processes'
+//! records are released from the hold rather than missed in the second before it is seen.
 use std::collections::HashMap;
 
 use anyhow::Result;
@@ -11,7 +15,7 @@ use crate::{
     clock::boot_ns,
     container::{Change, Container, Resolver},
     diagnose::Capacity,
-    live::bpf::Tracer,
+    live::{bpf::Tracer, hold::Hold},
     pipeline::Pipeline,
 };
 
@@ -58,12 +62,20 @@ impl Watch {
     }
 
     /// Runs once a second.
-    pub async fn check(&mut self, tracer: &mut Tracer, pipeline: &mut Pipeline) -> Result<()> {
+    pub async fn check(
+        &mut self,
+        tracer: &mut Tracer,
+        pipeline: &mut Pipeline,
+        hold: &mut Hold,
+    ) -> Result<()> {
         match self {
             Watch::Containers { resolver, followed } => {
                 for one in followed.iter_mut() {
-                    follow(resolver, one, tracer, pipeline).await?;
+                    follow(resolver, one, tracer, pipeline, hold).await?;
                 }
+                // Every second, as the probes start holding themselves when a followed
+                // container's first process exits.
+                tracer.hold(followed.iter().any(|one| !one.running))?;
             }
             Watch::Host { resolver, labelled } => {
                 let (containers, _problems) = resolver.running().await;
@@ -97,6 +109,7 @@ async fn follow(
     one: &mut Followed,
     tracer: &mut Tracer,
     pipeline: &mut Pipeline,
+    hold: &mut Hold,
 ) -> Result<()> {
     let name = one.container.display_name();
     let change = match resolver.recheck(&one.container).await {
@@ -112,9 +125,11 @@ async fn follow(
         Change::Restarted { container, same_id } => {
             if let Some(old) = one.container.mntns {
                 tracer.remove_mount_namespace(old)?;
+                hold.unfollow(old);
             }
             register(&container, tracer, pipeline)?;
             follow_processes(&container, tracer)?;
+            release_held(&container, hold, pipeline)?;
             pipeline.notice(&format!(
                 "container {name} {} (pid {}): following it",
                 if same_id {
@@ -134,6 +149,7 @@ async fn follow(
             if one.running {
                 if let Some(old) = one.container.mntns {
                     tracer.remove_mount_namespace(old)?;
+                    hold.unfollow(old);
                 }
                 pipeline.notice(&format!(
                     "container {name} stopped ({}); waiting for it to start again (Ctrl-C to \
@@ -148,6 +164,7 @@ async fn follow(
             if one.running {
                 if let Some(old) = one.container.mntns {
                     tracer.remove_mount_namespace(old)?;
+                    hold.unfollow(old);
                 }
                 pipeline.notice(&format!(
                     "container {name} was removed; waiting for a container of that name \
@@ -172,10 +189,27 @@ pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipel
 /// Follows a container's processes (`--container`, not `--all`, which sees everyone).
 pub fn follow_processes(container: &Container, tracer: &mut Tracer) -> Result<()> {
     if let Some(mntns) = container.mntns {
-        tracer.add_mount_namespace(mntns)?;
+        tracer.add_mount_namespace(mntns, container.pid)?;
     }
     if let Some(cgroup) = container.cgroup_id {
         tracer.add_cgroup(cgroup)?;
+    }
+    Ok(())
+}
+
+/// Hands the container's held records on (see `live::hold`), saying how many were dropped.
+pub fn release_held(container: &Container, hold: &mut Hold, pipeline: &mut Pipeline) -> Result<()> {
+    let Some(mntns) = container.mntns else {
+        return Ok(());
+    };
+    let dropped = hold.follow(mntns);
+    if dropped > 0 {
+        pipeline.notice(&format!(
+            "{dropped} records of container {} from before it was found were dropped: more \
+             than {} MiB of records of unknown processes waited while it started",
+            container.display_name(),
+            crate::live::hold::HOLD_BYTES >> 20
+        ))?;
     }
     Ok(())
 }
