@@ -147,7 +147,7 @@ pub fn run(
         .build()
         .context("starting the async runtime")?;
     // Before anything says "tracing": a signal from then on must end the trace cleanly.
-    let signals = {
+    let mut signals = {
         let _inside = runtime.enter();
         Signals::install()?
     };
@@ -170,11 +170,24 @@ pub fn run(
                         .context("watching the ring buffer")?
                 };
                 let mut hold = Hold::default();
-                let containers = runtime.block_on(holding(finding, &mut reader, &mut hold))?;
+                let containers =
+                    runtime.block_on(holding(finding, &mut reader, &mut hold, &mut signals))?;
                 early = Some((reader, hold));
                 containers
             } else {
-                runtime.block_on(finding)?
+                runtime.block_on(async {
+                    tokio::select! {
+                        found = finding => found.map(Some),
+                        _ = signals.ending() => Ok(None),
+                    }
+                })?
+            };
+            let Some(containers) = containers else {
+                eprintln!("shmtrace: interrupted before the container ran; nothing was traced");
+                return Ok(Outcome {
+                    command_status: None,
+                    interrupted: true,
+                });
             };
             Some((resolver, containers))
         }
@@ -297,18 +310,20 @@ async fn find_containers(
 }
 
 /// Runs `finding` while reading the ring into `hold`, so that the ring does not fill up with
-/// what the probes hold meanwhile.
+/// what the probes hold meanwhile. `None` when a signal ended the wait.
 async fn holding<T>(
     finding: impl Future<Output = Result<T>>,
     reader: &mut EventReader,
     hold: &mut Hold,
-) -> Result<T> {
+    signals: &mut Signals,
+) -> Result<Option<T>> {
     let mut finding = std::pin::pin!(finding);
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
     let mut batch = Vec::new();
     loop {
         tokio::select! {
-            found = &mut finding => return found,
+            found = &mut finding => return found.map(Some),
+            _ = signals.ending() => return Ok(None),
             read = reader.read(&mut batch) => read.context("reading the ring buffer")?,
             _ = ticker.tick() => reader.drain(&mut batch),
         }

@@ -72,6 +72,16 @@ impl Signals {
             dump: signal(SignalKind::user_defined1()).context("installing a SIGUSR1 handler")?,
         })
     }
+
+    /// Waits for a signal that ends the trace (before tracing starts: while waiting for a
+    /// container).
+    pub async fn ending(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+            _ = self.hangup.recv() => {}
+        }
+    }
 }
 
 pub struct Session {
