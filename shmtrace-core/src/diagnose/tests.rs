@@ -12,6 +12,8 @@ struct Run {
     ts: u64,
     next_ino: u64,
     out: Vec<Diagnosis>,
+    /// Each exit, and whether it is shown as a failure: (pid, failure).
+    exits: Vec<(u32, bool)>,
 }
 
 impl Run {
@@ -34,6 +36,7 @@ impl Run {
             ts: 0,
             next_ino: 2,
             out: Vec::new(),
+            exits: Vec::new(),
         }
     }
 
@@ -51,6 +54,9 @@ impl Run {
             body,
         };
         let note = self.world.apply(&event);
+        if let Body::Exit(_) = &event.body {
+            self.exits.push((pid, note.is_failure(&event)));
+        }
         let done = self.diagnoser.observe(&event, &note, &self.world);
         self.out.extend(done);
     }
@@ -260,6 +266,22 @@ fn a_parent_follows_its_child_that_failed() {
     assert_eq!(parent.follows, Some(201));
     assert_eq!(parent.cause, Cause::ShmFull);
     assert_eq!(parent.recommendation, child.recommendation);
+}
+
+#[test]
+fn an_exit_status_is_a_failure_only_where_shared_memory_was_involved() {
+    // `import torch` runs gcc to look for a library, which exits 1: nothing to do with
+    // /dev/shm. A worker that failed on /dev/shm, and the trainer it took down, are failures.
+    let mut run = Run::new();
+    run.exec(200, &["/usr/bin/python3", "train.py"]);
+    run.fork(200, 201);
+    run.exit(201, "gcc", 1);
+    run.fork(200, 202);
+    let segment = run.create(202, "python3", "/dev/shm/psm_0123abcd", 3);
+    run.fallocate_fails(202, "python3", 3, segment, 2 << 20);
+    run.exit(202, "python3", 1);
+    run.exit(200, "python3", 1);
+    assert_eq!(run.exits, vec![(201, false), (202, true), (200, true)]);
 }
 
 #[test]

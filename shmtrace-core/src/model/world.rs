@@ -22,13 +22,17 @@ pub struct Annotation {
     /// (SIGTERM, SIGINT, SIGHUP) whose sender the probes do not see. Such a death is not a
     /// failure.
     pub killed_by: Option<u32>,
+    /// For an unsuccessful exit: the process had nothing to do with shared memory (see
+    /// [`crate::model::Process::involved`]), so its status is its own business.
+    pub uninvolved_exit: bool,
 }
 
 impl Annotation {
     /// Whether the event shows the program hurt: a failure ([`Event::is_failure`]) other than
-    /// a death another process asked for.
+    /// a death another process asked for or the exit status of a process that never touched
+    /// shared memory.
     pub fn is_failure(&self, event: &Event) -> bool {
-        event.is_failure() && self.killed_by.is_none()
+        event.is_failure() && self.killed_by.is_none() && !self.uninvolved_exit
     }
 }
 
@@ -302,6 +306,9 @@ impl World {
                 if call.failed() && call.expected_error().is_none() {
                     self.totals.failed_calls += 1;
                 }
+                if let Some(process) = self.processes.get_mut(&event.pid) {
+                    process.involved = true;
+                }
                 self.apply_call(event, call, &mut note);
             }
             Body::Fork { child_pid } => self.fork(event.pid, *child_pid, event.ts_ns),
@@ -346,6 +353,10 @@ impl World {
                             _ => None,
                         };
                     }
+                    note.uninvolved_exit = matches!(status, ExitStatus::Code(_))
+                        && !process.involved
+                        && process.fds.is_empty()
+                        && process.mappings.is_empty();
                     process.exit = Some(*status);
                     process.exit_ns = Some(event.ts_ns);
                     let fds: Vec<InodeId> = std::mem::take(&mut process.fds)
@@ -381,7 +392,29 @@ impl World {
                 }
             }
         }
+        if note.is_failure(event) {
+            let subject = match &event.body {
+                Body::Signal(signal) => signal.target_pid,
+                Body::Oom { victim_pid } => *victim_pid,
+                _ => event.pid,
+            };
+            self.involve_ancestors(subject);
+        }
         note
+    }
+
+    /// A process failed: those that started it are involved, and their unsuccessful exits
+    /// are failures (a trainer that exits 1 because its DataLoader worker died).
+    fn involve_ancestors(&mut self, pid: u32) {
+        let mut next = self.processes.get(&pid).and_then(|p| p.parent);
+        // Bounded: parent links come from events, and a reused pid could make a loop.
+        for _ in 0..64 {
+            let Some(process) = next.and_then(|pid| self.processes.get_mut(&pid)) else {
+                break;
+            };
+            process.involved = true;
+            next = process.parent;
+        }
     }
 
     fn note_thread_name(&mut self, pid: u32, name: &str) {
