@@ -74,8 +74,10 @@ pub fn held(mntns: Option<u32>) -> bool {
     outside != 0 && mntns != 0 && mntns != outside
 }
 
-/// A followed container's first process is exiting (the container stops or restarts): hold
-/// records of unknown namespaces from now on, until userspace has seen the container again.
+/// A followed container's first process is exiting (the container stops or restarts): its
+/// namespace stops matching now, as its number may soon name an unrelated namespace (its
+/// processes already followed stay followed, by pid), and records of unknown namespaces are
+/// held from now on, until userspace has seen the container again.
 #[inline(always)]
 pub fn container_ending(tgid: u32, task: u64, off: &KernelOffsets) {
     let Some(mntns) = kernel::task_mntns(task, off) else {
@@ -86,6 +88,7 @@ pub fn container_ending(tgid: u32, task: u64, off: &KernelOffsets) {
     if first != Some(tgid) {
         return;
     }
+    let _ = TARGET_MNTNS.remove(&mntns);
     let own = HOLD_OUTSIDE
         .get_ptr(HOLD_OWN)
         .map(|v| unsafe { *v })

@@ -378,11 +378,26 @@ impl World {
             Body::Signal(signal) => {
                 if signal.addr != 0 {
                     note.fault = self.fault_site(signal.target_pid, signal.addr);
-                } else if (signal.sent_by_other(event.pid)
-                    || (signal.signo == libc::SIGKILL && signal.target_pid != event.pid))
-                    && let Some(target) = self.processes.get_mut(&signal.target_pid)
+                } else if signal.sent_by_other(event.pid)
+                    || (signal.signo == libc::SIGKILL && signal.target_pid != event.pid)
                 {
-                    target.sent_signal = Some((event.pid, signal.signo));
+                    // The target may not be known yet: a process that ran before the trace
+                    // and made no traced call since, killed from outside.
+                    if !self.processes.contains_key(&signal.target_pid) {
+                        self.totals.processes_seen += 1;
+                        self.changed(signal.target_pid);
+                        // Its namespace is not the sender's: its own events will say.
+                        let target = Process::new(
+                            signal.target_pid,
+                            signal.target_comm.clone(),
+                            0,
+                            event.ts_ns,
+                        );
+                        self.processes.insert(signal.target_pid, target);
+                    }
+                    if let Some(target) = self.processes.get_mut(&signal.target_pid) {
+                        target.sent_signal = Some((event.pid, signal.signo));
+                    }
                 }
             }
             // The OOM killer's SIGKILL is no request: its victim's death is a failure.

@@ -38,18 +38,25 @@ impl Hold {
     /// Sorts a batch from the ring: records to work on now stay in `batch`, in order; held
     /// records of namespaces not (yet) followed are kept back.
     pub fn admit(&mut self, batch: &mut Vec<Bytes>, now: Instant) {
+        batch.retain(|record| self.admit_one(record, now));
+    }
+
+    /// Whether to work on `record` now; if not, it is kept back.
+    pub fn admit_one(&mut self, record: &Bytes, now: Instant) -> bool {
+        let Some(mntns) = held_namespace(record) else {
+            return true;
+        };
+        if self.followed.contains(&mntns) {
+            return true;
+        }
         self.expire(now);
-        batch.retain(|record| {
-            let Some(mntns) = held_namespace(record) else {
-                return true;
-            };
-            if self.followed.contains(&mntns) {
-                return true;
-            }
-            self.bytes += record.len();
-            self.waiting.push_back((now, mntns, record.clone()));
-            false
-        });
+        self.bytes += record.len();
+        self.waiting.push_back((now, mntns, record.clone()));
+        self.make_room();
+        false
+    }
+
+    fn make_room(&mut self) {
         while self.bytes > HOLD_BYTES {
             let Some((_, mntns, record)) = self.waiting.pop_front() else {
                 break;
@@ -84,7 +91,8 @@ impl Hold {
         self.dropped.remove(&mntns).unwrap_or(0)
     }
 
-    /// The container in `mntns` stopped: the number may name an unrelated namespace next.
+    /// The container in `mntns` stopped (its first process exited): the number may name an
+    /// unrelated namespace next.
     pub fn unfollow(&mut self, mntns: u32) {
         self.followed.remove(&mntns);
     }

@@ -247,14 +247,25 @@ impl Session {
     }
 
     fn handle(&mut self, batch: &mut Vec<Bytes>, ending: &mut Ending) -> Result<()> {
-        self.hold.admit(batch, Instant::now());
         if batch.is_empty() {
             return Ok(());
         }
         let mut machine = LiveMachine::default();
         machine.read_failing_early(batch);
+        let now = Instant::now();
         for record in batch.drain(..) {
+            if !self.hold.admit_one(&record, now) {
+                continue;
+            }
             let event = self.pipeline.kernel_record(&record, &mut machine)?;
+            // A followed container's first process exited: the probes stopped matching its
+            // namespace there, and so does the hold, in the same place in the stream.
+            if let (Some(watch), Some(event)) = (&mut self.watch, &event)
+                && matches!(event.body, Body::Exit(_))
+                && let Some(mntns) = watch.ended_by(event.pid)
+            {
+                self.hold.unfollow(mntns);
+            }
             if let (Ending::Pids(live), Some(event)) = (&mut *ending, event) {
                 match event.body {
                     Body::Exit(_) => {

@@ -15,7 +15,7 @@ use crate::{
     clock::boot_ns,
     container::{Change, Container, Resolver},
     diagnose::Capacity,
-    live::{bpf::Tracer, hold::Hold},
+    live::{bpf::Tracer, hold::Hold, proc_scan},
     pipeline::Pipeline,
 };
 
@@ -38,6 +38,9 @@ pub struct Followed {
     pub container: Container,
     /// Running now (a stopped one is waited for).
     pub running: bool,
+    /// Its first process was seen exiting, and its runtime has not said since what became of
+    /// it: the probes hold records until it has (see `live::hold`).
+    pub ending: bool,
 }
 
 impl Watch {
@@ -48,6 +51,7 @@ impl Watch {
                 .into_iter()
                 .map(|container| Followed {
                     running: container.state.is_running(),
+                    ending: false,
                     container,
                 })
                 .collect(),
@@ -58,6 +62,21 @@ impl Watch {
         Watch::Host {
             resolver,
             labelled: HashMap::new(),
+        }
+    }
+
+    /// `pid` exited: if it was a followed container's first process, that container is
+    /// ending, and this is its mount namespace.
+    pub fn ended_by(&mut self, pid: u32) -> Option<u32> {
+        match self {
+            Watch::Containers { followed, .. } => {
+                let one = followed
+                    .iter_mut()
+                    .find(|one| one.container.pid == Some(pid))?;
+                one.ending = true;
+                one.container.mntns
+            }
+            Watch::Host { .. } => None,
         }
     }
 
@@ -75,7 +94,7 @@ impl Watch {
                 }
                 // Every second, as the probes start holding themselves when a followed
                 // container's first process exits.
-                tracer.hold(followed.iter().any(|one| !one.running))?;
+                tracer.hold(followed.iter().any(|one| !one.running || one.ending))?;
             }
             Watch::Host { resolver, labelled } => {
                 let (containers, _problems) = resolver.running().await;
@@ -144,8 +163,10 @@ async fn follow(
             ))?;
             one.container = *container;
             one.running = true;
+            one.ending = false;
         }
         Change::Stopped { container } => {
+            one.ending = false;
             if one.running {
                 if let Some(old) = one.container.mntns {
                     tracer.remove_mount_namespace(old)?;
@@ -161,6 +182,7 @@ async fn follow(
             one.container = *container;
         }
         Change::Gone => {
+            one.ending = false;
             if one.running {
                 if let Some(old) = one.container.mntns {
                     tracer.remove_mount_namespace(old)?;
@@ -193,6 +215,24 @@ pub fn follow_processes(container: &Container, tracer: &mut Tracer) -> Result<()
     }
     if let Some(cgroup) = container.cgroup_id {
         tracer.add_cgroup(cgroup)?;
+    }
+    Ok(())
+}
+
+/// Learns what the container's running processes already hold on /dev/shm (descriptors,
+/// mappings), as `--pid` does: a process that mapped an object before the trace and then dies
+/// of SIGBUS in it is gone by the time its fault is read, and its fault would name no file.
+pub fn seed_holders(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
+    let Some(pid) = container.pid else {
+        return Ok(());
+    };
+    let now = boot_ns()?;
+    for pid in proc_scan::process_tree(pid) {
+        if let Some(snapshot) = proc_scan::snapshot(pid)
+            && (!snapshot.fds.is_empty() || !snapshot.mappings.is_empty())
+        {
+            pipeline.seed(&snapshot, now)?;
+        }
     }
     Ok(())
 }

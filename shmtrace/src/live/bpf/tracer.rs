@@ -158,10 +158,16 @@ impl Tracer {
     }
 
     /// Stops following mount namespace `inum` (a container that stopped: its number may be
-    /// reused by an unrelated namespace).
+    /// reused by an unrelated namespace). The probes may have removed it already, when the
+    /// container's first process exited.
     pub fn remove_mount_namespace(&mut self, inum: u32) -> Result<(), BpfError> {
         match self.target_mntns.remove(&inum) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(error))
+                if error.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(map_error("TARGET_MNTNS", e)),
         }
     }
