@@ -242,7 +242,8 @@ pub fn release_held(container: &Container, hold: &mut Hold, pipeline: &mut Pipel
     let Some(mntns) = container.mntns else {
         return Ok(());
     };
-    let dropped = hold.follow(mntns);
+    let since = container.pid.and_then(proc_scan::start_ns);
+    let dropped = hold.follow(mntns, since);
     if dropped > 0 {
         pipeline.notice(&format!(
             "{dropped} records of container {} from before it was found were dropped: more \
