@@ -213,7 +213,7 @@ pub fn run(
             for container in &containers {
                 watch::register(container, &mut tracer, &mut pipeline)?;
                 watch::follow_processes(container, &mut tracer)?;
-                watch::seed_holders(container, &mut pipeline)?;
+                watch::seed_running(container, &mut pipeline)?;
                 if let Some((_, hold)) = &mut early {
                     watch::release_held(container, hold, &mut pipeline)?;
                 }

@@ -208,10 +208,18 @@ pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipel
     sample(container, pipeline)
 }
 
-/// Follows a container's processes (`--container`, not `--all`, which sees everyone).
+/// Follows a container's processes (`--container`, not `--all`, which sees everyone): by
+/// its namespace, and those running now by pid too, so that they stay followed to their
+/// exit when the container stops (the probes stop matching its namespace when its first
+/// process exits, before the others are killed).
 pub fn follow_processes(container: &Container, tracer: &mut Tracer) -> Result<()> {
     if let Some(mntns) = container.mntns {
         tracer.add_mount_namespace(mntns, container.pid)?;
+    }
+    if let Some(first) = container.pid {
+        for pid in proc_scan::process_tree(first) {
+            tracer.add_target(pid)?;
+        }
     }
     if let Some(cgroup) = container.cgroup_id {
         tracer.add_cgroup(cgroup)?;
@@ -219,18 +227,17 @@ pub fn follow_processes(container: &Container, tracer: &mut Tracer) -> Result<()
     Ok(())
 }
 
-/// Learns what the container's running processes already hold on /dev/shm (descriptors,
-/// mappings), as `--pid` does: a process that mapped an object before the trace and then dies
-/// of SIGBUS in it is gone by the time its fault is read, and its fault would name no file.
-pub fn seed_holders(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
+/// Learns the container's running processes and what they already hold on /dev/shm
+/// (descriptors, mappings), as `--pid` does: a process that mapped an object before the trace
+/// and then dies of SIGBUS in it is gone by the time its fault is read, and its fault would
+/// name no file; one killed when the container stops would have no container to its name.
+pub fn seed_running(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
     let Some(pid) = container.pid else {
         return Ok(());
     };
     let now = boot_ns()?;
     for pid in proc_scan::process_tree(pid) {
-        if let Some(snapshot) = proc_scan::snapshot(pid)
-            && (!snapshot.fds.is_empty() || !snapshot.mappings.is_empty())
-        {
+        if let Some(snapshot) = proc_scan::snapshot(pid) {
             pipeline.seed(&snapshot, now)?;
         }
     }
