@@ -462,3 +462,34 @@ fn a_child_its_parent_kills_is_not_diagnosed() {
     run.exit(400, "chromium", 0);
     assert!(run.out.is_empty(), "{:#?}", run.out);
 }
+
+#[test]
+fn a_process_first_met_through_the_kill_that_ends_it_is_ended_by_its_sender() {
+    // A container's process that ran before the trace, killed by the runtime (pid 500).
+    let mut run = Run::new();
+    run.event(
+        500,
+        "runc",
+        Body::Signal(crate::event::Signal {
+            signo: libc::SIGKILL,
+            code: 0,
+            errno: 0,
+            result: 0,
+            addr: 0,
+            target_pid: 600,
+            target_tid: 600,
+            target_comm: "sleep".into(),
+        }),
+    );
+    run.event(
+        600,
+        "sleep",
+        Body::Exit(ExitStatus::Signal {
+            signo: libc::SIGKILL,
+            core_dumped: false,
+        }),
+    );
+    assert_eq!(run.exits, vec![(600, false)]);
+    assert_eq!(run.world.process(600).map(|p| p.mntns), Some(MNTNS));
+    assert!(run.out.is_empty(), "{:#?}", run.out);
+}
