@@ -5,8 +5,10 @@
 //! `diagnose` finds roles, failures and advice -> `output` renders them (text, JSON, summary).
 //! `record` is a tap that writes trace files and reads them back, `report` an observer that
 //! draws a recorded trace (HTML, Perfetto). `pipeline` runs every record through those steps,
-//! whether it comes from the live probes or from a file. `clock` and `size` are leaves all of
-//! them use. See docs/architecture.md.
+//! whether it comes from the live probes or from a file. `capacity`, `clock`, `size` and
+//! `safe_open` (how every output file is opened) are leaves all of them use. See
+//! docs/architecture.md.
+pub mod capacity;
 pub mod clock;
 pub mod diagnose;
 pub mod event;
@@ -15,5 +17,6 @@ pub mod output;
 pub mod pipeline;
 pub mod record;
 pub mod report;
+pub mod safe_open;
 pub mod size;
 pub mod sizing;

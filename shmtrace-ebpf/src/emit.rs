@@ -38,13 +38,15 @@ pub fn header(kind: EventKind, flags: u16, task: u64, off: &KernelOffsets) -> He
     Header {
         kind: kind as u16,
         flags,
-        // SAFETY: these helpers have no preconditions.
+        // SAFETY: this helper has no preconditions.
         cpu: unsafe { bpf_get_smp_processor_id() },
+        // SAFETY: this helper has no preconditions.
         ts_ns: unsafe { bpf_ktime_get_boot_ns() },
         pid: (pid_tgid >> 32) as u32,
         tid: pid_tgid as u32,
         mntns: kernel::task_mntns(task, off).unwrap_or(0),
         _pad: 0,
+        // SAFETY: this helper has no preconditions.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     }

@@ -15,7 +15,7 @@ mod scope;
 
 #[cfg(not(test))]
 #[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     // The verifier rejects any reachable panic path, so this is never executed.
     loop {}
 }

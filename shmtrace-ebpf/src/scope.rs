@@ -88,9 +88,10 @@ pub fn container_ending(tgid: u32, task: u64, off: &KernelOffsets) {
     if first != Some(tgid) {
         return;
     }
-    let _ = TARGET_MNTNS.remove(&mntns);
+    let _ = TARGET_MNTNS.remove(mntns);
     let own = HOLD_OUTSIDE
         .get_ptr(HOLD_OWN)
+        // SAFETY: a pointer to a live map value.
         .map(|v| unsafe { *v })
         .unwrap_or(0);
     if let Some(now) = HOLD_OUTSIDE.get_ptr_mut(HOLD_NOW) {

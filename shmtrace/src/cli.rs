@@ -131,8 +131,9 @@ pub struct TargetArgs {
     pub failed: bool,
 
     /// Kernel ring buffer size, in bytes (suffixes K, M, G). A power of two. Raise it if events
-    /// are reported lost.
-    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    /// are reported lost. shmtrace's resident memory counts it twice (the kernel maps its pages
+    /// twice), so it is kept small for a trace; the daemon's default is 16M.
+    #[arg(long, value_name = "BYTES", default_value = "8M", value_parser = parse_size)]
     pub buffer_size: u32,
 
     /// Read the kernel's BTF from FILE instead of /sys/kernel/btf/vmlinux.

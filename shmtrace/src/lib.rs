@@ -19,7 +19,8 @@ pub mod live;
 
 // The core's modules, under the names this crate's modules use (`crate::record::...`).
 use shmtrace_core::{
-    clock, diagnose, event, model, output, pipeline, record, report, size, sizing,
+    capacity, clock, diagnose, event, model, output, pipeline, record, report, safe_open, size,
+    sizing,
 };
 
 use std::process::ExitCode;

@@ -17,16 +17,23 @@ use crate::{
 /// A `Command` that runs shmtrace (directly, or through a wrapper that execs it in the same
 /// process, such as `unshare ... sh -c 'exec "$@"'`). Its builder methods are those of
 /// `Command`; `output`, `status` and `spawn` add the leak check.
-pub struct ShmtraceCommand(Command);
+pub struct ShmtraceCommand {
+    command: Command,
+    /// Whether the test chose stdin; `output` makes it empty otherwise, as `Command` does.
+    stdin_chosen: bool,
+}
 
 impl ShmtraceCommand {
     /// Wraps a command that ends up running shmtrace in the process it starts.
     pub fn from_command(command: Command) -> ShmtraceCommand {
-        ShmtraceCommand(command)
+        ShmtraceCommand {
+            command,
+            stdin_chosen: false,
+        }
     }
 
     pub fn arg(&mut self, arg: impl AsRef<OsStr>) -> &mut Self {
-        self.0.arg(arg);
+        self.command.arg(arg);
         self
     }
 
@@ -35,7 +42,7 @@ impl ShmtraceCommand {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        self.0.args(args);
+        self.command.args(args);
         self
     }
 
@@ -45,40 +52,56 @@ impl ShmtraceCommand {
         K: AsRef<OsStr>,
         V: AsRef<OsStr>,
     {
-        self.0.envs(vars);
+        self.command.envs(vars);
+        self
+    }
+
+    pub fn env(&mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut Self {
+        self.command.env(key, value);
+        self
+    }
+
+    pub fn current_dir(&mut self, dir: impl AsRef<std::path::Path>) -> &mut Self {
+        self.command.current_dir(dir);
+        self
+    }
+
+    pub fn stdin(&mut self, cfg: impl Into<Stdio>) -> &mut Self {
+        self.command.stdin(cfg);
+        self.stdin_chosen = true;
         self
     }
 
     pub fn stdout(&mut self, cfg: impl Into<Stdio>) -> &mut Self {
-        self.0.stdout(cfg);
+        self.command.stdout(cfg);
         self
     }
 
     pub fn stderr(&mut self, cfg: impl Into<Stdio>) -> &mut Self {
-        self.0.stderr(cfg);
+        self.command.stderr(cfg);
         self
     }
 
     pub fn uid(&mut self, id: u32) -> &mut Self {
-        self.0.uid(id);
+        self.command.uid(id);
         self
     }
 
     pub fn gid(&mut self, id: u32) -> &mut Self {
-        self.0.gid(id);
+        self.command.gid(id);
         self
     }
 
     pub fn process_group(&mut self, pgroup: i32) -> &mut Self {
-        self.0.process_group(pgroup);
+        self.command.process_group(pgroup);
         self
     }
 
     /// Starts shmtrace and its watcher.
     pub fn spawn(&mut self) -> std::io::Result<ShmtraceChild> {
-        let child = self.0.spawn()?;
+        let child = self.command.spawn()?;
         let objects = OwnBpfObjects::watch(child.id());
-        let watchdog = Watchdog::arm(child.id(), format!("{:?}", self.0));
+        let watchdog = Watchdog::arm(child.id(), format!("{:?}", self.command));
         Ok(ShmtraceChild {
             child,
             objects: Some(objects),
@@ -86,9 +109,12 @@ impl ShmtraceCommand {
         })
     }
 
-    /// Like `Command::output` (stdin empty, stdout and stderr captured), then the leak check.
+    /// Like `Command::output` (stdin empty unless chosen, stdout and stderr captured), then
+    /// the leak check.
     pub fn output(&mut self) -> std::io::Result<Output> {
-        self.0.stdin(Stdio::null());
+        if !self.stdin_chosen {
+            self.command.stdin(Stdio::null());
+        }
         self.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = self.spawn()?;
         let output = read_to_end_and_wait(&mut child.child)?;
@@ -107,7 +133,7 @@ impl ShmtraceCommand {
 
 impl fmt::Debug for ShmtraceCommand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.command.fmt(f)
     }
 }
 

@@ -3,24 +3,16 @@
 //! back.
 use std::{
     io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::PathBuf,
-    process::{Child, ExitStatus, Stdio},
+    process::{ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
-use crate::{read_json_lines, recording::wait_for, tempdir};
-
-/// A port nobody listens on now (the kernel picks it).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding a free port")
-        .port()
-}
+use crate::{command::ShmtraceChild, read_json_lines, recording::wait_for, shmtrace, tempdir};
 
 /// `GET path` over HTTP/1.0: (status code, body).
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
@@ -44,29 +36,43 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// Its BPF objects are checked to be released when it stops (or is dropped).
 pub struct Daemon {
-    child: Child,
+    child: ShmtraceChild,
     pub addr: String,
     pub dir: PathBuf,
 }
 
 impl Daemon {
-    /// `shmtrace daemon --listen 127.0.0.1:PORT ARGS`; returns once /healthz answers.
+    /// `shmtrace daemon --listen 127.0.0.1:0 ARGS`; returns once /healthz answers on the port
+    /// it says it bound. (A port chosen here and passed in could be taken by another test in
+    /// between, and /healthz then answered by someone else's daemon.)
     pub fn start(args: &[&str]) -> Daemon {
         let dir = tempdir();
-        let addr = format!("127.0.0.1:{}", free_port());
-        let child = std::process::Command::new(crate::shmtrace_bin())
-            .args(["daemon", "--listen", &addr])
+        let child = shmtrace()
+            .args(["daemon", "--listen", "127.0.0.1:0"])
             .args(args)
             .stdout(std::fs::File::create(dir.join("stdout.jsonl")).unwrap())
             .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
             .stdin(Stdio::null())
             .spawn()
             .expect("starting shmtrace daemon");
-        let mut daemon = Daemon { child, addr, dir };
+        let mut daemon = Daemon {
+            child,
+            addr: String::new(),
+            dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok((200, _)) = http_get(&daemon.addr, "/healthz") {
+            if daemon.addr.is_empty()
+                && let Some(addr) = daemon.stderr().split("metrics at http://").nth(1)
+                && let Some((addr, _)) = addr.split_once("/metrics")
+            {
+                daemon.addr = addr.to_owned();
+            }
+            if !daemon.addr.is_empty()
+                && let Ok((200, _)) = http_get(&daemon.addr, "/healthz")
+            {
                 return daemon;
             }
             if let Some(status) = daemon.child.try_wait().unwrap() {
@@ -77,7 +83,7 @@ impl Daemon {
             }
             assert!(
                 Instant::now() < deadline,
-                "shmtrace daemon did not answer on {}: {}",
+                "shmtrace daemon did not answer (on {:?}): {}",
                 daemon.addr,
                 daemon.stderr()
             );
@@ -95,7 +101,17 @@ impl Daemon {
 
     /// The metrics as Prometheus' text format.
     pub fn metrics(&self) -> String {
-        let (status, body) = http_get(&self.addr, "/metrics").expect("GET /metrics");
+        let (status, body) = http_get(&self.addr, "/metrics").unwrap_or_else(|error| {
+            // Say whether the daemon is still there, and what it said.
+            let alive = std::fs::metadata(format!("/proc/{}", self.child.id())).is_ok();
+            panic!(
+                "GET {}/metrics: {error}; the daemon (pid {}) is {}; its stderr:\n{}",
+                self.addr,
+                self.child.id(),
+                if alive { "running" } else { "gone" },
+                self.stderr()
+            )
+        });
         assert_eq!(status, 200, "GET /metrics: {body}");
         body
     }
@@ -127,21 +143,13 @@ impl Daemon {
             .expect("VmRSS in /proc/PID/status")
     }
 
-    /// SIGTERM; the exit status and every JSON line it wrote.
+    /// SIGTERM, then the leak check; the exit status and every JSON line it wrote.
     pub fn stop(mut self) -> (ExitStatus, Vec<Value>, String) {
         nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).unwrap();
         let status = wait_for(&mut self.child, Duration::from_secs(20));
+        self.child.assert_released();
         let lines = read_json_lines(&self.dir.join("stdout.jsonl"));
         (status, lines, self.stderr())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 

@@ -9,10 +9,15 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{
-    daemon::{free_port, http_get},
-    tempdir,
-};
+use crate::{daemon::http_get, tempdir};
+
+/// A port nobody listens on now (the kernel picks it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding a free port")
+        .port()
+}
 
 pub struct Prometheus {
     child: Child,
@@ -23,6 +28,18 @@ pub struct Prometheus {
 impl Prometheus {
     /// Scrapes `target` (ADDR:PORT) every second, under job `job`.
     pub fn start(job: &str, target: &str) -> Prometheus {
+        // Prometheus cannot be told to choose its own port and say which: a free one is picked
+        // here, and if another process takes it first, Prometheus exits and another is tried.
+        for _ in 0..5 {
+            if let Some(prometheus) = Prometheus::try_start(job, target) {
+                return prometheus;
+            }
+        }
+        panic!("prometheus found its port taken five times in a row");
+    }
+
+    /// `None` when the port was taken before Prometheus could bind it.
+    fn try_start(job: &str, target: &str) -> Option<Prometheus> {
         let dir = tempdir();
         let addr = format!("127.0.0.1:{}", free_port());
         let config = format!(
@@ -47,11 +64,19 @@ impl Prometheus {
         let mut prometheus = Prometheus { child, addr, dir };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok((200, _)) = http_get(&prometheus.addr, "/-/ready") {
-                return prometheus;
-            }
             if let Some(status) = prometheus.child.try_wait().unwrap() {
-                panic!("prometheus ended ({status}): {}", prometheus.log());
+                let log = prometheus.log();
+                if log.contains("address already in use") {
+                    return None;
+                }
+                panic!("prometheus ended ({status}): {log}");
+            }
+            // Ready, and this Prometheus: the one whose storage is in our directory.
+            if let Ok((200, _)) = http_get(&prometheus.addr, "/-/ready")
+                && let Ok((200, flags)) = http_get(&prometheus.addr, "/api/v1/status/flags")
+                && flags.contains(&prometheus.dir.join("data").display().to_string())
+            {
+                return Some(prometheus);
             }
             assert!(
                 Instant::now() < deadline,

@@ -358,7 +358,7 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
     let pid = container.pid.expect("the main pid, from the verbose info");
     assert_eq!(container.mntns, kernel_ids::mount_namespace(pid));
     // containerd gives each pod a 64 MiB /dev/shm, shared by its containers.
-    assert_eq!(container.shm.size_bytes, Some(64 << 20));
+    assert_eq!(container.shm.size_bytes(), Some(64 << 20));
     assert!(container.shm.is_tmpfs);
     assert!(container.image.as_deref().unwrap().contains(image));
 
@@ -387,7 +387,8 @@ async fn finds_kubernetes_containers_in_a_real_containerd() {
     let other = resolver.resolve(&Query::id(&id_b[..12])).await.unwrap();
     assert_eq!(other.container.pod.as_deref(), Some("trainer-1"));
     assert_ne!(
-        other.container.shm.dev, container.shm.dev,
+        other.container.shm.dev(),
+        container.shm.dev(),
         "one /dev/shm per pod"
     );
 

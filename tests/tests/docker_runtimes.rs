@@ -105,7 +105,7 @@ async fn resolves_by_exact_name_never_by_substring() {
     assert!(!found.fallback);
     // Docker's default: 64 MiB, private.
     assert_eq!(container.shm.configured_bytes, Some(64 << 20));
-    assert_eq!(container.shm.size_bytes, Some(64 << 20));
+    assert_eq!(container.shm.size_bytes(), Some(64 << 20));
     assert!(matches!(
         container.ipc,
         IpcMode::Private | IpcMode::Shareable
@@ -189,7 +189,7 @@ async fn a_stopped_container_says_so_and_can_be_waited_for() {
     assert_eq!(container.state, State::Exited { code: Some(3) });
     assert_eq!(container.pid, None);
     assert_eq!(container.shm.source, ShmSource::Configured);
-    assert_eq!(container.shm.size_bytes, Some(64 << 20));
+    assert_eq!(container.shm.size_bytes(), Some(64 << 20));
     let message = error.to_string();
     assert!(message.contains("exited with status 3"), "{message}");
     assert!(
@@ -301,7 +301,7 @@ async fn measures_a_small_shm_and_its_use() {
         .unwrap()
         .container;
     let shm = found.shm.clone();
-    assert_eq!(shm.size_bytes, Some(1 << 20));
+    assert_eq!(shm.size_bytes(), Some(1 << 20));
     assert_eq!(shm.size_option, Some(1 << 20));
     assert_eq!(shm.configured_bytes, Some(1 << 20));
     assert_eq!(
@@ -311,8 +311,8 @@ async fn measures_a_small_shm_and_its_use() {
         }
     );
     assert!(shm.is_tmpfs);
-    assert_ne!(shm.dev, host_shm_dev());
-    let before = shm.used_bytes.unwrap();
+    assert_ne!(shm.dev(), host_shm_dev());
+    let before = shm.used_bytes().unwrap();
 
     let dd = container.exec(&[
         "dd",
@@ -328,7 +328,7 @@ async fn measures_a_small_shm_and_its_use() {
     );
     let after = measure_shm(found.pid.unwrap()).unwrap();
     assert!(
-        after.used_bytes.unwrap() >= before + (512 << 10),
+        after.used_bytes().unwrap() >= before + (512 << 10),
         "{before} -> {after:?}"
     );
 
@@ -343,10 +343,12 @@ async fn measures_a_small_shm_and_its_use() {
     assert!(!full.status.success());
     assert!(String::from_utf8_lossy(&full.stderr).contains("No space left on device"));
     let full = measure_shm(found.pid.unwrap()).unwrap();
-    assert_eq!(full.used_bytes, full.size_bytes);
+    assert_eq!(full.used_bytes(), full.size_bytes());
     println!(
         "--shm-size 1m: size {:?}, used {before} -> {:?} after 512 KiB -> {:?} when full",
-        shm.size_bytes, after.used_bytes, full.used_bytes
+        shm.size_bytes(),
+        after.used_bytes(),
+        full.used_bytes()
     );
 }
 
@@ -359,13 +361,13 @@ async fn notes_ipc_host() {
         .unwrap()
         .container;
     assert_eq!(found.ipc, IpcMode::Host);
-    assert_eq!(found.shm.dev, host_shm_dev());
+    assert_eq!(found.shm.dev(), host_shm_dev());
     assert_eq!(found.ipc.describe(), "the host's (--ipc=host)");
     // Docker still says ShmSize 64 MiB; the limit is the host's /dev/shm's.
     assert_eq!(found.shm.configured_bytes, None);
     assert_eq!(
-        found.shm.size_bytes,
-        measure_shm(std::process::id()).unwrap().size_bytes
+        found.shm.size_bytes(),
+        measure_shm(std::process::id()).unwrap().size_bytes()
     );
 }
 
@@ -418,7 +420,7 @@ async fn a_container_cannot_redirect_the_measurement_with_symlinks() {
     let host_root = std::fs::metadata("/").unwrap();
     use std::os::unix::fs::MetadataExt;
     assert_ne!(
-        measured.dev,
+        measured.dev(),
         Some(kernel_ids::kernel_dev_from_stat(host_root.dev()))
     );
 
@@ -485,7 +487,7 @@ async fn a_daemon_that_is_down_falls_back_to_the_cgroup_scan() {
     assert_eq!(scanned.id, id);
     assert_eq!(scanned.pid, Some(container.pid()));
     assert_eq!(scanned.mntns, kernel_ids::mount_namespace(container.pid()));
-    assert_eq!(scanned.shm.size_bytes, Some(64 << 20));
+    assert_eq!(scanned.shm.size_bytes(), Some(64 << 20));
 
     // A socket that does not exist at all, named explicitly, is reported too.
     let error = down.resolve(&Query::default()).await.unwrap_err();

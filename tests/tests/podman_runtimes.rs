@@ -147,7 +147,7 @@ async fn finds_podman_containers_through_its_docker_api() {
     assert_eq!(found.pid, Some(pid));
     assert_eq!(found.mntns, kernel_ids::mount_namespace(pid));
     assert_eq!(found.shm.configured_bytes, Some(2 << 20));
-    assert_eq!(found.shm.size_bytes, Some(2 << 20));
+    assert_eq!(found.shm.size_bytes(), Some(2 << 20));
     assert_eq!(found.shm.source, ShmSource::Measured { pid });
     assert!(matches!(found.ipc, IpcMode::Shareable | IpcMode::Private));
 

@@ -6,6 +6,8 @@
 //! all of them. Then a table of medians and ratios to untraced, and where shmtrace's own time
 //! goes, probe by probe.
 //!
+//! - `case`: one object size, its timed rounds and each variant's results; `machine`: the
+//!   machine and its load, as the report describes them;
 //! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
 //! - `variants`: how each variant runs it; `reported`: what each tracer reports back;
 //! - `measure`: one process's wall time, CPU, context switches and peak memory;
@@ -14,9 +16,11 @@
 //!   cannot swamp;
 //! - `probes`: BPF run-time statistics per program;
 //! - `stats`, `table`: medians, spreads and the printed tables.
+mod case;
 mod churn;
 mod daemon_idle;
 mod floor;
+mod machine;
 mod measure;
 mod neighbours;
 mod pairs;
@@ -30,7 +34,6 @@ mod variants;
 
 use std::{
     collections::BTreeMap,
-    ffi::OsString,
     fs,
     path::PathBuf,
     sync::atomic::{AtomicBool, Ordering},
@@ -41,8 +44,9 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use self::{
-    stats::Spread,
-    variants::{Outcome, Setup, Variant},
+    case::{Case, VariantResult, check_room, raw_runs, run_rounds},
+    machine::{describe, load_average, machine_description},
+    variants::{Setup, Variant},
 };
 use crate::{cargo, root, run as run_command};
 
@@ -52,7 +56,7 @@ pub struct BenchArgs {
     #[arg(long)]
     quick: bool,
     /// Object sizes, one case each (suffixes K, M, G) [default: 1M,4K].
-    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    #[arg(long, value_delimiter = ',', value_parser = shmtrace_core::size::parse)]
     sizes: Vec<u64>,
     /// Objects each worker makes per run [default: 3 GiB worth, within 2000..=30000; a sixth
     /// of that, within 300..=5000, with --quick].
@@ -103,7 +107,7 @@ pub struct BenchArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ChurnArgs {
     /// Bytes per object (suffixes K, M, G).
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    #[arg(long, default_value = "1M", value_parser = shmtrace_core::size::parse)]
     pub size: u64,
     /// Objects each worker creates and removes.
     #[arg(long, default_value_t = 10_000)]
@@ -143,69 +147,6 @@ pub fn storm(processes: u64, tag: &str) -> Result<()> {
 
 pub fn stamp() {
     storm::stamp()
-}
-
-/// All runs of one variant in one case.
-pub struct VariantResult {
-    variant: &'static Variant,
-    outcomes: Vec<Outcome>,
-    /// The round each of `outcomes` ran in.
-    rounds: Vec<u32>,
-    errors: Vec<String>,
-    unavailable: Option<String>,
-}
-
-impl VariantResult {
-    fn spread(&self, value: impl Fn(&Outcome) -> Option<f64>) -> Option<Spread> {
-        Spread::of(&self.outcomes.iter().filter_map(value).collect::<Vec<_>>())
-    }
-    /// This variant's `value` over `base`'s, round by round, and the median of those ratios:
-    /// load that drifts between rounds weighs on both sides of each ratio alike.
-    fn paired_ratio(&self, base: &VariantResult, value: impl Fn(&Outcome) -> f64) -> Option<f64> {
-        let ratios: Vec<f64> = self
-            .rounds
-            .iter()
-            .zip(&self.outcomes)
-            .filter_map(|(round, outcome)| {
-                let i = base.rounds.iter().position(|r| r == round)?;
-                Some(value(outcome) / value(&base.outcomes[i]))
-            })
-            .collect();
-        Spread::of(&ratios).map(|s| s.median)
-    }
-    fn loop_times(&self) -> Option<Spread> {
-        self.spread(|o| Some(o.workload.loop_seconds))
-    }
-    fn wall_times(&self) -> Option<Spread> {
-        self.spread(|o| Some(o.top.wall_seconds))
-    }
-    fn tracer_cpu(&self) -> Option<Spread> {
-        self.spread(|o| o.tracer.as_ref().map(|t| t.cpu_seconds))
-    }
-    fn tracer_peak_rss_kb(&self) -> Option<u64> {
-        self.outcomes
-            .iter()
-            .filter_map(|o| o.tracer.as_ref().map(|t| t.peak_rss_kb))
-            .max()
-    }
-    fn events(&self) -> Option<u64> {
-        self.spread(|o| o.reported.events.map(|e| e as f64))
-            .map(|s| s.median as u64)
-    }
-    fn lost(&self) -> Option<u64> {
-        self.outcomes.iter().filter_map(|o| o.reported.lost).max()
-    }
-    /// `ok` when every run's tracer output matched the calls made, else the first mismatch.
-    fn calls_seen(&self) -> String {
-        if self.outcomes.iter().all(|o| o.reported.per_call.is_none()) {
-            return "-".into();
-        }
-        let bad: Vec<String> = self.outcomes.iter().filter_map(Outcome::mismatch).collect();
-        match bad.first() {
-            None => "ok".into(),
-            Some(first) => format!("{} of {} runs: {first}", bad.len(), self.outcomes.len()),
-        }
-    }
 }
 
 /// The benchmark's scheduling priority, and so its children's.
@@ -302,7 +243,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("## {}\n", case.title);
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
-        target_rows.extend(targets::from_case(&human_size(size), &results));
+        target_rows.extend(targets::from_case(
+            &shmtrace_core::size::human(size),
+            &results,
+        ));
         let (text, notes) = table::variants(&results);
         println!("{text}");
         for note in &notes {
@@ -382,114 +326,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
-}
-
-/// One object size: the workload's command line and how often to run it.
-struct Case {
-    title: String,
-    size: u64,
-    iterations: u64,
-    rounds: u32,
-    /// Objects the workload makes in all (iterations × workers).
-    objects: u64,
-    tag: String,
-    workload: Vec<OsString>,
-}
-
-impl Case {
-    fn new(args: &BenchArgs, size: u64, exe: &std::path::Path, tag: &str) -> Case {
-        let iterations = args
-            .iterations
-            .unwrap_or_else(|| default_iterations(size, args.quick));
-        let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
-        let mut workload: Vec<OsString> = vec![exe.into(), "churn".into()];
-        for (flag, value) in [
-            ("--size", size.to_string()),
-            ("--iterations", iterations.to_string()),
-            ("--workers", args.workers.to_string()),
-            ("--tag", tag.to_owned()),
-        ] {
-            workload.push(flag.into());
-            workload.push(value.into());
-        }
-        let mut extras = String::new();
-        if args.write_call {
-            workload.push("--write-call".into());
-            extras += ", with write(2)";
-        }
-        if args.fill {
-            workload.push("--fill".into());
-            extras += ", filling each mapping";
-        }
-        let plural = |n: u64, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
-        Case {
-            title: format!(
-                "{} objects × {iterations} per worker, {}, {}{extras}",
-                human_size(size),
-                plural(args.workers as u64, "worker"),
-                plural(rounds as u64, "round"),
-            ),
-            size,
-            iterations,
-            rounds,
-            objects: iterations * args.workers as u64,
-            tag: tag.to_owned(),
-            workload,
-        }
-    }
-}
-
-/// Runs every available variant once a round, in an order that rotates each round.
-fn run_rounds(
-    case: &Case,
-    setup: &Setup,
-    selected: &[&'static Variant],
-    unavailable: &[Option<String>],
-    others: &mut BTreeMap<u32, String>,
-) -> Result<Vec<VariantResult>> {
-    let mut results: Vec<VariantResult> = selected
-        .iter()
-        .zip(unavailable)
-        .map(|(variant, unavailable)| VariantResult {
-            variant,
-            outcomes: Vec::new(),
-            rounds: Vec::new(),
-            errors: Vec::new(),
-            unavailable: unavailable.clone(),
-        })
-        .collect();
-    // A discarded warm-up: the first run pays for cold caches and /dev/shm growth.
-    let _ = Variant::run(&variants::ALL[0], setup, &case.workload);
-    churn::remove_leftovers(&case.tag);
-    for round in 0..case.rounds {
-        others.extend(neighbours::foreign_bpf_holders());
-        eprint!("round {}/{}:", round + 1, case.rounds);
-        let n = results.len();
-        for k in 0..n {
-            // Rotate the order each round, so no variant always follows the same one.
-            let result = &mut results[(k + round as usize) % n];
-            if result.unavailable.is_some() {
-                continue;
-            }
-            if INTERRUPTED.load(Ordering::SeqCst) {
-                bail!("interrupted");
-            }
-            eprint!(" {}", result.variant.name);
-            match result.variant.run(setup, &case.workload) {
-                Ok(outcome) => {
-                    result.outcomes.push(outcome);
-                    result.rounds.push(round);
-                }
-                Err(error) => result.errors.push(format!("{error:#}")),
-            }
-            churn::remove_leftovers(&case.tag);
-        }
-        eprintln!();
-    }
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        bail!("interrupted");
-    }
-    Ok(results)
 }
 
 /// Runs and prints the paired measurement. Returns its table for `--save`, and the per-object
@@ -578,31 +414,6 @@ fn probe_costs(
     text
 }
 
-fn raw_runs(results: &[VariantResult]) -> serde_json::Value {
-    results
-        .iter()
-        .map(|r| {
-            json!({
-                "variant": r.variant.name,
-                "unavailable": r.unavailable,
-                "errors": r.errors,
-                "runs": r.outcomes.iter().map(|o| json!({
-                    "loop_seconds": o.workload.loop_seconds,
-                    "wall_seconds": o.top.wall_seconds,
-                    "workload_cpu_seconds": o.workload.cpu_seconds,
-                    "tracer_cpu_seconds": o.tracer.as_ref().map(|t| t.cpu_seconds),
-                    "tracer_peak_rss_kb": o.tracer.as_ref().map(|t| t.peak_rss_kb),
-                    "events": o.reported.events,
-                    "lost": o.reported.lost,
-                    "per_call": o.reported.per_call,
-                    "calls": o.workload.calls,
-                    "mismatch": o.mismatch(),
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect()
-}
-
 /// --quick keeps what issue 12's targets need: the floor, shmtrace, and its cost to others.
 const QUICK_VARIANTS: [&str; 4] = ["floor", "shmtrace-null", "shmtrace-idle", "shmtrace-all"];
 
@@ -625,150 +436,4 @@ fn select_variants(names: &[String], quick: bool) -> Result<Vec<&'static Variant
         }
     }
     Ok(selected)
-}
-
-/// Enough objects for a run to last a second or two untraced (about 3 GiB worth, at most
-/// 30000: strace takes ten times as long); a sixth of that for --quick.
-fn default_iterations(size: u64, quick: bool) -> u64 {
-    let (bytes, low, high) = if quick {
-        (512u64 << 20, 300, 5_000)
-    } else {
-        (3u64 << 30, 2_000, 30_000)
-    };
-    (bytes / size.max(1)).clamp(low, high)
-}
-
-/// The workload holds at most one object per worker at a time.
-fn check_room(size: u64, workers: u32) -> Result<()> {
-    // SAFETY: an all-zero statvfs is valid; statvfs fills it.
-    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a valid out-pointer.
-    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut fs) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("statvfs /dev/shm");
-    }
-    let free = fs.f_bavail as u64 * fs.f_frsize as u64;
-    let needed = size * workers as u64;
-    if free < needed * 2 {
-        bail!(
-            "/dev/shm has {} free; the workload needs {} at a time",
-            human_size(free),
-            human_size(needed)
-        );
-    }
-    Ok(())
-}
-
-fn machine_description(setup: &Setup) -> String {
-    let read = |path: &str| {
-        fs::read_to_string(path)
-            .unwrap_or_default()
-            .trim()
-            .to_owned()
-    };
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")?
-                .split_once(':')
-                .map(|(_, m)| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let first_line = |program: &str, args: &[&str]| {
-        std::process::Command::new(program)
-            .args(args)
-            .output()
-            .ok()
-            .map(|o| {
-                let text = String::from_utf8_lossy(&o.stdout).into_owned();
-                text.lines().next().unwrap_or("").trim().to_owned()
-            })
-            .filter(|l| !l.is_empty())
-            .unwrap_or_else(|| format!("{program}: not found"))
-    };
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!(
-        "Machine: {cores} cores ({cpu}), Linux {}, Debian {}. Load average at the start: {}. \
-         Benchmark processes run at nice {NICE}.\n\
-         Tools: {}; {}; {}.",
-        read("/proc/sys/kernel/osrelease"),
-        read("/etc/debian_version"),
-        load_average(),
-        first_line(&setup.shmtrace.to_string_lossy(), &["--version"]),
-        first_line("strace", &["-V"]),
-        first_line("perf", &["version"]),
-    )
-}
-
-/// `123 (cmd args), 456 (...)`, each command cut to 60 characters.
-fn describe(processes: &BTreeMap<u32, String>) -> String {
-    const WIDTH: usize = 60;
-    processes
-        .iter()
-        .map(|(pid, cmd)| {
-            let mut short: String = cmd.chars().take(WIDTH).collect();
-            if cmd.chars().count() > WIDTH {
-                short.push('…');
-            }
-            format!("{pid} ({short})")
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn load_average() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn human_size(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
-    }
-}
-
-/// `1M`, `4K`, `4096`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&text[..i], 10),
-        Some((i, 'M' | 'm')) => (&text[..i], 20),
-        Some((i, 'G' | 'g')) => (&text[..i], 30),
-        _ => (text, 0),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(|| format!("{text:?} is not a size like 1M, 4K or 4096"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1M"), Ok(1 << 20));
-        assert_eq!(parse_size("4k"), Ok(4096));
-        assert_eq!(parse_size("100"), Ok(100));
-        assert!(parse_size("big").is_err());
-        assert_eq!(human_size(4096), "4 KiB");
-        assert_eq!(human_size(1 << 20), "1 MiB");
-        assert_eq!(human_size(1000), "1000 B");
-    }
-
-    #[test]
-    fn default_iterations_stay_in_range() {
-        assert_eq!(default_iterations(1 << 20, false), 3072);
-        assert_eq!(default_iterations(4096, false), 30_000);
-        assert_eq!(default_iterations(1 << 30, false), 2_000);
-        assert_eq!(default_iterations(4096, true), 5_000);
-    }
 }

@@ -28,30 +28,39 @@ const RUSTFLAGS: [&str; 3] = [
 /// Crates whose sources go into the object.
 const SOURCE_CRATES: [&str; 2] = ["shmtrace-ebpf", "shmtrace-common"];
 
-pub fn build(verify_only: bool) -> Result<()> {
-    let root = root();
-    let target_dir = root.join("target/bpf");
-    run(Command::new("rustup")
-        .current_dir(&root)
-        .args([
-            "run",
-            "nightly",
-            "cargo",
-            "build",
-            "--package",
-            "shmtrace-ebpf",
-            "--bins",
-        ])
-        .arg("--release")
+/// `cargo +nightly <subcommand>` of the eBPF crate for its real target, with the object's
+/// flags: what `build` builds is what `lint` checks.
+fn nightly_cargo(subcommand: &str, target_dir: &Path) -> Command {
+    let mut command = Command::new("rustup");
+    command
+        .current_dir(root())
+        .args(["run", "nightly", "cargo", subcommand])
+        .args(["--package", "shmtrace-ebpf", "--bins", "--release"])
         .args(["--target", TARGET, "-Z", "build-std=core"])
         .arg("--target-dir")
-        .arg(&target_dir)
+        .arg(target_dir)
         .env("CARGO_ENCODED_RUSTFLAGS", RUSTFLAGS.join("\x1f"))
         .env_remove("CARGO")
         .env_remove("RUSTC")
         .env_remove("RUSTC_WRAPPER")
-        .env_remove("RUSTUP_TOOLCHAIN"))
-    .context("building the eBPF object needs nightly with rust-src and bpf-linker (see .ci/run)")?;
+        .env_remove("RUSTUP_TOOLCHAIN");
+    command
+}
+
+/// Where the eBPF builds go: `bpf/` under the workspace's target directory.
+fn bpf_target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join("bpf")
+}
+
+pub fn build(verify_only: bool) -> Result<()> {
+    let root = root();
+    let target_dir = bpf_target_dir();
+    run(&mut nightly_cargo("build", &target_dir)).context(
+        "building the eBPF object needs nightly with rust-src and bpf-linker (see .ci/run)",
+    )?;
     let built = target_dir.join(TARGET).join("release/shmtrace-ebpf");
     if verify_only {
         println!("the eBPF sources build ({})", built.display());
@@ -66,6 +75,15 @@ pub fn build(verify_only: bool) -> Result<()> {
         fs::metadata(&object)?.len(),
         digest.hash
     );
+    Ok(())
+}
+
+/// Clippy on the eBPF crate as it is really built (the BPF target, `core` only), warnings as
+/// errors: the workspace's `cargo clippy` cannot check it, as it builds only for that target.
+pub fn lint() -> Result<()> {
+    run(nightly_cargo("clippy", &bpf_target_dir()).args(["--", "-D", "warnings"]))
+        .context("clippy found problems in shmtrace-ebpf (or nightly's clippy is missing)")?;
+    println!("shmtrace-ebpf passes clippy for {TARGET}");
     Ok(())
 }
 

@@ -3,15 +3,18 @@
 //! - `build-ebpf`: build the eBPF object from `shmtrace-ebpf` (nightly + bpf-linker) and commit
 //!   it to `shmtrace/bpf/`, with a hash of the inputs it was built from.
 //! - `check-ebpf`: fail if the committed object is stale against those inputs.
+//! - `lint-ebpf`: clippy on the eBPF crate for its real target (nightly), warnings as errors.
 //! - `test`: build everything and run every test, the real-kernel ones included (root).
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
 //! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor).
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
 //! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
+//! - `check-layers`: the modules of the core and the binary import only downwards.
 mod bench;
 mod ebpf;
 mod fuzz;
 mod gen_cri;
+mod layering;
 
 use std::{path::PathBuf, process::Command};
 
@@ -35,6 +38,10 @@ enum Task {
     },
     /// Check that the committed eBPF object was built from the current sources.
     CheckEbpf,
+    /// Run clippy on the eBPF crate for the BPF target (nightly), warnings as errors.
+    LintEbpf,
+    /// Check that no module imports upwards against docs/architecture.md's layers.
+    CheckLayers,
     /// Build, then run the whole test suite (needs root for the kernel and Docker tests).
     Test {
         /// Extra arguments for `cargo test`, after `--`.
@@ -73,6 +80,8 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::BuildEbpf { verify_only } => ebpf::build(verify_only),
         Task::CheckEbpf => ebpf::check(),
+        Task::LintEbpf => ebpf::lint(),
+        Task::CheckLayers => layering::run(),
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),

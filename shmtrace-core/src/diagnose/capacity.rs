@@ -1,20 +1,7 @@
-//! How full /dev/shm was when something failed: the measurement, and the floor that what the
-//! traced processes held puts under it when the measurement came too late (`failure` adds the
-//! floor the kernel's refusal proves).
-use serde::{Deserialize, Serialize};
-
-use crate::model::ShmUsage;
-
-/// Size and use of one /dev/shm file system, measured with statfs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Capacity {
-    /// `dev_t` of the file system.
-    pub dev: u32,
-    pub size: u64,
-    pub used: u64,
-    /// When it was measured (`CLOCK_BOOTTIME` ns).
-    pub ts_ns: u64,
-}
+//! How full /dev/shm was when something failed: the floor that what the traced processes held
+//! puts under a measurement that came too late (`failure` adds the floor the kernel's refusal
+//! proves).
+use crate::{capacity::Capacity, model::ShmUsage};
 
 /// /dev/shm is measured when userspace reads the failure, which may be after the process
 /// freed what it held (a program that gets ENOSPC from sem_open unlinks its files at once, and

@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::event::{Body, Call, Event, Syscall, names};
 use crate::model::{Annotation, ShmUsage};
 
-use super::capacity::Capacity;
+use crate::capacity::Capacity;
 
 /// Why it failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]

@@ -1,6 +1,9 @@
 //! The diagnoser fed hand-made events, as the probes would send them.
 use super::*;
-use crate::event::{Call, Exec, FileRef, InodeId};
+use crate::{
+    capacity::Capacity,
+    event::{Call, Exec, FileRef, InodeId},
+};
 
 const MNTNS: u32 = 4026531841;
 const DEV: u32 = 47;

@@ -100,11 +100,11 @@ impl ContainerInfo {
 }
 
 /// A container's name for people: escaped, its short id when the name is unknown, and
-/// `namespace/pod/name` in Kubernetes.
+/// `namespace/pod/name` in Kubernetes. The one container-name formatter.
 pub fn container_label(name: &str, id: &str, namespace: Option<&str>, pod: Option<&str>) -> String {
     use crate::event::escape::text;
     let name = if name.is_empty() {
-        text(&id.chars().take(12).collect::<String>())
+        text(short_id(id))
     } else {
         text(name)
     };
@@ -112,5 +112,33 @@ pub fn container_label(name: &str, id: &str, namespace: Option<&str>, pod: Optio
         (Some(namespace), Some(pod)) => format!("{}/{}/{name}", text(namespace), text(pod)),
         (None, Some(pod)) => format!("{}/{name}", text(pod)),
         _ => name,
+    }
+}
+
+/// The first 12 characters of an id, as `docker ps` shows it (not escaped).
+pub fn short_id(id: &str) -> &str {
+    match id.char_indices().nth(12) {
+        Some((end, _)) => &id[..end],
+        None => id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_a_container_by_name_or_short_id_escaped() {
+        let id = "5b1c7e0f1d8a".to_owned() + &"0".repeat(52);
+        assert_eq!(container_label("", &id, None, None), "5b1c7e0f1d8a");
+        assert_eq!(
+            container_label("trainer", &id, Some("ml"), Some("job-0")),
+            "ml/job-0/trainer"
+        );
+        assert_eq!(container_label("a\x1bb", &id, None, None), "a\\x1bb");
+        // A hostile id: cut on a character boundary, escaped when shown.
+        assert_eq!(short_id("ééééééééééééé"), "éééééééééééé");
+        assert_eq!(short_id("abc"), "abc");
+        assert_eq!(container_label("", "\x07bad", None, None), "\\x07bad");
     }
 }

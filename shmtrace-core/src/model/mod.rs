@@ -9,7 +9,7 @@ mod object;
 mod process;
 mod world;
 
-pub use container_info::{ContainerInfo, StartedBy, container_label};
+pub use container_info::{ContainerInfo, StartedBy, container_label, short_id};
 pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
 pub use world::{Annotation, ProcSnapshot, ShmUsage, SnapshotFd, SnapshotMapping, World};

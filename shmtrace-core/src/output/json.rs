@@ -285,16 +285,25 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
 /// Writes one JSON object per line.
 pub struct JsonWriter<W: Write> {
     out: W,
+    /// A line is serialised here, then written at once: serde writes a record in dozens of
+    /// small pieces, each a dynamic call through the output's layers, which cost more than the
+    /// serialising (a third of replay's time, by profile).
+    line: Vec<u8>,
 }
 
 impl<W: Write> JsonWriter<W> {
     pub fn new(out: W) -> JsonWriter<W> {
-        JsonWriter { out }
+        JsonWriter {
+            out,
+            line: Vec::with_capacity(1024),
+        }
     }
 
     pub fn record<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
-        serde_json::to_writer(&mut self.out, record)?;
-        self.out.write_all(b"\n")
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, record)?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
     }
 
     pub fn flush(&mut self) -> io::Result<()> {

@@ -5,7 +5,6 @@ pub mod diagnosis;
 pub mod filter;
 pub mod human;
 pub mod json;
-pub mod safe_open;
 mod summary;
 
 use std::{

@@ -16,7 +16,8 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 
 use crate::{
-    diagnose::{Capacity, Diagnoser, Diagnosis, Role},
+    capacity::Capacity,
+    diagnose::{Diagnoser, Diagnosis, Role},
     event::{Body, Event, LostCounts, decode},
     model::{ContainerInfo, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
@@ -118,7 +119,7 @@ impl Pipeline {
     /// A measurement of a /dev/shm taken outside a failure (the session samples containers).
     pub fn capacity(&mut self, sample: Capacity, pid: Option<u32>) -> Result<()> {
         self.learn_capacity(sample);
-        self.tap_user(sample.ts_ns, &capacity_record(sample, pid))
+        self.tap_user(sample.ts_ns, &capacity_record(&sample, pid))
     }
 
     /// Records a process found before tracing started (`--pid`).
@@ -198,12 +199,7 @@ impl Pipeline {
     pub fn user_record(&mut self, ts_ns: u64, record: &UserRecord) -> Result<()> {
         match record {
             UserRecord::Snapshot(snapshot) => self.learn_process(&snapshot.to_model(), ts_ns),
-            UserRecord::Capacity(sample) => self.learn_capacity(Capacity {
-                dev: sample.capacity.dev,
-                size: sample.capacity.size_bytes,
-                used: sample.capacity.used_bytes,
-                ts_ns,
-            }),
+            UserRecord::Capacity(sample) => self.learn_capacity(sample.capacity.at(ts_ns)),
             UserRecord::Lost(counters) => {
                 self.lost = counters.to_counts().0;
                 self.diagnoser.set_lost_events(self.lost.total());
@@ -475,6 +471,6 @@ impl Pipeline {
         self.measured.insert(event.mntns);
         self.measured_devs.insert(sample.dev);
         self.learn_capacity(sample);
-        self.tap_user(event.ts_ns, &capacity_record(sample, Some(subject)))
+        self.tap_user(event.ts_ns, &capacity_record(&sample, Some(subject)))
     }
 }

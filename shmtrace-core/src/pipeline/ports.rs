@@ -4,7 +4,8 @@ use anyhow::Result;
 use bytes::Bytes;
 
 use crate::{
-    diagnose::{Capacity, Diagnosis, Role, Roles},
+    capacity::Capacity,
+    diagnose::{Diagnosis, Role, Roles},
     event::Event,
     model::{Annotation, ContainerInfo, ProcSnapshot, World},
     record::{Trigger, UserRecord},

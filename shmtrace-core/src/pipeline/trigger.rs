@@ -1,22 +1,18 @@
 //! What the pipeline hands the tap besides raw records: the flight recorder's triggers and
 //! the capacity samples it measured.
 use crate::{
-    diagnose::{Capacity, Role, RoleKind},
+    capacity::Capacity,
+    diagnose::{Role, RoleKind},
     event::{Body, Event},
     model::Annotation,
     record::{self, Trigger, TriggerReason, UserRecord},
 };
 
-pub(super) fn capacity_record(sample: Capacity, pid: Option<u32>) -> UserRecord {
+pub(super) fn capacity_record(sample: &Capacity, pid: Option<u32>) -> UserRecord {
     UserRecord::Capacity(record::CapacitySample {
         pid,
         container: None,
-        capacity: record::ShmCapacity {
-            dev: sample.dev,
-            size_bytes: sample.size,
-            used_bytes: sample.used,
-            available_bytes: sample.size.saturating_sub(sample.used),
-        },
+        capacity: sample.into(),
     })
 }
 

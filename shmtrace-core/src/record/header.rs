@@ -7,7 +7,7 @@
 //! version has no name for, and they survive a read and re-write.
 use std::{collections::BTreeMap, path::Path};
 
-use crate::clock::boot_ns;
+use crate::{capacity::Capacity, clock::boot_ns};
 use serde::{Deserialize, Serialize};
 
 /// The decoded header of a trace file.
@@ -131,6 +131,30 @@ pub struct ShmCapacity {
     pub size_bytes: u64,
     pub used_bytes: u64,
     pub available_bytes: u64,
+}
+
+/// The one capacity type into the file's form, and back: the only place they meet.
+impl From<&Capacity> for ShmCapacity {
+    fn from(capacity: &Capacity) -> ShmCapacity {
+        ShmCapacity {
+            dev: capacity.dev,
+            size_bytes: capacity.size,
+            used_bytes: capacity.used,
+            available_bytes: capacity.available(),
+        }
+    }
+}
+
+impl ShmCapacity {
+    /// As measured at `ts_ns` (the file keeps the time in the record's frame, not here).
+    pub fn at(&self, ts_ns: u64) -> Capacity {
+        Capacity {
+            dev: self.dev,
+            size: self.size_bytes,
+            used: self.used_bytes,
+            ts_ns,
+        }
+    }
 }
 
 /// Why and around when a flight-recorder file was written.

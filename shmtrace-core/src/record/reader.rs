@@ -258,7 +258,9 @@ impl<R: Read> TraceReader<R> {
             if frame.len > MAX_PAYLOAD {
                 return Err(self.error(frame_offset, None, Reason::Oversized { len: frame.len }));
             }
-            let mut payload = Vec::new();
+            // Sized for the record up front (records are small), not grown read by read; a
+            // hostile length gets no more than 64 KiB before the file proves it.
+            let mut payload = Vec::with_capacity((frame.len as usize).min(1 << 16));
             let got = (&mut self.src)
                 .take(u64::from(frame.len))
                 .read_to_end(&mut payload)

@@ -15,7 +15,7 @@ use super::{
     rotation,
     user::Entry,
 };
-use crate::output::safe_open::FileId;
+use crate::safe_open::FileId;
 
 /// Reads a recording that may have been rotated into several files, in order, as one stream.
 pub struct TraceSet {

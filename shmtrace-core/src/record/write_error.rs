@@ -1,7 +1,7 @@
 //! Why writing a trace file failed; each message says what to do.
 use std::{io, path::PathBuf};
 
-use crate::output::safe_open::OpenError;
+use crate::safe_open::OpenError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {

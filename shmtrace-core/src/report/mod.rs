@@ -24,12 +24,13 @@ use anyhow::{Context, Result};
 pub use timeline::Timeline;
 
 use crate::{
+    capacity::Capacity,
     clock::Clock,
-    diagnose::{Capacity, Diagnosis, Role, Roles},
+    diagnose::{Diagnosis, Role, Roles},
     event::Event,
     model::{Annotation, ContainerInfo, World},
-    output::safe_open::{FileId, OpenOptions, Replacement},
     pipeline::Observer,
+    safe_open::{FileId, OpenOptions, Replacement},
 };
 
 /// What the page says about the trace as a whole.
@@ -51,7 +52,7 @@ pub struct Pictures {
 
 impl Pictures {
     /// Checks now that the files can be written, so a typo does not cost a whole replay; they
-    /// are put in place, whole, when the trace ends (see `output::safe_open`), and never over
+    /// are put in place, whole, when the trace ends (see `safe_open`), and never over
     /// one of `inputs`.
     pub fn new(
         about: About,

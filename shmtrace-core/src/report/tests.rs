@@ -6,8 +6,9 @@ use shmtrace_common::{self as common, EventKind, Header, SyscallEvent, flags};
 
 use super::{About, Pictures, chart, timeline::MarkKind};
 use crate::{
+    capacity::Capacity,
     clock::Clock,
-    diagnose::{Capacity, Diagnoser, Roles},
+    diagnose::{Diagnoser, Roles},
     event::{decode, names},
     model::World,
     output::{Format, Output, filter::Filter},

@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
-    diagnose::{self, Capacity, Cause, Diagnosis, FailureKind, Role, Roles},
+    capacity::Capacity,
+    diagnose::{self, Cause, Diagnosis, FailureKind, Role, Roles},
     event::{Body, Event, ExitStatus, InodeId, Syscall, names},
     model::{Annotation, ContainerInfo, World},
 };

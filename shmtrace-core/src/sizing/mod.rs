@@ -15,9 +15,9 @@ use serde::Serialize;
 pub use render::text;
 
 use crate::{
+    capacity::Capacity,
     diagnose::{
-        Capacity, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role,
-        with_headroom,
+        DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role, with_headroom,
     },
     event::{Body, Event, InodeId},
     model::{Annotation, ShmObject, StartedBy, World},

@@ -118,10 +118,10 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
-    if let Some(args) = MmapArgs::read(&ctx) {
-        if args.flags & MAP_ANONYMOUS == 0 {
-            enter_fd_call(Syscall::Mmap, args.fd, args.raw());
-        }
+    if let Some(args) = MmapArgs::read(&ctx)
+        && args.flags & MAP_ANONYMOUS == 0
+    {
+        enter_fd_call(Syscall::Mmap, args.fd, args.raw());
     }
     0
 }

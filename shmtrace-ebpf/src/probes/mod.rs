@@ -1,4 +1,4 @@
-//! One module per hooked call. Each entry point is a thin `#[tracepoint]` or `#[btf_tracepoint]`
+//! One module per hooked call. Each entry point is a thin `#[tracepoint]` or `#[raw_tracepoint]`
 //! named exactly after the kernel tracepoint it attaches to; the loader relies on that.
 mod fd_calls;
 mod memfd;

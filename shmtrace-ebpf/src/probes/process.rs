@@ -1,16 +1,16 @@
 //! Process lifecycle of traced processes: fork (followed), exec, exit, rename.
 //!
 //! ```text
-//! tp_btf/sched_process_fork(struct task_struct *parent, struct task_struct *child)
-//! tp_btf/sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
-//! tp_btf/sched_process_exit(struct task_struct *p, ...)
-//! tp_btf/task_rename(struct task_struct *task, const char *comm)
+//! raw_tp/sched_process_fork(struct task_struct *parent, struct task_struct *child)
+//! raw_tp/sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+//! raw_tp/sched_process_exit(struct task_struct *p, ...)
+//! raw_tp/task_rename(struct task_struct *task, const char *comm)
 //! ```
 use aya_ebpf::{
     cty::c_void,
     helpers::generated::{bpf_probe_read_kernel_str, bpf_probe_read_user},
-    macros::btf_tracepoint,
-    programs::BtfTracePointContext,
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
 };
 use shmtrace_common::{
     ARGS_LEN, EventKind, ExecEvent, ExitEvent, ForkEvent, Loss, PATH_LEN, RenameEvent,
@@ -20,14 +20,14 @@ use shmtrace_common::{
 use super::syscall::ids;
 use crate::{emit, kernel, maps::TARGETS, scope};
 
-#[btf_tracepoint(function = "sched_process_fork")]
-pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
     let _ = try_fork(&ctx);
     0
 }
 
 #[inline(always)]
-fn try_fork(ctx: &BtfTracePointContext) -> Option<()> {
+fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
     let child: u64 = ctx.arg(1);
     let off = kernel::offsets();
     let child_pid = kernel::task_pid(child, &off)?;
@@ -61,14 +61,14 @@ fn inherit(tgid: u32, child_pid: u32) {
     let _ = TARGETS.insert(child_pid, bits, 0);
 }
 
-#[btf_tracepoint(function = "sched_process_exec")]
-pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_process_exec(ctx: RawTracePointContext) -> i32 {
     let _ = try_exec(&ctx);
     0
 }
 
 #[inline(always)]
-fn try_exec(ctx: &BtfTracePointContext) -> Option<()> {
+fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
     let bprm: u64 = ctx.arg(2);
     let (tgid, _) = ids();
     let off = kernel::offsets();
@@ -125,14 +125,14 @@ fn try_exec(ctx: &BtfTracePointContext) -> Option<()> {
     Some(())
 }
 
-#[btf_tracepoint(function = "sched_process_exit")]
-pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit(ctx: RawTracePointContext) -> i32 {
     let _ = try_exit(&ctx);
     0
 }
 
 #[inline(always)]
-fn try_exit(ctx: &BtfTracePointContext) -> Option<()> {
+fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     let task: u64 = ctx.arg(0);
     let off = kernel::offsets();
     let (tgid, tid) = ids();
@@ -153,14 +153,14 @@ fn try_exit(ctx: &BtfTracePointContext) -> Option<()> {
     Some(())
 }
 
-#[btf_tracepoint(function = "task_rename")]
-pub fn task_rename(ctx: BtfTracePointContext) -> i32 {
+#[raw_tracepoint(tracepoint = "task_rename")]
+pub fn task_rename(ctx: RawTracePointContext) -> i32 {
     let _ = try_rename(&ctx);
     0
 }
 
 #[inline(always)]
-fn try_rename(ctx: &BtfTracePointContext) -> Option<()> {
+fn try_rename(ctx: &RawTracePointContext) -> Option<()> {
     let target: u64 = ctx.arg(0);
     let comm: u64 = ctx.arg(1);
     let off = kernel::offsets();

@@ -24,16 +24,16 @@ enter_args! {
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
     let off = kernel::offsets();
-    if let Some(scope_flags) = scope::tracked(tgid, kernel::current_task(), &off) {
-        if let Some(args) = RecvmsgArgs::read(&ctx) {
-            syscall::stash(
-                tid,
-                Syscall::Recvmsg,
-                scope_flags | flags::FD_LIMIT_ONLY,
-                args.fd as i32,
-                args.raw(),
-            );
-        }
+    if let Some(scope_flags) = scope::tracked(tgid, kernel::current_task(), &off)
+        && let Some(args) = RecvmsgArgs::read(&ctx)
+    {
+        syscall::stash(
+            tid,
+            Syscall::Recvmsg,
+            scope_flags | flags::FD_LIMIT_ONLY,
+            args.fd as i32,
+            args.raw(),
+        );
     }
     0
 }

@@ -9,7 +9,7 @@
 //! tp_btf/signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task,
 //!                        int group, int result)
 //! ```
-use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use shmtrace_common::{EventKind, SignalEvent, flags};
 
 use crate::{emit, kernel, maps::CONFIG, scope};
@@ -18,14 +18,14 @@ const SIGKILL: i32 = 9;
 const SIGBUS: i32 = 7;
 const SIGSEGV: i32 = 11;
 
-#[btf_tracepoint(function = "signal_generate")]
-pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
+#[raw_tracepoint(tracepoint = "signal_generate")]
+pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
     let _ = try_signal_generate(&ctx);
     0
 }
 
 #[inline(always)]
-fn try_signal_generate(ctx: &BtfTracePointContext) -> Option<()> {
+fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let signo: i32 = ctx.arg(0);
     if signo != SIGBUS && signo != SIGSEGV && signo != SIGKILL {
         return None;

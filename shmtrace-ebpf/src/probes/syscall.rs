@@ -126,7 +126,7 @@ pub fn stash_with_file(
         inode,
         file,
     };
-    if INFLIGHT.insert(tid, &pending, 0).is_err() {
+    if INFLIGHT.insert(tid, pending, 0).is_err() {
         emit::count(Loss::Pending);
     }
 }
@@ -368,10 +368,10 @@ fn learn_directory(task: u64, ret: i64, off: &KernelOffsets) {
     if ret < 0 {
         return;
     }
-    if let Some(inode) = kernel::fd_inode(task, ret as i32, off) {
-        if let Some(dev) = kernel::inode_dev(inode, off) {
-            let _ = SHM_DEVS.insert(dev, 1, 0);
-        }
+    if let Some(inode) = kernel::fd_inode(task, ret as i32, off)
+        && let Some(dev) = kernel::inode_dev(inode, off)
+    {
+        let _ = SHM_DEVS.insert(dev, 1, 0);
     }
 }
 
@@ -407,15 +407,15 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &Ke
         || pending.syscall == Syscall::MemfdCreate as u16;
     if opens && ret >= 0 {
         fd = ret as i32;
-        if let Some(inode) = kernel::fd_inode(task, fd, off) {
-            if let Some(dev) = kernel::inode_dev(inode, off) {
-                file = kernel::inode_ref(inode, dev, off);
-                header_flags |= flags::FILE;
-                // A /dev/shm path we had not seen a file system for (a container's, say):
-                // from now on its descriptors are recognised too.
-                if pending.syscall != Syscall::MemfdCreate as u16 {
-                    let _ = SHM_DEVS.insert(dev, 1, 0);
-                }
+        if let Some(inode) = kernel::fd_inode(task, fd, off)
+            && let Some(dev) = kernel::inode_dev(inode, off)
+        {
+            file = kernel::inode_ref(inode, dev, off);
+            header_flags |= flags::FILE;
+            // A /dev/shm path we had not seen a file system for (a container's, say):
+            // from now on its descriptors are recognised too.
+            if pending.syscall != Syscall::MemfdCreate as u16 {
+                let _ = SHM_DEVS.insert(dev, 1, 0);
             }
         }
     }

@@ -19,10 +19,8 @@ use anyhow::{Context, Result};
 use crate::{
     cli::{ColorWhen, OutputArgs},
     clock::Clock,
-    output::{
-        Format, Output,
-        safe_open::{self, FileId, OpenOptions},
-    },
+    output::{Format, Output},
+    safe_open::{self, FileId, OpenOptions},
 };
 
 /// Where output goes when no file is named.

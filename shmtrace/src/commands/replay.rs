@@ -180,9 +180,9 @@ pub fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
         let entry = match entry {
             Ok(entry) => entry,
             Err(error) if error.is_truncation() => {
-                pipeline.notice(&format!(
-                    "{error}; everything before it was read (was the recorder killed?)"
-                ))?;
+                // The error already says the recorder was probably killed, and that
+                // everything before it was read.
+                pipeline.notice(&error.to_string())?;
                 truncated = true;
                 break;
             }

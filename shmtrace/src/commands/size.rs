@@ -21,9 +21,10 @@ use super::{
     trace::{exit_code, host_diagnoser},
 };
 use crate::{
+    capacity::Capacity,
     cli::{ColorWhen, ReportArgs, SizeArgs},
     clock::Clock,
-    diagnose::{Capacity, Diagnosis, Role, Roles},
+    diagnose::{Diagnosis, Role, Roles},
     event::{Body, Event},
     live::launch::{self as live, What},
     model::{Annotation, ContainerInfo, World},
@@ -188,17 +189,10 @@ impl Sampler {
                         let Ok(shm) = crate::container::measure_shm(pid) else {
                             continue;
                         };
-                        if let (Some(size), Some(used), Some(true)) =
-                            (shm.size_bytes, shm.used_bytes, shm.dev.map(|d| d == dev))
-                            && let Ok(ts_ns) = crate::clock::boot_ns()
+                        if let Some(capacity) = shm.capacity().filter(|c| c.dev == dev)
                             && let Ok(mut samples) = samples.lock()
                         {
-                            samples.push(Capacity {
-                                dev,
-                                size,
-                                used,
-                                ts_ns,
-                            });
+                            samples.push(capacity);
                         }
                     }
                     thread::sleep(SAMPLE_EVERY);

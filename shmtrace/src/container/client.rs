@@ -79,5 +79,8 @@ pub fn is_sandbox<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>
 
 /// `docker 3f4e1bd2c2d8`: a container known only by id.
 pub fn id_label(runtime: Runtime, id: &str) -> String {
-    format!("{runtime} {}", super::short_id(id))
+    format!(
+        "{runtime} {}",
+        crate::event::escape::text(super::short_id(id))
+    )
 }

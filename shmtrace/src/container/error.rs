@@ -109,11 +109,8 @@ fn last_seen(last: &Option<Box<ContainerError>>) -> String {
 
 fn start_command(container: &Container) -> String {
     use super::Runtime;
-    let name = if container.name.is_empty() {
-        container.short_id().to_owned()
-    } else {
-        crate::event::escape::text(&container.name)
-    };
+    // What `docker start` takes: the bare name or id, without pod and namespace.
+    let name = crate::model::container_label(&container.name, &container.id, None, None);
     match container.runtime {
         Runtime::Docker => format!("docker start {name}"),
         Runtime::Podman => format!("podman start {name}"),

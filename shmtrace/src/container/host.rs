@@ -38,7 +38,7 @@ pub fn enrich(container: &mut Container, host: &HostFacts) {
         if matches!(container.ipc, IpcMode::Host | IpcMode::Container(_)) {
             container.shm.configured_bytes = None;
         }
-        container.shm.size_bytes = container.shm.configured_bytes;
+        container.shm.measured = None;
         container.shm.source = ShmSource::Configured;
         return;
     };
@@ -50,7 +50,7 @@ pub fn enrich(container: &mut Container, host: &HostFacts) {
             container.shm = measured;
         }
         Err(error) => {
-            container.shm.size_bytes = configured;
+            container.shm.measured = None;
             container.shm.source = ShmSource::Unavailable {
                 reason: error.to_string(),
             };
@@ -58,7 +58,7 @@ pub fn enrich(container: &mut Container, host: &HostFacts) {
     }
     // The device tells the truth whatever the configuration says: a container whose /dev/shm
     // is the host's competes with the whole host for it.
-    if container.shm.dev.is_some() && container.shm.dev == host.shm_dev {
+    if container.shm.dev().is_some() && container.shm.dev() == host.shm_dev {
         container.ipc = IpcMode::Host;
     }
     // Docker still reports its default ShmSize for a container that uses another's /dev/shm:

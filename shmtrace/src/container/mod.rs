@@ -39,6 +39,9 @@ pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
 pub use cri::{channel, proto};
 pub use endpoints::Endpoint;
 pub use shm::{ShmError, ShmSource, host_shm_dev};
+// The one short-id and name formatters, for the runtime clients and the live side.
+pub use crate::model::short_id;
+pub use client::id_label;
 
 use crate::event::escape;
 
@@ -223,16 +226,11 @@ impl Container {
             image: self.image.clone(),
             pod: self.pod.clone(),
             namespace: self.namespace.clone(),
-            shm_size: self.shm.size_bytes,
-            shm_used: self.shm.used_bytes,
+            shm_size: self.shm.size_bytes(),
+            shm_used: self.shm.used_bytes(),
             ipc: self.ipc.describe(),
             mntns: self.mntns,
-            shm_dev: self.shm.dev,
+            shm_dev: self.shm.dev(),
         }
     }
-}
-
-/// The first 12 characters of an id.
-pub fn short_id(id: &str) -> &str {
-    id.get(..12).unwrap_or(id)
 }

@@ -195,10 +195,9 @@ impl Resolver {
                 .iter()
                 .map(|(_, c)| {
                     format!(
-                        "{} ({} {}, {})",
+                        "{} ({}, {})",
                         c.display_name(),
-                        c.runtime,
-                        short(&c.id),
+                        id_label(c.runtime, &c.id),
                         c.state
                     )
                 })
@@ -437,8 +436,4 @@ fn not_found(query: String, survey: &Survey) -> ContainerError {
             .collect(),
         fallback: survey.fallback && survey.sources.is_empty(),
     }
-}
-
-fn short(id: &str) -> &str {
-    super::short_id(id)
 }

@@ -15,26 +15,50 @@ use nix::{
 };
 
 use super::rootfs;
-use crate::kernel_ids;
+use crate::{capacity::Capacity, clock::boot_ns, kernel_ids};
 
-/// Capacity and usage of a container's /dev/shm.
+/// A container's /dev/shm: its capacity when it could be measured, and what its runtime and
+/// mount options say about it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShmInfo {
-    /// Capacity in bytes: measured when possible, else what the runtime was told
-    /// (`configured_bytes`). `None` for an unbounded tmpfs (`size=0`) or when unknown.
-    pub size_bytes: Option<u64>,
-    /// Bytes in use when measured.
-    pub used_bytes: Option<u64>,
+    /// What `fstatfs` said of it, and when (`None` when it could not be measured).
+    pub measured: Option<Capacity>,
     /// The tmpfs `size=` mount option, in bytes, from the container's mountinfo.
     pub size_option: Option<u64>,
     /// What the runtime was asked for (Docker's `HostConfig.ShmSize`).
     pub configured_bytes: Option<u64>,
-    /// Device of the file system (kernel `dev_t` encoding, as the probes report it).
-    pub dev: Option<u32>,
     /// Whether /dev/shm is a tmpfs. `false` means the container's /dev/shm is a directory or a
     /// symlink on some other file system (its root), and the numbers are that file system's.
     pub is_tmpfs: bool,
     pub source: ShmSource,
+}
+
+impl ShmInfo {
+    /// The measurement, when it has a size limit (an unbounded tmpfs has no capacity to run out
+    /// of, so nothing to diagnose against).
+    pub fn capacity(&self) -> Option<Capacity> {
+        self.measured.filter(Capacity::is_bounded)
+    }
+
+    /// Capacity in bytes: measured when possible, else what the runtime was told
+    /// (`configured_bytes`). `None` for an unbounded tmpfs (`size=0`) or when unknown.
+    pub fn size_bytes(&self) -> Option<u64> {
+        match self.measured {
+            Some(measured) => measured.is_bounded().then_some(measured.size),
+            None => self.configured_bytes,
+        }
+    }
+
+    /// Bytes in use when measured.
+    pub fn used_bytes(&self) -> Option<u64> {
+        self.measured.map(|measured| measured.used)
+    }
+
+    /// Device of the file system (kernel `dev_t` encoding, as the probes report it), when
+    /// measured.
+    pub fn dev(&self) -> Option<u32> {
+        self.measured.map(|measured| measured.dev)
+    }
 }
 
 /// How a [`ShmInfo`] was obtained.
@@ -107,17 +131,24 @@ pub fn measure_shm(pid: u32) -> Result<ShmInfo, ShmError> {
     if kernel_ids::mount_namespace(pid) != mntns_before {
         return Err(ShmError::Raced { pid });
     }
+    let ts_ns = boot_ns().map_err(|error| ShmError::Sys {
+        pid,
+        what: "clock_gettime(CLOCK_BOOTTIME)",
+        errno: Errno::from_raw(error.raw_os_error().unwrap_or(0)),
+    })?;
     // tmpfs reports page-sized blocks in f_bsize (and f_frsize alike).
     let block = stats.block_size() as u64;
     let total = stats.blocks() * block;
     let free = stats.blocks_free() * block;
-    let dev = kernel_ids::kernel_dev_from_stat(stat.st_dev);
     Ok(ShmInfo {
-        size_bytes: (total > 0).then_some(total),
-        used_bytes: Some(total.saturating_sub(free)),
+        measured: Some(Capacity {
+            dev: kernel_ids::kernel_dev_from_stat(stat.st_dev),
+            size: total,
+            used: total.saturating_sub(free),
+            ts_ns,
+        }),
         size_option: size_option(pid),
         configured_bytes: None,
-        dev: Some(dev),
         is_tmpfs: stats.filesystem_type() == TMPFS_MAGIC,
         source: ShmSource::Measured { pid },
     })
@@ -208,8 +239,8 @@ mod tests {
     fn measures_our_own_shm() {
         let info = measure_shm(std::process::id()).expect("our own /dev/shm");
         assert!(info.is_tmpfs);
-        assert!(info.size_bytes.unwrap() > 0);
-        assert!(info.used_bytes.unwrap() <= info.size_bytes.unwrap());
-        assert_eq!(info.dev, host_shm_dev());
+        assert!(info.size_bytes().unwrap() > 0);
+        assert!(info.used_bytes().unwrap() <= info.size_bytes().unwrap());
+        assert_eq!(info.dev(), host_shm_dev());
     }
 }

@@ -16,7 +16,7 @@ use std::{
 };
 
 use super::metrics::{ContainerLabels, DeathLabels, FailureLabels, Metrics};
-use crate::container::Container;
+use crate::{capacity::Capacity, container::Container};
 
 /// Something to count for whoever a namespace turns out to be.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,12 +194,21 @@ impl Fleet {
     }
 
     /// A /dev/shm was measured: size, use, and the high-water mark.
-    pub fn measured(&mut self, dev: u32, size: u64, used: u64) {
+    pub fn measured(&mut self, sample: &Capacity) {
         for (labels, tracked) in &mut self.by_labels {
-            if tracked.shm_dev == Some(dev) && tracked.gone_since.is_none() && tracked.touched {
-                tracked.peak = tracked.peak.max(used);
-                self.metrics.shm_size.get_or_create(labels).set(clamp(size));
-                self.metrics.shm_used.get_or_create(labels).set(clamp(used));
+            if tracked.shm_dev == Some(sample.dev)
+                && tracked.gone_since.is_none()
+                && tracked.touched
+            {
+                tracked.peak = tracked.peak.max(sample.used);
+                self.metrics
+                    .shm_size
+                    .get_or_create(labels)
+                    .set(clamp(sample.size));
+                self.metrics
+                    .shm_used
+                    .get_or_create(labels)
+                    .set(clamp(sample.used));
                 self.metrics
                     .shm_peak
                     .get_or_create(labels)
@@ -256,7 +265,7 @@ impl Fleet {
             tracked.id = container.id.clone();
             tracked.pid = container.pid;
             tracked.mntns = container.mntns;
-            tracked.shm_dev = container.shm.dev;
+            tracked.shm_dev = container.shm.dev();
             tracked.gone_since = None;
             if let Some(mntns) = container.mntns {
                 self.by_mntns.insert(mntns, labels);

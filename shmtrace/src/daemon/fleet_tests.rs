@@ -11,6 +11,7 @@ use super::{
     metrics::{Metrics, encode},
 };
 use crate::{
+    capacity::Capacity,
     clock::boot_ns,
     container::{Container, FoundBy, IpcMode, Runtime, ShmInfo, State},
 };
@@ -34,7 +35,12 @@ fn container(name: &str, mntns: u32, pid: u32) -> Container {
         mntns: Some(mntns),
         cgroup_id: None,
         shm: ShmInfo {
-            dev: Some(50),
+            measured: Some(Capacity {
+                dev: 50,
+                size: 0,
+                used: 0,
+                ts_ns: 0,
+            }),
             ..ShmInfo::default()
         },
         ipc: IpcMode::Private,
@@ -118,7 +124,12 @@ fn a_gone_container_keeps_its_series_for_retain_then_loses_all_of_them() {
         boot_ns().unwrap(),
         Instant::now(),
     );
-    fleet.measured(50, 1 << 20, 1 << 20);
+    fleet.measured(&Capacity {
+        dev: 50,
+        size: 1 << 20,
+        used: 1 << 20,
+        ts_ns: 0,
+    });
     assert!(text(&registry).contains(r#"shmtrace_shm_size_bytes{container="trainer""#));
 
     // Stopped: the namespace is forgotten at once, the series stay.

@@ -44,10 +44,18 @@ fn now_secs() -> u64 {
 }
 
 /// Binds `addr` now (so that a port in use is an error at start), and serves from a task.
-pub async fn serve(addr: SocketAddr, registry: Arc<Registry>, heartbeat: Heartbeat) -> Result<()> {
+/// Returns the address bound: with port 0, the port the kernel chose.
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    heartbeat: Heartbeat,
+) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (is another daemon running? choose another --listen)")
     })?;
+    let bound = listener
+        .local_addr()
+        .with_context(|| format!("reading the address bound for {addr}"))?;
     tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -76,7 +84,7 @@ pub async fn serve(addr: SocketAddr, registry: Arc<Registry>, heartbeat: Heartbe
             });
         }
     });
-    Ok(())
+    Ok(bound)
 }
 
 fn respond<B>(

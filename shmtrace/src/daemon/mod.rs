@@ -38,7 +38,7 @@ use crate::{
     clock::{Clock, boot_ns},
     commands::{DefaultStream, init_logging, open_output},
     container::{Container, Resolver, measure_shm},
-    diagnose::{Capacity, Diagnoser},
+    diagnose::Diagnoser,
     event::LostCounts,
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
@@ -84,13 +84,13 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
         let (metrics, registry) = Metrics::new();
         let heartbeat = Heartbeat::default();
         heartbeat.beat();
-        http::serve(args.listen, Arc::new(registry), heartbeat.clone()).await?;
+        let listening = http::serve(args.listen, Arc::new(registry), heartbeat.clone()).await?;
         let log: Log = Rc::default();
         let mut agent = Agent::new(args, tracer, metrics, log, window, tail)?;
         eprintln!(
             "shmtrace daemon: tracing /dev/shm use of every process and container; metrics at \
              http://{}/metrics{}",
-            args.listen,
+            listening,
             match &args.record_dir {
                 Some(dir) => format!(", incident recordings in {}", dir.display()),
                 None => String::new(),
@@ -333,14 +333,8 @@ impl Agent {
         let pids = self.fleet.borrow().to_measure();
         for pid in pids {
             let Ok(shm) = measure_shm(pid) else { continue };
-            if let (Some(dev), Some(size), Some(used)) = (shm.dev, shm.size_bytes, shm.used_bytes) {
+            if let Some(sample) = shm.capacity() {
                 // The pipeline passes it on to the fleet (as the observer's capacity).
-                let sample = Capacity {
-                    dev,
-                    size,
-                    used,
-                    ts_ns: boot_ns()?,
-                };
                 self.pipeline.capacity(sample, Some(pid))?;
             }
         }

@@ -9,7 +9,8 @@ use super::{
     metrics::Metrics,
 };
 use crate::{
-    diagnose::{Capacity, Cause, Diagnosis, Role, Roles},
+    capacity::Capacity,
+    diagnose::{Cause, Diagnosis, Role, Roles},
     event::{Body, Event, names},
     model::{Annotation, ContainerInfo, World},
     pipeline::Observer,
@@ -38,9 +39,7 @@ impl Observer for FleetObserver {
 
     fn capacity(&mut self, sample: &Capacity) {
         // Measured at a failure: the fullest it is likely to be seen.
-        self.fleet
-            .borrow_mut()
-            .measured(sample.dev, sample.size, sample.used);
+        self.fleet.borrow_mut().measured(sample);
     }
 
     fn container(&mut self, _: &ContainerInfo) {}

@@ -224,10 +224,9 @@ pub fn run(
                 containers
                     .iter()
                     .map(|c| format!(
-                        "container {} ({} {})",
+                        "container {} ({})",
                         c.display_name(),
-                        c.runtime,
-                        c.short_id()
+                        crate::container::id_label(c.runtime, &c.id)
                     ))
                     .collect::<Vec<_>>()
                     .join(", ")

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use shmtrace_core::{
-    diagnose::Capacity,
+    capacity::Capacity,
     event::{Body, decode},
     model::ProcSnapshot,
     pipeline::Environment,
@@ -53,11 +53,10 @@ impl Environment for LiveMachine {
     fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity> {
         pids.iter().find_map(|pid| {
             let shm = crate::container::measure_shm(*pid).ok()?;
+            // Stamped with the time of the event that asked, as a replay will see it.
             Some(Capacity {
-                dev: shm.dev?,
-                size: shm.size_bytes?,
-                used: shm.used_bytes?,
                 ts_ns,
+                ..shm.capacity()?
             })
         })
     }

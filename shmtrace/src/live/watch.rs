@@ -14,7 +14,6 @@ use anyhow::Result;
 use crate::{
     clock::boot_ns,
     container::{Change, Container, Resolver},
-    diagnose::Capacity,
     live::{bpf::Tracer, hold::Hold, proc_scan},
     pipeline::Pipeline,
 };
@@ -201,7 +200,7 @@ async fn follow(
 
 /// Puts a container in the kernel filter and tells the pipeline what it is.
 pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipeline) -> Result<()> {
-    if let Some(dev) = container.shm.dev {
+    if let Some(dev) = container.shm.dev() {
         tracer.add_shm_dev(dev)?;
     }
     pipeline.set_container(container.info(), boot_ns()?)?;
@@ -270,16 +269,8 @@ fn sample(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
     let Ok(shm) = crate::container::measure_shm(pid) else {
         return Ok(());
     };
-    if let (Some(dev), Some(size), Some(used)) = (shm.dev, shm.size_bytes, shm.used_bytes) {
-        pipeline.capacity(
-            Capacity {
-                dev,
-                size,
-                used,
-                ts_ns: boot_ns()?,
-            },
-            Some(pid),
-        )?;
+    if let Some(capacity) = shm.capacity() {
+        pipeline.capacity(capacity, Some(pid))?;
     }
     Ok(())
 }

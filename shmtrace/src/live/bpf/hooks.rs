@@ -2,10 +2,9 @@
 //! program, `sys_exit`, serves every `sys_exit_*` tracepoint.
 use std::path::Path;
 
-use btf_rs::Btf;
 use shmtrace_common::Syscall;
 
-use super::{BpfError, offsets};
+use super::BpfError;
 
 /// One program's attach point.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,8 +15,12 @@ pub enum Hook {
         category: &'static str,
         name: String,
     },
-    /// A BTF tracepoint (`tp_btf/<name>`), typed arguments straight from the kernel.
-    BtfTracepoint { name: &'static str },
+    /// A raw tracepoint (`raw_tp/<name>`): the tracepoint's own arguments, without tracefs'
+    /// copy into a record. Its tracefs entry, `events/<category>/<name>`, says it exists.
+    RawTracepoint {
+        category: &'static str,
+        name: &'static str,
+    },
 }
 
 impl Hook {
@@ -25,14 +28,14 @@ impl Hook {
     pub fn program(&self) -> &str {
         match self {
             Hook::Tracepoint { program, .. } => program,
-            Hook::BtfTracepoint { name } => name,
+            Hook::RawTracepoint { name, .. } => name,
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
             Hook::Tracepoint { category, name, .. } => format!("tracepoint {category}/{name}"),
-            Hook::BtfTracepoint { name } => format!("BTF tracepoint {name}"),
+            Hook::RawTracepoint { category, name } => format!("raw tracepoint {category}/{name}"),
         }
     }
 }
@@ -44,14 +47,14 @@ pub const EXIT_PROGRAM: &str = "sys_exit";
 /// syscall probes attach.
 pub fn all() -> Vec<Hook> {
     let mut hooks: Vec<Hook> = [
-        "sched_process_fork",
-        "sched_process_exec",
-        "sched_process_exit",
-        "task_rename",
-        "signal_generate",
+        ("sched", "sched_process_fork"),
+        ("sched", "sched_process_exec"),
+        ("sched", "sched_process_exit"),
+        ("task", "task_rename"),
+        ("signal", "signal_generate"),
     ]
     .into_iter()
-    .map(|name| Hook::BtfTracepoint { name })
+    .map(|(category, name)| Hook::RawTracepoint { category, name })
     .collect();
     hooks.push(Hook::Tracepoint {
         program: "mark_victim".to_owned(),
@@ -75,14 +78,15 @@ pub fn all() -> Vec<Hook> {
 }
 
 /// Names every hook this kernel does not have.
-pub fn check_available(hooks: &[Hook], tracefs: &Path, btf: &Btf) -> Result<(), BpfError> {
+pub fn check_available(hooks: &[Hook], tracefs: &Path) -> Result<(), BpfError> {
     let missing: Vec<String> = hooks
         .iter()
-        .filter(|hook| match hook {
-            Hook::Tracepoint { category, name, .. } => {
-                !tracefs.join("events").join(category).join(name).is_dir()
-            }
-            Hook::BtfTracepoint { name } => !offsets::has_btf_tracepoint(btf, name),
+        .filter(|hook| {
+            let (category, name) = match hook {
+                Hook::Tracepoint { category, name, .. } => (*category, name.as_str()),
+                Hook::RawTracepoint { category, name } => (*category, *name),
+            };
+            !tracefs.join("events").join(category).join(name).is_dir()
         })
         .map(Hook::describe)
         .collect();
@@ -111,7 +115,7 @@ mod tests {
                 let section = file.section_by_index(symbol.section_index()?).ok()?;
                 let section = section.name().ok()?.to_owned();
                 let name = symbol.name().ok()?.to_owned();
-                (section == "tracepoint" || section.starts_with("tp_btf/"))
+                (section == "tracepoint" || section.starts_with("raw_tp/"))
                     .then_some((name, section))
             })
             .collect()
@@ -127,7 +131,7 @@ mod tests {
         for hook in &hooks {
             let section = match hook {
                 Hook::Tracepoint { .. } => "tracepoint".to_owned(),
-                Hook::BtfTracepoint { name } => format!("tp_btf/{name}"),
+                Hook::RawTracepoint { name, .. } => format!("raw_tp/{name}"),
             };
             wanted.insert((hook.program().to_owned(), section));
         }

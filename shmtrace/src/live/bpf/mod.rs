@@ -1,9 +1,11 @@
 //! Loading the eBPF programs into the kernel, and talking to them.
 //!
-//! `preflight` checks the machine can run them, `offsets` resolves the kernel struct offsets
+//! `preflight` checks the machine can run them, `btf` reads the kernel's type information and
+//! `offsets` resolves the kernel struct offsets
 //! they need, `hooks` lists what they attach to, `tracer` loads and attaches them and owns their
 //! maps, `reader` streams their records. Dropping the [`Tracer`] detaches and unloads
 //! everything: nothing is pinned, so nothing outlives the process.
+mod btf;
 mod hooks;
 mod offsets;
 mod preflight;

@@ -4,13 +4,12 @@
 //! in: struct layouts differ between kernel versions and configurations.
 use std::path::Path;
 
-use btf_rs::{Btf, Type};
 use shmtrace_common::KernelOffsets;
 
-use super::BpfError;
+use super::{BpfError, btf::KernelBtf};
 
 /// Resolves every offset the programs need, or names the first one this kernel lacks.
-pub fn resolve(btf: &Btf) -> Result<KernelOffsets, BpfError> {
+pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
     let at = |ty: &str, path: &str| field_offset(btf, ty, path);
     Ok(KernelOffsets {
         task_pid: at("task_struct", "pid")?,
@@ -56,38 +55,26 @@ pub fn read_btf(path: &Path) -> Result<Vec<u8>, BpfError> {
     })
 }
 
-pub fn parse_btf(bytes: &[u8], path: &Path) -> Result<Btf, BpfError> {
-    Btf::from_bytes(bytes).map_err(|error| BpfError::BadBtf {
+pub fn parse_btf<'a>(bytes: &'a [u8], path: &Path) -> Result<KernelBtf<'a>, BpfError> {
+    KernelBtf::parse(bytes).map_err(|reason| BpfError::BadBtf {
         path: path.to_owned(),
-        reason: error.to_string(),
+        reason,
     })
 }
 
-#[cfg(test)]
-fn load_btf(path: &Path) -> Result<Btf, BpfError> {
-    parse_btf(&read_btf(path)?, path)
-}
-
-/// Whether the kernel has a BTF tracepoint (`btf_trace_<name>`) to attach `tp_btf` to.
-pub fn has_btf_tracepoint(btf: &Btf, name: &str) -> bool {
-    btf.resolve_ids_by_name(&format!("btf_trace_{name}"))
-        .map(|ids| !ids.is_empty())
-        .unwrap_or(false)
-}
-
 /// Bit offset of a (possibly bit-) field `path` inside `struct ty`.
-pub fn field_bit_offset(btf: &Btf, ty: &str, path: &str) -> Result<u32, BpfError> {
+pub fn field_bit_offset(btf: &KernelBtf<'_>, ty: &str, path: &str) -> Result<u32, BpfError> {
     let missing = || BpfError::MissingField {
         field: format!("{ty}.{path}"),
     };
-    let mut current = struct_named(btf, ty).ok_or_else(missing)?;
+    let mut current = btf.struct_named(ty).ok_or_else(missing)?;
     let mut total_bits = 0u32;
     let mut fields = path.split('.').peekable();
     while let Some(field) = fields.next() {
-        let (bits, member_type) = find_member(btf, &current, field).ok_or_else(missing)?;
-        total_bits += bits;
+        let (bits, member_type) = find_member(btf, current, field, 0).ok_or_else(missing)?;
+        total_bits = total_bits.checked_add(bits).ok_or_else(missing)?;
         if fields.peek().is_some() {
-            current = as_struct(btf, member_type).ok_or_else(missing)?;
+            current = btf.as_struct(member_type).ok_or_else(missing)?;
         }
     }
     Ok(total_bits)
@@ -95,7 +82,7 @@ pub fn field_bit_offset(btf: &Btf, ty: &str, path: &str) -> Result<u32, BpfError
 
 /// Byte offset of `path` (dotted, e.g. `pwd.dentry`) inside `struct ty`. Anonymous struct and
 /// union members are searched through, as C does.
-pub fn field_offset(btf: &Btf, ty: &str, path: &str) -> Result<u32, BpfError> {
+pub fn field_offset(btf: &KernelBtf<'_>, ty: &str, path: &str) -> Result<u32, BpfError> {
     let bits = field_bit_offset(btf, ty, path)?;
     if bits % 8 != 0 {
         return Err(BpfError::MissingField {
@@ -105,56 +92,24 @@ pub fn field_offset(btf: &Btf, ty: &str, path: &str) -> Result<u32, BpfError> {
     Ok(bits / 8)
 }
 
-fn struct_named(btf: &Btf, name: &str) -> Option<btf_rs::Struct> {
-    btf.resolve_types_by_name(name)
-        .ok()?
-        .into_iter()
-        .find_map(|ty| match ty {
-            Type::Struct(s) if !s.members.is_empty() => Some(s),
-            _ => None,
-        })
-}
+/// Anonymous members nest a few levels in real kernels; a deeper chain is a corrupt file.
+const MAX_ANONYMOUS_DEPTH: u32 = 16;
 
-/// Finds `name` among the members of `s`, descending into anonymous members. Returns its bit
-/// offset from the start of `s`, and its type.
-fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str) -> Option<(u32, Type)> {
-    for member in &s.members {
-        let member_name = btf.resolve_name(member).unwrap_or_default();
-        let member_type = btf.resolve_chained_type(member).ok()?;
-        if member_name == name {
-            return Some((member.bit_offset(), member_type));
-        }
-        if member_name.is_empty()
-            && let Some(inner) = as_struct(btf, member_type)
-            && let Some((bits, ty)) = find_member(btf, &inner, name)
-        {
-            return Some((member.bit_offset() + bits, ty));
-        }
+/// Finds `name` among the members of struct or union `id`, descending into anonymous members.
+/// Returns its bit offset from the start of `id`, and its type.
+fn find_member(btf: &KernelBtf<'_>, id: u32, name: &str, depth: u32) -> Option<(u32, u32)> {
+    if depth > MAX_ANONYMOUS_DEPTH {
+        return None;
     }
-    None
-}
-
-/// The struct or union behind `ty`, looking through typedefs and qualifiers.
-fn as_struct(btf: &Btf, mut ty: Type) -> Option<btf_rs::Struct> {
-    for _ in 0..16 {
-        match ty {
-            Type::Struct(s) | Type::Union(s) => return Some(s),
-            Type::Typedef(_) | Type::Const(_) | Type::Volatile(_) | Type::Restrict(_) => {
-                let next = match &ty {
-                    Type::Typedef(t) => btf.resolve_chained_type(t),
-                    Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) => {
-                        btf.resolve_chained_type(t)
-                    }
-                    _ => unreachable!(),
-                };
-                ty = next.ok()?;
-            }
-            Type::Fwd(_) => {
-                // A forward declaration: find the full definition by name.
-                let name = btf.resolve_name(ty.as_btf_type()?).ok()?;
-                return struct_named(btf, &name);
-            }
-            _ => return None,
+    for member in btf.members(id)? {
+        if member.name == name {
+            return Some((member.bit_offset, member.type_id));
+        }
+        if member.name.is_empty()
+            && let Some(inner) = btf.as_struct(member.type_id)
+            && let Some((bits, ty)) = find_member(btf, inner, name, depth + 1)
+        {
+            return Some((member.bit_offset.checked_add(bits)?, ty));
         }
     }
     None
@@ -168,7 +123,8 @@ mod tests {
     /// fields are distinct.
     #[test]
     fn resolves_every_offset_from_the_running_kernel() {
-        let btf = load_btf(Path::new("/sys/kernel/btf/vmlinux")).expect("kernel BTF");
+        let bytes = read_btf(Path::new("/sys/kernel/btf/vmlinux")).expect("kernel BTF");
+        let btf = KernelBtf::parse(&bytes).unwrap();
         let off = resolve(&btf).expect("all offsets");
         assert_ne!(off.task_pid, off.task_tgid);
         assert_eq!(
@@ -188,7 +144,8 @@ mod tests {
 
     #[test]
     fn names_the_missing_field() {
-        let btf = load_btf(Path::new("/sys/kernel/btf/vmlinux")).expect("kernel BTF");
+        let bytes = read_btf(Path::new("/sys/kernel/btf/vmlinux")).expect("kernel BTF");
+        let btf = KernelBtf::parse(&bytes).unwrap();
         let err = field_offset(&btf, "task_struct", "no_such_field").unwrap_err();
         assert!(
             err.to_string().contains("task_struct.no_such_field"),

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
+    programs::{
+        RawTracePoint, TracePoint, raw_trace_point::RawTracePointLink, trace_point::TracePointLink,
+    },
 };
 use shmtrace_common::{Config, Loss, targets::TRACKED};
 use shmtrace_core::event::LostCounts;
@@ -74,16 +76,18 @@ impl Tracer {
         if size < 4096 || !size.is_power_of_two() {
             return Err(BpfError::BadBufferSize(size));
         }
-        let btf_bytes = offsets::read_btf(&options.btf_path)?;
-        let hooks = hooks::all();
-        // btf_rs's parse is only needed for the offsets and the hook check: dropped before
-        // aya parses the same bytes, so the two are never held at once.
+        // aya's loader reads and parses the kernel's BTF as it is made, for CO-RE relocations
+        // and BTF-typed programs. The programs have neither (they read kernel structs at
+        // offsets resolved below), so that parse is dropped at once; made first, it is never
+        // held beside our own read of the same file.
+        let mut loader = EbpfLoader::new();
+        loader.btf(None);
         let kernel_offsets = {
-            let kernel_btf = offsets::parse_btf(&btf_bytes, &options.btf_path)?;
-            let tracefs = preflight::tracefs()?;
-            hooks::check_available(&hooks, tracefs, &kernel_btf)?;
-            offsets::resolve(&kernel_btf)?
+            let btf_bytes = offsets::read_btf(&options.btf_path)?;
+            offsets::resolve(&offsets::parse_btf(&btf_bytes, &options.btf_path)?)?
         };
+        let hooks = hooks::all();
+        hooks::check_available(&hooks, preflight::tracefs()?)?;
         preflight::check_ring_buffer()?;
 
         let config = Config {
@@ -93,24 +97,16 @@ impl Tracer {
             self_tgid: std::process::id(),
             wakeup_bytes: size / 4,
         };
-        let aya_btf = aya::Btf::parse(&btf_bytes, aya::Endianness::default()).map_err(|error| {
-            BpfError::BadBtf {
-                path: options.btf_path.clone(),
-                reason: error.to_string(),
-            }
-        })?;
-        let mut ebpf = EbpfLoader::new()
-            .btf(Some(&aya_btf))
+        let mut ebpf = loader
             .override_global("CONFIG", &config, true)
             .override_global("OFFSETS", &kernel_offsets, true)
             .map_max_entries("EVENTS", size)
             .load(EBPF_OBJECT)
             .map_err(|error| BpfError::Load(Box::new(error)))?;
-        drop(btf_bytes);
         let mut links = Vec::with_capacity(hooks.len());
-        load_in_parallel(&mut ebpf, &hooks, &aya_btf)?;
+        load_in_parallel(&mut ebpf, &hooks)?;
         for hook in &hooks {
-            links.push(attach(&mut ebpf, hook, &aya_btf)?);
+            links.push(attach(&mut ebpf, hook)?);
         }
 
         let mut hold_outside: Array<MapData, u32> =
@@ -235,7 +231,7 @@ fn take_map<T>(
 /// One attachment of a program to its hook; dropping it detaches the program.
 enum Link {
     Tracepoint(#[allow(dead_code, reason = "held for its Drop")] TracePointLink),
-    BtfTracepoint(#[allow(dead_code, reason = "held for its Drop")] BtfTracePointLink),
+    RawTracepoint(#[allow(dead_code, reason = "held for its Drop")] RawTracePointLink),
 }
 
 impl Drop for Tracer {
@@ -254,7 +250,7 @@ impl Drop for Tracer {
 
 /// Loads every program a hook needs, spread over the CPUs: the verifier's work is most of
 /// shmtrace's start-up, and programs are verified independently. Attaching stays in order.
-fn load_in_parallel(ebpf: &mut Ebpf, hooks: &[Hook], btf: &aya::Btf) -> Result<(), BpfError> {
+fn load_in_parallel(ebpf: &mut Ebpf, hooks: &[Hook]) -> Result<(), BpfError> {
     let first_hook = |name: &str| hooks.iter().find(|hook| hook.program() == name);
     let mut programs: Vec<(&Hook, &mut aya::programs::Program)> = ebpf
         .programs_mut()
@@ -269,7 +265,7 @@ fn load_in_parallel(ebpf: &mut Ebpf, hooks: &[Hook], btf: &aya::Btf) -> Result<(
                 scope.spawn(move || {
                     chunk
                         .iter_mut()
-                        .try_for_each(|(hook, program)| load(hook, program, btf))
+                        .try_for_each(|(hook, program)| load(hook, program))
                 })
             })
             .collect();
@@ -279,7 +275,7 @@ fn load_in_parallel(ebpf: &mut Ebpf, hooks: &[Hook], btf: &aya::Btf) -> Result<(
     })
 }
 
-fn load(hook: &Hook, program: &mut aya::programs::Program, btf: &aya::Btf) -> Result<(), BpfError> {
+fn load(hook: &Hook, program: &mut aya::programs::Program) -> Result<(), BpfError> {
     let program_error = |source| BpfError::Program {
         program: hook.describe(),
         source: Box::new(source),
@@ -289,14 +285,14 @@ fn load(hook: &Hook, program: &mut aya::programs::Program, btf: &aya::Btf) -> Re
             let program: &mut TracePoint = program.try_into().map_err(program_error)?;
             program.load().map_err(program_error)
         }
-        Hook::BtfTracepoint { name } => {
-            let program: &mut BtfTracePoint = program.try_into().map_err(program_error)?;
-            program.load(name, btf).map_err(program_error)
+        Hook::RawTracepoint { .. } => {
+            let program: &mut RawTracePoint = program.try_into().map_err(program_error)?;
+            program.load().map_err(program_error)
         }
     }
 }
 
-fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError> {
+fn attach(ebpf: &mut Ebpf, hook: &Hook) -> Result<Link, BpfError> {
     let program_error = |source| BpfError::Program {
         program: hook.describe(),
         source: Box::new(source),
@@ -308,7 +304,7 @@ fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError
         })?;
     // Loaded by `load_in_parallel`; the exit program is loaded once and attached to many.
     if program.fd().is_err() {
-        load(hook, program, btf)?;
+        load(hook, program)?;
     }
     match hook {
         Hook::Tracepoint { category, name, .. } => {
@@ -318,10 +314,10 @@ fn attach(ebpf: &mut Ebpf, hook: &Hook, btf: &aya::Btf) -> Result<Link, BpfError
                 program.take_link(id).map_err(program_error)?,
             ))
         }
-        Hook::BtfTracepoint { .. } => {
-            let program: &mut BtfTracePoint = program.try_into().map_err(program_error)?;
-            let id = program.attach().map_err(program_error)?;
-            Ok(Link::BtfTracepoint(
+        Hook::RawTracepoint { name, .. } => {
+            let program: &mut RawTracePoint = program.try_into().map_err(program_error)?;
+            let id = program.attach(name).map_err(program_error)?;
+            Ok(Link::RawTracepoint(
                 program.take_link(id).map_err(program_error)?,
             ))
         }

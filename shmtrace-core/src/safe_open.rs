@@ -22,7 +22,7 @@
 //!   same directory, renamed over the name when complete, so a failure leaves no half file.
 //!
 //! `-o -`, `/dev/stdout`, `/dev/stderr` and `/dev/fd/N` write to the descriptor the shell
-//! opened, without truncating it.
+//! opened, without truncating it; `/dev/null` discards.
 use std::{
     fs::{File, Metadata},
     io,
@@ -131,6 +131,10 @@ pub enum OpenError {
     },
 }
 
+/// The one device shmtrace writes to by name: output thrown away (`-o /dev/null`, as when only
+/// the summary or the exit status matters). Only root can replace it, so it needs no checks.
+const DISCARD: &str = "/dev/null";
+
 /// The standard stream a path names (`-`, `/dev/stdout`, `/dev/fd/1`, ...), if any.
 fn stdio_fd(path: &Path) -> Option<i32> {
     let text = path.to_str()?;
@@ -154,6 +158,16 @@ pub fn is_stdio(path: &Path) -> bool {
 pub fn create(path: &Path, options: &OpenOptions) -> Result<File, OpenError> {
     if let Some(fd) = stdio_fd(path) {
         return dup_stdio(path, fd);
+    }
+    if path == Path::new(DISCARD) {
+        return File::options()
+            .write(true)
+            .open(DISCARD)
+            .map_err(|source| OpenError::Io {
+                what: "open",
+                path: path.to_path_buf(),
+                source,
+            });
     }
     let io = |what, source| OpenError::Io {
         what,

@@ -78,7 +78,7 @@ fn refuses_hard_links_fifos_devices_and_directories() {
         matches!(error, OpenError::NotRegular { kind: "a FIFO", .. }),
         "{error}"
     );
-    let error = create(Path::new("/dev/null"), &OpenOptions::new()).unwrap_err();
+    let error = create(Path::new("/dev/zero"), &OpenOptions::new()).unwrap_err();
     assert!(
         matches!(
             error,
@@ -215,4 +215,11 @@ fn standard_streams_are_not_truncated_or_checked() {
     assert!(is_stdio(Path::new("/dev/fd/2")));
     assert!(!is_stdio(Path::new("/dev/stdoutx")));
     create(Path::new("/dev/stderr"), &OpenOptions::new()).unwrap();
+}
+
+#[test]
+fn dev_null_discards() {
+    use std::io::Write;
+    let mut null = create(Path::new("/dev/null"), &OpenOptions::new()).unwrap();
+    null.write_all(b"thrown away").unwrap();
 }

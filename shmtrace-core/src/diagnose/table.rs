@@ -1,0 +1,86 @@
+//! The closing table: per place and role, how many processes, the most bytes they held in
+//! /dev/shm at once (an object several of them hold counts once), their failures and deaths.
+use std::collections::{BTreeMap, HashSet};
+
+use super::{Diagnoser, RoleKind};
+use crate::{event::InodeId, model::World};
+
+/// Per place and role, for the closing table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoleStats {
+    pub processes: u64,
+    /// Most bytes the role's processes held in /dev/shm at once.
+    pub peak_bytes: u64,
+    pub failures: u64,
+    pub deaths: u64,
+}
+
+impl Diagnoser {
+    /// Per place and role (as known at the end): processes, most bytes held at once,
+    /// failures, deaths.
+    pub fn table(&mut self, world: &World) -> Vec<(String, RoleKind, RoleStats)> {
+        self.roles(world);
+        let mut table: BTreeMap<(String, RoleKind), RoleStats> = BTreeMap::new();
+        for process in world.processes() {
+            let group = self.group(process.pid, process.mntns);
+            let stats = table.entry(group).or_default();
+            stats.processes += 1;
+            let (failures, died) = self.outcomes.get(&process.pid).copied().unwrap_or_default();
+            stats.failures += failures;
+            stats.deaths += u64::from(died);
+        }
+        for (group, peak) in &self.group_peak {
+            table.entry(group.clone()).or_default().peak_bytes = *peak;
+        }
+        table
+            .into_iter()
+            .map(|((place, role), stats)| (place, role, stats))
+            .collect()
+    }
+
+    /// Recomputes what `pid` holds (each object once, however many descriptors or mappings).
+    pub(super) fn update_held(&mut self, pid: u32, mntns: u32, world: &World) {
+        let Some(process) = world.process(pid) else {
+            return;
+        };
+        let mut inodes: HashSet<_> = process.fds.values().map(|fd| fd.inode).collect();
+        inodes.extend(process.mappings.iter().map(|m| m.inode));
+        let group = self.group(pid, mntns);
+        self.held_to(pid, inodes, group, world);
+    }
+
+    pub(super) fn held_to(
+        &mut self,
+        pid: u32,
+        inodes: HashSet<InodeId>,
+        group: (String, RoleKind),
+        world: &World,
+    ) {
+        if let Some((before, old_group)) = self.held.remove(&pid)
+            && let Some(counts) = self.group_now.get_mut(&old_group)
+        {
+            for inode in before {
+                if let Some(n) = counts.get_mut(&inode) {
+                    *n -= 1;
+                    if *n == 0 {
+                        counts.remove(&inode);
+                    }
+                }
+            }
+        }
+        let counts = self.group_now.entry(group.clone()).or_default();
+        for inode in &inodes {
+            *counts.entry(*inode).or_default() += 1;
+        }
+        let now: u64 = counts
+            .keys()
+            .filter_map(|inode| world.object(inode))
+            .map(|o| o.footprint().0)
+            .sum();
+        let peak = self.group_peak.entry(group.clone()).or_default();
+        *peak = (*peak).max(now);
+        if !inodes.is_empty() {
+            self.held.insert(pid, (inodes, group));
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! From a process's failures (or its death alone) to a [`Diagnosis`]: the decisive cause, the
+//! program it is, the size to give /dev/shm, and for a process that died of another's failure
+//! (a trainer after its worker), that other's cause.
+use super::{
+    DataloaderDemand, Demand, Diagnoser, Diagnosis, RoleKind,
+    failure::{Cause, Failure, FailureKind},
+    known,
+    leftovers::summarise_leftovers,
+    recommend::{self, Recommendation},
+};
+use crate::{
+    event::{Event, ExitStatus},
+    model::{StartedBy, World},
+};
+
+/// What a later diagnosis needs of one already made: a trainer that dies after its worker
+/// failed takes the worker's cause and recommendation.
+#[derive(Clone, Debug)]
+pub(super) struct Diagnosed {
+    /// When its earliest failure happened; `None` when it had none (only a fatal signal).
+    first_failure_ns: Option<u64>,
+    cause: Cause,
+    recommendation: Option<Recommendation>,
+}
+
+impl Diagnoser {
+    pub(super) fn on_death(
+        &mut self,
+        event: &Event,
+        status: ExitStatus,
+        killed_by: Option<u32>,
+        world: &World,
+    ) -> Option<Diagnosis> {
+        let pid = event.pid;
+        let failures = self.pending.remove(&pid).unwrap_or_default();
+        let role = self.roles.of(pid);
+        if failures.is_empty() {
+            // Ended by another process on purpose (a parent stopping its children at
+            // shutdown): nothing went wrong in it.
+            if status.success() || killed_by.is_some() {
+                return None;
+            }
+            // A trainer dying after one of its workers, or any process after its child: that
+            // diagnosis says why.
+            let failed_worker = self
+                .first_failed_worker(pid)
+                .or_else(|| self.first_failed_child(pid, world));
+            let touched_shm = world
+                .process(pid)
+                .is_some_and(|p| !p.opened.is_empty() || role.kind != RoleKind::Other);
+            let by_signal = matches!(status, ExitStatus::Signal { .. });
+            if failed_worker.is_none() && !by_signal && !touched_shm {
+                return None; // an ordinary non-zero exit, nothing to do with /dev/shm
+            }
+            let mut diagnosis = self.diagnose(
+                pid,
+                event.mntns,
+                event.ts_ns,
+                Some(status),
+                Vec::new(),
+                world,
+            );
+            if let Some(worker) = failed_worker {
+                self.follow(&mut diagnosis, worker);
+            }
+            return Some(diagnosis);
+        }
+        Some(self.diagnose(pid, event.mntns, event.ts_ns, Some(status), failures, world))
+    }
+
+    /// Of `trainer`'s diagnosed workers, the one whose failure came first; failing that (none
+    /// had a failure of its own, say all were killed), the lowest pid.
+    fn first_failed_worker(&self, trainer: u32) -> Option<u32> {
+        let diagnosed: Vec<(u32, &Diagnosed)> = self
+            .roles
+            .workers_of(trainer)
+            .filter_map(|(worker, _)| Some((worker, self.diagnosed.get(&worker)?)))
+            .collect();
+        diagnosed
+            .iter()
+            .filter_map(|(worker, d)| Some((d.first_failure_ns?, *worker)))
+            .min()
+            .map(|(_, worker)| worker)
+            .or_else(|| diagnosed.iter().map(|(worker, _)| *worker).min())
+    }
+
+    /// Of `parent`'s children, the one diagnosed with the earliest failure: a multiprocessing
+    /// parent whose writer died of SIGBUS, a launcher whose NCCL rank failed.
+    fn first_failed_child(&self, parent: u32, world: &World) -> Option<u32> {
+        world
+            .processes()
+            .filter(|p| p.parent == Some(parent))
+            .filter_map(|p| Some((self.diagnosed.get(&p.pid)?.first_failure_ns?, p.pid)))
+            .min()
+            .map(|(_, child)| child)
+    }
+
+    /// Makes `diagnosis` (of a process with no failure of its own) point to the process whose
+    /// failure it died of, and take that cause: a trainer killed by its worker's ENOSPC died of
+    /// /dev/shm too, and the same size fixes it.
+    fn follow(&mut self, diagnosis: &mut Diagnosis, followed: u32) {
+        diagnosis.follows = Some(followed);
+        let Some(other) = self.diagnosed.get(&followed).cloned() else {
+            return;
+        };
+        if other.first_failure_ns.is_none() {
+            return;
+        }
+        diagnosis.cause = other.cause;
+        diagnosis.recommendation = other.recommendation.clone();
+        diagnosis.explanation = explain(other.cause);
+        self.diagnosed.insert(
+            diagnosis.pid,
+            Diagnosed {
+                first_failure_ns: None,
+                cause: other.cause,
+                recommendation: other.recommendation,
+            },
+        );
+    }
+
+    pub(super) fn diagnose(
+        &mut self,
+        pid: u32,
+        mntns: u32,
+        ts_ns: u64,
+        ending: Option<ExitStatus>,
+        mut failures: Vec<Failure>,
+        world: &World,
+    ) -> Diagnosis {
+        let first_failure_ns = failures.iter().map(|f| f.ts_ns).min();
+        // The decisive failure first: an OOM kill explains more than the ENOSPC before it.
+        failures.sort_by_key(|f| (f.cause, f.ts_ns));
+        let cause = match (failures.first(), ending) {
+            (Some(f), _) => f.cause,
+            (None, Some(ExitStatus::Signal { .. })) => Cause::Crash,
+            _ => Cause::Other,
+        };
+        let process = world.process(pid);
+        let role = self.roles.of(pid);
+        let container = self.containers.get(&mntns).cloned();
+        let title = process.and_then(|p| p.title.clone());
+        let program = failures
+            .iter()
+            .find_map(|f| match &f.kind {
+                FailureKind::Call { path: Some(p), .. }
+                | FailureKind::Fault { path: Some(p), .. } => known::by_object(p),
+                _ => None,
+            })
+            .or_else(|| {
+                process.and_then(|p| {
+                    known::by_process(&p.comm, title.as_deref())
+                        .or_else(|| p.opened.iter().find_map(|o| known::by_object(o)))
+                })
+            });
+        let program_role = program
+            .zip(title.as_deref())
+            .and_then(|(k, t)| known::role_in_title(k, t));
+        let leftovers = failures
+            .first()
+            .filter(|f| f.cause == Cause::ShmFull && !f.leftovers.is_empty())
+            .map(|f| summarise_leftovers(f, program, container.as_ref()));
+        let cause = match (&leftovers, cause) {
+            (Some(l), Cause::ShmFull) if l.enough_without => Cause::Leftovers,
+            _ => cause,
+        };
+        let started_by = container
+            .as_ref()
+            .map(|c| c.started_by.clone())
+            .unwrap_or(StartedBy::Unknown);
+        let trainer = role.trainer.map(|t| {
+            (
+                t,
+                world.process(t).map(|p| p.argv.clone()).unwrap_or_default(),
+            )
+        });
+        let primary = failures.first();
+        let capacity = primary.and_then(|f| f.capacity);
+        let usage = primary.and_then(|f| f.usage.clone());
+        let recommendation = (cause == Cause::ShmFull).then(|| {
+            let primary = primary.expect("a cause from a failure");
+            let traced = primary.held;
+            let (burst, growth) = self.pressure.at(primary);
+            let dataloader = role
+                .trainer
+                .or((role.kind == RoleKind::Trainer).then_some(pid))
+                .and_then(|t| {
+                    let stats = self.loaders.get(&t)?;
+                    let workers = self.roles.workers_of(t).count() as u32;
+                    (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
+                        workers,
+                        // A failure early in the run shows fewer than a DataLoader queues by
+                        // default.
+                        in_flight: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
+                        batch_bytes: stats.batch_bytes,
+                    })
+                });
+            recommend::recommend(
+                &Demand {
+                    traced,
+                    others: capacity
+                        .map(|c| {
+                            let beyond = c.used.saturating_sub(traced);
+                            // A DataLoader's batches reach the trainer through descriptors
+                            // passed untraced, so the model misses some of their pages: there,
+                            // use beyond the traced objects is the batches' own, which the
+                            // DataLoader figure counts already; others' is at most what was
+                            // there before.
+                            match (&dataloader, self.first_used.get(&c.dev)) {
+                                (Some(_), Some(first)) => beyond.min(*first),
+                                _ => beyond,
+                            }
+                        })
+                        .unwrap_or(0),
+                    burst,
+                    growth,
+                    dataloader,
+                    capacity: capacity.map(|c| c.size),
+                },
+                self.nccl_seen,
+                &started_by,
+            )
+        });
+        self.diagnosed.insert(
+            pid,
+            Diagnosed {
+                first_failure_ns,
+                cause,
+                recommendation: recommendation.clone(),
+            },
+        );
+        let already: Vec<&str> = recommendation
+            .iter()
+            .flat_map(|r| r.alternatives.iter().map(String::as_str))
+            .collect();
+        let program_alternatives = match cause {
+            Cause::ShmFull | Cause::NoShm | Cause::ReadOnly => program
+                .map(|k| k.alternatives)
+                .unwrap_or_default()
+                .iter()
+                .filter(|alt| !already.iter().any(|a| known::same_setting(a, alt)))
+                .map(|alt| (*alt).to_owned())
+                .collect(),
+            _ => Vec::new(),
+        };
+        Diagnosis {
+            ts_ns,
+            pid,
+            container_pid: process.and_then(|p| p.nspid),
+            comm: process.map(|p| p.comm.clone()).unwrap_or_default(),
+            title,
+            program,
+            program_role,
+            role,
+            argv: process.map(|p| p.argv.clone()).unwrap_or_default(),
+            trainer,
+            place: self.place(mntns),
+            container,
+            ending,
+            cause,
+            workers_allocating: primary.map(|f| f.workers_allocating).unwrap_or(0),
+            failures,
+            follows: None,
+            capacity,
+            usage,
+            recommendation,
+            explanation: explain(cause),
+            leftovers,
+            program_alternatives,
+            lost_events: self.lost_events,
+        }
+    }
+}
+
+/// For causes a bigger /dev/shm does not fix: what does.
+fn explain(cause: Cause) -> Option<String> {
+    let text = match cause {
+        Cause::ShmFull | Cause::Leftovers => return None,
+        Cause::NoShm => {
+            "there is no /dev/shm to create files in: the container was started with \
+             --ipc=none, or its image or sandbox has no /dev/shm. Give it one: drop --ipc=none \
+             (docker run --ipc=private --shm-size=64m ..., compose ipc: private), or mount a \
+             tmpfs there (docker run --tmpfs /dev/shm:rw,size=64m; Kubernetes: an emptyDir \
+             with medium: Memory mounted at /dev/shm)"
+        }
+        Cause::ReadOnly => {
+            "/dev/shm is mounted read-only (EROFS): programs need to create files there. \
+             Mount it read-write (docker run --tmpfs /dev/shm:rw,size=64m, or drop ro/readonly \
+             from its mount; Kubernetes: readOnly: false on the /dev/shm volumeMount)"
+        }
+        Cause::OomKill => {
+            "the OOM killer ended it: the memory limit was reached. /dev/shm pages count \
+             against the container's memory limit, so a bigger --shm-size alone makes this \
+             worse: raise the memory limit (docker --memory, Kubernetes resources.limits.memory) \
+             or use less /dev/shm"
+        }
+        Cause::MapLimit => {
+            "mmap failed with ENOMEM: the process reached vm.max_map_count, not the end of \
+             /dev/shm. Raise it (sysctl -w vm.max_map_count=262144) or keep fewer mappings"
+        }
+        Cause::FdLimit => {
+            "it ran out of file descriptors (EMFILE/ENFILE), not of /dev/shm. Raise the limit \
+             (ulimit -n 65536; docker run --ulimit nofile=65536:65536), or in PyTorch use \
+             torch.multiprocessing.set_sharing_strategy('file_system')"
+        }
+        Cause::SysvLimit => {
+            "a System V shared memory limit refused it (kernel.shmmax for one segment, \
+             kernel.shmall for all, kernel.shmmni for their number; see ipcs -l): raise it with \
+             sysctl, or docker run --sysctl kernel.shmmax=..."
+        }
+        Cause::Crash => {
+            "it died of a signal with no /dev/shm failure before it: not a /dev/shm problem"
+        }
+        Cause::Other => "no /dev/shm failure was seen before it ended: not a /dev/shm problem",
+    };
+    Some(text.to_owned())
+}
