@@ -168,6 +168,11 @@ pub mod flags {
     /// a page not yet touched), so it is read and judged at `sys_exit`, after the call itself
     /// has brought the page in.
     pub const PATH_AT_EXIT: u16 = 1 << 7;
+    /// The process was outside every followed container's mount namespace, while shmtrace
+    /// waited for a container to start (`--wait`, a restart): userspace holds the record until
+    /// it learns whether its namespace is the container's, so that the container's first
+    /// processes are not missed.
+    pub const HELD: u16 = 1 << 8;
 }
 
 /// Who did what, and when. Starts every record.

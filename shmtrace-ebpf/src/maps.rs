@@ -2,7 +2,7 @@
 use aya_ebpf::{
     Global,
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use shmtrace_common::{Config, FileRef, KernelOffsets, Loss, PATH_LEN};
 
@@ -58,9 +58,21 @@ pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0
 #[map]
 pub static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
 
-/// Mount namespaces (inode numbers) of traced containers.
+/// Mount namespaces (inode numbers) of traced containers, with the host pid of each one's
+/// first process (0 if unknown).
 #[map]
 pub static TARGET_MNTNS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// Slot [`HOLD_NOW`]: while non-zero, the mount namespace shmtrace runs in: processes outside
+/// it and outside every followed container are reported with `flags::HELD`, for userspace to
+/// attribute. Set while a followed container is not running (`--wait`, a restart), so that its
+/// first processes are seen before userspace has learned its namespace. Slot [`HOLD_OWN`]:
+/// shmtrace's mount namespace, always, for the probes to start holding themselves the moment a
+/// followed container's first process exits (a `docker restart` is quicker than userspace).
+#[map]
+pub static HOLD_OUTSIDE: Array<u32> = Array::with_max_entries(2, 0);
+pub const HOLD_NOW: u32 = 0;
+pub const HOLD_OWN: u32 = 1;
 
 /// cgroup v2 ids of traced containers.
 #[map]

@@ -3,6 +3,12 @@
 //! A process is traced when it is in `TARGETS` (a traced command or pid, followed through fork),
 //! when its container matches (mount namespace or cgroup v2 id), or, for /dev/shm calls, in
 //! host-wide mode. Everything else returns after one or two map lookups.
+//!
+//! While a followed container is not running, processes outside shmtrace's own mount
+//! namespace are reported too, flagged `HELD` and not followed: userspace keeps those records
+//! until it learns the container's namespace, then keeps the container's and drops the rest.
+//! Without this, a container's first processes would run before userspace (polling its
+//! runtime) had put the container's namespace in `TARGET_MNTNS`.
 use aya_ebpf::helpers::bpf_get_current_cgroup_id;
 use shmtrace_common::{
     KernelOffsets, flags,
@@ -11,7 +17,7 @@ use shmtrace_common::{
 
 use crate::{
     kernel,
-    maps::{CONFIG, TARGET_CGROUPS, TARGET_MNTNS, TARGETS},
+    maps::{CONFIG, HOLD_NOW, HOLD_OUTSIDE, HOLD_OWN, TARGET_CGROUPS, TARGET_MNTNS, TARGETS},
 };
 
 /// `BPF_NOEXIST`: insert only if absent.
@@ -19,6 +25,7 @@ const NOEXIST: u64 = 1;
 
 /// Whether the current process is followed (targets, or its container). Returns the header
 /// flags to use, and records a container match in `TARGETS` so later checks are one lookup.
+/// A held process (flags `HELD`) is reported but must not be put in `TARGETS`.
 #[inline(always)]
 pub fn tracked(tgid: u32, task: u64, off: &KernelOffsets) -> Option<u16> {
     let config = CONFIG.load();
@@ -28,11 +35,69 @@ pub fn tracked(tgid: u32, task: u64, off: &KernelOffsets) -> Option<u16> {
     if TARGETS.get_ptr(tgid).is_some() {
         return Some(0);
     }
-    if config.match_containers != 0 && container_matches(task, off) {
+    if config.match_containers == 0 {
+        return None;
+    }
+    let mntns = kernel::task_mntns(task, off);
+    if mntns_followed(mntns) || current_cgroup_followed() {
         let _ = TARGETS.insert(tgid, TRACKED, NOEXIST);
         return Some(flags::CONTAINER_MATCH);
     }
+    if held(mntns) {
+        return Some(flags::HELD);
+    }
     None
+}
+
+/// Whether `task` (any task, not only the current one) is followed: in `TARGETS`, or in a
+/// followed container's mount namespace. A process that was running before shmtrace started
+/// and has made no traced call since is in no map yet, but its container is.
+#[inline(always)]
+pub fn task_followed(target_pid: u32, task: u64, off: &KernelOffsets) -> bool {
+    if TARGETS.get_ptr(target_pid).is_some() {
+        return true;
+    }
+    CONFIG.load().match_containers != 0 && mntns_followed(kernel::task_mntns(task, off))
+}
+
+/// Whether a process in mount namespace `mntns`, followed by nothing, is to be reported as held.
+#[inline(always)]
+pub fn held(mntns: Option<u32>) -> bool {
+    let Some(mntns) = mntns else {
+        return false;
+    };
+    // SAFETY: a pointer to a live map value.
+    let outside = HOLD_OUTSIDE
+        .get_ptr(HOLD_NOW)
+        .map(|v| unsafe { *v })
+        .unwrap_or(0);
+    outside != 0 && mntns != 0 && mntns != outside
+}
+
+/// A followed container's first process is exiting (the container stops or restarts): its
+/// namespace stops matching now, as its number may soon name an unrelated namespace (its
+/// processes already followed stay followed, by pid), and records of unknown namespaces are
+/// held from now on, until userspace has seen the container again.
+#[inline(always)]
+pub fn container_ending(tgid: u32, task: u64, off: &KernelOffsets) {
+    let Some(mntns) = kernel::task_mntns(task, off) else {
+        return;
+    };
+    // SAFETY: pointers to live map values.
+    let first = TARGET_MNTNS.get_ptr(mntns).map(|v| unsafe { *v });
+    if first != Some(tgid) {
+        return;
+    }
+    let _ = TARGET_MNTNS.remove(mntns);
+    let own = HOLD_OUTSIDE
+        .get_ptr(HOLD_OWN)
+        // SAFETY: a pointer to a live map value.
+        .map(|v| unsafe { *v })
+        .unwrap_or(0);
+    if let Some(now) = HOLD_OUTSIDE.get_ptr_mut(HOLD_NOW) {
+        // SAFETY: a pointer to a live map value.
+        unsafe { *now = own };
+    }
 }
 
 /// Whether the current process's /dev/shm calls are reported: followed, or host-wide mode.
@@ -77,10 +142,12 @@ pub fn has_mappings(tgid: u32) -> bool {
 }
 
 #[inline(always)]
-fn container_matches(task: u64, off: &KernelOffsets) -> bool {
-    if kernel::task_mntns(task, off).is_some_and(|mntns| TARGET_MNTNS.get_ptr(mntns).is_some()) {
-        return true;
-    }
+fn mntns_followed(mntns: Option<u32>) -> bool {
+    mntns.is_some_and(|mntns| TARGET_MNTNS.get_ptr(mntns).is_some())
+}
+
+#[inline(always)]
+fn current_cgroup_followed() -> bool {
     // SAFETY: no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     TARGET_CGROUPS.get_ptr(cgroup).is_some()

@@ -106,7 +106,17 @@ impl Container {
     /// `docker run -d` of `script` (busybox sh) with `extra` docker flags. The scenario program
     /// is at /x/shm-exerciser, with the host's /lib, /lib64 and /usr read-only so it runs.
     pub fn run(prefix: &str, extra: &[&str], script: &str) -> Container {
-        let name = format!("{prefix}-{}-{}", std::process::id(), unique());
+        Container::run_named(&Container::name_for(prefix), extra, script)
+    }
+
+    /// A name no other container of any test run has: `prefix`, this process, a counter.
+    pub fn name_for(prefix: &str) -> String {
+        format!("{prefix}-{}-{}", std::process::id(), unique())
+    }
+
+    /// As [`Container::run`], under exactly this name (one shmtrace waits for).
+    pub fn run_named(name: &str, extra: &[&str], script: &str) -> Container {
+        let name = name.to_owned();
         let work = tempdir();
         let exerciser = exerciser();
         let mut args = vec![

@@ -26,6 +26,12 @@ pub struct LiveTracer {
 impl LiveTracer {
     /// Starts `shmtrace --json -o FILE ARGS` and waits until it says it is tracing.
     pub fn start(args: &[&str]) -> LiveTracer {
+        LiveTracer::start_until(args, "shmtrace: tracing")
+    }
+
+    /// Starts `shmtrace --json -o FILE ARGS` and waits until it prints a line starting with
+    /// `ready` (with `--wait`: "shmtrace: waiting for container").
+    pub fn start_until(args: &[&str], ready: &str) -> LiveTracer {
         let out = tempdir().join("trace.jsonl");
         let mut child = shmtrace()
             .args(["--json", "-o"])
@@ -51,7 +57,7 @@ impl LiveTracer {
                 let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
             }
         });
-        tracer.wait_for_line("shmtrace: tracing");
+        tracer.wait_for_line(ready);
         let _ = watchdog.send(());
         // Tracing: every program is loaded and attached, so the leak check knows them all.
         assert!(
@@ -81,7 +87,17 @@ impl LiveTracer {
     /// Waits (up to a minute) until the output holds a record for which `wanted` is true,
     /// and returns it. shmtrace flushes its output every 100 ms.
     pub fn wait_for_record(&self, wanted: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        self.find_record(wanted, Duration::from_secs(60))
+            .unwrap_or_else(|text| panic!("no such record within a minute; output so far:\n{text}"))
+    }
+
+    /// As [`LiveTracer::wait_for_record`], for up to `within`; the output so far if none came.
+    pub fn find_record(
+        &self,
+        wanted: impl Fn(&Value) -> bool,
+        within: Duration,
+    ) -> Result<Value, String> {
+        let deadline = Instant::now() + within;
         loop {
             let text = std::fs::read_to_string(&self.out).unwrap_or_default();
             // The last line may be half written: only whole lines count.
@@ -91,12 +107,11 @@ impl LiveTracer {
                 .filter_map(|line| serde_json::from_str::<Value>(line).ok())
                 .find(|record| wanted(record))
             {
-                return found;
+                return Ok(found);
             }
-            assert!(
-                Instant::now() < deadline,
-                "no such record within a minute; output so far:\n{text}"
-            );
+            if Instant::now() >= deadline {
+                return Err(text);
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -209,3 +209,78 @@ fn host_wide_mode_labels_events_with_their_container() {
     assert_eq!(call["container"]["name"], c.name.as_str());
     assert_eq!(call["errno"], "ENOSPC");
 }
+
+/// Processes that ran before shmtrace attached and made no traced call since are in no pid
+/// map of the probes; their container's mount namespace is. A SIGKILL sent to one from outside
+/// (`docker kill`) must be shown with its sender, and its death not taken for a failure.
+#[test]
+fn a_process_running_before_shmtrace_is_seen_killed_from_outside() {
+    let _guard = setup();
+    let c = Container::run("shmtrace-e2e-killed", &[], "sleep 600");
+    let pid = c.pid();
+    let tracer = LiveTracer::start(&["--container", &c.name]);
+    let killed = std::process::Command::new("docker")
+        .args(["kill", "--signal", "KILL", &c.name])
+        .output()
+        .unwrap();
+    assert!(killed.status.success(), "docker kill: {killed:?}");
+    c.wait();
+    let (_, log, records) = tracer.stop();
+    let signals: Vec<&Value> = records
+        .iter()
+        // A signal record's `pid` is the receiver, its `target_pid` the sender (docs/json.md).
+        .filter(|r| r["event"] == "signal" && r["pid"] == pid)
+        .collect();
+    assert!(
+        !signals.is_empty(),
+        "no signal to pid {pid}: {records:?}\n{log}"
+    );
+    for signal in &signals {
+        assert_eq!(signal["signal"], "SIGKILL", "{signal}");
+        assert_eq!(signal["failure"], false, "{signal}");
+    }
+    let exit = records
+        .iter()
+        .find(|r| r["event"] == "exit" && r["pid"] == pid)
+        .unwrap_or_else(|| panic!("no exit of pid {pid}: {records:?}\n{log}"));
+    assert_eq!(exit["signal"], "SIGKILL", "{exit}");
+    assert!(
+        signals
+            .iter()
+            .any(|s| s["target_pid"] == exit["killed_by_pid"]),
+        "the death names a sender of the SIGKILL: {exit}\n{signals:?}"
+    );
+    assert_eq!(exit["failure"], false, "{exit}");
+    assert!(
+        !records.iter().any(|r| r["event"] == "diagnosis"),
+        "a kill from outside is no /dev/shm failure: {records:?}"
+    );
+}
+
+/// The same for a fault: a process that mapped a /dev/shm file before shmtrace attached, then
+/// touches pages the full /dev/shm cannot back, dies of SIGBUS, which must be shown.
+#[test]
+fn a_process_running_before_shmtrace_is_seen_dying_of_sigbus() {
+    let _guard = setup();
+    let c = Container::run(
+        "shmtrace-e2e-prior-sigbus",
+        &["--shm-size", "1m"],
+        "/x/shm-exerciser sigbus-when-told /work; sleep 600",
+    );
+    wait_for(&c.work.join("mapped"));
+    let tracer = LiveTracer::start(&["--container", &c.name]);
+    c.signal("go");
+    let exit = tracer.wait_for_record(|r| {
+        r["event"] == "exit" && r["comm"] == "shm-exerciser" && r["signal"] == "SIGBUS"
+    });
+    let (_, log, records) = tracer.stop();
+    let signal = records
+        .iter()
+        .find(|r| r["event"] == "signal" && r["signal"] == "SIGBUS")
+        .unwrap_or_else(|| panic!("no SIGBUS: {records:?}\n{log}"));
+    assert_eq!(signal["pid"], exit["pid"], "{signal}");
+    assert_eq!(signal["code"], "BUS_ADRERR", "{signal}");
+    assert_eq!(signal["failure"], true, "{signal}");
+    assert_eq!(exit["failure"], true, "{exit}");
+    eprintln!("{signal}\n{log}");
+}

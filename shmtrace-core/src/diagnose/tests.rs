@@ -15,6 +15,8 @@ struct Run {
     ts: u64,
     next_ino: u64,
     out: Vec<Diagnosis>,
+    /// Each exit, and whether it is shown as a failure: (pid, failure).
+    exits: Vec<(u32, bool)>,
 }
 
 impl Run {
@@ -37,6 +39,7 @@ impl Run {
             ts: 0,
             next_ino: 2,
             out: Vec::new(),
+            exits: Vec::new(),
         }
     }
 
@@ -54,6 +57,9 @@ impl Run {
             body,
         };
         let note = self.world.apply(&event);
+        if let Body::Exit(_) = &event.body {
+            self.exits.push((pid, note.is_failure(&event)));
+        }
         let done = self.diagnoser.observe(&event, &note, &self.world);
         self.out.extend(done);
     }
@@ -266,6 +272,22 @@ fn a_parent_follows_its_child_that_failed() {
 }
 
 #[test]
+fn an_exit_status_is_a_failure_only_where_shared_memory_was_involved() {
+    // `import torch` runs gcc to look for a library, which exits 1: nothing to do with
+    // /dev/shm. A worker that failed on /dev/shm, and the trainer it took down, are failures.
+    let mut run = Run::new();
+    run.exec(200, &["/usr/bin/python3", "train.py"]);
+    run.fork(200, 201);
+    run.exit(201, "gcc", 1);
+    run.fork(200, 202);
+    let segment = run.create(202, "python3", "/dev/shm/psm_0123abcd", 3);
+    run.fallocate_fails(202, "python3", 3, segment, 2 << 20);
+    run.exit(202, "python3", 1);
+    run.exit(200, "python3", 1);
+    assert_eq!(run.exits, vec![(201, false), (202, true), (200, true)]);
+}
+
+#[test]
 fn a_parent_whose_children_did_not_fail_gets_no_diagnosis() {
     let mut run = Run::new();
     run.exec(200, &["/bin/sh", "-c", "false"]);
@@ -441,5 +463,36 @@ fn a_child_its_parent_kills_is_not_diagnosed() {
         }),
     );
     run.exit(400, "chromium", 0);
+    assert!(run.out.is_empty(), "{:#?}", run.out);
+}
+
+#[test]
+fn a_process_first_met_through_the_kill_that_ends_it_is_ended_by_its_sender() {
+    // A container's process that ran before the trace, killed by the runtime (pid 500).
+    let mut run = Run::new();
+    run.event(
+        500,
+        "runc",
+        Body::Signal(crate::event::Signal {
+            signo: libc::SIGKILL,
+            code: 0,
+            errno: 0,
+            result: 0,
+            addr: 0,
+            target_pid: 600,
+            target_tid: 600,
+            target_comm: "sleep".into(),
+        }),
+    );
+    run.event(
+        600,
+        "sleep",
+        Body::Exit(ExitStatus::Signal {
+            signo: libc::SIGKILL,
+            core_dumped: false,
+        }),
+    );
+    assert_eq!(run.exits, vec![(600, false)]);
+    assert_eq!(run.world.process(600).map(|p| p.mntns), Some(MNTNS));
     assert!(run.out.is_empty(), "{:#?}", run.out);
 }

@@ -19,13 +19,17 @@ pub struct Annotation {
     /// (SIGTERM, SIGINT, SIGHUP) whose sender the probes do not see. Such a death is not a
     /// failure.
     pub killed_by: Option<u32>,
+    /// For an unsuccessful exit: the process had nothing to do with shared memory (see
+    /// [`crate::model::Process::involved`]), so its status is its own business.
+    pub uninvolved_exit: bool,
 }
 
 impl Annotation {
     /// Whether the event shows the program hurt: a failure ([`Event::is_failure`]) other than
-    /// a death another process asked for.
+    /// a death another process asked for or the exit status of a process that never touched
+    /// shared memory.
     pub fn is_failure(&self, event: &Event) -> bool {
-        event.is_failure() && self.killed_by.is_none()
+        event.is_failure() && self.killed_by.is_none() && !self.uninvolved_exit
     }
 }
 

@@ -38,6 +38,11 @@ pub struct Process {
     /// Its process title (/proc/PID/cmdline, which programs such as PostgreSQL rewrite:
     /// `postgres: parallel worker for PID 34`) when last read, if it differs from `argv`.
     pub title: Option<String>,
+    /// It made a traced call (on /dev/shm, System V or memfd shared memory, or one that ran
+    /// out of descriptors), or a process it started failed. An unsuccessful exit without
+    /// either says nothing about shared memory: a library probe of a compiler failing, `test`
+    /// returning 1.
+    pub involved: bool,
 }
 
 /// Bound on the names kept per process, so a process creating millions of objects costs no
@@ -90,6 +95,7 @@ impl Process {
             exec_ns: None,
             nspid: None,
             title: None,
+            involved: false,
         }
     }
 

@@ -115,7 +115,7 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
             }
             let severity = if status.success() {
                 Severity::Quiet
-            } else if note.killed_by.is_some() {
+            } else if note.killed_by.is_some() || note.uninvolved_exit {
                 Severity::Normal
             } else {
                 Severity::Death

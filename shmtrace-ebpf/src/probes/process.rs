@@ -13,8 +13,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use shmtrace_common::{
-    ARGS_LEN, EventKind, ExecEvent, ExitEvent, ForkEvent, Loss, PATH_LEN, RenameEvent, flags,
-    targets::TRACKED,
+    ARGS_LEN, EventKind, ExecEvent, ExitEvent, ForkEvent, Loss, PATH_LEN, RenameEvent,
+    flags as header_flags, targets::TRACKED,
 };
 
 use super::syscall::ids;
@@ -37,13 +37,9 @@ fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
     let (tgid, _) = ids();
     let task = kernel::current_task();
     let flags = scope::tracked(tgid, task, &off)?;
-    // The child inherits the parent's descriptors and mappings, hence its bits.
-    // SAFETY: a pointer to a live map value.
-    let bits = TARGETS
-        .get_ptr(tgid)
-        .map(|b| unsafe { *b })
-        .unwrap_or(TRACKED);
-    let _ = TARGETS.insert(child_pid, bits, 0);
+    if flags & header_flags::HELD == 0 {
+        inherit(tgid, child_pid);
+    }
     let event = ForkEvent {
         header: emit::header(EventKind::Fork, flags, task, &off),
         child_pid,
@@ -51,6 +47,18 @@ fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
     };
     emit::send(EventKind::Fork, &event, false);
     Some(())
+}
+
+/// A followed parent's child is followed too.
+#[inline(always)]
+fn inherit(tgid: u32, child_pid: u32) {
+    // The child inherits the parent's descriptors and mappings, hence its bits.
+    // SAFETY: a pointer to a live map value.
+    let bits = TARGETS
+        .get_ptr(tgid)
+        .map(|b| unsafe { *b })
+        .unwrap_or(TRACKED);
+    let _ = TARGETS.insert(child_pid, bits, 0);
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
@@ -65,9 +73,11 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
     let (tgid, _) = ids();
     let off = kernel::offsets();
     let task = kernel::current_task();
-    let mut header_flags = scope::tracked(tgid, task, &off)?;
-    // The old mappings are gone with the old program.
-    let _ = TARGETS.insert(tgid, TRACKED, 0);
+    let mut flags = scope::tracked(tgid, task, &off)?;
+    if flags & header_flags::HELD == 0 {
+        // The old mappings are gone with the old program.
+        let _ = TARGETS.insert(tgid, TRACKED, 0);
+    }
 
     let mut entry = emit::reserve::<ExecEvent>(EventKind::Exec)?;
     let event = entry.as_mut_ptr();
@@ -87,7 +97,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
             (filename as *mut u8).write(0);
             emit::count(Loss::KernelRead);
         } else if copied >= PATH_LEN as i64 {
-            header_flags |= flags::PATH_TRUNCATED;
+            flags |= header_flags::PATH_TRUNCATED;
         }
 
         let mut args_len: u32 = 0;
@@ -95,7 +105,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
             let mut len = end.saturating_sub(start);
             if len > ARGS_LEN as u64 {
                 len = ARGS_LEN as u64;
-                header_flags |= flags::ARGS_TRUNCATED;
+                flags |= header_flags::ARGS_TRUNCATED;
             }
             let args = &raw mut (*event).args;
             if len > 0 {
@@ -109,7 +119,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
         }
         (&raw mut (*event).args_len).write(args_len);
         (&raw mut (*event)._pad).write(0);
-        (&raw mut (*event).header).write(emit::header(EventKind::Exec, header_flags, task, &off));
+        (&raw mut (*event).header).write(emit::header(EventKind::Exec, flags, task, &off));
     }
     emit::submit(entry, false);
     Some(())
@@ -131,6 +141,9 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     }
     let flags = scope::tracked(tgid, task, &off)?;
     let _ = TARGETS.remove(tgid);
+    if flags & header_flags::HELD == 0 {
+        scope::container_ending(tgid, task, &off);
+    }
     let event = ExitEvent {
         header: emit::header(EventKind::Exit, flags, task, &off),
         exit_code: kernel::task_exit_code(task, &off).unwrap_or(0),

@@ -1,14 +1,18 @@
 //! Fatal signals for traced tasks, above all SIGBUS from touching a /dev/shm page that the full
 //! tmpfs could not back.
 //!
+//! The target is matched by pid or by its container's mount namespace: a process that ran
+//! before shmtrace started and made no traced call since is in no pid map, and a SIGKILL sent
+//! to it from outside must still be reported with its sender.
+//!
 //! ```text
 //! tp_btf/signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task,
 //!                        int group, int result)
 //! ```
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
-use shmtrace_common::{EventKind, SignalEvent};
+use shmtrace_common::{EventKind, SignalEvent, flags};
 
-use crate::{emit, kernel, maps::CONFIG, maps::TARGETS};
+use crate::{emit, kernel, maps::CONFIG, scope};
 
 const SIGKILL: i32 = 9;
 const SIGBUS: i32 = 7;
@@ -33,12 +37,19 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let target_pid = kernel::task_tgid(target, &off)?;
     // Host-wide mode reports every SIGBUS: it is the /dev/shm failure mode.
     let host_wide = CONFIG.load().all != 0 && signo == SIGBUS;
-    if !host_wide && TARGETS.get_ptr(target_pid).is_none() {
-        return None;
+    let current = kernel::current_task();
+    let mut header_flags = 0;
+    if !host_wide && !scope::task_followed(target_pid, target, &off) {
+        // A fault in a process not yet attributed to a container (its own signal, so the
+        // header's namespace, the sender's, is the target's): held like its calls.
+        if target != current || !scope::held(kernel::task_mntns(target, &off)) {
+            return None;
+        }
+        header_flags = flags::HELD;
     }
     let (errno, code, addr) = kernel::siginfo_fault(info);
     let event = SignalEvent {
-        header: emit::header(EventKind::Signal, 0, kernel::current_task(), &off),
+        header: emit::header(EventKind::Signal, header_flags, current, &off),
         signo,
         code,
         errno,

@@ -306,7 +306,8 @@ fn on_exit(ctx: &TracePointContext) {
     if config.all != 0 {
         scope::follow(tgid);
     }
-    if pending.syscall == Syscall::Mmap as u16 && ret >= 0 {
+    // A held process is not followed (yet): marking it would put it in `TARGETS`.
+    if pending.syscall == Syscall::Mmap as u16 && ret >= 0 && pending.flags & flags::HELD == 0 {
         scope::mark_mapped(tgid);
     }
     let off = kernel::offsets();

@@ -49,11 +49,15 @@ pub enum ContainerError {
 }
 
 impl ContainerError {
-    /// Whether waiting could make it go away (the container may yet appear or start).
+    /// Whether waiting could make it go away (the container may yet appear or start, or the
+    /// runtime that listed it may answer its inspection next time: a busy Docker daemon can
+    /// take more than its timeout to describe a container that is starting).
     pub fn may_resolve_later(&self) -> bool {
         matches!(
             self,
-            ContainerError::NotFound { .. } | ContainerError::NotRunning { .. }
+            ContainerError::NotFound { .. }
+                | ContainerError::NotRunning { .. }
+                | ContainerError::Describe { .. }
         )
     }
 }

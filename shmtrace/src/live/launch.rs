@@ -4,7 +4,7 @@ use std::{
     collections::HashSet,
     ffi::OsString,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -15,7 +15,8 @@ use crate::{
     container::{Container, Query, Resolver},
     event::escape,
     live::{
-        bpf::{Tracer, TracerOptions},
+        bpf::{EventReader, Tracer, TracerOptions},
+        hold::Hold,
         proc_scan,
         session::{Ending, Outcome, Session, Signals},
         target,
@@ -146,10 +147,13 @@ pub fn run(
         .build()
         .context("starting the async runtime")?;
     // Before anything says "tracing": a signal from then on must end the trace cleanly.
-    let signals = {
+    let mut signals = {
         let _inside = runtime.enter();
         Signals::install()?
     };
+    // With --wait, the probes hold what unknown namespaces do while the containers are waited
+    // for, and the ring is read meanwhile: their first processes' records are kept.
+    let mut early = None;
     let found = match &what {
         What::Containers {
             queries,
@@ -157,7 +161,34 @@ pub fn run(
             docker_socket,
         } => {
             let resolver = resolver(docker_socket.as_deref());
-            let containers = runtime.block_on(find_containers(&resolver, queries, *wait))?;
+            let finding = find_containers(&resolver, queries, *wait);
+            let containers = if *wait {
+                tracer.hold(true)?;
+                let mut reader = {
+                    let _inside = runtime.enter();
+                    EventReader::new(tracer.take_events().context("the ring buffer was taken")?)
+                        .context("watching the ring buffer")?
+                };
+                let mut hold = Hold::default();
+                let containers =
+                    runtime.block_on(holding(finding, &mut reader, &mut hold, &mut signals))?;
+                early = Some((reader, hold));
+                containers
+            } else {
+                runtime.block_on(async {
+                    tokio::select! {
+                        found = finding => found.map(Some),
+                        _ = signals.ending() => Ok(None),
+                    }
+                })?
+            };
+            let Some(containers) = containers else {
+                eprintln!("shmtrace: interrupted before the container ran; nothing was traced");
+                return Ok(Outcome {
+                    command_status: None,
+                    interrupted: true,
+                });
+            };
             Some((resolver, containers))
         }
         _ => None,
@@ -182,7 +213,12 @@ pub fn run(
             for container in &containers {
                 watch::register(container, &mut tracer, &mut pipeline)?;
                 watch::follow_processes(container, &mut tracer)?;
+                watch::seed_running(container, &mut pipeline)?;
+                if let Some((_, hold)) = &mut early {
+                    watch::release_held(container, hold, &mut pipeline)?;
+                }
             }
+            tracer.hold(false)?;
             eprintln!(
                 "shmtrace: tracing {}; Ctrl-C to stop",
                 containers
@@ -223,6 +259,9 @@ pub fn run(
         _ => Ending::Interrupt,
     };
     let mut session = Session::new(tracer, pipeline).with_signals(signals);
+    if let Some((reader, hold)) = early {
+        session = session.with_reader(reader, hold);
+    }
     if let Some(watch) = watch {
         session = session.with_watch(watch);
     }
@@ -268,6 +307,28 @@ async fn find_containers(
         found.push(resolution.container);
     }
     Ok(found)
+}
+
+/// Runs `finding` while reading the ring into `hold`, so that the ring does not fill up with
+/// what the probes hold meanwhile. `None` when a signal ended the wait.
+async fn holding<T>(
+    finding: impl Future<Output = Result<T>>,
+    reader: &mut EventReader,
+    hold: &mut Hold,
+    signals: &mut Signals,
+) -> Result<Option<T>> {
+    let mut finding = std::pin::pin!(finding);
+    let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    let mut batch = Vec::new();
+    loop {
+        tokio::select! {
+            found = &mut finding => return found.map(Some),
+            _ = signals.ending() => return Ok(None),
+            read = reader.read(&mut batch) => read.context("reading the ring buffer")?,
+            _ = ticker.tick() => reader.drain(&mut batch),
+        }
+        hold.keep(&mut batch, Instant::now());
+    }
 }
 
 /// `--wait` waits until Ctrl-C.

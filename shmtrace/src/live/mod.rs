@@ -4,10 +4,12 @@
 //! `launch` starts a live trace (probes, target, session) for the commands that trace,
 //! `bpf` loads and attaches the probes and reads their records, `target` says what to trace,
 //! `session` runs the loop that hands records to the pipeline, `watch` follows containers as
-//! they come and go, `proc_scan` reads /proc, `machine` answers the pipeline's questions about
-//! the running machine, `demo` is the built-in demonstration.
+//! they come and go, `hold` keeps records of processes not yet known to be a container's,
+//! `proc_scan` reads /proc, `machine` answers the pipeline's questions about the running
+//! machine, `demo` is the built-in demonstration.
 pub mod bpf;
 pub mod demo;
+pub mod hold;
 pub mod launch;
 pub mod machine;
 pub mod proc_scan;

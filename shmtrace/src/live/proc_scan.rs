@@ -78,6 +78,17 @@ pub fn shm_devs_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// When a process started (`CLOCK_BOOTTIME` ns, as the probes stamp records), from
+/// /proc/PID/stat, to the clock tick.
+pub fn start_ns(pid: u32) -> Option<u64> {
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
+    let ticks = procfs::ticks_per_second();
+    Some(stat.starttime.saturating_mul(1_000_000_000) / ticks)
+}
+
 /// Everything about `pid` that matters to the model, or `None` if it is gone.
 pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
     let process = procfs::process::Process::new(pid as i32).ok()?;

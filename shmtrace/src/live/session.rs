@@ -14,6 +14,7 @@ use crate::{
     event::{Body, ExitStatus, names},
     live::{
         bpf::{EventReader, Tracer},
+        hold::Hold,
         machine::LiveMachine,
         target::RunningCommand,
         watch::Watch,
@@ -71,13 +72,26 @@ impl Signals {
             dump: signal(SignalKind::user_defined1()).context("installing a SIGUSR1 handler")?,
         })
     }
+
+    /// Waits for a signal that ends the trace (before tracing starts: while waiting for a
+    /// container).
+    pub async fn ending(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+            _ = self.hangup.recv() => {}
+        }
+    }
 }
 
 pub struct Session {
     signals: Option<Signals>,
     tracer: Tracer,
+    /// Set when records were read before the session (while waiting for a container).
+    reader: Option<EventReader>,
     pipeline: Pipeline,
     watch: Option<Watch>,
+    hold: Hold,
     started: Instant,
 }
 
@@ -86,8 +100,10 @@ impl Session {
         Session {
             signals: None,
             tracer,
+            reader: None,
             pipeline,
             watch: None,
+            hold: Hold::default(),
             started: Instant::now(),
         }
     }
@@ -98,6 +114,14 @@ impl Session {
         self
     }
 
+    /// Goes on reading the ring buffer from where `reader` is, with the records `hold` kept
+    /// while the containers were waited for.
+    pub fn with_reader(mut self, reader: EventReader, hold: Hold) -> Session {
+        self.reader = Some(reader);
+        self.hold = hold;
+        self
+    }
+
     /// Follows containers (restarts, /dev/shm use) while tracing.
     pub fn with_watch(mut self, watch: Watch) -> Session {
         self.watch = Some(watch);
@@ -105,11 +129,16 @@ impl Session {
     }
 
     pub async fn run(mut self, mut ending: Ending) -> Result<Outcome> {
-        let ring = self
-            .tracer
-            .take_events()
-            .context("the ring buffer was already taken")?;
-        let mut reader = EventReader::new(ring).context("watching the ring buffer")?;
+        let mut reader = match self.reader.take() {
+            Some(reader) => reader,
+            None => {
+                let ring = self
+                    .tracer
+                    .take_events()
+                    .context("the ring buffer was already taken")?;
+                EventReader::new(ring).context("watching the ring buffer")?
+            }
+        };
         let Signals {
             mut interrupt,
             mut terminate,
@@ -131,7 +160,8 @@ impl Session {
             _ => None,
         };
 
-        let mut batch: Vec<Bytes> = Vec::new();
+        let mut batch: Vec<Bytes> = self.hold.take_ready();
+        self.handle(&mut batch, &mut ending)?;
         let mut outcome = Outcome {
             command_status: None,
             interrupted: false,
@@ -171,7 +201,10 @@ impl Session {
                 }
                 _ = watch_ticker.tick(), if self.watch.is_some() => {
                     let watch = self.watch.as_mut().expect("guarded");
-                    watch.check(&mut self.tracer, &mut self.pipeline).await?;
+                    watch.check(&mut self.tracer, &mut self.pipeline, &mut self.hold).await?;
+                    // A container's first records, made before it was known to be it.
+                    let mut released = self.hold.take_ready();
+                    self.handle(&mut released, &mut ending)?;
                 }
                 _ = ticker.tick() => {
                     // Ordinary records do not wake the reader (it costs the traced call
@@ -219,8 +252,20 @@ impl Session {
         }
         let mut machine = LiveMachine::default();
         machine.read_failing_early(batch);
+        let now = Instant::now();
         for record in batch.drain(..) {
+            if !self.hold.admit_one(&record, now) {
+                continue;
+            }
             let event = self.pipeline.kernel_record(&record, &mut machine)?;
+            // A followed container's first process exited: the probes stopped matching its
+            // namespace there, and so does the hold, in the same place in the stream.
+            if let (Some(watch), Some(event)) = (&mut self.watch, &event)
+                && matches!(event.body, Body::Exit(_))
+                && let Some(mntns) = watch.ended_by(event.pid)
+            {
+                self.hold.unfollow(mntns);
+            }
             if let (Ending::Pids(live), Some(event)) = (&mut *ending, event) {
                 match event.body {
                     Body::Exit(_) => {

@@ -3,6 +3,10 @@
 //! (its namespace number may be reused). Each traced container's /dev/shm is measured every
 //! second, for the use-over-time picture and for `shm_used` in events. In host-wide mode, new
 //! containers are learned so that events are labelled with them.
+//!
+//! While a followed container is not running, the probes hold what processes outside
+//! shmtrace's namespace do (`live::hold`): when the container starts, its first processes'
+//! records are released from the hold rather than missed in the second before it is seen.
 use std::collections::HashMap;
 
 use anyhow::Result;
@@ -10,7 +14,7 @@ use anyhow::Result;
 use crate::{
     clock::boot_ns,
     container::{Change, Container, Resolver},
-    live::bpf::Tracer,
+    live::{bpf::Tracer, hold::Hold, proc_scan},
     pipeline::Pipeline,
 };
 
@@ -33,6 +37,9 @@ pub struct Followed {
     pub container: Container,
     /// Running now (a stopped one is waited for).
     pub running: bool,
+    /// Its first process was seen exiting, and its runtime has not said since what became of
+    /// it: the probes hold records until it has (see `live::hold`).
+    pub ending: bool,
 }
 
 impl Watch {
@@ -43,6 +50,7 @@ impl Watch {
                 .into_iter()
                 .map(|container| Followed {
                     running: container.state.is_running(),
+                    ending: false,
                     container,
                 })
                 .collect(),
@@ -56,13 +64,36 @@ impl Watch {
         }
     }
 
+    /// `pid` exited: if it was a followed container's first process, that container is
+    /// ending, and this is its mount namespace.
+    pub fn ended_by(&mut self, pid: u32) -> Option<u32> {
+        match self {
+            Watch::Containers { followed, .. } => {
+                let one = followed
+                    .iter_mut()
+                    .find(|one| one.container.pid == Some(pid))?;
+                one.ending = true;
+                one.container.mntns
+            }
+            Watch::Host { .. } => None,
+        }
+    }
+
     /// Runs once a second.
-    pub async fn check(&mut self, tracer: &mut Tracer, pipeline: &mut Pipeline) -> Result<()> {
+    pub async fn check(
+        &mut self,
+        tracer: &mut Tracer,
+        pipeline: &mut Pipeline,
+        hold: &mut Hold,
+    ) -> Result<()> {
         match self {
             Watch::Containers { resolver, followed } => {
                 for one in followed.iter_mut() {
-                    follow(resolver, one, tracer, pipeline).await?;
+                    follow(resolver, one, tracer, pipeline, hold).await?;
                 }
+                // Every second, as the probes start holding themselves when a followed
+                // container's first process exits.
+                tracer.hold(followed.iter().any(|one| !one.running || one.ending))?;
             }
             Watch::Host { resolver, labelled } => {
                 let (containers, _problems) = resolver.running().await;
@@ -96,6 +127,7 @@ async fn follow(
     one: &mut Followed,
     tracer: &mut Tracer,
     pipeline: &mut Pipeline,
+    hold: &mut Hold,
 ) -> Result<()> {
     let name = one.container.display_name();
     let change = match resolver.recheck(&one.container).await {
@@ -111,9 +143,11 @@ async fn follow(
         Change::Restarted { container, same_id } => {
             if let Some(old) = one.container.mntns {
                 tracer.remove_mount_namespace(old)?;
+                hold.unfollow(old);
             }
             register(&container, tracer, pipeline)?;
             follow_processes(&container, tracer)?;
+            release_held(&container, hold, pipeline)?;
             pipeline.notice(&format!(
                 "container {name} {} (pid {}): following it",
                 if same_id {
@@ -128,11 +162,14 @@ async fn follow(
             ))?;
             one.container = *container;
             one.running = true;
+            one.ending = false;
         }
         Change::Stopped { container } => {
+            one.ending = false;
             if one.running {
                 if let Some(old) = one.container.mntns {
                     tracer.remove_mount_namespace(old)?;
+                    hold.unfollow(old);
                 }
                 pipeline.notice(&format!(
                     "container {name} stopped ({}); waiting for it to start again (Ctrl-C to \
@@ -144,9 +181,11 @@ async fn follow(
             one.container = *container;
         }
         Change::Gone => {
+            one.ending = false;
             if one.running {
                 if let Some(old) = one.container.mntns {
                     tracer.remove_mount_namespace(old)?;
+                    hold.unfollow(old);
                 }
                 pipeline.notice(&format!(
                     "container {name} was removed; waiting for a container of that name \
@@ -168,13 +207,56 @@ pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipel
     sample(container, pipeline)
 }
 
-/// Follows a container's processes (`--container`, not `--all`, which sees everyone).
+/// Follows a container's processes (`--container`, not `--all`, which sees everyone): by
+/// its namespace, and those running now by pid too, so that they stay followed to their
+/// exit when the container stops (the probes stop matching its namespace when its first
+/// process exits, before the others are killed).
 pub fn follow_processes(container: &Container, tracer: &mut Tracer) -> Result<()> {
     if let Some(mntns) = container.mntns {
-        tracer.add_mount_namespace(mntns)?;
+        tracer.add_mount_namespace(mntns, container.pid)?;
+    }
+    if let Some(first) = container.pid {
+        for pid in proc_scan::process_tree(first) {
+            tracer.add_target(pid)?;
+        }
     }
     if let Some(cgroup) = container.cgroup_id {
         tracer.add_cgroup(cgroup)?;
+    }
+    Ok(())
+}
+
+/// Learns the container's running processes and what they already hold on /dev/shm
+/// (descriptors, mappings), as `--pid` does: a process that mapped an object before the trace
+/// and then dies of SIGBUS in it is gone by the time its fault is read, and its fault would
+/// name no file; one killed when the container stops would have no container to its name.
+pub fn seed_running(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
+    let Some(pid) = container.pid else {
+        return Ok(());
+    };
+    let now = boot_ns()?;
+    for pid in proc_scan::process_tree(pid) {
+        if let Some(snapshot) = proc_scan::snapshot(pid) {
+            pipeline.seed(&snapshot, now)?;
+        }
+    }
+    Ok(())
+}
+
+/// Hands the container's held records on (see `live::hold`), saying how many were dropped.
+pub fn release_held(container: &Container, hold: &mut Hold, pipeline: &mut Pipeline) -> Result<()> {
+    let Some(mntns) = container.mntns else {
+        return Ok(());
+    };
+    let since = container.pid.and_then(proc_scan::start_ns);
+    let dropped = hold.follow(mntns, since);
+    if dropped > 0 {
+        pipeline.notice(&format!(
+            "{dropped} records of container {} from before it was found were dropped: more \
+             than {} MiB of records of unknown processes waited while it started",
+            container.display_name(),
+            crate::live::hold::HOLD_BYTES >> 20
+        ))?;
     }
     Ok(())
 }

@@ -41,6 +41,7 @@ fn main() {
         "fallocate-enospc" => fallocate_enospc(),
         "write-enospc" => write_enospc(),
         "sigbus" => sigbus(),
+        "sigbus-when-told" => sigbus_when_told(rest),
         "shmget" => shmget(),
         "fork-tree" => fork_tree(),
         "die-by-signal" => die_by_signal(rest),
@@ -124,6 +125,23 @@ fn sigbus() {
     unsafe { libc::ftruncate(fd.as_raw_fd(), 2 << 20) };
     let addr = shmtrace_workload::map_shared(&fd, 2 << 20).expect("mmap psm_sigbus");
     println!("mapped at {:#x}", addr as usize);
+    // SAFETY: written only within our own 2 MiB mapping; SIGBUS past the tmpfs is the point.
+    unsafe { std::ptr::write_bytes(addr, 0x5a, 2 << 20) };
+}
+
+/// As `sigbus`, in two steps: maps, then creates DIR/mapped and waits for DIR/go before
+/// touching the pages, so that a tracer can start in between (a process already running, with
+/// its mapping, when shmtrace attaches).
+fn sigbus_when_told(args: &[String]) {
+    let dir = std::path::PathBuf::from(args.first().cloned().unwrap_or_else(|| usage()));
+    let fd = shmtrace_workload::open("/dev/shm/psm_sigbus", CREATE).expect("open psm_sigbus");
+    // SAFETY: a plain syscall on our own descriptor.
+    unsafe { libc::ftruncate(fd.as_raw_fd(), 2 << 20) };
+    let addr = shmtrace_workload::map_shared(&fd, 2 << 20).expect("mmap psm_sigbus");
+    std::fs::write(dir.join("mapped"), b"").expect("writing DIR/mapped");
+    while !dir.join("go").exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // SAFETY: written only within our own 2 MiB mapping; SIGBUS past the tmpfs is the point.
     unsafe { std::ptr::write_bytes(addr, 0x5a, 2 << 20) };
 }

@@ -201,6 +201,9 @@ impl World {
                 if call.failed() && call.expected_error().is_none() {
                     self.totals.failed_calls += 1;
                 }
+                if let Some(process) = self.processes.get_mut(&event.pid) {
+                    process.involved = true;
+                }
                 self.apply_call(event, call, &mut note);
             }
             Body::Fork { child_pid } => self.fork(event.pid, *child_pid, event.ts_ns),
@@ -248,6 +251,10 @@ impl World {
                             _ => None,
                         };
                     }
+                    note.uninvolved_exit = matches!(status, ExitStatus::Code(_))
+                        && !process.involved
+                        && process.fds.is_empty()
+                        && process.mappings.is_empty();
                     process.exit = Some(*status);
                     process.exit_ns = Some(event.ts_ns);
                     let fds: Vec<InodeId> = std::mem::take(&mut process.fds)
@@ -269,11 +276,26 @@ impl World {
             Body::Signal(signal) => {
                 if signal.addr != 0 {
                     note.fault = self.fault_site(signal.target_pid, signal.addr);
-                } else if (signal.sent_by_other(event.pid)
-                    || (signal.signo == libc::SIGKILL && signal.target_pid != event.pid))
-                    && let Some(target) = self.processes.get_mut(&signal.target_pid)
+                } else if signal.sent_by_other(event.pid)
+                    || (signal.signo == libc::SIGKILL && signal.target_pid != event.pid)
                 {
-                    target.sent_signal = Some((event.pid, signal.signo));
+                    // The target may not be known yet: a process that ran before the trace
+                    // and made no traced call since, killed from outside.
+                    if !self.processes.contains_key(&signal.target_pid) {
+                        self.totals.processes_seen += 1;
+                        self.changed(signal.target_pid);
+                        // Its namespace is not the sender's: its own events will say.
+                        let target = Process::new(
+                            signal.target_pid,
+                            signal.target_comm.clone(),
+                            0,
+                            event.ts_ns,
+                        );
+                        self.processes.insert(signal.target_pid, target);
+                    }
+                    if let Some(target) = self.processes.get_mut(&signal.target_pid) {
+                        target.sent_signal = Some((event.pid, signal.signo));
+                    }
                 }
             }
             // The OOM killer's SIGKILL is no request: its victim's death is a failure.
@@ -283,7 +305,29 @@ impl World {
                 }
             }
         }
+        if note.is_failure(event) {
+            let subject = match &event.body {
+                Body::Signal(signal) => signal.target_pid,
+                Body::Oom { victim_pid } => *victim_pid,
+                _ => event.pid,
+            };
+            self.involve_ancestors(subject);
+        }
         note
+    }
+
+    /// A process failed: those that started it are involved, and their unsuccessful exits
+    /// are failures (a trainer that exits 1 because its DataLoader worker died).
+    fn involve_ancestors(&mut self, pid: u32) {
+        let mut next = self.processes.get(&pid).and_then(|p| p.parent);
+        // Bounded: parent links come from events, and a reused pid could make a loop.
+        for _ in 0..64 {
+            let Some(process) = next.and_then(|pid| self.processes.get_mut(&pid)) else {
+                break;
+            };
+            process.involved = true;
+            next = process.parent;
+        }
     }
 
     fn note_thread_name(&mut self, pid: u32, name: &str) {

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         RawTracePoint, TracePoint, raw_trace_point::RawTracePointLink, trace_point::TracePointLink,
     },
@@ -11,11 +11,18 @@ use aya::{
 use shmtrace_common::{Config, Loss, targets::TRACKED};
 use shmtrace_core::event::LostCounts;
 
+use crate::kernel_ids;
+
 use super::{
     BpfError, EBPF_OBJECT, KERNEL_BTF,
     hooks::{self, Hook},
     offsets, preflight,
 };
+
+/// Slots of the `HOLD_OUTSIDE` map: holding now (shmtrace's namespace, or 0), and shmtrace's
+/// namespace, for the probes to start holding themselves when a container stops.
+const HOLD_NOW: u32 = 0;
+const HOLD_OWN: u32 = 1;
 
 /// What to trace; fixed for the life of a [`Tracer`].
 #[derive(Clone, Debug)]
@@ -53,6 +60,9 @@ pub struct Tracer {
     targets: HashMap<MapData, u32, u32>,
     target_mntns: HashMap<MapData, u32, u32>,
     target_cgroups: HashMap<MapData, u64, u32>,
+    hold_outside: Array<MapData, u32>,
+    /// shmtrace's own mount namespace (0 if unknown: nothing is held then).
+    own_mntns: u32,
     shm_devs: HashMap<MapData, u32, u32>,
     lost: PerCpuArray<MapData, u64>,
     _ebpf: Ebpf,
@@ -99,12 +109,20 @@ impl Tracer {
             links.push(attach(&mut ebpf, hook)?);
         }
 
+        let mut hold_outside: Array<MapData, u32> =
+            take_map(&mut ebpf, "HOLD_OUTSIDE", Array::try_from)?;
+        let own_mntns = kernel_ids::mount_namespace(std::process::id()).unwrap_or(0);
+        hold_outside
+            .set(HOLD_OWN, own_mntns, 0)
+            .map_err(|e| map_error("HOLD_OUTSIDE", e))?;
         Ok(Tracer {
             links,
             events: Some(take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?),
             targets: take_map(&mut ebpf, "TARGETS", HashMap::try_from)?,
             target_mntns: take_map(&mut ebpf, "TARGET_MNTNS", HashMap::try_from)?,
             target_cgroups: take_map(&mut ebpf, "TARGET_CGROUPS", HashMap::try_from)?,
+            hold_outside,
+            own_mntns,
             shm_devs: take_map(&mut ebpf, "SHM_DEVS", HashMap::try_from)?,
             lost: take_map(&mut ebpf, "LOST", PerCpuArray::try_from)?,
             _ebpf: ebpf,
@@ -123,20 +141,40 @@ impl Tracer {
             .map_err(|e| map_error("TARGETS", e))
     }
 
-    /// Follows every process in mount namespace `inum` (a container).
-    pub fn add_mount_namespace(&mut self, inum: u32) -> Result<(), BpfError> {
+    /// Follows every process in mount namespace `inum` (a container whose first process is
+    /// `first_pid`, when known: its exit makes the probes hold, see `live::hold`).
+    pub fn add_mount_namespace(
+        &mut self,
+        inum: u32,
+        first_pid: Option<u32>,
+    ) -> Result<(), BpfError> {
         self.target_mntns
-            .insert(inum, 1, 0)
+            .insert(inum, first_pid.unwrap_or(0), 0)
             .map_err(|e| map_error("TARGET_MNTNS", e))
     }
 
     /// Stops following mount namespace `inum` (a container that stopped: its number may be
-    /// reused by an unrelated namespace).
+    /// reused by an unrelated namespace). The probes may have removed it already, when the
+    /// container's first process exited.
     pub fn remove_mount_namespace(&mut self, inum: u32) -> Result<(), BpfError> {
         match self.target_mntns.remove(&inum) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(error))
+                if error.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(map_error("TARGET_MNTNS", e)),
         }
+    }
+
+    /// While `on`, the probes report every process outside shmtrace's own mount namespace that
+    /// nothing follows, flagged held (see `live::hold`).
+    pub fn hold(&mut self, on: bool) -> Result<(), BpfError> {
+        let own = if on { self.own_mntns } else { 0 };
+        self.hold_outside
+            .set(HOLD_NOW, own, 0)
+            .map_err(|e| map_error("HOLD_OUTSIDE", e))
     }
 
     /// Follows every process in cgroup v2 `id` (a container on a cgroup v2 host).
