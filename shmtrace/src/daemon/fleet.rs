@@ -25,10 +25,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::metrics::{ContainerLabels, DeathLabels, FailureLabels, Metrics};
+pub use super::membership::Member;
+use super::{
+    membership::{member_in, member_of},
+    metrics::{ContainerLabels, DeathLabels, FailureLabels, Metrics},
+};
 use crate::{
     capacity::Capacity,
-    container::{Candidate, Container, PathClass, Runtime, parse_proc_cgroup},
+    container::{Candidate, Container},
+    live::proc_scan::start_ns,
 };
 
 /// Something to count for whoever a namespace turns out to be.
@@ -59,38 +64,6 @@ const EXITED_REMEMBERED: usize = 4096;
 const SURVEYS_WAITED: u32 = 3;
 /// Processes whose container was checked by cgroup, remembered (then checked again).
 const CHECKED_REMEMBERED: usize = 65_536;
-
-/// The container a process is in, by its cgroup (`/proc/PID/cgroup`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Member {
-    pub runtime: Runtime,
-    pub id: String,
-}
-
-fn member_of(pid: u32) -> Option<Member> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    match parse_proc_cgroup(&text) {
-        PathClass::Container(found) => Some(Member {
-            runtime: found.runtime,
-            id: found.id,
-        }),
-        _ => None,
-    }
-}
-
-/// When process `pid` is gone already (`dd` writes and exits in a millisecond), the container
-/// of any process still in its mount namespace `mntns`. One pass over /proc, once per
-/// namespace no survey claimed yet; none for a process that is there (in no container).
-fn member_in(pid: u32, mntns: u32) -> Option<Member> {
-    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        return None;
-    }
-    std::fs::read_dir("/proc")
-        .ok()?
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| crate::kernel_ids::mount_namespace(*pid) == Some(mntns))
-        .find_map(member_of)
-}
 
 struct Pending {
     since: Instant,
@@ -593,16 +566,6 @@ impl Fleet {
             drop(m.sigbus.get_or_create(labels));
         }
     }
-}
-
-/// When a process started (`CLOCK_BOOTTIME` ns), from /proc/PID/stat.
-fn start_ns(pid: u32) -> Option<u64> {
-    let stat = procfs::process::Process::new(pid as i32)
-        .ok()?
-        .stat()
-        .ok()?;
-    let ticks = procfs::ticks_per_second();
-    Some(stat.starttime.saturating_mul(1_000_000_000) / ticks)
 }
 
 fn clamp(bytes: u64) -> i64 {

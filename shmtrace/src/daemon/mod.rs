@@ -8,6 +8,7 @@ mod fleet;
 mod fleet_tests;
 mod http;
 mod incidents;
+mod membership;
 mod metrics;
 mod observer;
 
