@@ -463,11 +463,18 @@ async fn the_daemons_metrics_carry_pod_and_namespace_labels() {
         ("namespace", "daemon-ml"),
         ("runtime", "containerd"),
     ];
+    // The series appears with the first /dev/shm call; its use is measured at the next
+    // survey: wait for the measurement, not just the series.
     let text = daemon.wait_for_metric(Duration::from_secs(30), |line| {
         line.starts_with("shmtrace_shm_used_bytes")
             && labels
                 .iter()
                 .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+            && line
+                .rsplit(' ')
+                .next()
+                .and_then(|value| value.parse::<f64>().ok())
+                .is_some_and(|used| used >= (64 << 10) as f64)
     });
     let used = shmtrace_tests::daemon::sample(&text, "shmtrace_shm_used_bytes", &labels).unwrap();
     assert!(used >= (64 << 10) as f64, "{text}");

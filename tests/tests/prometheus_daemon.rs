@@ -67,11 +67,14 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
         Duration::from_secs(15),
     );
     assert_eq!(value(&size[0]), (1u64 << 20) as f64, "{size:?}");
+    // dd filled it: the tmpfs is full. (Waited for as such: a survey can measure it mid-fill.)
     let used = prometheus.wait_for(
-        &format!(r#"shmtrace_shm_used_bytes{{container="{name}"}} > 0"#),
+        &format!(
+            r#"shmtrace_shm_used_bytes{{container="{name}"}} == {}"#,
+            1u64 << 20
+        ),
         Duration::from_secs(15),
     );
-    // dd filled it: the tmpfs is full.
     assert_eq!(value(&used[0]), (1u64 << 20) as f64, "{used:?}");
     let recommended = prometheus.wait_for(
         &format!(r#"shmtrace_recommended_shm_bytes{{container="{name}"}}"#),
