@@ -30,7 +30,9 @@ pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
 pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
-pub use recommend::{DataloaderDemand, Demand, Recommendation, advise, with_headroom};
+pub use recommend::{
+    DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
+};
 pub use role::{Role, RoleKind, Roles};
 pub use table::RoleStats;
 use verdict::Diagnosed;

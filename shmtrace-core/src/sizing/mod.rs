@@ -8,7 +8,7 @@
 //! mapping between two calls. The peak of the two is what the workload needs at once.
 mod render;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
@@ -17,7 +17,8 @@ pub use render::text;
 use crate::{
     capacity::Capacity,
     diagnose::{
-        DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role, with_headroom,
+        DEFAULT_PREFETCH, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role,
+        with_headroom,
     },
     event::{Body, Event, InodeId},
     model::{Annotation, ShmObject, StartedBy, World},
@@ -74,7 +75,9 @@ pub struct Sizer {
     start_ns: Option<u64>,
     end_ns: u64,
     failures: Vec<String>,
-    workers: BTreeMap<u32, ()>,
+    /// DataLoader workers alive now, and the most alive at once (each epoch starts new ones).
+    workers: BTreeSet<u32>,
+    most_workers: u32,
 }
 
 impl Sizer {
@@ -93,8 +96,11 @@ impl Sizer {
     ) {
         self.start_ns.get_or_insert(event.ts_ns);
         self.end_ns = self.end_ns.max(event.ts_ns);
-        if role == RoleKind::DataloaderWorker {
-            self.workers.insert(event.pid, ());
+        if matches!(event.body, Body::Exit(_)) {
+            self.workers.remove(&event.pid);
+        } else if role == RoleKind::DataloaderWorker {
+            self.workers.insert(event.pid);
+            self.most_workers = self.most_workers.max(self.workers.len() as u32);
         }
         let mut touched = None;
         if let Body::Call(call) = &event.body
@@ -279,15 +285,36 @@ impl Sizer {
             }
         );
         let started_by = shm.started_by.clone().unwrap_or(StartedBy::Unknown);
-        let advice = advise(peak, &basis, &started_by);
-        let workers = self.workers.len() as u32;
-        let dataloader_bound = (workers > 0 && shm.batch_bytes > 0).then(|| {
-            let loader = DataloaderDemand {
-                workers,
+        let workers = self.most_workers;
+        let loader = (workers > 0 && shm.batch_bytes > 0).then_some(DataloaderDemand {
+            workers,
+            in_flight: DEFAULT_PREFETCH,
+            batch_bytes: shm.batch_bytes,
+        });
+        // How many batches a DataLoader has in flight at its peak depends on how fast the
+        // trainer takes them, which varies from run to run (a fast trainer can leave workers
+        // one batch ahead in one run and two in the next). What the default queue holds is the
+        // floor of the advice, so that a lucky measurement does not advise too little.
+        let (need, basis) = match loader.map(|loader| loader.measured()) {
+            Some(floor) if floor > peak => (
+                floor,
+                format!(
+                    "{basis}; but a DataLoader of {} queues up to ({workers} x {DEFAULT_PREFETCH} \
+                     batches + 1 the trainer holds) x {} = {}, more than this run held at once",
+                    count(u64::from(workers), "worker"),
+                    human(shm.batch_bytes),
+                    human(floor)
+                ),
+            ),
+            _ => (peak, basis),
+        };
+        let advice = advise(need, &basis, &started_by);
+        let dataloader_bound = loader.map(|loader| {
+            DataloaderDemand {
                 in_flight: 0,
-                batch_bytes: shm.batch_bytes,
-            };
-            loader.bound()
+                ..loader
+            }
+            .bound()
         });
         ShmReport {
             place: if shm.place.is_empty() {
