@@ -69,7 +69,7 @@ pub enum BpfError {
     CapabilitiesUnreadable { reason: String },
     #[error(
         "this kernel lacks attach points shmtrace needs: {}. shmtrace uses syscall tracepoints \
-         and BTF tracepoints; a kernel built without CONFIG_FTRACE_SYSCALLS or with a different \
+         and raw tracepoints; a kernel built without CONFIG_FTRACE_SYSCALLS or with a different \
          tracepoint set cannot be traced",
         missing.join(", ")
     )]
