@@ -165,7 +165,8 @@ fn held_on(dev: u32, world: &World) -> u64 {
 }
 
 /// Live processes other than `pid` that hold (by descriptor or mapping) an object on /dev/shm
-/// `dev` that `pid` holds too, other than those its parent holds.
+/// `dev` that `pid` holds too, other than those its parent holds and those made before the
+/// trace began.
 fn peers_of(pid: u32, dev: u32, world: &World) -> u32 {
     let holds = |p: &crate::model::Process| -> HashSet<crate::event::InodeId> {
         p.fds
@@ -185,7 +186,19 @@ fn peers_of(pid: u32, dev: u32, world: &World) -> u32 {
         .and_then(|parent| world.process(parent))
         .map(holds)
         .unwrap_or_default();
-    let own: HashSet<_> = holds(process).difference(&inherited).copied().collect();
+    // Nor does an object found already there when the trace began: attached to a running
+    // PostgreSQL, every backend is seen mapping the control segment, and who made it, and
+    // who inherited it from whom, is not known.
+    let seen_made = |inode: &&crate::event::InodeId| {
+        world
+            .object(inode)
+            .is_some_and(|object| object.creator.is_some())
+    };
+    let own: HashSet<_> = holds(process)
+        .difference(&inherited)
+        .filter(seen_made)
+        .copied()
+        .collect();
     if own.is_empty() {
         return 0;
     }
