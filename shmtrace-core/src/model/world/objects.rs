@@ -4,7 +4,7 @@
 use super::{RECENTLY_FREED, World};
 use crate::{
     event::InodeId,
-    model::{Annotation, ObjectState},
+    model::{Annotation, ObjectState, ShmObject},
 };
 
 impl World {
@@ -108,15 +108,25 @@ impl World {
 
     /// Ends the life of an object whose file system went away with it (see `is_stale`).
     pub(super) fn retire(&mut self, inode: InodeId, note: &mut Annotation) {
-        let Some(object) = self.objects.remove(&inode) else {
+        let Some(object) = self.remove_object(inode) else {
             return;
         };
-        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
         // Counted as freed only what was counted as created: not the objects found already
         // there, nor /dev/shm itself held open.
         if object.creator.is_some() {
             self.totals.objects_freed += 1;
         }
+        note.freed.push(object.display_name());
+        // Every bump has its entry in the change log (pid 0: no process to look at again),
+        // or `changes_since` would skip the changes after it.
+        self.changed(0);
+    }
+
+    /// Takes an object out of the model: what it held no longer counts in its file system's
+    /// use, and its name no longer leads to it.
+    pub(super) fn remove_object(&mut self, inode: InodeId) -> Option<ShmObject> {
+        let object = self.objects.remove(&inode)?;
+        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
         let usage = self.usage.entry(inode.dev).or_default();
         usage.change(object.footprint(), (0, 0));
         usage.objects = usage.objects.saturating_sub(1);
@@ -126,10 +136,7 @@ impl World {
                 self.names.remove(&key);
             }
         }
-        note.freed.push(object.display_name());
-        // Every bump has its entry in the change log (pid 0: no process to look at again),
-        // or `changes_since` would skip the changes after it.
-        self.changed(0);
+        Some(object)
     }
 
     /// An unlinked object with no descriptor or mapping left has given its memory back.

@@ -6,7 +6,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use super::World;
-use crate::{event::InodeId, model::Annotation};
+use crate::model::Annotation;
 
 /// How long what ended is kept, and the most kept at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,25 +190,8 @@ impl World {
             .collect();
         oldest.sort_unstable_by_key(|(order, inode)| (*order, inode.dev, inode.ino));
         for (_, inode) in oldest.into_iter().take(excess) {
-            self.evict_object(inode);
-        }
-    }
-
-    /// Drops an object from the model without saying it was freed: what it held no longer
-    /// counts in its file system's use.
-    fn evict_object(&mut self, inode: InodeId) {
-        let Some(object) = self.objects.remove(&inode) else {
-            return;
-        };
-        self.totals.live_bytes = self.totals.live_bytes.saturating_sub(object.allocated);
-        let usage = self.usage.entry(inode.dev).or_default();
-        usage.change(object.footprint(), (0, 0));
-        usage.objects = usage.objects.saturating_sub(1);
-        if let Some(path) = &object.path {
-            let key = (object.mntns, path.clone());
-            if self.names.get(&key) == Some(&inode) {
-                self.names.remove(&key);
-            }
+            // Dropped without saying it was freed.
+            self.remove_object(inode);
         }
     }
 }

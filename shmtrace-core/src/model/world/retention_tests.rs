@@ -1,6 +1,6 @@
 //! Forgetting, fed decoded events built in code as the probes would send them.
 use super::*;
-use crate::event::{Body, Call, Event, ExitStatus, FileRef, Syscall};
+use crate::event::{Body, Call, Event, ExitStatus, FileRef, InodeId, Syscall};
 
 const MNTNS: u32 = 4026531841;
 const DEV: u32 = 47;
