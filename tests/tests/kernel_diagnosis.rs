@@ -118,9 +118,17 @@ fn pytorch_mmap_sigbus_kills_a_worker() {
             killed.push(*d);
         } else {
             // The other worker may find the tmpfs exactly full when it starts a batch: then
-            // PyTorch's one-byte write fails first (the README says so) and it raises.
+            // PyTorch's one-byte write fails first (the README says so) and it raises. Or it
+            // faults too, but the trainer's shutdown ends it before its handler's re-raise
+            // does: its SIGTERM handler exits 0 (PyTorch's does the same), or the trace ends
+            // with the trainer. Seen once in a CI run; either way its fault is in its object.
             for failure in failures {
-                assert_call(failure, "write", "ENOSPC", &own, 1);
+                if failure["kind"] == "fault" {
+                    eprintln!("a worker faulted and was not killed by it: {d}");
+                    assert_fault(failure, &own, 384 << 10);
+                } else {
+                    assert_call(failure, "write", "ENOSPC", &own, 1);
+                }
             }
         }
     }
