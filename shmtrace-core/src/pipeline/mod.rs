@@ -55,6 +55,8 @@ pub struct Pipeline {
     /// Most diagnoses kept for the summary ([`Pipeline::bounded`]); `None` keeps all.
     max_diagnoses: Option<usize>,
     evicted_diagnoses: u64,
+    /// See [`Pipeline::trace_was_cut`].
+    cut: bool,
 }
 
 impl Pipeline {
@@ -76,7 +78,14 @@ impl Pipeline {
             malformed: 0,
             max_diagnoses: None,
             evicted_diagnoses: 0,
+            cut: false,
         }
+    }
+
+    /// The trace being replayed stops before its end: the summary must not speak of what is
+    /// held now, only of what was held where it stops.
+    pub fn trace_was_cut(&mut self) {
+        self.cut = true;
     }
 
     /// Shows diagnoses and the summary, not each event (`record`, `report`).
@@ -228,6 +237,13 @@ impl Pipeline {
                 loss.records,
                 crate::event::escape::text(&loss.reason)
             ))?,
+            // A failure's trigger repeats what its diagnosis says; the user's own mark does not.
+            UserRecord::Trigger(trigger) if trigger.reason == TriggerReason::Manual => {
+                self.output.notice(&format!(
+                    "marked here by the user while recording: {}",
+                    crate::event::escape::text(&trigger.detail)
+                ))?
+            }
             UserRecord::Trigger(_)
             | UserRecord::Note { .. }
             | UserRecord::End
@@ -300,13 +316,14 @@ impl Pipeline {
                 self.output.notice(&message)?;
             }
         }
-        let summary = Summary::new(
+        let mut summary = Summary::new(
             &self.world,
             self.lost.clone(),
             seconds,
             self.diagnoser.table(&self.world),
             &self.diagnoses,
         );
+        summary.cut = self.cut;
         self.output.summary(&summary)?;
         self.output.flush()?;
         Ok(summary)
