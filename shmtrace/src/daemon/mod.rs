@@ -175,6 +175,7 @@ impl Agent {
         // are past (the flight recorder keeps what its recordings need on its own).
         let retention = Retention {
             linger_ns: args.forget_after.as_nanos() as u64,
+            quiet_linger_ns: args.forget_after.as_nanos() as u64,
             max_processes: MAX_PROCESSES,
             max_objects: MAX_OBJECTS,
         };

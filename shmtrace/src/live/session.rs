@@ -19,7 +19,7 @@ use crate::{
         target::RunningCommand,
         watch::Watch,
     },
-    pipeline::Pipeline,
+    pipeline::{Evicted, Pipeline},
 };
 
 /// When a live trace ends.
@@ -93,6 +93,8 @@ pub struct Session {
     watch: Option<Watch>,
     hold: Hold,
     started: Instant,
+    /// What the analysis's caps had dropped when last told.
+    evicted: Evicted,
 }
 
 impl Session {
@@ -105,6 +107,7 @@ impl Session {
             watch: None,
             hold: Hold::default(),
             started: Instant::now(),
+            evicted: Evicted::default(),
         }
     }
 
@@ -217,6 +220,7 @@ impl Session {
                     ticks += 1;
                     if ticks.is_multiple_of(TICKS_PER_LOST_CHECK) {
                         self.check_lost()?;
+                        self.forget_what_ended()?;
                         if self.forget_exited_unseen(&mut ending)? {
                             break;
                         }
@@ -302,6 +306,22 @@ impl Session {
             ))?;
         }
         Ok(live.is_empty())
+    }
+
+    /// Lets the analysis forget what no longer matters (a host-wide trace's model forgets;
+    /// others keep everything), and says when a cap had to drop more.
+    fn forget_what_ended(&mut self) -> Result<()> {
+        self.pipeline.prune(boot_ns()?)?;
+        let evicted = self.pipeline.state().evicted;
+        let before = std::mem::replace(&mut self.evicted, evicted);
+        if evicted != before {
+            self.pipeline.notice(&format!(
+                "memory bounds reached: {} processes, {} /dev/shm objects and {} rows of the \
+                 closing table forgotten early so far (their later events are still shown)",
+                evicted.processes, evicted.objects, evicted.table_rows
+            ))?;
+        }
+        Ok(())
     }
 
     fn check_lost(&mut self) -> Result<()> {
