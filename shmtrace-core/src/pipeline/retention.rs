@@ -51,13 +51,12 @@ impl Pipeline {
             }
         }
         // Those that ended quietly, unless a diagnosis may still name them.
-        let quiet = self.world.quietly_ended(now_ns);
+        let diagnoser = &self.diagnoser;
+        let quiet = self
+            .world
+            .quietly_ended(now_ns, |pid| diagnoser.remembers(pid));
         if !quiet.is_empty() {
-            due.extend(
-                quiet
-                    .into_iter()
-                    .filter(|pid| !self.diagnoser.remembers(*pid)),
-            );
+            due.extend(quiet);
             due.sort_unstable();
             due.dedup();
         }

@@ -312,7 +312,14 @@ impl Session {
     /// others keep everything), and says when a cap had to drop more.
     fn forget_what_ended(&mut self) -> Result<()> {
         self.pipeline.prune(boot_ns()?)?;
-        let evicted = self.pipeline.state().evicted;
+        let state = self.pipeline.state();
+        log::debug!(
+            "analysis holds {} processes, {} objects, {} roles",
+            state.processes,
+            state.objects,
+            state.roles
+        );
+        let evicted = state.evicted;
         let before = std::mem::replace(&mut self.evicted, evicted);
         if evicted != before {
             self.pipeline.notice(&format!(

@@ -39,6 +39,9 @@ pub(super) struct Forgetting {
     exited: VecDeque<(u64, u32)>,
     /// Quiet exits in the order they came (see [`Retention::quiet_linger_ns`]).
     quiet: VecDeque<(u64, u32)>,
+    /// Quiet exits still asked about after the short linger, in the order they came: they
+    /// wait for the full linger like the others.
+    late: VecDeque<(u64, u32)>,
     /// Exited long enough ago, but still asked about: the creator of a file still in
     /// /dev/shm (a leftover names it), or one the caller keeps.
     pinned: Vec<(u64, u32)>,
@@ -46,10 +49,13 @@ pub(super) struct Forgetting {
 }
 
 impl Forgetting {
+    /// One entry per exit, so that a storm of short lives costs the model no more than the
+    /// processes a linger holds.
     pub(super) fn exited(&mut self, pid: u32, ts_ns: u64, quiet: bool) {
-        self.exited.push_back((ts_ns, pid));
         if quiet && self.retention.quiet_linger_ns < self.retention.linger_ns {
             self.quiet.push_back((ts_ns, pid));
+        } else {
+            self.exited.push_back((ts_ns, pid));
         }
     }
 }
@@ -67,6 +73,7 @@ impl World {
             retention,
             exited: VecDeque::new(),
             quiet: VecDeque::new(),
+            late: VecDeque::new(),
             pinned: Vec::new(),
             evictions: Evictions::default(),
         });
@@ -101,12 +108,14 @@ impl World {
         };
         let linger = forgetting.retention.linger_ns;
         let mut candidates = std::mem::take(&mut forgetting.pinned);
-        while let Some(&(exit_ns, pid)) = forgetting.exited.front() {
-            if exit_ns.saturating_add(linger) > now_ns {
-                break;
+        for ended in [&mut forgetting.exited, &mut forgetting.late] {
+            while let Some(&(exit_ns, pid)) = ended.front() {
+                if exit_ns.saturating_add(linger) > now_ns {
+                    break;
+                }
+                ended.pop_front();
+                candidates.push((exit_ns, pid));
             }
-            forgetting.exited.pop_front();
-            candidates.push((exit_ns, pid));
         }
         let mut due = Vec::new();
         let creators: HashSet<u32> = self.objects.values().filter_map(|o| o.creator).collect();
@@ -170,11 +179,10 @@ impl World {
     }
 
     /// The processes that ended quietly more than [`Retention::quiet_linger_ns`] before
-    /// `now_ns`, and that nothing in the model asks about: not the creator of a live object,
-    /// not the parent of a live process. The caller drops those it knows more about (a
-    /// failure, a diagnosis) and forgets the rest with [`World::forget`]; those it keeps are
-    /// forgotten after the full linger like any other.
-    pub fn quietly_ended(&mut self, now_ns: u64) -> Vec<u32> {
+    /// `now_ns`, and that nothing asks about: not the creator of a live object, not the parent
+    /// of a live process, not one `keep` names (a failure, a diagnosis). The caller forgets
+    /// them with [`World::forget`]; the others wait for the full linger like any other.
+    pub fn quietly_ended(&mut self, now_ns: u64, keep: impl Fn(u32) -> bool) -> Vec<u32> {
         let Some(forgetting) = &mut self.forgetting else {
             return Vec::new();
         };
@@ -191,11 +199,11 @@ impl World {
                 .get(&pid)
                 .is_some_and(|p| p.exit_ns == Some(exit_ns))
             {
-                candidates.push(pid);
+                candidates.push((exit_ns, pid));
             }
         }
         if candidates.is_empty() {
-            return candidates;
+            return Vec::new();
         }
         let creators: HashSet<u32> = self.objects.values().filter_map(|o| o.creator).collect();
         let parents: HashSet<u32> = self
@@ -204,8 +212,15 @@ impl World {
             .filter(|p| p.alive())
             .filter_map(|p| p.parent)
             .collect();
-        candidates.retain(|pid| !creators.contains(pid) && !parents.contains(pid));
-        candidates
+        let mut due = Vec::with_capacity(candidates.len());
+        for (exit_ns, pid) in candidates {
+            if creators.contains(&pid) || parents.contains(&pid) || keep(pid) {
+                forgetting.late.push_back((exit_ns, pid));
+            } else {
+                due.push(pid);
+            }
+        }
+        due
     }
 
     /// Forgets `pids` (from [`World::due_to_forget`]); a process forgotten alive lets go of
