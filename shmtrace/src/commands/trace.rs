@@ -39,12 +39,12 @@ pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
 
 /// What a host-wide trace (`--all`) keeps of what ended: it may run for days beside every
 /// process on the host, so its memory must not grow with their number. A process that
-/// ended quietly (status 0, holding nothing, no failure) is forgotten a second after its
-/// exit; any other after a minute, as the daemon does by default, for the diagnoses that
+/// ended quietly (status 0, holding nothing, no failure) is forgotten half a second after
+/// its exit; any other after a minute, as the daemon does by default, for the diagnoses that
 /// follow a death. The caps are the daemon's; what they drop is counted and shown.
 const HOST_WIDE: Retention = Retention {
     linger_ns: 60_000_000_000,
-    quiet_linger_ns: 1_000_000_000,
+    quiet_linger_ns: 500_000_000,
     max_processes: 32_768,
     max_objects: 32_768,
 };

@@ -48,6 +48,9 @@ const GRACE: Duration = Duration::from_millis(100);
 /// flush, and how often kernel losses are checked (every tenth tick).
 const TICK: Duration = Duration::from_millis(100);
 const TICKS_PER_LOST_CHECK: u32 = 10;
+/// How often the analysis forgets what ended (only a host-wide trace's does): often enough
+/// that a fork storm's exited processes do not pile up between two passes.
+const TICKS_PER_FORGET: u32 = 3;
 /// How often followed containers are checked for restarts and their /dev/shm measured.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
@@ -220,10 +223,12 @@ impl Session {
                     ticks += 1;
                     if ticks.is_multiple_of(TICKS_PER_LOST_CHECK) {
                         self.check_lost()?;
-                        self.forget_what_ended()?;
                         if self.forget_exited_unseen(&mut ending)? {
                             break;
                         }
+                    }
+                    if ticks.is_multiple_of(TICKS_PER_FORGET) {
+                        self.forget_what_ended()?;
                     }
                     self.pipeline.tick(boot_ns()?)?;
                 }
