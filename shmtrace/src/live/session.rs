@@ -199,7 +199,9 @@ impl Session {
                     break;
                 }
                 _ = dump.recv() => {
-                    reader.drain(&mut batch);
+                    while reader.drain(&mut batch) {
+                        self.handle(&mut batch, &mut ending)?;
+                    }
                     self.handle(&mut batch, &mut ending)?;
                     if !self.pipeline.trigger_manual(boot_ns()?)? {
                         self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
@@ -215,7 +217,8 @@ impl Session {
                 _ = ticker.tick() => {
                     // Ordinary records do not wake the reader (it costs the traced call
                     // microseconds): they are collected here.
-                    reader.drain(&mut batch);
+                    // What is left waits for the next read or tick.
+                    let _ = reader.drain(&mut batch);
                     self.handle(&mut batch, &mut ending)?;
                     if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
@@ -239,7 +242,9 @@ impl Session {
             self.pipeline.notice("every traced process has exited")?;
         }
         tokio::time::sleep(GRACE).await;
-        reader.drain(&mut batch);
+        while reader.drain(&mut batch) {
+            self.handle(&mut batch, &mut ending)?;
+        }
         self.handle(&mut batch, &mut ending)?;
         self.check_lost()?;
         if let Some(status) = outcome.command_status {
