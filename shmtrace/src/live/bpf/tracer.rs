@@ -72,6 +72,7 @@ impl Tracer {
     /// Checks the machine, loads the programs and attaches every one of them.
     pub fn load(options: &TracerOptions) -> Result<Tracer, BpfError> {
         preflight::check_privileges()?;
+        keep_large_blocks_apart();
         let size = options.ring_buffer_bytes;
         if size < 4096 || !size.is_power_of_two() {
             return Err(BpfError::BadBufferSize(size));
@@ -335,5 +336,18 @@ fn release_start_up_memory() {
     // SAFETY: malloc_trim only releases free memory; it has no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Large blocks (the ring reader's 1 MiB arenas, a model's tables after a burst) come from
+/// their own mappings, handed back when freed. glibc's default threshold rises to the largest
+/// block freed so far (the kernel BTF read, 5 MiB), after which they are carved from the
+/// heap between small long-lived ones, and the holes they leave stay resident: measured, a
+/// host-wide trace grew by 10 MiB over a 50,000-process fork storm while holding 1,200.
+fn keep_large_blocks_apart() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; it has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
     }
 }
