@@ -255,6 +255,9 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm:
         Ok(_) => {}
         Err(error) => rows.push(Row::failed("fork storm beside --all", &error)),
     }
+    // The 10k storm's peak alone varied by 2.2 MiB over four runs (28.1-30.3 MiB): how far
+    // apart two peaks of the same bounded memory land.
+    const NOISE_KB: u64 = 2 * 1024;
     if let (true, Some(peak_10k)) = (long_storm, peak_10k) {
         eprintln!("fork storm: 50000 processes beside shmtrace --all");
         match all.run(setup, &workload(50_000)) {
@@ -265,7 +268,7 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm:
             }) => {
                 let mib = |kb: u64| kb as f64 / 1024.0;
                 rows.push(Row::new(
-                    "peak RSS of --all: 50k storm ≤ 10k storm + 1 MiB, and ≤ 32 MiB",
+                    "peak RSS of --all: 50k storm ≤ 10k storm + 2 MiB, and ≤ 32 MiB",
                     format!(
                         "{:.1} MiB (10k: {:.1} MiB); {} events lost",
                         mib(tracer.peak_rss_kb),
@@ -273,7 +276,7 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm:
                         reported.lost.unwrap_or(0)
                     ),
                     Some(
-                        tracer.peak_rss_kb <= peak_10k + 1024
+                        tracer.peak_rss_kb <= peak_10k + NOISE_KB
                             && tracer.peak_rss_kb <= 32 * 1024
                             && reported.lost.unwrap_or(0) == 0,
                     ),
