@@ -75,9 +75,10 @@ enter_args! {
 #[inline(always)]
 fn enter_fd_call(call: Syscall, fd: u64, args: [u64; 6]) -> Option<()> {
     let (tgid, tid) = syscall::ids();
-    let off = kernel::offsets();
     let task = kernel::current_task();
-    let scope_flags = scope::in_scope(tgid, task, &off)?;
+    // The scope first: every process on the host runs this, and few are traced.
+    let scope_flags = scope::in_scope(tgid, task)?;
+    let off = kernel::offsets();
     let fd = fd as i32;
     let (inode, dev) = syscall::shm_fd(task, fd, &off)?;
     // The rest of the inode is read when the call returns, as the call left it; but a closed
@@ -150,8 +151,7 @@ fn enter_munmap(ctx: &TracePointContext) -> Option<()> {
     if !scope::has_mappings(tgid) {
         return None;
     }
-    let off = kernel::offsets();
-    let scope_flags = scope::in_scope(tgid, kernel::current_task(), &off)?;
+    let scope_flags = scope::in_scope(tgid, kernel::current_task())?;
     let args = MunmapArgs::read(ctx)?;
     syscall::stash(tid, Syscall::Munmap, scope_flags, -1, args.raw());
     Some(())

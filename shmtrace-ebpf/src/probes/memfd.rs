@@ -17,8 +17,7 @@ enter_args! {
 #[tracepoint]
 pub fn sys_enter_memfd_create(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
-    let off = kernel::offsets();
-    if let Some(flags) = scope::in_scope(tgid, kernel::current_task(), &off)
+    if let Some(flags) = scope::in_scope(tgid, kernel::current_task())
         && let Some(args) = MemfdCreateArgs::read(&ctx)
     {
         syscall::stash(tid, Syscall::MemfdCreate, flags, -1, args.raw());

@@ -36,7 +36,7 @@ fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
     }
     let (tgid, _) = ids();
     let task = kernel::current_task();
-    let flags = scope::tracked(tgid, task, &off)?;
+    let flags = scope::tracked(tgid, task)?;
     if flags & header_flags::HELD == 0 {
         inherit(tgid, child_pid);
     }
@@ -73,7 +73,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
     let (tgid, _) = ids();
     let off = kernel::offsets();
     let task = kernel::current_task();
-    let mut flags = scope::tracked(tgid, task, &off)?;
+    let mut flags = scope::tracked(tgid, task)?;
     if flags & header_flags::HELD == 0 {
         // The old mappings are gone with the old program.
         let _ = TARGETS.insert(tgid, TRACKED, 0);
@@ -143,7 +143,7 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     if tgid != tid {
         return None; // a thread; the process ends with its leader
     }
-    let flags = scope::tracked(tgid, task, &off)?;
+    let flags = scope::tracked(tgid, task)?;
     let _ = TARGETS.remove(tgid);
     if flags & header_flags::HELD == 0 {
         scope::container_ending(tgid, task, &off);
@@ -175,7 +175,7 @@ fn try_rename(ctx: &RawTracePointContext) -> Option<()> {
     let (tgid, _) = ids();
     let task = kernel::current_task();
     let flags = if target_pid == tgid {
-        scope::tracked(tgid, task, &off)?
+        scope::tracked(tgid, task)?
     } else {
         TARGETS.get_ptr(target_pid)?;
         0

@@ -23,8 +23,7 @@ enter_args! {
 #[tracepoint]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
-    let off = kernel::offsets();
-    if let Some(scope_flags) = scope::tracked(tgid, kernel::current_task(), &off)
+    if let Some(scope_flags) = scope::tracked(tgid, kernel::current_task())
         && let Some(args) = RecvmsgArgs::read(&ctx)
     {
         syscall::stash(

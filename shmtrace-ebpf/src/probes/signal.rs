@@ -39,7 +39,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let host_wide = CONFIG.load().all != 0 && signo == SIGBUS;
     let current = kernel::current_task();
     let mut header_flags = 0;
-    if !host_wide && !scope::task_followed(target_pid, target, &off) {
+    if !host_wide && !scope::task_followed(target_pid, target) {
         // A fault in a process not yet attributed to a container (its own signal, so the
         // header's namespace, the sender's, is the target's): held like its calls.
         if target != current || !scope::held(kernel::task_mntns(target, &off)) {

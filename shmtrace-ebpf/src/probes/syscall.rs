@@ -373,7 +373,7 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
         PathIs::Elsewhere => {
             let opens = pending.syscall == Syscall::Openat as u16
                 || pending.syscall == Syscall::Openat2 as u16;
-            if opens && scope::tracked(tgid, task, &off).is_some() {
+            if opens && scope::tracked(tgid, task).is_some() {
                 pending.flags = kept | flags::FD_LIMIT_ONLY;
                 true
             } else {

@@ -46,8 +46,7 @@ enter_args! {
 #[inline(always)]
 fn enter(call: Syscall, args: Option<[u64; 6]>) {
     let (tgid, tid) = syscall::ids();
-    let off = kernel::offsets();
-    if let Some(flags) = scope::in_scope(tgid, kernel::current_task(), &off)
+    if let Some(flags) = scope::in_scope(tgid, kernel::current_task())
         && let Some(args) = args
     {
         syscall::stash(tid, call, flags, -1, args);
