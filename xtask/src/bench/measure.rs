@@ -175,6 +175,9 @@ impl Running {
         if reaped != pid {
             bail!("wait4: {}", std::io::Error::last_os_error());
         }
+        // A tracer's probes stay attached until its detacher has let them go: the next run
+        // must not pay for them.
+        wait_for_background_detach()?;
         let _ = self.poller.join();
         let _ = self.stdout.join();
         let mut stdout = std::mem::take(&mut self.taken);
@@ -255,4 +258,29 @@ fn poll_peak_rss(status: &File, peak_kb: &AtomicU64) {
         peak_kb.fetch_max(kb, Ordering::Relaxed);
         thread::sleep(RSS_POLL);
     }
+}
+
+/// Waits until no `shmtrace-detach` process is left (shmtrace hands its probes to one to let
+/// the kernel release them while it exits), and says how long that took.
+pub fn wait_for_background_detach() -> Result<Duration> {
+    let started = Instant::now();
+    while detachers_running() {
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("a shmtrace-detach process still runs 30 s after shmtrace exited");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(started.elapsed())
+}
+
+fn detachers_running() -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
+            // A zombie has let go of everything already.
+            stat.contains("(shmtrace-detach) ") && !stat.contains("(shmtrace-detach) Z")
+        })
+    })
 }

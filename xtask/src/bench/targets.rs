@@ -13,7 +13,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{
-    VariantResult,
+    VariantResult, measure,
     stats::Spread,
     storm,
     table::markdown,
@@ -291,7 +291,8 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm:
 
 /// How long `shmtrace -o /dev/null -- CMD` takes to start CMD, and to exit once CMD has.
 pub fn startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<Row> {
-    let measure = || -> Result<(f64, f64)> {
+    let mut releases = Vec::new();
+    let mut measure = || -> Result<(f64, f64)> {
         let before = storm::monotonic_ns();
         let out = Command::new(&setup.shmtrace)
             .args(["-o", "/dev/null", "--"])
@@ -304,6 +305,9 @@ pub fn startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<Row> {
         if !out.status.success() {
             bail!("shmtrace -- stamp failed: {}", out.status);
         }
+        // The kernel lets go of the probes in the background after shmtrace has exited; the
+        // next run's start-up would wait for it.
+        releases.push(measure::wait_for_background_detach()?.as_secs_f64());
         let text = String::from_utf8_lossy(&out.stdout);
         let stamp: serde_json::Value = text
             .lines()
@@ -323,7 +327,11 @@ pub fn startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<Row> {
             Err(error) => return vec![Row::failed("start-up and teardown", &error)],
         }
     }
-    let (Some(start), Some(stop)) = (Spread::of(&starts), Spread::of(&stops)) else {
+    let (Some(start), Some(stop), Some(release)) = (
+        Spread::of(&starts),
+        Spread::of(&stops),
+        Spread::of(&releases),
+    ) else {
         return Vec::new();
     };
     let ms = |s: &Spread| {
@@ -344,6 +352,11 @@ pub fn startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<Row> {
             "teardown < 200 ms after the command ends",
             ms(&stop),
             Some(stop.median < 0.2),
+        ),
+        Row::new(
+            "(not a target) probes released by `shmtrace-detach`, after shmtrace's exit",
+            ms(&release),
+            None,
         ),
     ]
 }

@@ -6,6 +6,7 @@
 //! maps, `reader` streams their records. Dropping the [`Tracer`] detaches and unloads
 //! everything: nothing is pinned, so nothing outlives the process.
 mod btf;
+mod detach;
 mod hooks;
 mod offsets;
 mod preflight;

@@ -14,7 +14,7 @@ use shmtrace_core::event::LostCounts;
 use crate::kernel_ids;
 
 use super::{
-    BpfError, EBPF_OBJECT, KERNEL_BTF,
+    BpfError, EBPF_OBJECT, KERNEL_BTF, detach,
     hooks::{self, Hook},
     offsets, preflight,
 };
@@ -237,11 +237,17 @@ enum Link {
 }
 
 impl Drop for Tracer {
-    /// Detaching a tracepoint waits for an RCU grace period (about 70 ms here); done one after
-    /// the other, 40 of them make exiting take seconds. Detached together, they share grace
-    /// periods.
+    /// Detaching a tracepoint waits for RCU grace periods (40 ms or so here, one tracepoint
+    /// at a time), so a background process takes the last references and waits instead
+    /// (`detach`). If it cannot start, the links are dropped together, which shares what can
+    /// be shared of the waiting.
     fn drop(&mut self) {
         let links = std::mem::take(&mut self.links);
+        if let Some(handover) = detach::in_background() {
+            drop(links);
+            drop(handover);
+            return;
+        }
         std::thread::scope(|scope| {
             for link in links {
                 scope.spawn(move || drop(link));

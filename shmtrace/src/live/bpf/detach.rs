@@ -1,0 +1,107 @@
+//! Detaching the programs without making the user wait for the kernel.
+//!
+//! Detaching a syscall tracepoint waits for RCU grace periods under a lock the kernel holds
+//! for every tracepoint, so shmtrace's 30-odd attachments take 1 to 1.5 s to let go, one after
+//! the other, however they are closed (measured in docs/BENCHMARKS.md). Nothing of shmtrace's
+//! output depends on that wait. So at the end a short-lived process, `shmtrace-detach`, takes
+//! over the last references to the attachments and lets the kernel release them, while
+//! shmtrace itself exits at once. It holds nothing else: no terminal, pipe or file of
+//! shmtrace's, so whoever reads shmtrace's output sees it end when shmtrace ends.
+use std::{fs, os::fd::RawFd};
+
+/// Hands the attachments (`perf_event` and `bpf_link` descriptors) to a background process
+/// that closes them after this process has closed its own copies. `Some(handover)` when it
+/// runs; the caller drops its links, then drops the handover to let it go. `None` if it could
+/// not start (the caller then detaches the slow way).
+pub fn in_background() -> Option<Handover> {
+    let keep = attachment_descriptors();
+    if keep.is_empty() {
+        return None;
+    }
+    let mut pipe = [0; 2];
+    // SAFETY: `pipe` has room for the two descriptors.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    let [go_read, go_write] = pipe;
+    // SAFETY: fork has no preconditions; the child runs `detacher` only.
+    match unsafe { libc::fork() } {
+        // SAFETY: the child of a fork, as `detacher` requires.
+        0 => unsafe { detacher(&keep, go_read) },
+        -1 => {
+            // SAFETY: closing our own descriptors.
+            unsafe {
+                libc::close(go_read);
+                libc::close(go_write);
+            }
+            None
+        }
+        child => {
+            // SAFETY: closing our own descriptor; reaping our own child, which exits at once.
+            unsafe {
+                libc::close(go_read);
+                libc::waitpid(child, std::ptr::null_mut(), 0);
+            }
+            Some(Handover { go_write })
+        }
+    }
+}
+
+/// Held while this process closes its copies of the attachments; dropping it lets the
+/// background process close the last ones.
+pub struct Handover {
+    go_write: RawFd,
+}
+
+impl Drop for Handover {
+    fn drop(&mut self) {
+        // SAFETY: our own descriptor; its end is the background process's signal to go on.
+        unsafe { libc::close(self.go_write) };
+    }
+}
+
+/// The forked child: forks again (so that nobody has to reap the one doing the slow work, and
+/// shmtrace waits only for this one), closes every descriptor but the attachments and the
+/// pipe, waits for the pipe's end, and exits, which releases the attachments.
+///
+/// # Safety
+/// Only right in a child just forked from a multithreaded process: it makes async-signal-safe
+/// calls only, and never returns.
+unsafe fn detacher(keep: &[RawFd], go_read: RawFd) -> ! {
+    // SAFETY: async-signal-safe calls on memory prepared before the fork.
+    unsafe {
+        if libc::fork() != 0 {
+            libc::_exit(0);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"shmtrace-detach".as_ptr());
+        libc::setsid();
+        let highest = keep.iter().copied().max().unwrap_or(0).max(go_read);
+        for fd in 0..=highest {
+            if fd != go_read && !keep.contains(&fd) {
+                libc::close(fd);
+            }
+        }
+        libc::close_range(highest as u32 + 1, u32::MAX, 0);
+        let mut byte = 0u8;
+        while libc::read(go_read, (&raw mut byte).cast(), 1) < 0 {}
+        libc::_exit(0)
+    }
+}
+
+/// This process's descriptors of tracepoint attachments (`perf_event`) and links
+/// (`bpf_link`): the ones whose release waits for the kernel.
+fn attachment_descriptors() -> Vec<RawFd> {
+    let Ok(entries) = fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            fs::read_link(entry.path()).is_ok_and(|target| {
+                let target = target.as_os_str();
+                target == "anon_inode:[perf_event]" || target == "anon_inode:bpf_link"
+            })
+        })
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect()
+}
