@@ -5,6 +5,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
+#[cfg(doc)]
 use crate::clock::Clock;
 use crate::{
     diagnose::{Role, RoleKind},
@@ -24,7 +25,7 @@ pub struct JsonEvent<'a> {
     /// Schema version.
     pub v: u32,
     /// RFC 3339, UTC, nanoseconds.
-    pub ts: String,
+    pub ts: &'a str,
     pub pid: u32,
     pub tid: u32,
     pub comm: &'a str,
@@ -105,20 +106,21 @@ fn hex(addr: u64) -> String {
     format!("{addr:#x}")
 }
 
-/// Builds the JSON view of one event; `None` for events not worth a record.
+/// Builds the JSON view of one event, at `ts` ([`Clock::rfc3339`] of its time); `None` for
+/// events not worth a record.
 pub fn to_json<'a>(
     event: &'a Event,
     note: &'a Annotation,
     role: &Role,
     container: Option<&'a ContainerInfo>,
-    clock: &Clock,
+    ts: &'a str,
 ) -> Option<JsonEvent<'a>> {
     if note.irrelevant {
         return None;
     }
     let mut out = JsonEvent {
         v: SCHEMA_VERSION,
-        ts: clock.rfc3339(event.ts_ns),
+        ts,
         pid: event.pid,
         tid: event.tid,
         comm: &event.comm,
@@ -297,6 +299,13 @@ impl<W: Write> JsonWriter<W> {
             out,
             line: Vec::with_capacity(1024),
         }
+    }
+
+    /// An event's line, written by hand ([`super::json_line`]) rather than by serde.
+    pub fn event(&mut self, event: &JsonEvent<'_>) -> io::Result<()> {
+        self.line.clear();
+        super::json_line::write_event(&mut self.line, event)?;
+        self.out.write_all(&self.line)
     }
 
     pub fn record<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
