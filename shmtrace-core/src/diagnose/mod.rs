@@ -23,7 +23,10 @@ pub mod role;
 mod table;
 mod verdict;
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+};
 
 use evidence::LoaderStats;
 pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
@@ -101,6 +104,9 @@ pub struct Diagnoser {
     held: HashMap<u32, (HashSet<InodeId>, (String, RoleKind))>,
     group_now: HashMap<(String, RoleKind), HashMap<InodeId, u32>>,
     group_peak: HashMap<(String, RoleKind), u64>,
+    /// Reused to gather what a process holds after each call, which is most often what it
+    /// held before ([`Diagnoser::update_held`]).
+    held_scratch: HashSet<InodeId>,
     /// Failures and deaths per process.
     outcomes: HashMap<u32, (u64, bool)>,
     /// Label for mount namespaces nobody named (the demo's private one, say).
@@ -147,11 +153,16 @@ impl Diagnoser {
     }
 
     pub fn place(&self, mntns: u32) -> String {
+        self.place_name(mntns).into_owned()
+    }
+
+    /// [`Diagnoser::place`], borrowed where it can be: asked for every event.
+    pub fn place_name(&self, mntns: u32) -> Cow<'_, str> {
         match (self.containers.get(&mntns), &self.unnamed_place) {
-            (Some(container), _) => container.label(),
-            _ if mntns == self.host_mntns || mntns == 0 => "host".to_owned(),
-            (None, Some(label)) => label.clone(),
-            (None, None) => format!("mount namespace {mntns}"),
+            (Some(container), _) => Cow::Owned(container.label()),
+            _ if mntns == self.host_mntns || mntns == 0 => Cow::Borrowed("host"),
+            (None, Some(label)) => Cow::Borrowed(label),
+            (None, None) => Cow::Owned(format!("mount namespace {mntns}")),
         }
     }
 

@@ -180,7 +180,7 @@ impl Pipeline {
         }
         let role = self.role_shown(&event);
         let shown_mntns = self.shown_mntns(&event);
-        let place = self.diagnoser.place(shown_mntns);
+        let place = self.diagnoser.place_name(shown_mntns);
         if let Some(observer) = &mut self.observer {
             observer.event(&event, &note, &role, &place, &self.world);
         }
