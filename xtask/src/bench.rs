@@ -98,6 +98,10 @@ pub struct BenchArgs {
     /// Only the daemon-idle part.
     #[arg(long)]
     only_daemon_idle: bool,
+    /// Only the replay target (record a 4 KiB churn, time `show --json` of it on one core),
+    /// measured --rounds times [default: once].
+    #[arg(long)]
+    only_replay: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
@@ -232,7 +236,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let mut saved = Vec::new();
     let mut target_rows = Vec::new();
-    let sizes = if args.only_daemon_idle {
+    let sizes = if args.only_daemon_idle || args.only_replay {
         Vec::new()
     } else {
         sizes
@@ -288,7 +292,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "runs": raw_runs(&results),
         }));
     }
-    if !args.no_targets && !args.only_daemon_idle && !INTERRUPTED.load(Ordering::SeqCst) {
+    let replayed = if args.quick { 20_000 } else { 100_000 };
+    if args.only_replay {
+        for _ in 0..args.rounds.unwrap_or(1) {
+            target_rows.extend(targets::replay(&setup, &exe, &tag, replayed));
+            churn::remove_leftovers(&tag);
+        }
+    } else if !args.no_targets && !args.only_daemon_idle && !INTERRUPTED.load(Ordering::SeqCst) {
         let rounds = if args.quick { 1 } else { 3 };
         target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds));
         churn::remove_leftovers(&tag);
@@ -297,13 +307,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &exe,
             if args.quick { 5 } else { 15 },
         ));
-        let replayed = if args.quick { 20_000 } else { 100_000 };
         target_rows.extend(targets::replay(&setup, &exe, &tag, replayed));
         churn::remove_leftovers(&tag);
     }
     let targets_text = targets::table(&target_rows);
     println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
-    let idle_seconds = args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 });
+    let idle_seconds = match args.only_replay {
+        true => 0,
+        false => args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 }),
+    };
     if idle_seconds > 0 {
         let figures = daemon_idle::measure(&setup.shmtrace, &setup.scratch, idle_seconds)?;
         let (text, json) = daemon_idle::report(&figures);

@@ -164,3 +164,157 @@ impl Line<'_> {
         self.out.push(b']');
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{diagnose::RoleKind, model::ContainerInfo};
+
+    fn bare(ts: &str) -> JsonEvent<'_> {
+        JsonEvent {
+            v: 1,
+            ts,
+            pid: 1,
+            tid: 2,
+            comm: "python3",
+            event: "close",
+            path: None,
+            fd: None,
+            size: None,
+            offset: None,
+            ret: None,
+            errno: None,
+            signal: None,
+            code: None,
+            addr: None,
+            failure: false,
+            expected: None,
+            killed_by_pid: None,
+            flags: None,
+            mode: None,
+            prot: None,
+            object_size: None,
+            object_bytes: None,
+            inode: None,
+            dev: None,
+            key: None,
+            shmid: None,
+            target_pid: None,
+            target_tid: None,
+            child_pid: None,
+            exit_code: None,
+            core_dumped: None,
+            filename: None,
+            argv: None,
+            new_comm: None,
+            victim_pid: None,
+            freed: Vec::new(),
+            mntns: 0,
+            cgroup_id: 0,
+            role: RoleKind::Other,
+            worker_index: None,
+            trainer_pid: None,
+            container: None,
+        }
+    }
+
+    fn same_as_serde(event: &JsonEvent<'_>) {
+        let mut ours = Vec::new();
+        write_event(&mut ours, event).unwrap();
+        let mut theirs = serde_json::to_vec(event).unwrap();
+        theirs.push(b'\n');
+        assert_eq!(
+            String::from_utf8_lossy(&ours),
+            String::from_utf8_lossy(&theirs)
+        );
+    }
+
+    #[test]
+    fn an_event_with_only_the_fields_every_event_has_reads_as_serde_writes_it() {
+        same_as_serde(&bare("2026-11-29T16:51:37.000000001Z"));
+    }
+
+    /// Every field set, with strings that need escaping and numbers at their limits: a field
+    /// added to `JsonEvent` and not to `write_event` shows up here.
+    #[test]
+    fn every_field_and_every_escape_reads_as_serde_writes_it() {
+        let hostile = "q\"b\\s\u{1}\u{1f}\n\t\r\u{8}\u{c}\u{7f}\u{80}\u{2028}é\u{202e}😀";
+        let argv = vec![
+            "python".to_owned(),
+            hostile.to_owned(),
+            String::new(),
+            "-c".to_owned(),
+        ];
+        let container = ContainerInfo {
+            runtime: "docker".into(),
+            id: "0123456789ab".into(),
+            name: hostile.into(),
+            image: Some("pytorch:2.4".into()),
+            shm_size: Some(64 << 20),
+            ..ContainerInfo::default()
+        };
+        let roles = [
+            RoleKind::Trainer,
+            RoleKind::DataloaderWorker,
+            RoleKind::PinMemory,
+            RoleKind::ShmManager,
+            RoleKind::Nccl,
+            RoleKind::PythonMultiprocessing,
+            RoleKind::TorchMultiprocessing,
+            RoleKind::Other,
+        ];
+        for role in roles {
+            let event = JsonEvent {
+                v: u32::MAX,
+                pid: u32::MAX,
+                tid: 0,
+                comm: hostile,
+                event: "signal",
+                path: Some(format!("/dev/shm/{hostile}")),
+                fd: Some(i32::MIN),
+                size: Some(u64::MAX),
+                offset: Some(0),
+                ret: Some(i64::MIN),
+                errno: Some("ENOSPC".into()),
+                signal: Some("SIGBUS".into()),
+                code: Some("BUS_ADRERR".into()),
+                addr: Some("0x7f00".into()),
+                failure: true,
+                expected: Some("a feature probe"),
+                killed_by_pid: Some(7),
+                flags: Some("O_RDWR|O_CREAT".into()),
+                mode: Some("0600".into()),
+                prot: Some("PROT_READ".into()),
+                object_size: Some(i64::MIN),
+                object_bytes: Some(4096),
+                inode: Some(u64::MAX),
+                dev: Some("0:27".into()),
+                key: Some("0x1".into()),
+                shmid: Some(-1),
+                target_pid: Some(3),
+                target_tid: Some(4),
+                child_pid: Some(5),
+                exit_code: Some(-128),
+                core_dumped: Some(true),
+                filename: Some(hostile),
+                argv: Some(&argv),
+                new_comm: Some(hostile),
+                victim_pid: Some(6),
+                freed: vec!["/dev/shm/a", hostile, ""],
+                mntns: 4026531840,
+                cgroup_id: u64::MAX,
+                role,
+                worker_index: Some(0),
+                trainer_pid: Some(9),
+                container: Some(&container),
+                ..bare(hostile)
+            };
+            same_as_serde(&event);
+        }
+        let mut not_dumped = bare("t");
+        not_dumped.core_dumped = Some(false);
+        not_dumped.argv = Some(&[]);
+        not_dumped.path = Some(String::new());
+        same_as_serde(&not_dumped);
+    }
+}
