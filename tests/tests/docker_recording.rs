@@ -205,6 +205,16 @@ fn a_recorder_killed_with_sigkill_leaves_a_file_that_reads_up_to_the_kill() {
     let summary = replay("report", &file, &[]);
     let summary = summary.of("summary");
     assert!(summary[0]["events"].as_u64().unwrap() > 2000, "{summary:?}");
+    // What the kill cut off may have freed what the file last saw held: nothing is said to be
+    // "still" anywhere.
+    assert_eq!(summary[0]["cut"], true, "{summary:?}");
+    let report = shmtrace()
+        .arg("report")
+        .arg(&file)
+        .output()
+        .expect("running shmtrace report");
+    let text = String::from_utf8_lossy(&report.stdout) + String::from_utf8_lossy(&report.stderr);
+    assert!(!text.contains("still in /dev/shm"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -109,6 +109,48 @@ fn sigusr1_makes_the_flight_recorder_write_and_keep_running() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// In a plain recording SIGUSR1 only marks the moment: reading the file back names the mark
+/// where it falls, and a finished file's summary is not that of a cut one.
+#[test]
+fn sigusr1_marks_a_plain_recording_and_show_names_the_mark() {
+    let _guard = serial();
+    require_root();
+    let dir = tempdir();
+    let file = dir.join("marked.shmtrace");
+    let mut idle = Command::new("sleep").arg("60").spawn().unwrap();
+    let idle_pid = idle.id().to_string();
+    let mut recorder = Background::start(
+        &["record", "--pid", &idle_pid, "-o", file.to_str().unwrap()],
+        Stdio::from(std::fs::File::create(dir.join("summary.txt")).unwrap()),
+    );
+    recorder.wait_until_tracing();
+    recorder.signal(Signal::SIGUSR1);
+    // The mark is written by the reader's loop; give it a few of its 100 ms ticks.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        recorder.child.try_wait().unwrap().is_none(),
+        "SIGUSR1 ended the recorder"
+    );
+    recorder.signal(Signal::SIGINT);
+    let (status, stderr) = recorder.finish();
+    let _ = idle.kill();
+    let _ = idle.wait();
+    assert_ne!(status.code(), None, "killed by a signal: {stderr}");
+    let show = run(&["show", "--json", file.to_str().unwrap()]);
+    assert!(show.status.success(), "{}", text(&show.stderr));
+    let lines = text(&show.stdout) + &text(&show.stderr);
+    assert!(
+        lines.contains("marked here by the user while recording: SIGUSR1"),
+        "the mark is not shown: {lines}"
+    );
+    let summary = lines
+        .lines()
+        .find(|l| l.contains(r#""event":"summary""#))
+        .unwrap_or_else(|| panic!("no summary: {lines}"));
+    assert!(summary.contains(r#""cut":false"#), "{summary}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_closed_stdout_ends_a_host_wide_trace_quietly() {
     let _guard = serial();

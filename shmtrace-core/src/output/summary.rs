@@ -24,6 +24,9 @@ pub struct Summary {
     pub peak_bytes: u64,
     /// Objects still present: (name, bytes held, still named in /dev/shm).
     pub remaining: Vec<(String, u64, bool)>,
+    /// The trace stops before its end (a recording cut short or damaged): `remaining` is what
+    /// was held where it stops, as calls after that are not in it.
+    pub cut: bool,
     /// Per place and role.
     pub table: Vec<(String, RoleKind, RoleStats)>,
     /// The largest size recommended per place, with the pid it was diagnosed for.
@@ -80,6 +83,7 @@ impl Summary {
                 .unwrap_or(0)
                 .max(totals.peak_live_bytes),
             remaining,
+            cut: false,
             // A role whose processes all moved to another role by the end has no row.
             table: table
                 .into_iter()
@@ -141,16 +145,25 @@ impl Summary {
             lines.push(format!("shmtrace: warning: {warning}"));
         }
         if !self.remaining.is_empty() {
-            lines.push(format!(
-                "shmtrace: {} objects still hold memory (left behind, or still in use):",
-                self.remaining.len()
-            ));
+            lines.push(if self.cut {
+                format!(
+                    "shmtrace: {} objects held memory where the trace stops (it was cut short: \
+                     the calls after that, which may have freed them, are not in it):",
+                    self.remaining.len()
+                )
+            } else {
+                format!(
+                    "shmtrace: {} objects still hold memory (left behind, or still in use):",
+                    self.remaining.len()
+                )
+            });
         }
         for (name, bytes, linked) in self.remaining.iter().take(10) {
-            let state = if *linked {
-                "still in /dev/shm"
-            } else {
-                "unlinked, still open or mapped"
+            let state = match (*linked, self.cut) {
+                (true, false) => "still in /dev/shm",
+                (false, false) => "unlinked, still open or mapped",
+                (true, true) => "in /dev/shm",
+                (false, true) => "unlinked, open or mapped",
             };
             lines.push(format!("    {name} ({}, {state})", human(*bytes)));
         }
@@ -193,6 +206,7 @@ impl Summary {
             "objects_created": self.objects_created,
             "objects_freed": self.objects_freed,
             "peak_bytes": self.peak_bytes,
+            "cut": self.cut,
             "remaining": self.remaining.iter().map(|(name, bytes, linked)| json!({
                 "path": name, "bytes": bytes, "linked": linked,
             })).collect::<Vec<_>>(),

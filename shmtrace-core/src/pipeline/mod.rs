@@ -13,7 +13,7 @@ mod retention_tests;
 mod tests;
 mod trigger;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -42,8 +42,8 @@ pub struct Pipeline {
     show_events: bool,
     tap: Option<Box<dyn Tap>>,
     observer: Option<Box<dyn Observer>>,
-    /// Mount namespaces whose /dev/shm was measured once.
-    measured: HashSet<u32>,
+    /// Mount namespaces whose /dev/shm was measured, with the pid whose event asked for it.
+    measured: HashMap<u32, u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
     measured_devs: HashSet<u32>,
     /// Processes whose title and container pid were read again at their first /dev/shm call,
@@ -55,6 +55,8 @@ pub struct Pipeline {
     /// Most diagnoses kept for the summary ([`Pipeline::bounded`]); `None` keeps all.
     max_diagnoses: Option<usize>,
     evicted_diagnoses: u64,
+    /// See [`Pipeline::trace_was_cut`].
+    cut: bool,
 }
 
 impl Pipeline {
@@ -68,7 +70,7 @@ impl Pipeline {
             show_events: true,
             tap: None,
             observer: None,
-            measured: HashSet::new(),
+            measured: HashMap::new(),
             measured_devs: HashSet::new(),
             read_at_call: HashSet::new(),
             read_at_failure: HashSet::new(),
@@ -76,7 +78,14 @@ impl Pipeline {
             malformed: 0,
             max_diagnoses: None,
             evicted_diagnoses: 0,
+            cut: false,
         }
+    }
+
+    /// The trace being replayed stops before its end: the summary must not speak of what is
+    /// held now, only of what was held where it stops.
+    pub fn trace_was_cut(&mut self) {
+        self.cut = true;
     }
 
     /// Shows diagnoses and the summary, not each event (`record`, `report`).
@@ -228,6 +237,13 @@ impl Pipeline {
                 loss.records,
                 crate::event::escape::text(&loss.reason)
             ))?,
+            // A failure's trigger repeats what its diagnosis says; the user's own mark does not.
+            UserRecord::Trigger(trigger) if trigger.reason == TriggerReason::Manual => {
+                self.output.notice(&format!(
+                    "marked here by the user while recording: {}",
+                    crate::event::escape::text(&trigger.detail)
+                ))?
+            }
             UserRecord::Trigger(_)
             | UserRecord::Note { .. }
             | UserRecord::End
@@ -300,13 +316,14 @@ impl Pipeline {
                 self.output.notice(&message)?;
             }
         }
-        let summary = Summary::new(
+        let mut summary = Summary::new(
             &self.world,
             self.lost.clone(),
             seconds,
             self.diagnoser.table(&self.world),
             &self.diagnoses,
         );
+        summary.cut = self.cut;
         self.output.summary(&summary)?;
         self.output.flush()?;
         Ok(summary)
@@ -468,7 +485,16 @@ impl Pipeline {
                 .is_some_and(|file| self.measured_devs.insert(file.inode.dev)),
             _ => false,
         };
-        if !failure && !new_file_system && self.measured.contains(&event.mntns) {
+        // A process that measured its namespace and then execs may have mounted a /dev/shm of
+        // its own in between (`unshare -m sh -c 'mount -t tmpfs ... /dev/shm; exec prog'`):
+        // measure again while the new program runs, as it may be gone soon after.
+        let exec_after_setup = matches!(event.body, Body::Exec(_))
+            && self.measured.get(&event.mntns) == Some(&event.pid);
+        if !failure
+            && !new_file_system
+            && !exec_after_setup
+            && self.measured.contains_key(&event.mntns)
+        {
             return Ok(());
         }
         let subject = match &event.body {
@@ -486,7 +512,7 @@ impl Pipeline {
         let Some(sample) = env.measure(&pids, event.ts_ns) else {
             return Ok(());
         };
-        self.measured.insert(event.mntns);
+        self.measured.insert(event.mntns, subject);
         self.measured_devs.insert(sample.dev);
         self.learn_capacity(sample);
         self.tap_user(event.ts_ns, &capacity_record(&sample, Some(subject)))

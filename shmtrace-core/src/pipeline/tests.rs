@@ -1,7 +1,7 @@
 //! The pipeline against a machine that answers as a real one would.
 use shmtrace_common::{
-    EventKind, ExitEvent, FileRef, ForkEvent, Header, PATH_LEN, PathEvent, Syscall, SyscallEvent,
-    flags,
+    EventKind, ExecEvent, ExitEvent, FileRef, ForkEvent, Header, PATH_LEN, PathEvent, Syscall,
+    SyscallEvent, flags,
 };
 
 use super::*;
@@ -75,9 +75,8 @@ fn call(syscall: Syscall, pid: u32, ts_ns: u64, ret: i64, args: [u64; 6]) -> Sys
     }
 }
 
-#[test]
-fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_live() {
-    let mut pipeline = Pipeline::new(
+fn pipeline() -> Pipeline {
+    Pipeline::new(
         World::new(),
         Diagnoser::new(4026531841),
         Output::new(
@@ -87,7 +86,12 @@ fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_li
             false,
         ),
         Filter::default(),
-    );
+    )
+}
+
+#[test]
+fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_live() {
+    let mut pipeline = pipeline();
     let mut machine = Machine {
         shm: HOST_SHM,
         gone: false,
@@ -139,6 +143,60 @@ fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_li
 
     let diagnosis = &pipeline.diagnoses()[0];
     assert_eq!(diagnosis.pid, 11);
+    let capacity = diagnosis
+        .capacity
+        .expect("the size of the /dev/shm that filled up");
+    assert_eq!(capacity.dev, PRIVATE_SHM);
+    assert_eq!(capacity.size, 1 << 20);
+}
+
+/// `unshare -m sh -c 'mount -t tmpfs ... /dev/shm; exec prog'`: the namespace is first seen
+/// before the mount, and the program fails and is gone before its calls are read. Only the
+/// measurement made at its exec knows the size of the /dev/shm that filled up.
+#[test]
+fn a_shm_mounted_before_an_exec_is_measured_at_the_exec() {
+    let mut pipeline = pipeline();
+    let mut machine = Machine {
+        shm: HOST_SHM,
+        gone: false,
+    };
+    let mut filename = [0u8; PATH_LEN];
+    filename[..2].copy_from_slice(b"sh");
+    let exec = |ts_ns| ExecEvent {
+        header: header(EventKind::Exec, 0, 10, ts_ns),
+        args_len: 0,
+        _pad: 0,
+        filename,
+        args: [0; shmtrace_common::ARGS_LEN],
+    };
+    pipeline
+        .kernel_record(&bytes_of(&exec(1)), &mut machine)
+        .unwrap();
+    machine.shm = PRIVATE_SHM;
+    pipeline
+        .kernel_record(&bytes_of(&exec(2)), &mut machine)
+        .unwrap();
+    machine.gone = true;
+    let write = call(
+        Syscall::Write,
+        10,
+        3,
+        -(libc::ENOSPC as i64),
+        [3, 0, 32, 0, 0, 0],
+    );
+    pipeline
+        .kernel_record(&bytes_of(&write), &mut machine)
+        .unwrap();
+    let exit = ExitEvent {
+        header: header(EventKind::Exit, 0, 10, 4),
+        exit_code: 1 << 8,
+        _pad: 0,
+    };
+    pipeline
+        .kernel_record(&bytes_of(&exit), &mut machine)
+        .unwrap();
+
+    let diagnosis = &pipeline.diagnoses()[0];
     let capacity = diagnosis
         .capacity
         .expect("the size of the /dev/shm that filled up");

@@ -121,7 +121,10 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
         (&raw mut (*event)._pad).write(0);
         (&raw mut (*event).header).write(emit::header(EventKind::Exec, flags, task, &off));
     }
-    emit::submit(entry, false);
+    // Urgent: a sandbox mounts its own /dev/shm and then execs the program, which may fail and
+    // be gone within milliseconds; userspace measures that /dev/shm at the exec, while the
+    // program lives. An exec is rare enough for the wakeup's cost.
+    emit::submit(entry, true);
     Some(())
 }
 

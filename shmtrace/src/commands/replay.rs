@@ -200,6 +200,9 @@ pub fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
             Record::User(user) => pipeline.user_record(entry.ts_ns, user)?,
         }
     }
+    if truncated || failure.is_some() || !set.closed() {
+        pipeline.trace_was_cut();
+    }
     if !truncated && failure.is_none() && !set.closed() {
         pipeline.notice(&format!(
             "the trace ends early, at {}, without the end mark of a finished recording: the \
