@@ -208,7 +208,7 @@ impl Diagnoser {
             ) {
                 self.update_held(event.pid, event.mntns, world);
             }
-            if note.object_path.as_deref().is_some_and(role::is_nccl) {
+            if !self.nccl_seen && note.object_path.as_deref().is_some_and(role::is_nccl) {
                 self.nccl_seen = true;
             }
         }

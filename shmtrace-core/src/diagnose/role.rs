@@ -432,7 +432,7 @@ fn is_forkserver(process: &Process) -> bool {
 }
 
 fn base_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
+    path.rsplit_once('/').map_or(path, |(_, name)| name)
 }
 
 pub fn is_torch(path: &str) -> bool {
