@@ -23,10 +23,7 @@ pub mod role;
 mod table;
 mod verdict;
 
-use std::{
-    borrow::Cow,
-    collections::{HashMap, HashSet},
-};
+use std::{borrow::Cow, collections::HashMap};
 
 use evidence::LoaderStats;
 pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
@@ -43,7 +40,7 @@ use verdict::Diagnosed;
 use crate::{
     capacity::Capacity,
     event::{Body, Event, ExitStatus, InodeId, Syscall},
-    model::{Annotation, ContainerInfo, ShmUsage, World},
+    model::{Annotation, ContainerInfo, FastMap, FastSet, ShmUsage, World},
 };
 
 /// The answer about one process that failed or died.
@@ -94,21 +91,21 @@ pub struct Diagnoser {
     roles: Roles,
     pending: HashMap<u32, Vec<Failure>>,
     capacity: HashMap<u32, Capacity>,
-    containers: HashMap<u32, ContainerInfo>,
+    containers: FastMap<u32, ContainerInfo>,
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
     diagnosed: HashMap<u32, Diagnosed>,
     /// Objects each process holds now, with its group (place and role at the time); per
     /// group, how many of its processes hold each object (an object shared by several counts
     /// once), and the most bytes the group held at once.
-    held: HashMap<u32, (HashSet<InodeId>, (String, RoleKind))>,
-    group_now: HashMap<(String, RoleKind), HashMap<InodeId, u32>>,
-    group_peak: HashMap<(String, RoleKind), u64>,
+    held: FastMap<u32, (FastSet<InodeId>, (String, RoleKind))>,
+    group_now: FastMap<(String, RoleKind), FastMap<InodeId, u32>>,
+    group_peak: FastMap<(String, RoleKind), u64>,
     /// Reused to gather what a process holds after each call, which is most often what it
     /// held before ([`Diagnoser::update_held`]).
-    held_scratch: HashSet<InodeId>,
+    held_scratch: FastSet<InodeId>,
     /// Failures and deaths per process.
-    outcomes: HashMap<u32, (u64, bool)>,
+    outcomes: FastMap<u32, (u64, bool)>,
     /// Label for mount namespaces nobody named (the demo's private one, say).
     unnamed_place: Option<String>,
     nccl_seen: bool,
@@ -224,7 +221,7 @@ impl Diagnoser {
         let mut out = Vec::new();
         if let Body::Exit(status) = &event.body {
             let group = self.group(event.pid, event.mntns);
-            self.held_to(event.pid, HashSet::new(), group, world);
+            self.held_to(event.pid, FastSet::default(), group, world);
             if !status.success() {
                 self.outcomes.entry(event.pid).or_default().1 = true;
             }

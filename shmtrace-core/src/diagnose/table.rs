@@ -1,9 +1,12 @@
 //! The closing table: per place and role, how many processes, the most bytes they held in
 //! /dev/shm at once (an object several of them hold counts once), their failures and deaths.
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use super::{Diagnoser, RoleKind};
-use crate::{event::InodeId, model::World};
+use crate::{
+    event::InodeId,
+    model::{FastMap, FastSet, World},
+};
 
 /// Per place and role, for the closing table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,7 +71,7 @@ impl Diagnoser {
     pub(super) fn held_to(
         &mut self,
         pid: u32,
-        inodes: HashSet<InodeId>,
+        inodes: FastSet<InodeId>,
         group: (String, RoleKind),
         world: &World,
     ) {
@@ -98,7 +101,7 @@ impl Diagnoser {
 }
 
 /// Bytes a group's objects hold now.
-fn footprint(counts: &HashMap<InodeId, u32>, world: &World) -> u64 {
+fn footprint(counts: &FastMap<InodeId, u32>, world: &World) -> u64 {
     counts
         .keys()
         .filter_map(|inode| world.object(inode))
