@@ -1,7 +1,10 @@
 //! JSON lines: one object per event, schema version [`SCHEMA_VERSION`], documented in
 //! `docs/json.md`. Fields every event carries are always present (`null` when they do not
 //! apply); the rest appear only when they mean something.
-use std::io::{self, Write};
+use std::{
+    borrow::Cow,
+    io::{self, Write},
+};
 
 use serde::Serialize;
 
@@ -31,7 +34,8 @@ pub struct JsonEvent<'a> {
     pub comm: &'a str,
     /// The syscall name, or `signal`, `fork`, `exec`, `exit`, `rename`, `oom_kill`.
     pub event: &'static str,
-    pub path: Option<String>,
+    /// Borrowed from the model's annotation when it has the name (most events).
+    pub path: Option<Cow<'a, str>>,
     pub fd: Option<i32>,
     pub size: Option<u64>,
     pub offset: Option<u64>,
@@ -176,7 +180,7 @@ pub fn to_json<'a>(
                 out.addr = Some(hex(signal.addr));
             }
             if let Some(site) = &note.fault {
-                out.path = Some(site.path.clone());
+                out.path = Some(Cow::Borrowed(&site.path));
                 out.offset = Some(site.file_offset);
                 out.inode = Some(site.inode.ino);
                 out.dev = Some(site.inode.dev_string());
@@ -226,7 +230,10 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
     out.ret = Some(call.ret);
     out.errno = call.errno().map(errno_name);
     out.expected = call.expected_error();
-    out.path = note.object_path.clone().or_else(|| call.display_path());
+    out.path = match &note.object_path {
+        Some(path) => Some(Cow::Borrowed(path)),
+        None => call.display_path().map(Cow::Owned),
+    };
     if let Some(file) = call.file {
         out.object_size = Some(file.size);
         out.object_bytes = Some(file.allocated);

@@ -7,81 +7,88 @@ use std::io;
 
 use super::json::JsonEvent;
 
+/// `,"name":`, made at compile time: one copy per key rather than three.
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":").as_bytes()
+    };
+}
+
 /// Appends `event` and a newline to `line`.
 pub fn write_event(line: &mut Vec<u8>, event: &JsonEvent<'_>) -> io::Result<()> {
     let mut w = Line { out: line };
     w.out.extend_from_slice(b"{\"v\":");
     w.int(event.v);
-    w.key(b"ts");
-    w.string(&event.ts);
-    w.key(b"pid");
+    w.raw(key!("ts"));
+    w.string(event.ts);
+    w.raw(key!("pid"));
     w.int(event.pid);
-    w.key(b"tid");
+    w.raw(key!("tid"));
     w.int(event.tid);
-    w.key(b"comm");
+    w.raw(key!("comm"));
     w.string(event.comm);
-    w.key(b"event");
+    w.raw(key!("event"));
     w.string(event.event);
-    w.key(b"path");
+    w.raw(key!("path"));
     w.opt_string(event.path.as_deref());
-    w.key(b"fd");
+    w.raw(key!("fd"));
     w.opt_int(event.fd);
-    w.key(b"size");
+    w.raw(key!("size"));
     w.opt_int(event.size);
-    w.key(b"offset");
+    w.raw(key!("offset"));
     w.opt_int(event.offset);
-    w.key(b"ret");
+    w.raw(key!("ret"));
     w.opt_int(event.ret);
-    w.key(b"errno");
+    w.raw(key!("errno"));
     w.opt_string(event.errno.as_deref());
-    w.key(b"signal");
+    w.raw(key!("signal"));
     w.opt_string(event.signal.as_deref());
-    w.key(b"code");
+    w.raw(key!("code"));
     w.opt_string(event.code.as_deref());
-    w.key(b"addr");
+    w.raw(key!("addr"));
     w.opt_string(event.addr.as_deref());
-    w.key(b"failure");
+    w.raw(key!("failure"));
     w.bool(event.failure);
-    w.some_string(b"expected", event.expected);
-    w.some_int(b"killed_by_pid", event.killed_by_pid);
-    w.some_string(b"flags", event.flags.as_deref());
-    w.some_string(b"mode", event.mode.as_deref());
-    w.some_string(b"prot", event.prot.as_deref());
-    w.some_int(b"object_size", event.object_size);
-    w.some_int(b"object_bytes", event.object_bytes);
-    w.some_int(b"inode", event.inode);
-    w.some_string(b"dev", event.dev.as_deref());
-    w.some_string(b"key", event.key.as_deref());
-    w.some_int(b"shmid", event.shmid);
-    w.some_int(b"target_pid", event.target_pid);
-    w.some_int(b"target_tid", event.target_tid);
-    w.some_int(b"child_pid", event.child_pid);
-    w.some_int(b"exit_code", event.exit_code);
+    w.some_string(key!("expected"), event.expected);
+    w.some_int(key!("killed_by_pid"), event.killed_by_pid);
+    w.some_string(key!("flags"), event.flags.as_deref());
+    w.some_string(key!("mode"), event.mode.as_deref());
+    w.some_string(key!("prot"), event.prot.as_deref());
+    w.some_int(key!("object_size"), event.object_size);
+    w.some_int(key!("object_bytes"), event.object_bytes);
+    w.some_int(key!("inode"), event.inode);
+    w.some_string(key!("dev"), event.dev.as_deref());
+    w.some_string(key!("key"), event.key.as_deref());
+    w.some_int(key!("shmid"), event.shmid);
+    w.some_int(key!("target_pid"), event.target_pid);
+    w.some_int(key!("target_tid"), event.target_tid);
+    w.some_int(key!("child_pid"), event.child_pid);
+    w.some_int(key!("exit_code"), event.exit_code);
     if let Some(core_dumped) = event.core_dumped {
-        w.key(b"core_dumped");
+        w.raw(key!("core_dumped"));
         w.bool(core_dumped);
     }
-    w.some_string(b"filename", event.filename);
+    w.some_string(key!("filename"), event.filename);
     if let Some(argv) = event.argv {
-        w.key(b"argv");
+        w.raw(key!("argv"));
         w.strings(argv.iter().map(String::as_str));
     }
-    w.some_string(b"new_comm", event.new_comm);
-    w.some_int(b"victim_pid", event.victim_pid);
+    w.some_string(key!("new_comm"), event.new_comm);
+    w.some_int(key!("victim_pid"), event.victim_pid);
     if !event.freed.is_empty() {
-        w.key(b"freed");
+        w.raw(key!("freed"));
         w.strings(event.freed.iter().copied());
     }
-    w.key(b"mntns");
+    w.raw(key!("mntns"));
     w.int(event.mntns);
-    w.key(b"cgroup_id");
+    w.raw(key!("cgroup_id"));
     w.int(event.cgroup_id);
-    w.key(b"role");
+    w.raw(key!("role"));
     // A unit enum: serde writes its (snake_case) name as a string.
     serde_json::to_writer(&mut *w.out, &event.role)?;
-    w.some_int(b"worker_index", event.worker_index);
-    w.some_int(b"trainer_pid", event.trainer_pid);
-    w.key(b"container");
+    w.some_int(key!("worker_index"), event.worker_index);
+    w.some_int(key!("trainer_pid"), event.trainer_pid);
+    w.raw(key!("container"));
     // Rare (an event in a container) and nested: left to serde.
     serde_json::to_writer(&mut *w.out, &event.container)?;
     w.out.extend_from_slice(b"}\n");
@@ -93,11 +100,9 @@ struct Line<'a> {
 }
 
 impl Line<'_> {
-    /// `,"name":` (every key but the first, which the caller writes with the brace).
-    fn key(&mut self, name: &[u8]) {
-        self.out.extend_from_slice(b",\"");
-        self.out.extend_from_slice(name);
-        self.out.extend_from_slice(b"\":");
+    /// A key from [`key!`] (every key but the first, which the caller writes with the brace).
+    fn raw(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
     }
 
     fn int(&mut self, value: impl itoa::Integer) {
@@ -113,9 +118,9 @@ impl Line<'_> {
     }
 
     /// A field that is left out when `None`.
-    fn some_int(&mut self, name: &[u8], value: Option<impl itoa::Integer>) {
+    fn some_int(&mut self, key: &[u8], value: Option<impl itoa::Integer>) {
         if let Some(value) = value {
-            self.key(name);
+            self.raw(key);
             self.int(value);
         }
     }
@@ -146,9 +151,9 @@ impl Line<'_> {
     }
 
     /// A field that is left out when `None`.
-    fn some_string(&mut self, name: &[u8], text: Option<&str>) {
+    fn some_string(&mut self, key: &[u8], text: Option<&str>) {
         if let Some(text) = text {
-            self.key(name);
+            self.raw(key);
             self.string(text);
         }
     }
@@ -270,7 +275,7 @@ mod tests {
                 tid: 0,
                 comm: hostile,
                 event: "signal",
-                path: Some(format!("/dev/shm/{hostile}")),
+                path: Some(format!("/dev/shm/{hostile}").into()),
                 fd: Some(i32::MIN),
                 size: Some(u64::MAX),
                 offset: Some(0),
@@ -314,7 +319,7 @@ mod tests {
         let mut not_dumped = bare("t");
         not_dumped.core_dumped = Some(false);
         not_dumped.argv = Some(&[]);
-        not_dumped.path = Some(String::new());
+        not_dumped.path = Some("".into());
         same_as_serde(&not_dumped);
     }
 }
