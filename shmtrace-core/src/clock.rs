@@ -94,16 +94,11 @@ impl Rfc3339Cache {
         }
         let cut = self.text.len() - FRACTION_LEN;
         self.text.truncate(cut);
-        let mut digits = [b'0'; 9];
-        let mut rest = nanos as u32;
-        for digit in digits.iter_mut().rev() {
-            *digit = b'0' + (rest % 10) as u8;
-            rest /= 10;
-        }
-        self.text.push('.');
-        // ASCII digits.
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(nanos as u32);
         self.text
-            .push_str(std::str::from_utf8(&digits).unwrap_or("000000000"));
+            .push_str(&".000000000"[..FRACTION_LEN - 1 - digits.len()]);
+        self.text.push_str(digits);
         self.text.push('Z');
         &self.text
     }
