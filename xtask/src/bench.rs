@@ -35,7 +35,7 @@ mod variants;
 use std::{
     collections::BTreeMap,
     fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
     time::Instant,
 };
@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// Skip the fork storm, start-up and replay measurements of issue 12's targets.
     #[arg(long)]
     no_targets: bool,
+    /// Only the replay target (record a 4 KiB churn, time `show --json` of it on one core),
+    /// measured --rounds times [default: once].
+    #[arg(long)]
+    only_replay: bool,
     /// The shmtrace binary [default: build and use target/release/shmtrace].
     #[arg(long, value_name = "PATH")]
     shmtrace: Option<PathBuf>,
@@ -98,10 +102,6 @@ pub struct BenchArgs {
     /// Only the daemon-idle part.
     #[arg(long)]
     only_daemon_idle: bool,
-    /// Only the replay target (record a 4 KiB churn, time `show --json` of it on one core),
-    /// measured --rounds times [default: once].
-    #[arg(long)]
-    only_replay: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
@@ -220,6 +220,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let setup = Setup { shmtrace, scratch };
     let exe = std::env::current_exe().context("finding the xtask binary")?;
+    if args.only_replay {
+        return replay_only(args, &setup, &exe, &tag);
+    }
 
     println!("# shmtrace benchmark\n");
     println!("{}\n", machine_description(&setup));
@@ -236,7 +239,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let mut saved = Vec::new();
     let mut target_rows = Vec::new();
-    let sizes = if args.only_daemon_idle || args.only_replay {
+    let sizes = if args.only_daemon_idle {
         Vec::new()
     } else {
         sizes
@@ -292,13 +295,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "runs": raw_runs(&results),
         }));
     }
-    let replayed = if args.quick { 20_000 } else { 100_000 };
-    if args.only_replay {
-        for _ in 0..args.rounds.unwrap_or(1) {
-            target_rows.extend(targets::replay(&setup, &exe, &tag, replayed));
-            churn::remove_leftovers(&tag);
-        }
-    } else if !args.no_targets && !args.only_daemon_idle && !INTERRUPTED.load(Ordering::SeqCst) {
+    if !args.no_targets && !args.only_daemon_idle && !INTERRUPTED.load(Ordering::SeqCst) {
         let rounds = if args.quick { 1 } else { 3 };
         target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds));
         churn::remove_leftovers(&tag);
@@ -307,15 +304,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &exe,
             if args.quick { 5 } else { 15 },
         ));
+        let replayed = if args.quick { 20_000 } else { 100_000 };
         target_rows.extend(targets::replay(&setup, &exe, &tag, replayed));
         churn::remove_leftovers(&tag);
     }
     let targets_text = targets::table(&target_rows);
     println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
-    let idle_seconds = match args.only_replay {
-        true => 0,
-        false => args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 }),
-    };
+    let idle_seconds = args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 });
     if idle_seconds > 0 {
         let figures = daemon_idle::measure(&setup.shmtrace, &setup.scratch, idle_seconds)?;
         let (text, json) = daemon_idle::report(&figures);
@@ -337,6 +332,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// `--only-replay`: the replay target alone, --rounds times, each a row of the table.
+fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
+    println!("# shmtrace benchmark: replay only\n");
+    println!("{}\n", machine_description(setup));
+    let replayed = if args.quick { 20_000 } else { 100_000 };
+    let mut rows = Vec::new();
+    for _ in 0..args.rounds.unwrap_or(1) {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            break;
+        }
+        rows.extend(targets::replay(setup, exe, tag, replayed));
+        churn::remove_leftovers(tag);
+    }
+    println!("{}", targets::table(&rows));
+    println!("Load average at the end: {}.", load_average());
     Ok(())
 }
 
