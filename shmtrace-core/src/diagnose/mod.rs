@@ -100,10 +100,7 @@ pub struct Diagnoser {
     /// once), and the most bytes the group held at once.
     held: FastMap<u32, (FastSet<InodeId>, (String, RoleKind))>,
     group_now: FastMap<(String, RoleKind), FastMap<InodeId, u32>>,
-    group_peak: FastMap<(String, RoleKind), u64>,
-    /// Reused to gather what a process holds after each call, which is most often what it
-    /// held before ([`Diagnoser::update_held`]).
-    held_scratch: FastSet<InodeId>,
+    group_peak: HashMap<(String, RoleKind), u64>,
     /// Failures and deaths per process.
     outcomes: FastMap<u32, (u64, bool)>,
     /// Label for mount namespaces nobody named (the demo's private one, say).
@@ -118,6 +115,9 @@ pub struct Diagnoser {
     lost_events: u64,
     /// Rows of the closing table dropped to bound memory ([`Diagnoser::forget`]).
     evicted_groups: u64,
+    /// Reused to gather what a process holds after each call, which is most often what it
+    /// held before ([`Diagnoser::update_held`]).
+    held_scratch: FastSet<InodeId>,
 }
 
 impl Diagnoser {
