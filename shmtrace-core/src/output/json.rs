@@ -308,13 +308,6 @@ impl<W: Write> JsonWriter<W> {
         }
     }
 
-    /// An event's line, written by hand ([`super::json_line`]) rather than by serde.
-    pub fn event(&mut self, event: &JsonEvent<'_>) -> io::Result<()> {
-        self.line.clear();
-        super::json_line::write_event(&mut self.line, event)?;
-        self.out.write_all(&self.line)
-    }
-
     pub fn record<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
         self.line.clear();
         serde_json::to_writer(&mut self.line, record)?;

@@ -5,7 +5,6 @@ pub mod diagnosis;
 pub mod filter;
 pub mod human;
 pub mod json;
-mod json_line;
 mod summary;
 
 use std::{
@@ -140,7 +139,7 @@ impl Output {
             Sink::Json(w) => {
                 let ts = self.times.rfc3339(&self.clock, event.ts_ns);
                 match json::to_json(event, note, role, container, ts) {
-                    Some(record) => w.event(&record),
+                    Some(record) => w.record(&record),
                     None => Ok(()),
                 }
             }
