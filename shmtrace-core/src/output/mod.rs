@@ -5,6 +5,8 @@ pub mod diagnosis;
 pub mod filter;
 pub mod human;
 pub mod json;
+#[cfg(test)]
+mod json_tests;
 mod summary;
 
 use std::{
