@@ -102,6 +102,9 @@ pub struct BenchArgs {
     /// Only the daemon-idle part.
     #[arg(long)]
     only_daemon_idle: bool,
+    /// Only the fork storms (tracer CPU, and `--all`'s memory beside 10k and 50k processes).
+    #[arg(long)]
+    only_fork_storm: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
@@ -239,7 +242,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let mut saved = Vec::new();
     let mut target_rows = Vec::new();
-    let sizes = if args.only_daemon_idle {
+    let sizes = if args.only_daemon_idle || args.only_fork_storm {
         Vec::new()
     } else {
         sizes
@@ -297,8 +300,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if !args.no_targets && !args.only_daemon_idle && !INTERRUPTED.load(Ordering::SeqCst) {
         let rounds = if args.quick { 1 } else { 3 };
-        target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds));
+        // A storm five times longer shows whether --all's memory grows with the run.
+        let long_storm = !args.quick || args.only_fork_storm;
+        target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds, long_storm));
         churn::remove_leftovers(&tag);
+    }
+    if !args.no_targets
+        && !args.only_daemon_idle
+        && !args.only_fork_storm
+        && !INTERRUPTED.load(Ordering::SeqCst)
+    {
         target_rows.extend(targets::startup(
             &setup,
             &exe,
@@ -310,7 +321,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let targets_text = targets::table(&target_rows);
     println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
-    let idle_seconds = args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 });
+    let idle_seconds = match args.only_fork_storm {
+        true => 0,
+        false => args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 }),
+    };
     if idle_seconds > 0 {
         let figures = daemon_idle::measure(&setup.shmtrace, &setup.scratch, idle_seconds)?;
         let (text, json) = daemon_idle::report(&figures);

@@ -1,6 +1,8 @@
 //! Forgetting the processes the model forgot (`World::forget`, a daemon's long run): their
 //! roles, the diagnoses a later one could have followed, their counts for the closing table.
-use super::{Diagnoser, Diagnosis};
+use std::collections::HashSet;
+
+use super::{Diagnoser, Diagnosis, RoleKind};
 use crate::model::World;
 
 /// Most (place, role) rows kept for the closing table once nobody in them holds anything.
@@ -36,6 +38,33 @@ impl Diagnoser {
         Some(self.diagnose(pid, mntns, ts, None, failures, world))
     }
 
+    /// Whether a diagnosis could still ask about `pid`: it has failures not yet diagnosed, or
+    /// one made, which a later death may follow (a trainer's, after its worker's).
+    pub fn remembers(&self, pid: u32) -> bool {
+        self.pending.contains_key(&pid) || self.diagnosed.contains_key(&pid)
+    }
+
+    /// Counts `pids`, about to be forgotten by `world`, in their group of the closing table,
+    /// so that it still tells how many processes each place and role had. Call before
+    /// [`World::forget`], while the model still knows them.
+    pub fn tally_forgotten(&mut self, pids: &[u32], world: &World) {
+        if pids.is_empty() {
+            return;
+        }
+        self.roles(world);
+        for pid in pids {
+            let Some(process) = world.process(*pid) else {
+                continue;
+            };
+            let group = self.group(*pid, process.mntns);
+            let (failures, died) = self.outcomes.get(pid).copied().unwrap_or_default();
+            let stats = self.forgotten.entry(group).or_default();
+            stats.processes += 1;
+            stats.failures += failures;
+            stats.deaths += u64::from(died);
+        }
+    }
+
     /// Forgets `pids`, which the model forgets too.
     pub fn forget(&mut self, pids: &[u32]) {
         for pid in pids {
@@ -62,11 +91,19 @@ impl Diagnoser {
         }
         self.group_now.retain(|_, counts| !counts.is_empty());
         // A place per container: over weeks, rows of containers long gone would pile up.
-        if self.group_peak.len() > MAX_TABLE_ROWS {
-            let before = self.group_peak.len();
+        if self.group_peak.len() > MAX_TABLE_ROWS || self.forgotten.len() > MAX_TABLE_ROWS {
             let now = &self.group_now;
-            self.group_peak.retain(|group, _| now.contains_key(group));
-            self.evicted_groups += (before - self.group_peak.len()) as u64;
+            let mut dropped: HashSet<(String, RoleKind)> = HashSet::new();
+            let mut keep = |group: &(String, RoleKind)| {
+                let held = now.contains_key(group);
+                if !held {
+                    dropped.insert(group.clone());
+                }
+                held
+            };
+            self.group_peak.retain(|group, _| keep(group));
+            self.forgotten.retain(|group, _| keep(group));
+            self.evicted_groups += dropped.len() as u64;
         }
     }
 
@@ -118,6 +155,7 @@ mod tests {
     fn workers_keep_their_numbers_when_earlier_ones_are_forgotten() {
         let mut world = World::new().with_retention(Retention {
             linger_ns: 10,
+            quiet_linger_ns: 10,
             max_processes: 100,
             max_objects: 100,
         });

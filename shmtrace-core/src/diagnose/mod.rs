@@ -101,6 +101,8 @@ pub struct Diagnoser {
     held: FastMap<u32, (FastSet<InodeId>, (String, RoleKind))>,
     group_now: FastMap<(String, RoleKind), FastMap<InodeId, u32>>,
     group_peak: HashMap<(String, RoleKind), u64>,
+    /// Processes the model forgot, counted per group for the closing table.
+    forgotten: HashMap<(String, RoleKind), table::RoleStats>,
     /// Failures and deaths per process.
     outcomes: FastMap<u32, (u64, bool)>,
     /// Label for mount namespaces nobody named (the demo's private one, say).

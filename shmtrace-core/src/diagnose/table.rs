@@ -32,6 +32,12 @@ impl Diagnoser {
             stats.failures += failures;
             stats.deaths += u64::from(died);
         }
+        for (group, gone) in &self.forgotten {
+            let stats = table.entry(group.clone()).or_default();
+            stats.processes += gone.processes;
+            stats.failures += gone.failures;
+            stats.deaths += gone.deaths;
+        }
         for (group, peak) in &self.group_peak {
             table.entry(group.clone()).or_default().peak_bytes = *peak;
         }

@@ -42,7 +42,7 @@ impl Pipeline {
     /// diagnosed first.
     pub fn prune(&mut self, now_ns: u64) -> Result<()> {
         let diagnoser = &self.diagnoser;
-        let due = self
+        let mut due = self
             .world
             .due_to_forget(now_ns, |pid| diagnoser.has_pending(pid));
         for pid in &due {
@@ -50,6 +50,17 @@ impl Pipeline {
                 self.show_diagnosis(diagnosis)?;
             }
         }
+        // Those that ended quietly, unless a diagnosis may still name them.
+        let diagnoser = &self.diagnoser;
+        let quiet = self
+            .world
+            .quietly_ended(now_ns, |pid| diagnoser.remembers(pid));
+        if !quiet.is_empty() {
+            due.extend(quiet);
+            due.sort_unstable();
+            due.dedup();
+        }
+        self.diagnoser.tally_forgotten(&due, &self.world);
         self.world.forget(&due);
         self.diagnoser.forget(&due);
         for pid in &due {

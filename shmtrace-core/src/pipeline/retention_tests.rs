@@ -137,6 +137,7 @@ fn a_bounded_pipeline_holds_what_its_caps_allow_over_a_long_stream() {
     let diagnosed = Rc::new(Cell::new(0));
     let world = World::new().with_retention(Retention {
         linger_ns: 1000 * MS,
+        quiet_linger_ns: 1000 * MS,
         max_processes: MAX_PROCESSES,
         max_objects: MAX_OBJECTS,
     });

@@ -89,6 +89,24 @@ fn pipeline() -> Pipeline {
     )
 }
 
+/// `pid`'s 32-byte write to its /dev/shm object fails with ENOSPC, and it exits 1.
+fn fail_and_exit(pipeline: &mut Pipeline, machine: &mut Machine, pid: u32) {
+    let write = call(
+        Syscall::Write,
+        pid,
+        3,
+        -(libc::ENOSPC as i64),
+        [3, 0, 32, 0, 0, 0],
+    );
+    pipeline.kernel_record(&bytes_of(&write), machine).unwrap();
+    let exit = ExitEvent {
+        header: header(EventKind::Exit, 0, pid, 4),
+        exit_code: 1 << 8,
+        _pad: 0,
+    };
+    pipeline.kernel_record(&bytes_of(&exit), machine).unwrap();
+}
+
 #[test]
 fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_live() {
     let mut pipeline = pipeline();
@@ -122,24 +140,7 @@ fn a_shm_mounted_after_the_namespace_was_seen_is_measured_while_its_processes_li
         .unwrap();
     // Its write fails; by the time the events are read, every process has exited.
     machine.gone = true;
-    let write = call(
-        Syscall::Write,
-        11,
-        3,
-        -(libc::ENOSPC as i64),
-        [3, 0, 32, 0, 0, 0],
-    );
-    pipeline
-        .kernel_record(&bytes_of(&write), &mut machine)
-        .unwrap();
-    let exit = ExitEvent {
-        header: header(EventKind::Exit, 0, 11, 4),
-        exit_code: 1 << 8,
-        _pad: 0,
-    };
-    pipeline
-        .kernel_record(&bytes_of(&exit), &mut machine)
-        .unwrap();
+    fail_and_exit(&mut pipeline, &mut machine, 11);
 
     let diagnosis = &pipeline.diagnoses()[0];
     assert_eq!(diagnosis.pid, 11);
@@ -177,24 +178,7 @@ fn a_shm_mounted_before_an_exec_is_measured_at_the_exec() {
         .kernel_record(&bytes_of(&exec(2)), &mut machine)
         .unwrap();
     machine.gone = true;
-    let write = call(
-        Syscall::Write,
-        10,
-        3,
-        -(libc::ENOSPC as i64),
-        [3, 0, 32, 0, 0, 0],
-    );
-    pipeline
-        .kernel_record(&bytes_of(&write), &mut machine)
-        .unwrap();
-    let exit = ExitEvent {
-        header: header(EventKind::Exit, 0, 10, 4),
-        exit_code: 1 << 8,
-        _pad: 0,
-    };
-    pipeline
-        .kernel_record(&bytes_of(&exit), &mut machine)
-        .unwrap();
+    fail_and_exit(&mut pipeline, &mut machine, 10);
 
     let diagnosis = &pipeline.diagnoses()[0];
     let capacity = diagnosis

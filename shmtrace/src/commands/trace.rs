@@ -11,7 +11,7 @@ use crate::{
     kernel_ids,
     live::launch::{self, What},
     live::session::Outcome,
-    model::World,
+    model::{Retention, World},
     output::filter::Filter,
     pipeline::Pipeline,
 };
@@ -25,12 +25,41 @@ pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
     } else {
         DefaultStream::Stdout
     };
-    let outcome = launch::run(what, &options, |_| pipeline(output, default, target.failed))?;
+    let host_wide = matches!(what, What::All { .. });
+    let outcome = launch::run(what, &options, |_| {
+        let world = if host_wide {
+            World::new().with_retention(HOST_WIDE)
+        } else {
+            World::new()
+        };
+        pipeline_of(world, output, default, target.failed)
+    })?;
     Ok(exit_code(&outcome))
 }
 
+/// What a host-wide trace (`--all`) keeps of what ended: it may run for days beside every
+/// process on the host, so its memory must not grow with their number. A process that
+/// ended quietly (status 0, holding nothing, no failure) is forgotten half a second after
+/// its exit; any other after a minute, as the daemon does by default, for the diagnoses that
+/// follow a death. The caps are the daemon's; what they drop is counted and shown.
+const HOST_WIDE: Retention = Retention {
+    linger_ns: 60_000_000_000,
+    quiet_linger_ns: 500_000_000,
+    max_processes: 32_768,
+    max_objects: 32_768,
+};
+
 /// The pipeline of a live trace shown on the terminal (`default` when no file is named).
 pub fn pipeline(
+    output: &OutputArgs,
+    default: DefaultStream,
+    failed_only: bool,
+) -> Result<Pipeline> {
+    pipeline_of(World::new(), output, default, failed_only)
+}
+
+fn pipeline_of(
+    world: World,
     output: &OutputArgs,
     default: DefaultStream,
     failed_only: bool,
@@ -41,12 +70,7 @@ pub fn pipeline(
     } else {
         Filter::default()
     };
-    Ok(Pipeline::new(
-        World::new(),
-        host_diagnoser(),
-        output,
-        filter,
-    ))
+    Ok(Pipeline::new(world, host_diagnoser(), output, filter))
 }
 
 /// A diagnoser that calls shmtrace's own mount namespace `host`.

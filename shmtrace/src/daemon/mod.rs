@@ -175,6 +175,7 @@ impl Agent {
         // are past (the flight recorder keeps what its recordings need on its own).
         let retention = Retention {
             linger_ns: args.forget_after.as_nanos() as u64,
+            quiet_linger_ns: args.forget_after.as_nanos() as u64,
             max_processes: MAX_PROCESSES,
             max_objects: MAX_OBJECTS,
         };
@@ -263,7 +264,8 @@ impl Agent {
                 }
                 _ = ticker.tick() => {
                     heartbeat.beat();
-                    reader.drain(&mut batch);
+                    // What is left waits for the next read or tick.
+                    let _ = reader.drain(&mut batch);
                     self.handle(&mut batch)?;
                     self.pipeline.tick(boot_ns()?)?;
                     if last_lost.elapsed() >= LOST_EVERY {
@@ -296,7 +298,9 @@ impl Agent {
                 _ = terminate.recv() => break,
             }
         }
-        reader.drain(&mut batch);
+        while reader.drain(&mut batch) {
+            self.handle(&mut batch)?;
+        }
         self.handle(&mut batch)?;
         self.check_lost()?;
         self.pipeline

@@ -325,7 +325,10 @@ async fn holding<T>(
             found = &mut finding => return found.map(Some),
             _ = signals.ending() => return Ok(None),
             read = reader.read(&mut batch) => read.context("reading the ring buffer")?,
-            _ = ticker.tick() => reader.drain(&mut batch),
+            _ = ticker.tick() => {
+                // What is left waits for the next read or tick.
+                let _ = reader.drain(&mut batch);
+            }
         }
         hold.keep(&mut batch, Instant::now());
     }

@@ -19,7 +19,7 @@ use crate::{
         target::RunningCommand,
         watch::Watch,
     },
-    pipeline::Pipeline,
+    pipeline::{Evicted, Pipeline},
 };
 
 /// When a live trace ends.
@@ -48,6 +48,9 @@ const GRACE: Duration = Duration::from_millis(100);
 /// flush, and how often kernel losses are checked (every tenth tick).
 const TICK: Duration = Duration::from_millis(100);
 const TICKS_PER_LOST_CHECK: u32 = 10;
+/// How often the analysis forgets what ended (only a host-wide trace's does): often enough
+/// that a fork storm's exited processes do not pile up between two passes.
+const TICKS_PER_FORGET: u32 = 3;
 /// How often followed containers are checked for restarts and their /dev/shm measured.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
@@ -93,6 +96,8 @@ pub struct Session {
     watch: Option<Watch>,
     hold: Hold,
     started: Instant,
+    /// What the analysis's caps had dropped when last told.
+    evicted: Evicted,
 }
 
 impl Session {
@@ -105,6 +110,7 @@ impl Session {
             watch: None,
             hold: Hold::default(),
             started: Instant::now(),
+            evicted: Evicted::default(),
         }
     }
 
@@ -193,7 +199,9 @@ impl Session {
                     break;
                 }
                 _ = dump.recv() => {
-                    reader.drain(&mut batch);
+                    while reader.drain(&mut batch) {
+                        self.handle(&mut batch, &mut ending)?;
+                    }
                     self.handle(&mut batch, &mut ending)?;
                     if !self.pipeline.trigger_manual(boot_ns()?)? {
                         self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
@@ -209,7 +217,8 @@ impl Session {
                 _ = ticker.tick() => {
                     // Ordinary records do not wake the reader (it costs the traced call
                     // microseconds): they are collected here.
-                    reader.drain(&mut batch);
+                    // What is left waits for the next read or tick.
+                    let _ = reader.drain(&mut batch);
                     self.handle(&mut batch, &mut ending)?;
                     if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
@@ -221,6 +230,9 @@ impl Session {
                             break;
                         }
                     }
+                    if ticks.is_multiple_of(TICKS_PER_FORGET) {
+                        self.forget_what_ended()?;
+                    }
                     self.pipeline.tick(boot_ns()?)?;
                 }
             }
@@ -230,7 +242,9 @@ impl Session {
             self.pipeline.notice("every traced process has exited")?;
         }
         tokio::time::sleep(GRACE).await;
-        reader.drain(&mut batch);
+        while reader.drain(&mut batch) {
+            self.handle(&mut batch, &mut ending)?;
+        }
         self.handle(&mut batch, &mut ending)?;
         self.check_lost()?;
         if let Some(status) = outcome.command_status {
@@ -302,6 +316,29 @@ impl Session {
             ))?;
         }
         Ok(live.is_empty())
+    }
+
+    /// Lets the analysis forget what no longer matters (a host-wide trace's model forgets;
+    /// others keep everything), and says when a cap had to drop more.
+    fn forget_what_ended(&mut self) -> Result<()> {
+        self.pipeline.prune(boot_ns()?)?;
+        let state = self.pipeline.state();
+        log::debug!(
+            "analysis holds {} processes, {} objects, {} roles",
+            state.processes,
+            state.objects,
+            state.roles
+        );
+        let evicted = state.evicted;
+        let before = std::mem::replace(&mut self.evicted, evicted);
+        if evicted != before {
+            self.pipeline.notice(&format!(
+                "memory bounds reached: {} processes, {} /dev/shm objects and {} rows of the \
+                 closing table forgotten early so far (their later events are still shown)",
+                evicted.processes, evicted.objects, evicted.table_rows
+            ))?;
+        }
+        Ok(())
     }
 
     fn check_lost(&mut self) -> Result<()> {

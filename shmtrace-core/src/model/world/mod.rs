@@ -235,9 +235,6 @@ impl World {
                 if matches!(status, ExitStatus::Signal { .. }) {
                     self.totals.deaths_by_signal += 1;
                 }
-                if let Some(forgetting) = &mut self.forgetting {
-                    forgetting.exited(event.pid, event.ts_ns);
-                }
                 let released = {
                     let process = self.processes.get_mut(&event.pid).expect("ensured");
                     if let ExitStatus::Signal { signo, .. } = status {
@@ -257,6 +254,10 @@ impl World {
                         && process.mappings.is_empty();
                     process.exit = Some(*status);
                     process.exit_ns = Some(event.ts_ns);
+                    if let Some(forgetting) = &mut self.forgetting {
+                        let quiet = matches!(status, ExitStatus::Code(0)) || note.uninvolved_exit;
+                        forgetting.exited(event.pid, event.ts_ns, quiet);
+                    }
                     let fds: Vec<InodeId> = std::mem::take(&mut process.fds)
                         .into_values()
                         .map(|f| f.inode)

@@ -1,8 +1,9 @@
 //! Forgetting, for a trace that runs for weeks (`shmtrace daemon`): a process that ended is
 //! dropped once nothing can ask about it any more, and caps on processes and objects are a
 //! backstop (lost exit records, a node with more live processes than planned), with every
-//! entry a cap drops counted. The one-shot commands keep everything, since their summary
-//! speaks of every process: forgetting is off unless [`World::with_retention`] turns it on.
+//! entry a cap drops counted. A host-wide trace (`--all`) forgets too, and sooner: a process
+//! that ended quietly is dropped after [`Retention::quiet_linger_ns`]. The other one-shot
+//! commands keep everything: forgetting is off unless [`World::with_retention`] turns it on.
 use std::collections::{HashSet, VecDeque};
 
 use super::World;
@@ -14,6 +15,10 @@ pub struct Retention {
     /// How long an exited process stays after its exit: a diagnosis that comes after it (a
     /// trainer dying of its worker's failure) and the flight recorder's window look it up.
     pub linger_ns: u64,
+    /// How long a process that ended quietly stays: exit status 0 (or an exit that never
+    /// touched shared memory), holding nothing. The caller still keeps those it knows more
+    /// about ([`World::quietly_ended`]). At least `linger_ns` turns this tier off.
+    pub quiet_linger_ns: u64,
     /// Most processes kept, alive or not.
     pub max_processes: usize,
     /// Most /dev/shm objects kept.
@@ -32,6 +37,11 @@ pub(super) struct Forgetting {
     retention: Retention,
     /// Exits in the order they came: (exit time, pid).
     exited: VecDeque<(u64, u32)>,
+    /// Quiet exits in the order they came (see [`Retention::quiet_linger_ns`]).
+    quiet: VecDeque<(u64, u32)>,
+    /// Quiet exits still asked about after the short linger, in the order they came: they
+    /// wait for the full linger like the others.
+    late: VecDeque<(u64, u32)>,
     /// Exited long enough ago, but still asked about: the creator of a file still in
     /// /dev/shm (a leftover names it), or one the caller keeps.
     pinned: Vec<(u64, u32)>,
@@ -39,8 +49,14 @@ pub(super) struct Forgetting {
 }
 
 impl Forgetting {
-    pub(super) fn exited(&mut self, pid: u32, ts_ns: u64) {
-        self.exited.push_back((ts_ns, pid));
+    /// One entry per exit, so that a storm of short lives costs the model no more than the
+    /// processes a linger holds.
+    pub(super) fn exited(&mut self, pid: u32, ts_ns: u64, quiet: bool) {
+        if quiet && self.retention.quiet_linger_ns < self.retention.linger_ns {
+            self.quiet.push_back((ts_ns, pid));
+        } else {
+            self.exited.push_back((ts_ns, pid));
+        }
     }
 }
 
@@ -56,6 +72,8 @@ impl World {
         self.forgetting = Some(Forgetting {
             retention,
             exited: VecDeque::new(),
+            quiet: VecDeque::new(),
+            late: VecDeque::new(),
             pinned: Vec::new(),
             evictions: Evictions::default(),
         });
@@ -90,12 +108,14 @@ impl World {
         };
         let linger = forgetting.retention.linger_ns;
         let mut candidates = std::mem::take(&mut forgetting.pinned);
-        while let Some(&(exit_ns, pid)) = forgetting.exited.front() {
-            if exit_ns.saturating_add(linger) > now_ns {
-                break;
+        for ended in [&mut forgetting.exited, &mut forgetting.late] {
+            while let Some(&(exit_ns, pid)) = ended.front() {
+                if exit_ns.saturating_add(linger) > now_ns {
+                    break;
+                }
+                ended.pop_front();
+                candidates.push((exit_ns, pid));
             }
-            forgetting.exited.pop_front();
-            candidates.push((exit_ns, pid));
         }
         let mut due = Vec::new();
         let creators: HashSet<u32> = self.objects.values().filter_map(|o| o.creator).collect();
@@ -154,6 +174,51 @@ impl World {
             others.sort_unstable();
             due.extend(others.iter().take(excess).map(|(_, pid)| *pid));
             forgetting.evictions.processes += excess as u64;
+        }
+        due
+    }
+
+    /// The processes that ended quietly more than [`Retention::quiet_linger_ns`] before
+    /// `now_ns`, and that nothing asks about: not the creator of a live object, not the parent
+    /// of a live process, not one `keep` names (a failure, a diagnosis). The caller forgets
+    /// them with [`World::forget`]; the others wait for the full linger like any other.
+    pub fn quietly_ended(&mut self, now_ns: u64, keep: impl Fn(u32) -> bool) -> Vec<u32> {
+        let Some(forgetting) = &mut self.forgetting else {
+            return Vec::new();
+        };
+        let linger = forgetting.retention.quiet_linger_ns;
+        let mut candidates = Vec::new();
+        while let Some(&(exit_ns, pid)) = forgetting.quiet.front() {
+            if exit_ns.saturating_add(linger) > now_ns {
+                break;
+            }
+            forgetting.quiet.pop_front();
+            // Forgotten already, or the number is another process's now.
+            if self
+                .processes
+                .get(&pid)
+                .is_some_and(|p| p.exit_ns == Some(exit_ns))
+            {
+                candidates.push((exit_ns, pid));
+            }
+        }
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        let creators: HashSet<u32> = self.objects.values().filter_map(|o| o.creator).collect();
+        let parents: HashSet<u32> = self
+            .processes
+            .values()
+            .filter(|p| p.alive())
+            .filter_map(|p| p.parent)
+            .collect();
+        let mut due = Vec::with_capacity(candidates.len());
+        for (exit_ns, pid) in candidates {
+            if creators.contains(&pid) || parents.contains(&pid) || keep(pid) {
+                forgetting.late.push_back((exit_ns, pid));
+            } else {
+                due.push(pid);
+            }
         }
         due
     }

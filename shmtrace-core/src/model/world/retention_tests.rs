@@ -72,6 +72,7 @@ fn short_life(world: &mut World, ts: u64, pid: u32, leave: bool) {
 fn retention(max_processes: usize, max_objects: usize) -> Retention {
     Retention {
         linger_ns: 10 * SECOND,
+        quiet_linger_ns: 10 * SECOND,
         max_processes,
         max_objects,
     }
@@ -233,4 +234,52 @@ fn a_directory_is_no_object() {
     }
     world.apply(&event(SECOND, 2, close));
     assert_eq!(world.object_count(), 0);
+}
+
+#[test]
+fn a_process_that_ended_quietly_goes_after_the_short_linger_unless_it_still_matters() {
+    let mut world = World::new().with_retention(Retention {
+        linger_ns: 60 * SECOND,
+        quiet_linger_ns: SECOND,
+        max_processes: 1000,
+        max_objects: 1000,
+    });
+    // 2 removes its file and exits 0; 3 leaves its file behind; 4 fails its create and
+    // exits 1; 5 forks 6, which lives on.
+    short_life(&mut world, SECOND, 2, false);
+    short_life(&mut world, SECOND, 3, true);
+    world.apply(&event(SECOND, 1, Body::Fork { child_pid: 4 }));
+    let mut refused = call(Syscall::Openat, 4, Some("/dev/shm/obj-4"), [0; 6]);
+    if let Body::Call(call) = &mut refused {
+        call.ret = -i64::from(libc::ENOSPC);
+        call.file = None;
+    }
+    world.apply(&event(SECOND + 1, 4, refused));
+    world.apply(&event(SECOND + 2, 4, Body::Exit(ExitStatus::Code(1))));
+    world.apply(&event(SECOND, 1, Body::Fork { child_pid: 5 }));
+    world.apply(&event(SECOND + 1, 5, Body::Fork { child_pid: 6 }));
+    world.apply(&event(SECOND + 2, 5, Body::Exit(ExitStatus::Code(0))));
+    // 7 ends quietly too, but the caller still needs it (a diagnosis names it).
+    short_life(&mut world, SECOND, 7, false);
+    assert!(
+        world
+            .quietly_ended(SECOND + SECOND / 2, |_| false)
+            .is_empty()
+    );
+    assert_eq!(world.quietly_ended(3 * SECOND, |pid| pid == 7), vec![2]);
+    // Asked once: what stayed goes with the full linger, like any other.
+    assert!(world.quietly_ended(10 * SECOND, |_| false).is_empty());
+    world.forget(&[2]);
+    assert!(!world.knows(2));
+    let mut due = world.due_to_forget(62 * SECOND, |pid| pid == 1 || pid == 6);
+    due.sort();
+    assert_eq!(due, vec![4, 5, 7], "3 made a leftover");
+    assert_eq!(world.evictions(), Evictions::default());
+}
+
+#[test]
+fn without_a_shorter_quiet_linger_nothing_is_quiet() {
+    let mut world = World::new().with_retention(retention(1000, 1000));
+    short_life(&mut world, SECOND, 2, false);
+    assert!(world.quietly_ended(60 * SECOND, |_| false).is_empty());
 }

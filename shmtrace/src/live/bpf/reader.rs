@@ -5,6 +5,12 @@ use aya::maps::{MapData, RingBuf};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{Interest, unix::AsyncFd};
 
+/// Most record bytes copied out of the ring at a time. A tracer that fell behind (a fork
+/// storm on a busy machine) finds megabytes waiting: copied all at once, with a handle per
+/// record, they would cost as much heap again as the ring itself. Left in the ring, they cost
+/// nothing more.
+const BATCH_BYTES: usize = 1 << 20;
+
 /// Reads raw records from the ring buffer as they arrive.
 pub struct EventReader {
     ring: AsyncFd<RingBuf<MapData>>,
@@ -22,32 +28,43 @@ impl EventReader {
         })
     }
 
-    /// Waits until records are available, then appends all of them to `out`.
+    /// Waits until records are available, then appends them to `out`, at most
+    /// [`BATCH_BYTES`] of them: the rest is read by the next call, at once.
     pub async fn read(&mut self, out: &mut Vec<Bytes>) -> io::Result<()> {
         loop {
             let mut guard = self.ring.readable_mut().await?;
             let before = out.len();
-            Self::copy_out(guard.get_inner_mut(), &mut self.arena, out);
-            guard.clear_ready();
+            let more = Self::copy_out(guard.get_inner_mut(), &mut self.arena, out);
+            // Left ready while records remain: the ring only signals new ones.
+            if !more {
+                guard.clear_ready();
+            }
             if out.len() > before {
                 return Ok(());
             }
         }
     }
 
-    /// Appends every record already in the ring to `out`, without waiting.
-    pub fn drain(&mut self, out: &mut Vec<Bytes>) {
-        Self::copy_out(self.ring.get_mut(), &mut self.arena, out);
+    /// Appends the records already in the ring to `out`, without waiting, at most
+    /// [`BATCH_BYTES`] of them; `true` when more may remain.
+    pub fn drain(&mut self, out: &mut Vec<Bytes>) -> bool {
+        Self::copy_out(self.ring.get_mut(), &mut self.arena, out)
     }
 
-    fn copy_out(ring: &mut RingBuf<MapData>, arena: &mut BytesMut, out: &mut Vec<Bytes>) {
-        while let Some(record) = ring.next() {
+    fn copy_out(ring: &mut RingBuf<MapData>, arena: &mut BytesMut, out: &mut Vec<Bytes>) -> bool {
+        let mut copied = 0;
+        while copied < BATCH_BYTES {
+            let Some(record) = ring.next() else {
+                return false;
+            };
             if arena.capacity() < record.len() {
                 arena.reserve(record.len().max(1 << 20));
             }
             arena.extend_from_slice(&record);
+            copied += record.len();
             out.push(arena.split().freeze());
         }
+        true
     }
 }
 

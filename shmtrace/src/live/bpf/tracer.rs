@@ -72,6 +72,7 @@ impl Tracer {
     /// Checks the machine, loads the programs and attaches every one of them.
     pub fn load(options: &TracerOptions) -> Result<Tracer, BpfError> {
         preflight::check_privileges()?;
+        keep_large_blocks_apart();
         let size = options.ring_buffer_bytes;
         if size < 4096 || !size.is_power_of_two() {
             return Err(BpfError::BadBufferSize(size));
@@ -115,6 +116,7 @@ impl Tracer {
         hold_outside
             .set(HOLD_OWN, own_mntns, 0)
             .map_err(|e| map_error("HOLD_OUTSIDE", e))?;
+        release_start_up_memory();
         Ok(Tracer {
             links,
             events: Some(take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?),
@@ -321,5 +323,31 @@ fn attach(ebpf: &mut Ebpf, hook: &Hook) -> Result<Link, BpfError> {
                 program.take_link(id).map_err(program_error)?,
             ))
         }
+    }
+}
+
+/// Hands back to the kernel the heap start-up freed (the eBPF object's and the kernel BTF's
+/// parses), before the ring buffer is mapped (its pages count twice), so that the two
+/// never add up to the peak. glibc keeps it otherwise: freeing the BTF file's
+/// buffer, too big for the heap, raises its thresholds so that nothing is returned until the
+/// heap's free top passes twice that size. Measured: 5 MiB of a host-wide trace's 32 MiB.
+fn release_start_up_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Large blocks (the ring reader's 1 MiB arenas, a model's tables after a burst) come from
+/// their own mappings, handed back when freed. glibc's default threshold rises to the largest
+/// block freed so far (the kernel BTF read, 5 MiB), after which they are carved from the
+/// heap between small long-lived ones, and the holes they leave stay resident: measured, a
+/// host-wide trace grew by 10 MiB over a 50,000-process fork storm while holding 1,200.
+fn keep_large_blocks_apart() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; it has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
     }
 }
