@@ -3,10 +3,13 @@
 //! Small records are built whole on the stack and copied in with one write ([`send`]); the two
 //! big ones (a path, a command line) are filled in place in reserved memory ([`reserve`], then
 //! [`submit`]). Every loss is counted in `LOST` by its reason ([`count`]).
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
+    cty::c_void,
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_ktime_get_boot_ns, generated,
     },
     maps::ring_buf::RingBufEntry,
 };
@@ -48,8 +51,22 @@ pub fn header(kind: EventKind, flags: u16, task: u64, off: &KernelOffsets) -> He
         _pad: 0,
         // SAFETY: this helper has no preconditions.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        comm: current_comm(),
     }
+}
+
+/// The current task's name. The helper fills all 16 bytes (padding with NULs), so the buffer
+/// is not zeroed first: zeroing it is a call to BPF's byte-at-a-time `memset` on every record.
+#[inline(always)]
+fn current_comm() -> [u8; 16] {
+    let mut comm = MaybeUninit::<[u8; 16]>::uninit();
+    // SAFETY: the helper writes 16 bytes into the buffer.
+    let ret = unsafe { generated::bpf_get_current_comm(comm.as_mut_ptr() as *mut c_void, 16) };
+    if ret != 0 {
+        return [0; 16];
+    }
+    // SAFETY: filled by the helper.
+    unsafe { comm.assume_init() }
 }
 
 /// Copies a whole record into the ring buffer, or counts it lost.

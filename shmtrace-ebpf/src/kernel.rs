@@ -3,10 +3,21 @@
 //! aya's Rust eBPF has no CO-RE, so every field is read with `bpf_probe_read_kernel` at an
 //! offset userspace resolved from the running kernel's BTF (`OFFSETS`). A failed read yields
 //! `None` and is counted (`Loss::KernelRead`); a NULL pointer is not a failure.
-use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use shmtrace_common::{FileRef, KernelOffsets, Loss};
+use aya_ebpf::{
+    cty::c_void,
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel, generated},
+};
+use shmtrace_common::{FileRef, KernelOffsets, Loss, PATH_LEN};
 
-use crate::{emit, maps::OFFSETS};
+use crate::{
+    emit,
+    maps::{OFFSETS, SCRATCH},
+};
+
+/// Bytes read at once from the start of an inode (the per-CPU `SCRATCH` buffer's size): one
+/// read costs what one field's does, and `i_mode`, `i_ino`, `i_size` and `i_blocks` lie in the
+/// first 160 bytes of the kernels known.
+const INODE_HEAD: u32 = PATH_LEN as u32;
 
 #[inline(always)]
 pub fn offsets() -> KernelOffsets {
@@ -86,11 +97,19 @@ pub fn fd_inode(task: u64, fd: i32, off: &KernelOffsets) -> Option<u64> {
     }
     let files = read_ptr(task, off.task_files)?;
     let fdt = read_ptr(files, off.files_fdt)?;
-    let max_fds = read::<u32>(fdt, off.fdtable_max_fds)?;
-    if fd as u32 >= max_fds {
+    // `max_fds` and `fd` are neighbours (`struct fdtable` begins with them): one read.
+    let (max_fds, fd_array) = if off.fdtable_fd == off.fdtable_max_fds + 8 {
+        let [max_fds, fd_array] = read::<[u64; 2]>(fdt, off.fdtable_max_fds)?;
+        (max_fds as u32, fd_array)
+    } else {
+        (
+            read::<u32>(fdt, off.fdtable_max_fds)?,
+            read::<u64>(fdt, off.fdtable_fd)?,
+        )
+    };
+    if fd as u32 >= max_fds || fd_array == 0 {
         return None;
     }
-    let fd_array = read_ptr(fdt, off.fdtable_fd)?;
     let file = read_ptr(fd_array, (fd as u32) * 8)?;
     read_ptr(file, off.file_inode)
 }
@@ -111,8 +130,12 @@ pub fn inode_size(inode: u64, off: &KernelOffsets) -> (i64, u64) {
     )
 }
 
+/// What a record says of the file: the inode's type, number, size and allocation now.
 #[inline(always)]
 pub fn inode_ref(inode: u64, dev: u32, off: &KernelOffsets) -> FileRef {
+    if let Some(file) = inode_ref_at_once(inode, dev, off) {
+        return file;
+    }
     let (size, blocks) = inode_size(inode, off);
     FileRef {
         dev,
@@ -121,6 +144,42 @@ pub fn inode_ref(inode: u64, dev: u32, off: &KernelOffsets) -> FileRef {
         size,
         blocks,
     }
+}
+
+/// [`inode_ref`] from one read of the inode's first [`INODE_HEAD`] bytes; `None` when a field
+/// lies beyond them or is not aligned to its size (then each is read alone).
+#[inline(always)]
+fn inode_ref_at_once(inode: u64, dev: u32, off: &KernelOffsets) -> Option<FileRef> {
+    let word =
+        |offset: u32| (offset.is_multiple_of(8) && offset + 8 <= INODE_HEAD).then_some(offset / 8);
+    let ino = word(off.inode_ino)?;
+    let size = word(off.inode_size)?;
+    let blocks = word(off.inode_blocks)?;
+    // `i_mode` is 16 bits: within one word.
+    let mode = word(off.inode_mode & !7)?;
+    let mode_shift = (off.inode_mode % 8) * 8;
+    if mode_shift > 48 || inode == 0 {
+        return None;
+    }
+    let buf = SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: a per-CPU buffer of INODE_HEAD bytes; the helper writes at most that many, and
+    // tolerates any source address.
+    let read = unsafe {
+        generated::bpf_probe_read_kernel(buf as *mut c_void, INODE_HEAD, inode as *const c_void)
+    };
+    if read != 0 {
+        return None;
+    }
+    // SAFETY: the buffer was just filled; it holds INODE_HEAD / 8 words.
+    let words = unsafe { &*(buf as *const [u64; (INODE_HEAD / 8) as usize]) };
+    let at = |index: u32| words.get(index as usize).copied();
+    Some(FileRef {
+        dev,
+        mode: ((at(mode)? >> mode_shift) & 0xffff) as u32,
+        ino: at(ino)?,
+        size: at(size)? as i64,
+        blocks: at(blocks)?,
+    })
 }
 
 /// `dev_t` of the file system holding the task's current directory.

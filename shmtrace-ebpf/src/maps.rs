@@ -2,7 +2,7 @@
 use aya_ebpf::{
     Global,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use shmtrace_common::{Config, FileRef, KernelOffsets, Loss, PATH_LEN};
 
@@ -83,10 +83,14 @@ pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0
 #[map]
 pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
-/// A call seen at `sys_enter`, waiting for its `sys_exit`, by thread id. LRU so that a thread
-/// that never returns (killed in the call) cannot leak an entry forever.
+/// A call seen at `sys_enter`, waiting for its `sys_exit`, by thread id. A thread's slot is
+/// written in place call after call and marked [`Pending::RETURNED`] at `sys_exit`, not
+/// removed: an insert and a removal per call cost the traced call more than the rest of the
+/// map work together. The slot goes when its thread exits (`sched_process_exit`). A call
+/// always reaches its `sys_exit` (a thread killed in it returns through it too), so nothing
+/// else leaks; a full map is counted (`Loss::Pending`).
 #[map]
-pub static INFLIGHT: LruHashMap<u32, Pending> = LruHashMap::with_max_entries(16384, 0);
+pub static INFLIGHT: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 
 /// Per-CPU room for a path being checked, too big for the 512-byte stack.
 #[map]
@@ -96,6 +100,7 @@ pub static SCRATCH: PerCpuArray<[u8; PATH_LEN]> = PerCpuArray::with_max_entries(
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Pending {
+    /// A `Syscall`, or [`Pending::RETURNED`].
     pub syscall: u16,
     pub flags: u16,
     pub fd: i32,
@@ -103,4 +108,9 @@ pub struct Pending {
     /// `struct inode *` of the descriptor, to read its size again when the call returns.
     pub inode: u64,
     pub file: FileRef,
+}
+
+impl Pending {
+    /// `syscall` of a slot whose call has returned.
+    pub const RETURNED: u16 = u16::MAX;
 }

@@ -105,6 +105,21 @@ fn no_loss_with_the_default_buffer() {
     assert_eq!(trace.events("unlink").len(), 5000);
 }
 
+/// Each thread that made a /dev/shm call holds a slot in the kernel's table of calls in flight
+/// (16 384 of them) until it ends: after 20 000 threads, one after another, a last thread's
+/// failing call is still seen, and nothing was lost on the way. (`--failed`: the successful
+/// calls take their slots but send no records, so a slow reader cannot lose any.)
+#[test]
+fn threads_that_ended_leave_no_slot_behind() {
+    let _guard = serial();
+    let trace = trace_exerciser(&["--failed"], &["--private-shm", "1m", "threads", "20000"]);
+    assert_eq!(trace.summary()["lost"], 0, "{}", trace.stderr());
+    let failed = trace.events("fallocate");
+    assert_eq!(failed.len(), 1, "{}", trace.stderr());
+    assert_eq!(failed[0]["errno"], "ENOSPC", "{}", failed[0]);
+    assert_eq!(failed[0]["object_size"], 16_384, "{}", failed[0]);
+}
+
 #[test]
 fn exits_with_the_commands_status() {
     let _guard = serial();

@@ -3,7 +3,7 @@
 //! A descriptor counts when its inode's file system is a known /dev/shm (`SHM_DEVS`), so
 //! descriptors received over a socket (PyTorch passes them with SCM_RIGHTS) count too.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::{Syscall, flags};
+use shmtrace_common::{FileRef, Syscall, flags};
 
 use super::syscall::{self, enter_args};
 use crate::{kernel, scope};
@@ -79,7 +79,17 @@ fn enter_fd_call(call: Syscall, fd: u64, args: [u64; 6]) -> Option<()> {
     let task = kernel::current_task();
     let scope_flags = scope::in_scope(tgid, task, &off)?;
     let fd = fd as i32;
-    let (inode, file) = syscall::shm_fd(task, fd, &off)?;
+    let (inode, dev) = syscall::shm_fd(task, fd, &off)?;
+    // The rest of the inode is read when the call returns, as the call left it; but a closed
+    // descriptor's inode may be gone by then.
+    let file = if call == Syscall::Close {
+        kernel::inode_ref(inode, dev, &off)
+    } else {
+        FileRef {
+            dev,
+            ..FileRef::default()
+        }
+    };
     syscall::stash_with_file(tid, call, scope_flags | flags::FILE, fd, args, inode, file);
     Some(())
 }

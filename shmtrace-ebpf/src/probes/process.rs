@@ -17,7 +17,7 @@ use shmtrace_common::{
     flags as header_flags, targets::TRACKED,
 };
 
-use super::syscall::ids;
+use super::syscall::{self, ids};
 use crate::{emit, kernel, maps::TARGETS, scope};
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
@@ -139,6 +139,7 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     let task: u64 = ctx.arg(0);
     let off = kernel::offsets();
     let (tgid, tid) = ids();
+    syscall::forget_thread(tid);
     if tgid != tid {
         return None; // a thread; the process ends with its leader
     }

@@ -71,6 +71,13 @@ macro_rules! enter_args {
                     out[i] = self.$field;
                     i += 1;
                 )+
+                // The unused slots are zeroed word by word: left to the compiler, zeroing
+                // them becomes a call to the byte-at-a-time `memset` BPF programs get.
+                while i < 6 {
+                    // SAFETY: `i` is in bounds.
+                    unsafe { core::ptr::write_volatile(&mut out[i], 0) };
+                    i += 1;
+                }
                 out
             }
         }
@@ -126,18 +133,30 @@ pub fn stash_with_file(
         inode,
         file,
     };
-    if INFLIGHT.insert(tid, pending, 0).is_err() {
+    if let Some(slot) = INFLIGHT.get_ptr_mut(tid) {
+        // SAFETY: a pointer to a live map value; only this thread's programs use its slot, one
+        // at a time.
+        unsafe { *slot = pending };
+    } else if INFLIGHT.insert(tid, pending, 0).is_err() {
         emit::count(Loss::Pending);
     }
 }
 
-/// The inode behind `fd`, if it lives on a /dev/shm file system.
+/// Frees an exiting thread's slot.
 #[inline(always)]
-pub fn shm_fd(task: u64, fd: i32, off: &KernelOffsets) -> Option<(u64, FileRef)> {
+pub fn forget_thread(tid: u32) {
+    if INFLIGHT.get_ptr(tid).is_some() {
+        let _ = INFLIGHT.remove(tid);
+    }
+}
+
+/// The inode behind `fd` and its file system, if that is a /dev/shm.
+#[inline(always)]
+pub fn shm_fd(task: u64, fd: i32, off: &KernelOffsets) -> Option<(u64, u32)> {
     let inode = kernel::fd_inode(task, fd, off)?;
     let dev = kernel::inode_dev(inode, off)?;
     SHM_DEVS.get_ptr(dev)?;
-    Some((inode, kernel::inode_ref(inode, dev, off)))
+    Some((inode, dev))
 }
 
 /// What a path argument says about a call.
@@ -271,12 +290,18 @@ pub fn sys_exit(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn on_exit(ctx: &TracePointContext) {
     let (tgid, tid) = ids();
-    let Some(pending) = INFLIGHT.get_ptr(tid) else {
+    let Some(slot) = INFLIGHT.get_ptr_mut(tid) else {
         return;
     };
-    // SAFETY: a pointer to a live map value; copied before the entry is removed.
-    let mut pending = unsafe { *pending };
-    let _ = INFLIGHT.remove(tid);
+    // SAFETY: a pointer to a live map value, which only this thread's programs use.
+    let mut pending = unsafe {
+        if (*slot).syscall == Pending::RETURNED {
+            return;
+        }
+        let pending = *slot;
+        (*slot).syscall = Pending::RETURNED;
+        pending
+    };
     // SAFETY: every sys_exit record has this layout.
     let ret = unsafe { ctx.read_at::<ExitArgs>(0) }
         .map(|exit| exit.ret)
@@ -378,9 +403,10 @@ fn learn_directory(task: u64, ret: i64, off: &KernelOffsets) {
 #[inline(always)]
 fn emit_call(pending: &Pending, ret: i64, task: u64, off: &KernelOffsets) {
     let mut file = pending.file;
-    // The size after the call is what matters; a closed descriptor's inode may be gone.
+    // The inode as the call left it; a closed descriptor's inode may be gone, so a close
+    // carries it as it was before the call.
     if pending.inode != 0 && pending.syscall != Syscall::Close as u16 {
-        (file.size, file.blocks) = kernel::inode_size(pending.inode, off);
+        file = kernel::inode_ref(pending.inode, file.dev, off);
     }
     let event = SyscallEvent {
         header: emit::header(EventKind::Syscall, pending.flags, task, off),
@@ -414,7 +440,7 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &Ke
             header_flags |= flags::FILE;
             // A /dev/shm path we had not seen a file system for (a container's, say):
             // from now on its descriptors are recognised too.
-            if pending.syscall != Syscall::MemfdCreate as u16 {
+            if pending.syscall != Syscall::MemfdCreate as u16 && SHM_DEVS.get_ptr(dev).is_none() {
                 let _ = SHM_DEVS.insert(dev, 1, 0);
             }
         }

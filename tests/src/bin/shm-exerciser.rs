@@ -52,6 +52,7 @@ fn main() {
         "munmap" => munmap(),
         "hostile-name" => hostile_name(),
         "burst" => burst(rest),
+        "threads" => threads(rest),
         "wait-then" => wait_then(rest),
         "exit" => exit(rest.first().and_then(|c| c.parse().ok()).unwrap_or(0)),
         _ => usage(),
@@ -342,6 +343,35 @@ fn burst(args: &[String]) {
             libc::close(fd);
             libc::unlink(c.as_ptr());
         }
+    }
+}
+
+/// `count` threads, one after another, each sizing the same object once: more threads than
+/// shmtrace has slots for calls in flight, so slots not freed as their threads end show as
+/// lost calls. Then one more thread asks for 2 MiB of it (ENOSPC in a 1 MiB /dev/shm).
+fn threads(args: &[String]) {
+    let count: usize = args.first().and_then(|c| c.parse().ok()).unwrap_or(20_000);
+    let fd = open("/dev/shm/threads_0", CREATE);
+    let in_a_thread = |call: Box<dyn FnOnce() + Send>| {
+        std::thread::spawn(call)
+            .join()
+            .expect("a thread of the scenario")
+    };
+    for i in 0..count {
+        let size = 4096 * (i as i64 % 4 + 1);
+        // SAFETY: sizes our own descriptor.
+        in_a_thread(Box::new(move || unsafe {
+            check(libc::ftruncate(fd, size) as i64, "ftruncate");
+        }));
+    }
+    // SAFETY: allocates in our own descriptor.
+    in_a_thread(Box::new(move || unsafe {
+        check(libc::fallocate(fd, 0, 0, 2 << 20) as i64, "fallocate");
+    }));
+    // SAFETY: closes our own descriptor and unlinks a NUL-terminated literal path.
+    unsafe {
+        libc::close(fd);
+        libc::unlink(c"/dev/shm/threads_0".as_ptr());
     }
 }
 
