@@ -35,7 +35,7 @@ mod variants;
 use std::{
     collections::BTreeMap,
     fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
     time::Instant,
 };
@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// Skip the fork storm, start-up and replay measurements of issue 12's targets.
     #[arg(long)]
     no_targets: bool,
+    /// Only the replay target (record a 4 KiB churn, time `show --json` of it on one core),
+    /// measured --rounds times [default: once].
+    #[arg(long)]
+    only_replay: bool,
     /// The shmtrace binary [default: build and use target/release/shmtrace].
     #[arg(long, value_name = "PATH")]
     shmtrace: Option<PathBuf>,
@@ -221,6 +225,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let setup = Setup { shmtrace, scratch };
     let exe = std::env::current_exe().context("finding the xtask binary")?;
+    if args.only_replay {
+        return replay_only(args, &setup, &exe, &tag);
+    }
 
     println!("# shmtrace benchmark\n");
     println!("{}\n", machine_description(&setup));
@@ -341,6 +348,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// `--only-replay`: the replay target alone, --rounds times, each a row of the table.
+fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
+    println!("# shmtrace benchmark: replay only\n");
+    println!("{}\n", machine_description(setup));
+    let replayed = if args.quick { 20_000 } else { 100_000 };
+    let mut rows = Vec::new();
+    for _ in 0..args.rounds.unwrap_or(1) {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            break;
+        }
+        rows.extend(targets::replay(setup, exe, tag, replayed));
+        churn::remove_leftovers(tag);
+    }
+    println!("{}", targets::table(&rows));
+    println!("Load average at the end: {}.", load_average());
     Ok(())
 }
 

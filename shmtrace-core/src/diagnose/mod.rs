@@ -23,7 +23,7 @@ pub mod role;
 mod table;
 mod verdict;
 
-use std::collections::{HashMap, HashSet};
+use std::{borrow::Cow, collections::HashMap};
 
 use evidence::LoaderStats;
 pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
@@ -40,7 +40,7 @@ use verdict::Diagnosed;
 use crate::{
     capacity::Capacity,
     event::{Body, Event, ExitStatus, InodeId, Syscall},
-    model::{Annotation, ContainerInfo, ShmUsage, World},
+    model::{Annotation, ContainerInfo, FastMap, FastSet, ShmUsage, World},
 };
 
 /// The answer about one process that failed or died.
@@ -91,20 +91,20 @@ pub struct Diagnoser {
     roles: Roles,
     pending: HashMap<u32, Vec<Failure>>,
     capacity: HashMap<u32, Capacity>,
-    containers: HashMap<u32, ContainerInfo>,
+    containers: FastMap<u32, ContainerInfo>,
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
     diagnosed: HashMap<u32, Diagnosed>,
     /// Objects each process holds now, with its group (place and role at the time); per
     /// group, how many of its processes hold each object (an object shared by several counts
     /// once), and the most bytes the group held at once.
-    held: HashMap<u32, (HashSet<InodeId>, (String, RoleKind))>,
-    group_now: HashMap<(String, RoleKind), HashMap<InodeId, u32>>,
+    held: FastMap<u32, (FastSet<InodeId>, (String, RoleKind))>,
+    group_now: FastMap<(String, RoleKind), FastMap<InodeId, u32>>,
     group_peak: HashMap<(String, RoleKind), u64>,
     /// Processes the model forgot, counted per group for the closing table.
     forgotten: HashMap<(String, RoleKind), table::RoleStats>,
     /// Failures and deaths per process.
-    outcomes: HashMap<u32, (u64, bool)>,
+    outcomes: FastMap<u32, (u64, bool)>,
     /// Label for mount namespaces nobody named (the demo's private one, say).
     unnamed_place: Option<String>,
     nccl_seen: bool,
@@ -117,6 +117,9 @@ pub struct Diagnoser {
     lost_events: u64,
     /// Rows of the closing table dropped to bound memory ([`Diagnoser::forget`]).
     evicted_groups: u64,
+    /// Reused to gather what a process holds after each call, which is most often what it
+    /// held before ([`Diagnoser::update_held`]).
+    held_scratch: FastSet<InodeId>,
 }
 
 impl Diagnoser {
@@ -149,11 +152,16 @@ impl Diagnoser {
     }
 
     pub fn place(&self, mntns: u32) -> String {
+        self.place_name(mntns).into_owned()
+    }
+
+    /// [`Diagnoser::place`], borrowed where it can be: asked for every event.
+    pub fn place_name(&self, mntns: u32) -> Cow<'_, str> {
         match (self.containers.get(&mntns), &self.unnamed_place) {
-            (Some(container), _) => container.label(),
-            _ if mntns == self.host_mntns || mntns == 0 => "host".to_owned(),
-            (None, Some(label)) => label.clone(),
-            (None, None) => format!("mount namespace {mntns}"),
+            (Some(container), _) => Cow::Owned(container.label()),
+            _ if mntns == self.host_mntns || mntns == 0 => Cow::Borrowed("host"),
+            (None, Some(label)) => Cow::Borrowed(label),
+            (None, None) => Cow::Owned(format!("mount namespace {mntns}")),
         }
     }
 
@@ -199,7 +207,7 @@ impl Diagnoser {
             ) {
                 self.update_held(event.pid, event.mntns, world);
             }
-            if note.object_path.as_deref().is_some_and(role::is_nccl) {
+            if !self.nccl_seen && note.object_path.as_deref().is_some_and(role::is_nccl) {
                 self.nccl_seen = true;
             }
         }
@@ -215,7 +223,7 @@ impl Diagnoser {
         let mut out = Vec::new();
         if let Body::Exit(status) = &event.body {
             let group = self.group(event.pid, event.mntns);
-            self.held_to(event.pid, HashSet::new(), group, world);
+            self.held_to(event.pid, FastSet::default(), group, world);
             if !status.success() {
                 self.outcomes.entry(event.pid).or_default().1 = true;
             }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::model::{Process, World};
+use crate::model::{FastMap, Process, World};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -102,7 +102,7 @@ const SHM_MANAGER: &str = "torch_shm_manag";
 /// square of its processes (a fork storm, DataLoaders restarting workers every epoch).
 #[derive(Clone, Debug, Default)]
 pub struct Roles {
-    by_pid: HashMap<u32, Role>,
+    by_pid: FastMap<u32, Role>,
     /// Workers per (trainer, program), in start order: a worker's index is its place here.
     workers: HashMap<WorkerKey, Vec<(u64, u32)>>,
     /// Where each worker was filed.
@@ -232,7 +232,7 @@ impl Roles {
 
     /// Every role from scratch.
     pub fn compute(world: &World) -> Roles {
-        let mut by_pid: HashMap<u32, Role> = HashMap::new();
+        let mut by_pid: FastMap<u32, Role> = FastMap::default();
         // Workers first: by name, or as a child of a trainer creating torch_ objects (older
         // PyTorch did not rename them).
         let mut workers: Vec<&Process> = world
@@ -432,7 +432,7 @@ fn is_forkserver(process: &Process) -> bool {
 }
 
 fn base_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
+    path.rsplit_once('/').map_or(path, |(_, name)| name)
 }
 
 pub fn is_torch(path: &str) -> bool {

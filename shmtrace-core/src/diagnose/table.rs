@@ -1,9 +1,12 @@
 //! The closing table: per place and role, how many processes, the most bytes they held in
 //! /dev/shm at once (an object several of them hold counts once), their failures and deaths.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use super::{Diagnoser, RoleKind};
-use crate::{event::InodeId, model::World};
+use crate::{
+    event::InodeId,
+    model::{FastMap, FastSet, World},
+};
 
 /// Per place and role, for the closing table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,8 +52,24 @@ impl Diagnoser {
         let Some(process) = world.process(pid) else {
             return;
         };
-        let mut inodes: HashSet<_> = process.fds.values().map(|fd| fd.inode).collect();
+        let mut inodes = std::mem::take(&mut self.held_scratch);
+        inodes.clear();
+        inodes.extend(process.fds.values().map(|fd| fd.inode));
         inodes.extend(process.mappings.iter().map(|m| m.inode));
+        // Most calls (a resize, a mapping or a close of an object still mapped) change
+        // neither what the process holds nor its group: then only the sizes can have
+        // changed, and the group's peak is all there is to update.
+        if let Some((before, group)) = self.held.get(&pid)
+            && *before == inodes
+            && group.1 == self.roles.of(pid).kind
+            && group.0 == self.place_name(mntns)
+            && let Some(counts) = self.group_now.get(group)
+            && let Some(peak) = self.group_peak.get_mut(group)
+        {
+            *peak = (*peak).max(footprint(counts, world));
+            self.held_scratch = inodes;
+            return;
+        }
         let group = self.group(pid, mntns);
         self.held_to(pid, inodes, group, world);
     }
@@ -58,7 +77,7 @@ impl Diagnoser {
     pub(super) fn held_to(
         &mut self,
         pid: u32,
-        inodes: HashSet<InodeId>,
+        inodes: FastSet<InodeId>,
         group: (String, RoleKind),
         world: &World,
     ) {
@@ -78,15 +97,20 @@ impl Diagnoser {
         for inode in &inodes {
             *counts.entry(*inode).or_default() += 1;
         }
-        let now: u64 = counts
-            .keys()
-            .filter_map(|inode| world.object(inode))
-            .map(|o| o.footprint().0)
-            .sum();
+        let now = footprint(counts, world);
         let peak = self.group_peak.entry(group.clone()).or_default();
         *peak = (*peak).max(now);
         if !inodes.is_empty() {
             self.held.insert(pid, (inodes, group));
         }
     }
+}
+
+/// Bytes a group's objects hold now.
+fn footprint(counts: &FastMap<InodeId, u32>, world: &World) -> u64 {
+    counts
+        .keys()
+        .filter_map(|inode| world.object(inode))
+        .map(|o| o.footprint().0)
+        .sum()
 }

@@ -157,7 +157,13 @@ pub struct InodeId {
 impl InodeId {
     /// `major:minor`, as /proc/PID/maps and mountinfo print it.
     pub fn dev_string(&self) -> String {
-        shmtrace_common::KernelDev(self.dev).to_string()
+        // As `KernelDev`'s `Display` writes it, without `fmt`: every JSON event has one.
+        let dev = shmtrace_common::KernelDev(self.dev);
+        let mut text = String::with_capacity(12);
+        text.push_str(itoa::Buffer::new().format(dev.major()));
+        text.push(':');
+        text.push_str(itoa::Buffer::new().format(dev.minor()));
+        text
     }
 }
 
@@ -252,6 +258,17 @@ mod tests {
             path: Some("/dev/shm/sem.x".into()),
             path_truncated: false,
             relative_to_shm: false,
+        }
+    }
+
+    #[test]
+    fn a_device_reads_as_the_kernel_dev_type_prints_it() {
+        for dev in [0, 27, 1 << 20, (259 << 20) | 3, u32::MAX] {
+            let inode = InodeId { dev, ino: 1 };
+            assert_eq!(
+                inode.dev_string(),
+                shmtrace_common::KernelDev(dev).to_string()
+            );
         }
     }
 

@@ -1,4 +1,5 @@
 //! Symbolic names for numbers in system calls: errnos, flags, signals.
+use std::fmt::Write as _;
 
 /// `ENOSPC`, or `E123` for a number this platform does not name.
 pub fn errno_name(errno: i32) -> String {
@@ -16,21 +17,37 @@ pub fn errno_description(errno: i32) -> &'static str {
 }
 
 /// Renders `value` as `A|B|0x..` given named single-bit (or multi-bit) flags.
-fn flag_list(mut value: u64, names: &[(u64, &str)], zero: &str) -> String {
-    let mut parts = Vec::new();
+fn flag_list(value: u64, names: &[(u64, &str)], zero: &str) -> String {
+    let mut out = String::new();
+    push_flags(&mut out, value, names);
+    if out.is_empty() { zero.to_owned() } else { out }
+}
+
+/// `first|A|B|0x..`, or `first` alone when `value` is 0.
+fn flags_after(first: &str, value: u64, names: &[(u64, &str)]) -> String {
+    let mut out = String::with_capacity(64);
+    out.push_str(first);
+    push_flags(&mut out, value, names);
+    out
+}
+
+/// Appends the flags of `value` to `out`, each after a `|` unless `out` is empty: one string
+/// grown in place, as every open and mapping of a replay names its flags.
+fn push_flags(out: &mut String, mut value: u64, names: &[(u64, &str)]) {
     for (bits, name) in names {
         if *bits != 0 && value & bits == *bits {
-            parts.push((*name).to_owned());
+            if !out.is_empty() {
+                out.push('|');
+            }
+            out.push_str(name);
             value &= !bits;
         }
     }
     if value != 0 {
-        parts.push(format!("{value:#x}"));
-    }
-    if parts.is_empty() {
-        zero.to_owned()
-    } else {
-        parts.join("|")
+        if !out.is_empty() {
+            out.push('|');
+        }
+        let _ = write!(out, "{value:#x}");
     }
 }
 
@@ -60,11 +77,7 @@ pub fn open_flags(flags: u64) -> String {
         (libc::O_CLOEXEC as u64, "O_CLOEXEC"),
         (libc::O_PATH as u64, "O_PATH"),
     ];
-    if rest == 0 {
-        access.to_owned()
-    } else {
-        format!("{access}|{}", flag_list(rest, names, ""))
-    }
+    flags_after(access, rest, names)
 }
 
 pub fn prot_flags(prot: u64) -> String {
@@ -96,11 +109,7 @@ pub fn map_flags(flags: u64) -> String {
         (libc::MAP_HUGETLB as u64, "MAP_HUGETLB"),
         (libc::MAP_FIXED_NOREPLACE as u64, "MAP_FIXED_NOREPLACE"),
     ];
-    if rest == 0 {
-        kind.to_owned()
-    } else {
-        format!("{kind}|{}", flag_list(rest, names, ""))
-    }
+    flags_after(kind, rest, names)
 }
 
 pub fn fallocate_mode(mode: u64) -> String {
@@ -255,6 +264,13 @@ mod tests {
         assert_eq!(shmget_flags(0o1600), "IPC_CREAT|0o600");
         assert_eq!(shmctl_command(0x100), "IPC_RMID");
         assert_eq!(fallocate_mode(0), "0");
+        assert_eq!(prot_flags(0), "PROT_NONE");
+        assert_eq!(prot_flags(0x10), "0x10");
+        assert_eq!(
+            map_flags(0x11 | 1 << 40),
+            "MAP_SHARED|MAP_FIXED|0x10000000000"
+        );
+        assert_eq!(map_flags(1 << 40), "0|0x10000000000");
         assert_eq!(
             fallocate_mode(3),
             "FALLOC_FL_KEEP_SIZE|FALLOC_FL_PUNCH_HOLE"

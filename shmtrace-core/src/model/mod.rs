@@ -19,3 +19,10 @@ pub use process::{Mapping, OpenFd, Process};
 pub use snapshot::{ProcSnapshot, SnapshotFd, SnapshotMapping};
 pub use usage::{ShmUsage, Totals};
 pub use world::{Evictions, Retention, World};
+
+/// A map keyed by pids, inodes or namespaces, looked up a dozen times for every event:
+/// foldhash rather than SipHash, whose cost was a fifth of replay's time (issue 12). Seeded at
+/// random per process, like std's.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// A set, as [`FastMap`].
+pub type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;

@@ -1,10 +1,14 @@
 //! JSON lines: one object per event, schema version [`SCHEMA_VERSION`], documented in
 //! `docs/json.md`. Fields every event carries are always present (`null` when they do not
 //! apply); the rest appear only when they mean something.
-use std::io::{self, Write};
+use std::{
+    borrow::Cow,
+    io::{self, Write},
+};
 
 use serde::Serialize;
 
+#[cfg(doc)]
 use crate::clock::Clock;
 use crate::{
     diagnose::{Role, RoleKind},
@@ -24,13 +28,14 @@ pub struct JsonEvent<'a> {
     /// Schema version.
     pub v: u32,
     /// RFC 3339, UTC, nanoseconds.
-    pub ts: String,
+    pub ts: &'a str,
     pub pid: u32,
     pub tid: u32,
     pub comm: &'a str,
     /// The syscall name, or `signal`, `fork`, `exec`, `exit`, `rename`, `oom_kill`.
     pub event: &'static str,
-    pub path: Option<String>,
+    /// Borrowed from the model's annotation when it has the name (most events).
+    pub path: Option<Cow<'a, str>>,
     pub fd: Option<i32>,
     pub size: Option<u64>,
     pub offset: Option<u64>,
@@ -105,20 +110,21 @@ fn hex(addr: u64) -> String {
     format!("{addr:#x}")
 }
 
-/// Builds the JSON view of one event; `None` for events not worth a record.
+/// Builds the JSON view of one event, at `ts` ([`Clock::rfc3339`] of its time); `None` for
+/// events not worth a record.
 pub fn to_json<'a>(
     event: &'a Event,
     note: &'a Annotation,
     role: &Role,
     container: Option<&'a ContainerInfo>,
-    clock: &Clock,
+    ts: &'a str,
 ) -> Option<JsonEvent<'a>> {
     if note.irrelevant {
         return None;
     }
     let mut out = JsonEvent {
         v: SCHEMA_VERSION,
-        ts: clock.rfc3339(event.ts_ns),
+        ts,
         pid: event.pid,
         tid: event.tid,
         comm: &event.comm,
@@ -174,7 +180,7 @@ pub fn to_json<'a>(
                 out.addr = Some(hex(signal.addr));
             }
             if let Some(site) = &note.fault {
-                out.path = Some(site.path.clone());
+                out.path = Some(Cow::Borrowed(&site.path));
                 out.offset = Some(site.file_offset);
                 out.inode = Some(site.inode.ino);
                 out.dev = Some(site.inode.dev_string());
@@ -224,7 +230,10 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
     out.ret = Some(call.ret);
     out.errno = call.errno().map(errno_name);
     out.expected = call.expected_error();
-    out.path = note.object_path.clone().or_else(|| call.display_path());
+    out.path = match &note.object_path {
+        Some(path) => Some(Cow::Borrowed(path)),
+        None => call.display_path().map(Cow::Owned),
+    };
     if let Some(file) = call.file {
         out.object_size = Some(file.size);
         out.object_bytes = Some(file.allocated);

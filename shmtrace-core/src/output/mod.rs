@@ -5,6 +5,8 @@ pub mod diagnosis;
 pub mod filter;
 pub mod human;
 pub mod json;
+#[cfg(test)]
+mod json_tests;
 mod summary;
 
 use std::{
@@ -18,7 +20,7 @@ use std::{
 pub use summary::Summary;
 
 use crate::{
-    clock::Clock,
+    clock::{Clock, Rfc3339Cache},
     diagnose::{Cause, Diagnosis, Role},
     event::{Event, LostCounts},
     model::{Annotation, ContainerInfo},
@@ -28,6 +30,7 @@ use crate::{
 pub struct Output {
     sink: Sink,
     clock: Clock,
+    times: Rfc3339Cache,
     /// Also repeat notices on stderr (output goes to a file nobody is watching).
     notices_to_stderr: bool,
     /// Show where each event happened (containers are involved).
@@ -105,6 +108,7 @@ impl Output {
         Output {
             sink,
             clock,
+            times: Rfc3339Cache::default(),
             notices_to_stderr,
             show_places: false,
             reader_gone,
@@ -134,10 +138,13 @@ impl Output {
                 Some(line) => w.line(&line, self.show_places.then_some(place)),
                 None => Ok(()),
             },
-            Sink::Json(w) => match json::to_json(event, note, role, container, &self.clock) {
-                Some(record) => w.record(&record),
-                None => Ok(()),
-            },
+            Sink::Json(w) => {
+                let ts = self.times.rfc3339(&self.clock, event.ts_ns);
+                match json::to_json(event, note, role, container, ts) {
+                    Some(record) => w.record(&record),
+                    None => Ok(()),
+                }
+            }
         }
     }
 

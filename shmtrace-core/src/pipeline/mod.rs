@@ -13,7 +13,7 @@ mod retention_tests;
 mod tests;
 mod trigger;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -22,7 +22,7 @@ use crate::{
     capacity::Capacity,
     diagnose::{Diagnoser, Diagnosis, Role},
     event::{Body, Event, LostCounts, decode},
-    model::{ContainerInfo, ProcSnapshot, World},
+    model::{ContainerInfo, FastSet, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
     record::{Trigger, TriggerReason, UserRecord},
 };
@@ -45,11 +45,11 @@ pub struct Pipeline {
     /// Mount namespaces whose /dev/shm was measured, with the pid whose event asked for it.
     measured: HashMap<u32, u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
-    measured_devs: HashSet<u32>,
+    measured_devs: FastSet<u32>,
     /// Processes whose title and container pid were read again at their first /dev/shm call,
     /// and at their first failure.
-    read_at_call: HashSet<u32>,
-    read_at_failure: HashSet<u32>,
+    read_at_call: FastSet<u32>,
+    read_at_failure: FastSet<u32>,
     lost: LostCounts,
     malformed: u64,
     /// Most diagnoses kept for the summary ([`Pipeline::bounded`]); `None` keeps all.
@@ -71,9 +71,9 @@ impl Pipeline {
             tap: None,
             observer: None,
             measured: HashMap::new(),
-            measured_devs: HashSet::new(),
-            read_at_call: HashSet::new(),
-            read_at_failure: HashSet::new(),
+            measured_devs: FastSet::default(),
+            read_at_call: FastSet::default(),
+            read_at_failure: FastSet::default(),
             lost: LostCounts::default(),
             malformed: 0,
             max_diagnoses: None,
@@ -189,7 +189,7 @@ impl Pipeline {
         }
         let role = self.role_shown(&event);
         let shown_mntns = self.shown_mntns(&event);
-        let place = self.diagnoser.place(shown_mntns);
+        let place = self.diagnoser.place_name(shown_mntns);
         if let Some(observer) = &mut self.observer {
             observer.event(&event, &note, &role, &place, &self.world);
         }

@@ -259,12 +259,22 @@ impl<R: Read> TraceReader<R> {
                 return Err(self.error(frame_offset, None, Reason::Oversized { len: frame.len }));
             }
             // Sized for the record up front (records are small), not grown read by read; a
-            // hostile length gets no more than 64 KiB before the file proves it.
-            let mut payload = Vec::with_capacity((frame.len as usize).min(1 << 16));
-            let got = (&mut self.src)
-                .take(u64::from(frame.len))
-                .read_to_end(&mut payload)
-                .map_err(|e| self.error(frame_offset, None, Reason::Io(e)))?;
+            // hostile length gets no more than 64 KiB before the file proves it. A small
+            // record is read straight into place: `read_to_end` probes past the end of each.
+            let len = frame.len as usize;
+            let mut payload;
+            let got = if len <= 1 << 16 {
+                payload = vec![0; len];
+                let got = read_full(&mut self.src, &mut payload);
+                payload.truncate(*got.as_ref().unwrap_or(&0));
+                got
+            } else {
+                payload = Vec::with_capacity(1 << 16);
+                (&mut self.src)
+                    .take(u64::from(frame.len))
+                    .read_to_end(&mut payload)
+            }
+            .map_err(|e| self.error(frame_offset, None, Reason::Io(e)))?;
             if got < frame.len as usize {
                 return Err(self.error(
                     frame_offset,

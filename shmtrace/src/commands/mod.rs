@@ -42,6 +42,10 @@ pub fn open_output(
     open_output_not_over(path, json, color, default, clock, &[])
 }
 
+/// Bytes of output gathered before a write: a replay writes lines at hundreds of MB/s, and
+/// with the default 8 KiB every twentieth line was a system call.
+const OUTPUT_BUFFER: usize = 64 * 1024;
+
 /// [`open_output`], refusing to write over any of `inputs` (the trace being read).
 pub fn open_output_not_over(
     path: Option<&Path>,
@@ -58,7 +62,7 @@ pub fn open_output_not_over(
                 .with_context(|| format!("cannot write the output to {}", path.display()))?;
             let terminal = file.is_terminal();
             (
-                Box::new(io::BufWriter::new(file)),
+                Box::new(io::BufWriter::with_capacity(OUTPUT_BUFFER, file)),
                 terminal,
                 !safe_open::is_stdio(path),
             )
@@ -71,7 +75,7 @@ pub fn open_output_not_over(
             false,
         ),
         None => (
-            Box::new(io::BufWriter::new(io::stdout())),
+            Box::new(io::BufWriter::with_capacity(OUTPUT_BUFFER, io::stdout())),
             io::stdout().is_terminal(),
             false,
         ),

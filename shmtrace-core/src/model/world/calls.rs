@@ -75,9 +75,15 @@ impl World {
             | Syscall::Close => {
                 let Some(file) = call.file else { return };
                 let inode = file.inode;
-                let path = self
-                    .name_for_fd(event.pid, call.fd, inode)
-                    .or_else(|| self.recently_freed.get(&inode).cloned());
+                // Looked for only when the object has no name yet: copying its name for
+                // every call was a tenth of the model's time.
+                let named = self.objects.get(&inode).is_some_and(|o| o.path.is_some());
+                let path = if named {
+                    None
+                } else {
+                    self.name_for_fd(event.pid, call.fd, inode)
+                        .or_else(|| self.recently_freed.get(&inode).cloned())
+                };
                 let is_new = !self.objects.contains_key(&inode);
                 let object = self.object_entry(inode, event.mntns, event.ts_ns);
                 if object.path.is_none() {

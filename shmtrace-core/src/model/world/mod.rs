@@ -9,15 +9,15 @@ mod retention;
 pub use retention::{Evictions, Retention};
 
 use super::{
-    Annotation, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject, ShmUsage, Totals,
-    process::MAX_NAMES,
+    Annotation, FastMap, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject, ShmUsage,
+    Totals, process::MAX_NAMES,
 };
 use crate::event::{Body, Event, ExitStatus, InodeId};
 
 #[derive(Debug, Default)]
 pub struct World {
-    processes: HashMap<u32, Process>,
-    objects: HashMap<InodeId, ShmObject>,
+    processes: FastMap<u32, Process>,
+    objects: FastMap<InodeId, ShmObject>,
     /// Per /dev/shm file system (`dev_t`).
     usage: HashMap<u32, ShmUsage>,
     /// Names present in /dev/shm, per mount namespace.
