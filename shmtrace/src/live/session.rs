@@ -41,9 +41,10 @@ pub struct Outcome {
     pub interrupted: bool,
 }
 
-/// How long to keep reading after the traced command exits, for the last events of processes
-/// that ended with it.
+/// How long at most to keep reading after the traced command exits, for the last events of
+/// processes that ended with it, and how often to look meanwhile.
 const GRACE: Duration = Duration::from_millis(100);
+const GRACE_POLL: Duration = Duration::from_millis(2);
 /// How often ordinary records are collected from the ring buffer and the pipeline's tap may
 /// flush, and how often kernel losses are checked (every tenth tick).
 const TICK: Duration = Duration::from_millis(100);
@@ -98,6 +99,8 @@ pub struct Session {
     started: Instant,
     /// What the analysis's caps had dropped when last told.
     evicted: Evicted,
+    /// With a traced command: the processes of its tree whose exit has not been read yet.
+    command_tree: HashSet<u32>,
 }
 
 impl Session {
@@ -111,6 +114,7 @@ impl Session {
             hold: Hold::default(),
             started: Instant::now(),
             evicted: Evicted::default(),
+            command_tree: HashSet::new(),
         }
     }
 
@@ -160,6 +164,7 @@ impl Session {
 
         let mut command_done = match &ending {
             Ending::Command(command) => {
+                self.command_tree.insert(command.pid());
                 let waiter = *command;
                 Some(tokio::task::spawn_blocking(move || waiter.wait()))
             }
@@ -241,7 +246,20 @@ impl Session {
         if all_exited(&ending) {
             self.pipeline.notice("every traced process has exited")?;
         }
-        tokio::time::sleep(GRACE).await;
+        // The last records of processes that ended with the command may still be on their
+        // way; none can follow the exits of every traced process, so the wait ends there.
+        let grace_ends = Instant::now() + GRACE;
+        let tree_exited = |session: &Session, ending: &Ending| match ending {
+            Ending::Command(_) => session.command_tree.is_empty(),
+            _ => all_exited(ending),
+        };
+        while !outcome.interrupted && !tree_exited(&self, &ending) && Instant::now() < grace_ends {
+            tokio::time::sleep(GRACE_POLL).await;
+            while reader.drain(&mut batch) {
+                self.handle(&mut batch, &mut ending)?;
+            }
+            self.handle(&mut batch, &mut ending)?;
+        }
         while reader.drain(&mut batch) {
             self.handle(&mut batch, &mut ending)?;
         }
@@ -280,7 +298,12 @@ impl Session {
             {
                 self.hold.unfollow(mntns);
             }
-            if let (Ending::Pids(live), Some(event)) = (&mut *ending, event) {
+            let live = match &mut *ending {
+                Ending::Pids(live) => Some(live),
+                Ending::Command(_) => Some(&mut self.command_tree),
+                Ending::Interrupt => None,
+            };
+            if let (Some(live), Some(event)) = (live, event) {
                 match event.body {
                     Body::Exit(_) => {
                         live.remove(&event.pid);

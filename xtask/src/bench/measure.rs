@@ -36,6 +36,8 @@ pub struct Running {
 /// A process that has exited.
 pub struct Finished {
     pub wall_seconds: f64,
+    /// When the process was reaped.
+    pub exited_at: Instant,
     /// The raw `wait4` status.
     pub status: i32,
     /// User + system time of the process alone (its threads included), to 10 ms.
@@ -171,7 +173,8 @@ impl Running {
             }
             break r;
         };
-        let wall_seconds = self.started.elapsed().as_secs_f64();
+        let exited_at = Instant::now();
+        let wall_seconds = exited_at.duration_since(self.started).as_secs_f64();
         if reaped != pid {
             bail!("wait4: {}", std::io::Error::last_os_error());
         }
@@ -184,6 +187,7 @@ impl Running {
         stdout.extend(self.lines.try_iter());
         let stderr = self.stderr.join().unwrap_or_default();
         Ok(Finished {
+            exited_at,
             wall_seconds,
             status,
             own_cpu_seconds,

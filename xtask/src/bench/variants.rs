@@ -359,7 +359,7 @@ fn run_beside_shmtrace_all(setup: &Setup, workload: &[OsString]) -> Result<Outco
         }
     };
     let tracer = tracer.finish()?;
-    let stop_seconds = signalled.elapsed().as_secs_f64();
+    let stop_seconds = tracer.exited_at.duration_since(signalled).as_secs_f64();
     if !top.success() {
         bail!(
             "the workload ended with {}: {}",

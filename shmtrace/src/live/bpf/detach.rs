@@ -60,9 +60,14 @@ impl Drop for Handover {
     }
 }
 
-/// The forked child: forks again (so that nobody has to reap the one doing the slow work, and
-/// shmtrace waits only for this one), closes every descriptor but the attachments and the
-/// pipe, waits for the pipe's end, and exits, which releases the attachments.
+/// Background processes sharing the releases: each waits for its own, and the kernel lets
+/// them share grace periods (one process closing 38 links took 2.6 s; 8 took about 1.3 s).
+const DETACHERS: usize = 8;
+
+/// The forked child: forks the detachers (so that nobody has to reap the ones doing the slow
+/// work, and shmtrace waits only for this one) and exits. Detacher `n` keeps every
+/// [`DETACHERS`]th attachment from the `n`th and the pipe, closes every other descriptor,
+/// waits for the pipe's end, and exits, which releases its attachments.
 ///
 /// # Safety
 /// Only right in a child just forked from a multithreaded process: it makes async-signal-safe
@@ -70,14 +75,23 @@ impl Drop for Handover {
 unsafe fn detacher(keep: &[RawFd], go_read: RawFd) -> ! {
     // SAFETY: async-signal-safe calls on memory prepared before the fork.
     unsafe {
-        if libc::fork() != 0 {
+        let mut group = 0;
+        while group < DETACHERS.min(keep.len()) && libc::fork() != 0 {
+            group += 1;
+        }
+        if group == DETACHERS.min(keep.len()) {
             libc::_exit(0);
         }
         libc::prctl(libc::PR_SET_NAME, c"shmtrace-detach".as_ptr());
         libc::setsid();
+        let mine = |fd: RawFd| {
+            keep.iter()
+                .position(|&kept| kept == fd)
+                .is_some_and(|index| index % DETACHERS == group)
+        };
         let highest = keep.iter().copied().max().unwrap_or(0).max(go_read);
         for fd in 0..=highest {
-            if fd != go_read && !keep.contains(&fd) {
+            if fd != go_read && !mine(fd) {
                 libc::close(fd);
             }
         }

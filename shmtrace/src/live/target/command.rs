@@ -138,6 +138,10 @@ pub struct RunningCommand {
 }
 
 impl RunningCommand {
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw() as u32
+    }
+
     /// Blocks until the command exits.
     pub fn wait(&self) -> Result<ExitStatus> {
         loop {
