@@ -211,8 +211,9 @@ pub fn probes(
         "\nPer object: syscall entry probes {:.2} µs, exit probes (where records are written) \
          {:.2} µs, others {:.2} µs.",
         side_us("sys_enter_"),
-        side_us("sys_exit_"),
-        bpf_us - side_us("sys_enter_") - side_us("sys_exit_"),
+        // One program, `sys_exit`, on every `sys_exit_*` tracepoint.
+        side_us("sys_exit"),
+        bpf_us - side_us("sys_enter_") - side_us("sys_exit"),
     );
     out += &format!(
         " In BPF programs: {bpf_us:.2} µs per object ({} with --failed). This run's loop, with \
