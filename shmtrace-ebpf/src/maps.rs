@@ -92,7 +92,8 @@ pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 #[map]
 pub static INFLIGHT: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 
-/// Per-CPU room for a path being checked, too big for the 512-byte stack.
+/// Per-CPU room, too big for the 512-byte stack, for a path being checked or the head of an
+/// inode being read (`kernel::inode_ref`); never both in one step.
 #[map]
 pub static SCRATCH: PerCpuArray<[u8; PATH_LEN]> = PerCpuArray::with_max_entries(1, 0);
 

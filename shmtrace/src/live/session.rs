@@ -204,10 +204,7 @@ impl Session {
                     break;
                 }
                 _ = dump.recv() => {
-                    while reader.drain(&mut batch) {
-                        self.handle(&mut batch, &mut ending)?;
-                    }
-                    self.handle(&mut batch, &mut ending)?;
+                    self.drain_all(&mut reader, &mut batch, &mut ending)?;
                     if !self.pipeline.trigger_manual(boot_ns()?)? {
                         self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
                     }
@@ -249,21 +246,11 @@ impl Session {
         // The last records of processes that ended with the command may still be on their
         // way; none can follow the exits of every traced process, so the wait ends there.
         let grace_ends = Instant::now() + GRACE;
-        let tree_exited = |session: &Session, ending: &Ending| match ending {
-            Ending::Command(_) => session.command_tree.is_empty(),
-            _ => all_exited(ending),
-        };
-        while !outcome.interrupted && !tree_exited(&self, &ending) && Instant::now() < grace_ends {
+        while !outcome.interrupted && !self.tree_exited(&ending) && Instant::now() < grace_ends {
             tokio::time::sleep(GRACE_POLL).await;
-            while reader.drain(&mut batch) {
-                self.handle(&mut batch, &mut ending)?;
-            }
-            self.handle(&mut batch, &mut ending)?;
+            self.drain_all(&mut reader, &mut batch, &mut ending)?;
         }
-        while reader.drain(&mut batch) {
-            self.handle(&mut batch, &mut ending)?;
-        }
-        self.handle(&mut batch, &mut ending)?;
+        self.drain_all(&mut reader, &mut batch, &mut ending)?;
         self.check_lost()?;
         if let Some(status) = outcome.command_status {
             self.pipeline.notice(&match status {
@@ -276,6 +263,28 @@ impl Session {
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
         Ok(outcome)
+    }
+
+    /// Reads and handles every record the ring holds now, a batch at a time.
+    fn drain_all(
+        &mut self,
+        reader: &mut EventReader,
+        batch: &mut Vec<Bytes>,
+        ending: &mut Ending,
+    ) -> Result<()> {
+        while reader.drain(batch) {
+            self.handle(batch, ending)?;
+        }
+        self.handle(batch, ending)
+    }
+
+    /// Whether every traced process (the command's tree, or the pids followed) has been seen
+    /// exiting.
+    fn tree_exited(&self, ending: &Ending) -> bool {
+        match ending {
+            Ending::Command(_) => self.command_tree.is_empty(),
+            _ => all_exited(ending),
+        }
     }
 
     fn handle(&mut self, batch: &mut Vec<Bytes>, ending: &mut Ending) -> Result<()> {

@@ -1,16 +1,16 @@
 //! Detaching the programs without making the user wait for the kernel.
 //!
 //! Detaching a syscall tracepoint waits for RCU grace periods under a lock the kernel holds
-//! for every tracepoint, so shmtrace's 30-odd attachments take 1 to 1.5 s to let go, one after
-//! the other, however they are closed (measured in docs/BENCHMARKS.md). Nothing of shmtrace's
-//! output depends on that wait. So at the end a short-lived process, `shmtrace-detach`, takes
-//! over the last references to the attachments and lets the kernel release them, while
-//! shmtrace itself exits at once. It holds nothing else: no terminal, pipe or file of
-//! shmtrace's, so whoever reads shmtrace's output sees it end when shmtrace ends.
+//! for every tracepoint, so shmtrace's 38 attachments take 1 to 1.5 s to let go, however they
+//! are closed (measured in docs/BENCHMARKS.md). Nothing of shmtrace's output depends on that
+//! wait. So at the end short-lived `shmtrace-detach` processes take over the last references
+//! to the attachments and let the kernel release them, while shmtrace itself exits at once.
+//! They hold nothing else: no terminal, pipe or file of shmtrace's, so whoever reads
+//! shmtrace's output sees it end when shmtrace ends.
 use std::{fs, os::fd::RawFd};
 
-/// Hands the attachments (`perf_event` and `bpf_link` descriptors) to a background process
-/// that closes them after this process has closed its own copies. `Some(handover)` when it
+/// Hands the attachments (`perf_event` and `bpf_link` descriptors) to background processes
+/// that close them after this process has closed its own copies. `Some(handover)` when it
 /// runs; the caller drops its links, then drops the handover to let it go. `None` if it could
 /// not start (the caller then detaches the slow way).
 pub fn in_background() -> Option<Handover> {
@@ -48,7 +48,7 @@ pub fn in_background() -> Option<Handover> {
 }
 
 /// Held while this process closes its copies of the attachments; dropping it lets the
-/// background process close the last ones.
+/// background processes close the last ones.
 pub struct Handover {
     go_write: RawFd,
 }
