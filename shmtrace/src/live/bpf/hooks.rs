@@ -1,5 +1,7 @@
 //! What the programs attach to. Each entry program is named after its tracepoint; one exit
-//! program, `sys_exit`, serves every `sys_exit_*` tracepoint.
+//! program, `sys_exit`, serves the `sys_exit_*` tracepoints of the calls traced at both ends.
+//! The calls traced at their exit only have no entry program, and an exit program of their own
+//! named after its tracepoint.
 use std::path::Path;
 
 use shmtrace_common::Syscall;
@@ -40,8 +42,19 @@ impl Hook {
     }
 }
 
-/// The program attached to every `sys_exit_*` tracepoint.
+/// The program attached to the `sys_exit_*` tracepoint of every call traced at both ends.
 pub const EXIT_PROGRAM: &str = "sys_exit";
+
+/// Calls on a descriptor that stays open, traced at their exit only, with their arguments read
+/// from the saved registers: an entry tracepoint would cost every process on the host on each
+/// of these calls, and would learn nothing the exit cannot.
+pub const EXIT_ONLY: [Syscall; 5] = [
+    Syscall::Ftruncate,
+    Syscall::Fallocate,
+    Syscall::Write,
+    Syscall::Mmap,
+    Syscall::Munmap,
+];
 
 /// Every hook, in attach order: process lifecycle first, so no fork is missed while the
 /// syscall probes attach.
@@ -62,6 +75,15 @@ pub fn all() -> Vec<Hook> {
         name: "mark_victim".to_owned(),
     });
     for call in Syscall::ALL {
+        let exit = format!("sys_exit_{}", call.name());
+        if EXIT_ONLY.contains(&call) {
+            hooks.push(Hook::Tracepoint {
+                program: exit.clone(),
+                category: "syscalls",
+                name: exit,
+            });
+            continue;
+        }
         let enter = format!("sys_enter_{}", call.name());
         hooks.push(Hook::Tracepoint {
             program: enter.clone(),
@@ -71,7 +93,7 @@ pub fn all() -> Vec<Hook> {
         hooks.push(Hook::Tracepoint {
             program: EXIT_PROGRAM.to_owned(),
             category: "syscalls",
-            name: format!("sys_exit_{}", call.name()),
+            name: exit,
         });
     }
     hooks
@@ -145,8 +167,9 @@ mod tests {
             unused.is_empty(),
             "programs in the object that no hook attaches: {unused:?}"
         );
-        // Attach points: each entry program to its own call's tracepoint, the exit program to
-        // every traced call's exit, and no tracepoint twice.
+        // Attach points: each entry program to its own call's tracepoint, the shared exit
+        // program to the exit of every call traced at both ends, an exit-only call's program
+        // to its own exit, and no tracepoint twice.
         let mut attach_points = BTreeSet::new();
         for hook in &hooks {
             if let Hook::Tracepoint {
@@ -159,12 +182,15 @@ mod tests {
                     attach_points.insert((*category, name.clone())),
                     "{name} twice"
                 );
-                if name.starts_with("sys_exit_") {
+                let exit_only = EXIT_ONLY
+                    .iter()
+                    .any(|call| *name == format!("sys_exit_{}", call.name()));
+                if name.starts_with("sys_exit_") && !exit_only {
                     assert_eq!(program, EXIT_PROGRAM, "{name}");
                 } else {
                     assert_eq!(
                         program, name,
-                        "entry programs are named after their tracepoint"
+                        "entry and exit-only programs are named after their tracepoint"
                     );
                 }
             }
@@ -172,12 +198,17 @@ mod tests {
         for call in Syscall::ALL {
             for phase in ["enter", "exit"] {
                 let name = format!("sys_{phase}_{}", call.name());
-                assert!(
+                let wanted = phase == "exit" || !EXIT_ONLY.contains(&call);
+                assert_eq!(
                     attach_points.contains(&("syscalls", name.clone())),
+                    wanted,
                     "{name}"
                 );
             }
         }
-        assert_eq!(attach_points.len(), 2 * Syscall::ALL.len() + 1);
+        assert_eq!(
+            attach_points.len(),
+            2 * Syscall::ALL.len() - EXIT_ONLY.len() + 1
+        );
     }
 }
