@@ -45,17 +45,6 @@ impl Hook {
 /// The program attached to the `sys_exit_*` tracepoint of every call traced at both ends.
 pub const EXIT_PROGRAM: &str = "sys_exit";
 
-/// Calls on a descriptor that stays open, traced at their exit only, with their arguments read
-/// from the saved registers: an entry tracepoint would cost every process on the host on each
-/// of these calls, and would learn nothing the exit cannot.
-pub const EXIT_ONLY: [Syscall; 5] = [
-    Syscall::Ftruncate,
-    Syscall::Fallocate,
-    Syscall::Write,
-    Syscall::Mmap,
-    Syscall::Munmap,
-];
-
 /// Every hook, in attach order: process lifecycle first, so no fork is missed while the
 /// syscall probes attach.
 pub fn all() -> Vec<Hook> {
@@ -76,7 +65,7 @@ pub fn all() -> Vec<Hook> {
     });
     for call in Syscall::ALL {
         let exit = format!("sys_exit_{}", call.name());
-        if EXIT_ONLY.contains(&call) {
+        if call.traced_at_exit_only() {
             hooks.push(Hook::Tracepoint {
                 program: exit.clone(),
                 category: "syscalls",
@@ -182,9 +171,9 @@ mod tests {
                     attach_points.insert((*category, name.clone())),
                     "{name} twice"
                 );
-                let exit_only = EXIT_ONLY
-                    .iter()
-                    .any(|call| *name == format!("sys_exit_{}", call.name()));
+                let exit_only = Syscall::ALL.iter().any(|call| {
+                    call.traced_at_exit_only() && *name == format!("sys_exit_{}", call.name())
+                });
                 if name.starts_with("sys_exit_") && !exit_only {
                     assert_eq!(program, EXIT_PROGRAM, "{name}");
                 } else {
@@ -198,7 +187,7 @@ mod tests {
         for call in Syscall::ALL {
             for phase in ["enter", "exit"] {
                 let name = format!("sys_{phase}_{}", call.name());
-                let wanted = phase == "exit" || !EXIT_ONLY.contains(&call);
+                let wanted = phase == "exit" || !call.traced_at_exit_only();
                 assert_eq!(
                     attach_points.contains(&("syscalls", name.clone())),
                     wanted,
@@ -206,9 +195,11 @@ mod tests {
                 );
             }
         }
-        assert_eq!(
-            attach_points.len(),
-            2 * Syscall::ALL.len() - EXIT_ONLY.len() + 1
-        );
+        let exit_only = Syscall::ALL
+            .iter()
+            .filter(|call| call.traced_at_exit_only())
+            .count();
+        assert_eq!(exit_only, 5);
+        assert_eq!(attach_points.len(), 2 * Syscall::ALL.len() - exit_only + 1);
     }
 }
