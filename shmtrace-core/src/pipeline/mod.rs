@@ -474,6 +474,9 @@ impl Pipeline {
     /// whenever the failing processes, and all others of their namespace, are gone by the time
     /// their events are read.
     fn measure_if_needed(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        if !env.can_measure() {
+            return Ok(());
+        }
         let failure = event.is_failure();
         let new_file_system = match &event.body {
             // Tried once per file system, whatever the outcome: a file system that is not
