@@ -55,6 +55,9 @@ pub struct KernelOffsets {
     /// Bit offset of the `task_struct.in_execve` bitfield, or `u32::MAX` when this kernel has
     /// none: exec renames the task, and that rename is not news.
     pub task_in_execve_bit: u32,
+    /// `pt_regs` offsets of the registers a system call's arguments arrive in, in argument
+    /// order, as saved at entry: the calls traced at exit only read their arguments there.
+    pub regs_arg: [u32; 6],
 }
 
 #[cfg(feature = "aya")]

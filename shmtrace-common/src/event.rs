@@ -111,6 +111,21 @@ impl Syscall {
         Syscall::Recvmsg,
     ];
 
+    /// Whether the probes trace the call at its exit only, with its arguments read from the
+    /// registers saved at entry, and no `sys_enter_<name>` program: a call on a descriptor that
+    /// stays open, about which nothing needs seeing before it runs. An entry tracepoint would
+    /// cost every process on the host on each of these calls.
+    pub const fn traced_at_exit_only(self) -> bool {
+        matches!(
+            self,
+            Syscall::Ftruncate
+                | Syscall::Fallocate
+                | Syscall::Write
+                | Syscall::Mmap
+                | Syscall::Munmap
+        )
+    }
+
     /// The kernel's name, as in `/sys/kernel/tracing/events/syscalls/sys_enter_<name>`.
     pub const fn name(self) -> &'static str {
         match self {

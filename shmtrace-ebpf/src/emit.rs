@@ -3,17 +3,14 @@
 //! Small records are built whole on the stack and copied in with one write ([`send`]); the two
 //! big ones (a path, a command line) are filled in place in reserved memory ([`reserve`], then
 //! [`submit`]). Every loss is counted in `LOST` by its reason ([`count`]).
-use core::mem::MaybeUninit;
-
 use aya_ebpf::{
-    cty::c_void,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_boot_ns, generated,
+        bpf_ktime_get_boot_ns,
     },
     maps::ring_buf::RingBufEntry,
 };
-use shmtrace_common::{EventKind, Header, KernelOffsets, Loss};
+use shmtrace_common::{EventKind, FileRef, Header, KernelOffsets, Loss};
 
 use crate::{
     kernel,
@@ -36,7 +33,7 @@ pub fn count(loss: Loss) {
 
 /// The header that starts every record, for the current task.
 #[inline(always)]
-pub fn header(kind: EventKind, flags: u16, task: u64, off: &KernelOffsets) -> Header {
+pub fn header(kind: EventKind, flags: u16, off: &KernelOffsets) -> Header {
     let pid_tgid = bpf_get_current_pid_tgid();
     Header {
         kind: kind as u16,
@@ -47,26 +44,27 @@ pub fn header(kind: EventKind, flags: u16, task: u64, off: &KernelOffsets) -> He
         ts_ns: unsafe { bpf_ktime_get_boot_ns() },
         pid: (pid_tgid >> 32) as u32,
         tid: pid_tgid as u32,
-        mntns: kernel::task_mntns(task, off).unwrap_or(0),
+        mntns: kernel::current_mntns(off).unwrap_or(0),
         _pad: 0,
         // SAFETY: this helper has no preconditions.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        comm: current_comm(),
+        comm: kernel::current_comm(off),
     }
 }
 
-/// The current task's name. The helper fills all 16 bytes (padding with NULs), so the buffer
-/// is not zeroed first: zeroing it is a call to BPF's byte-at-a-time `memset` on every record.
+/// A record's file when it has none. Read from a static the compiler cannot see into: zeros it
+/// can see are written with a call to BPF's byte-at-a-time `memset`, on every record.
 #[inline(always)]
-fn current_comm() -> [u8; 16] {
-    let mut comm = MaybeUninit::<[u8; 16]>::uninit();
-    // SAFETY: the helper writes 16 bytes into the buffer.
-    let ret = unsafe { generated::bpf_get_current_comm(comm.as_mut_ptr() as *mut c_void, 16) };
-    if ret != 0 {
-        return [0; 16];
-    }
-    // SAFETY: filled by the helper.
-    unsafe { comm.assume_init() }
+pub fn no_file() -> FileRef {
+    static NO_FILE: FileRef = FileRef {
+        dev: 0,
+        mode: 0,
+        ino: 0,
+        size: 0,
+        blocks: 0,
+    };
+    // SAFETY: a read of a static.
+    unsafe { core::ptr::read_volatile(&NO_FILE) }
 }
 
 /// Copies a whole record into the ring buffer, or counts it lost.

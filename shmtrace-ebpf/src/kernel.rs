@@ -1,8 +1,10 @@
 //! Reading kernel structs.
 //!
-//! aya's Rust eBPF has no CO-RE, so every field is read with `bpf_probe_read_kernel` at an
-//! offset userspace resolved from the running kernel's BTF (`OFFSETS`). A failed read yields
-//! `None` and is counted (`Loss::KernelRead`); a NULL pointer is not a failure.
+//! aya's Rust eBPF has no CO-RE, so every field is read at an offset userspace resolved from the
+//! running kernel's BTF (`OFFSETS`). What hangs off the current task is read with plain loads
+//! through its typed pointer ([`field`]); anything else with `bpf_probe_read_kernel`, where a
+//! failed read yields `None` and is counted (`Loss::KernelRead`). A NULL pointer is not a
+//! failure.
 use aya_ebpf::{
     cty::c_void,
     helpers::{bpf_get_current_task, bpf_probe_read_kernel, generated},
@@ -89,22 +91,89 @@ pub fn task_mntns(task: u64, off: &KernelOffsets) -> Option<u32> {
     read::<u32>(mnt_ns, off.mnt_ns_inum)
 }
 
-/// `struct inode *` behind the task's descriptor `fd`.
+/// The current task as the kernel's typed pointer. Fields reached from it are read with plain
+/// loads ([`field`]) instead of a helper call each: the verifier checks every load against the
+/// kernel's BTF (the offsets, read-only globals, are constants to it), and turns it into a read
+/// that yields zero instead of faulting.
 #[inline(always)]
-pub fn fd_inode(task: u64, fd: i32, off: &KernelOffsets) -> Option<u64> {
+fn current_btf() -> *const u8 {
+    // SAFETY: no preconditions.
+    unsafe { generated::bpf_get_current_task_btf() as *const u8 }
+}
+
+/// The field at `offset` of a struct reached from [`current_btf`] through typed pointers only.
+/// A pointer to a pointer is not typed: what it points to needs [`read`].
+///
+/// # Safety
+/// `base` must be such a typed pointer, and the field of type `T`.
+#[inline(always)]
+unsafe fn field<T>(base: *const u8, offset: u32) -> T {
+    // SAFETY: see above; the verifier rejects the program otherwise.
+    unsafe { core::ptr::read_volatile(base.add(offset as usize) as *const T) }
+}
+
+/// The arguments of the current thread's system call, from the registers saved when it entered
+/// the kernel. A `sys_exit_*` tracepoint runs before anything (ptrace, a signal) can change
+/// them, so they are the arguments the call ran with.
+#[inline(always)]
+pub fn syscall_args(off: &KernelOffsets) -> [u64; 6] {
+    // SAFETY: the helper takes the typed pointer to the current task and returns the typed
+    // pointer to its saved registers.
+    let regs = unsafe { generated::bpf_task_pt_regs(current_btf() as *mut _) } as *const u8;
+    let mut args = [0u64; 6];
+    let mut i = 0;
+    while i < 6 {
+        // SAFETY: a register of `struct pt_regs`, at an offset resolved from its BTF.
+        args[i] = unsafe { field(regs, off.regs_arg[i]) };
+        i += 1;
+    }
+    args
+}
+
+/// The current task's name, as [`task_comm`] reads any task's; `bpf_get_current_comm` would
+/// copy it a byte at a time.
+#[inline(always)]
+pub fn current_comm(off: &KernelOffsets) -> [u8; 16] {
+    // SAFETY: `task_struct.comm` is a 16-byte array in the typed current task.
+    unsafe { field(current_btf(), off.task_comm) }
+}
+
+/// The current task's mount namespace, as [`task_mntns`] reads any task's.
+#[inline(always)]
+pub fn current_mntns(off: &KernelOffsets) -> Option<u32> {
+    // SAFETY: typed pointers all the way down.
+    unsafe {
+        let nsproxy: *const u8 = field(current_btf(), off.task_nsproxy);
+        if nsproxy.is_null() {
+            return None;
+        }
+        let mnt_ns: *const u8 = field(nsproxy, off.nsproxy_mnt_ns);
+        if mnt_ns.is_null() {
+            return None;
+        }
+        Some(field(mnt_ns, off.mnt_ns_inum))
+    }
+}
+
+/// `struct inode *` behind the current task's descriptor `fd`.
+#[inline(always)]
+pub fn fd_inode(fd: i32, off: &KernelOffsets) -> Option<u64> {
     if fd < 0 {
         return None;
     }
-    let files = read_ptr(task, off.task_files)?;
-    let fdt = read_ptr(files, off.files_fdt)?;
-    // `max_fds` and `fd` are neighbours (`struct fdtable` begins with them): one read.
-    let (max_fds, fd_array) = if off.fdtable_fd == off.fdtable_max_fds + 8 {
-        let [max_fds, fd_array] = read::<[u64; 2]>(fdt, off.fdtable_max_fds)?;
-        (max_fds as u32, fd_array)
-    } else {
+    // SAFETY: typed pointers down to the descriptor array, whose elements are read below.
+    let (max_fds, fd_array) = unsafe {
+        let files: *const u8 = field(current_btf(), off.task_files);
+        if files.is_null() {
+            return None;
+        }
+        let fdt: *const u8 = field(files, off.files_fdt);
+        if fdt.is_null() {
+            return None;
+        }
         (
-            read::<u32>(fdt, off.fdtable_max_fds)?,
-            read::<u64>(fdt, off.fdtable_fd)?,
+            field::<u32>(fdt, off.fdtable_max_fds),
+            field::<u64>(fdt, off.fdtable_fd),
         )
     };
     if fd as u32 >= max_fds || fd_array == 0 {
@@ -184,11 +253,23 @@ fn inode_ref_at_once(inode: u64, dev: u32, off: &KernelOffsets) -> Option<FileRe
 
 /// `dev_t` of the file system holding the task's current directory.
 #[inline(always)]
-pub fn cwd_dev(task: u64, off: &KernelOffsets) -> Option<u32> {
-    let fs = read_ptr(task, off.task_fs)?;
-    let dentry = read_ptr(fs, off.fs_pwd_dentry)?;
-    let sb = read_ptr(dentry, off.dentry_sb)?;
-    read::<u32>(sb, off.super_block_dev)
+pub fn cwd_dev(off: &KernelOffsets) -> Option<u32> {
+    // SAFETY: typed pointers all the way down.
+    unsafe {
+        let fs: *const u8 = field(current_btf(), off.task_fs);
+        if fs.is_null() {
+            return None;
+        }
+        let dentry: *const u8 = field(fs, off.fs_pwd_dentry);
+        if dentry.is_null() {
+            return None;
+        }
+        let sb: *const u8 = field(dentry, off.dentry_sb);
+        if sb.is_null() {
+            return None;
+        }
+        Some(field(sb, off.super_block_dev))
+    }
 }
 
 /// User addresses of the task's command line (`mm_struct.arg_start..arg_end`).

@@ -43,6 +43,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     mm_arg_end: 0,
     binprm_filename: 0,
     task_in_execve_bit: u32::MAX,
+    regs_arg: [0; 6],
 });
 
 /// Records for userspace. The loader sets the size (`--buffer-size`).

@@ -27,7 +27,7 @@ const NOEXIST: u64 = 1;
 /// flags to use, and records a container match in `TARGETS` so later checks are one lookup.
 /// A held process (flags `HELD`) is reported but must not be put in `TARGETS`.
 #[inline(always)]
-pub fn tracked(tgid: u32, task: u64) -> Option<u16> {
+pub fn tracked(tgid: u32) -> Option<u16> {
     let config = CONFIG.load();
     if tgid == config.self_tgid {
         return None;
@@ -38,7 +38,7 @@ pub fn tracked(tgid: u32, task: u64) -> Option<u16> {
     if config.match_containers == 0 {
         return None;
     }
-    let mntns = kernel::task_mntns(task, &kernel::offsets());
+    let mntns = kernel::current_mntns(&kernel::offsets());
     if mntns_followed(mntns) || current_cgroup_followed() {
         let _ = TARGETS.insert(tgid, TRACKED, NOEXIST);
         return Some(flags::CONTAINER_MATCH);
@@ -103,8 +103,8 @@ pub fn container_ending(tgid: u32, task: u64, off: &KernelOffsets) {
 
 /// Whether the current process's /dev/shm calls are reported: followed, or host-wide mode.
 #[inline(always)]
-pub fn in_scope(tgid: u32, task: u64) -> Option<u16> {
-    if let Some(flags) = tracked(tgid, task) {
+pub fn in_scope(tgid: u32) -> Option<u16> {
+    if let Some(flags) = tracked(tgid) {
         return Some(flags);
     }
     let config = CONFIG.load();

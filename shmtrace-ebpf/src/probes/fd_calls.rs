@@ -2,44 +2,21 @@
 //!
 //! A descriptor counts when its inode's file system is a known /dev/shm (`SHM_DEVS`), so
 //! descriptors received over a socket (PyTorch passes them with SCM_RIGHTS) count too.
+//!
+//! `close` is traced at both ends: its descriptor is gone by its exit. The others are traced at
+//! their exit only.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{FileRef, Syscall, flags};
 
 use super::syscall::{self, enter_args};
-use crate::{kernel, scope};
+use crate::{
+    emit, kernel,
+    maps::{CONFIG, Pending},
+    scope,
+};
 
 /// `MAP_ANONYMOUS`.
 const MAP_ANONYMOUS: u64 = 0x20;
-
-enter_args! {
-    /// `syscalls/sys_enter_ftruncate`:
-    /// ```text
-    /// field:unsigned int fd;  offset:16; size:8; signed:0;
-    /// field:off_t length;     offset:24; size:8; signed:0;
-    /// ```
-    FtruncateArgs { fd, length }
-}
-
-enter_args! {
-    /// `syscalls/sys_enter_fallocate`:
-    /// ```text
-    /// field:int fd;           offset:16; size:8; signed:0;
-    /// field:int mode;         offset:24; size:8; signed:0;
-    /// field:loff_t offset;    offset:32; size:8; signed:0;
-    /// field:loff_t len;       offset:40; size:8; signed:0;
-    /// ```
-    FallocateArgs { fd, mode, offset, len }
-}
-
-enter_args! {
-    /// `syscalls/sys_enter_write`:
-    /// ```text
-    /// field:unsigned int fd;      offset:16; size:8; signed:0;
-    /// field:const char * buf;     offset:24; size:8; signed:0;
-    /// field:size_t count;         offset:32; size:8; signed:0;
-    /// ```
-    WriteArgs { fd, buf, count }
-}
 
 enter_args! {
     /// `syscalls/sys_enter_close`:
@@ -49,110 +26,130 @@ enter_args! {
     CloseArgs { fd }
 }
 
-enter_args! {
-    /// `syscalls/sys_enter_mmap`:
-    /// ```text
-    /// field:unsigned long addr;   offset:16; size:8; signed:0;
-    /// field:unsigned long len;    offset:24; size:8; signed:0;
-    /// field:unsigned long prot;   offset:32; size:8; signed:0;
-    /// field:unsigned long flags;  offset:40; size:8; signed:0;
-    /// field:unsigned long fd;     offset:48; size:8; signed:0;
-    /// field:unsigned long off;    offset:56; size:8; signed:0;
-    /// ```
-    MmapArgs { addr, len, prot, flags, fd, off }
+/// `close(fd)`: stashed at entry, with its inode as it was then, since the inode may be gone by
+/// the call's exit.
+#[tracepoint]
+pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
+    let _ = enter_close(&ctx);
+    0
 }
 
-enter_args! {
-    /// `syscalls/sys_enter_munmap`:
-    /// ```text
-    /// field:unsigned long addr;   offset:16; size:8; signed:0;
-    /// field:size_t len;           offset:24; size:8; signed:0;
-    /// ```
-    MunmapArgs { addr, len }
-}
-
-/// Stashes a call on descriptor `fd` if it refers to a /dev/shm object of an in-scope process.
 #[inline(always)]
-fn enter_fd_call(call: Syscall, fd: u64, args: [u64; 6]) -> Option<()> {
+fn enter_close(ctx: &TracePointContext) -> Option<()> {
     let (tgid, tid) = syscall::ids();
-    let task = kernel::current_task();
     // The scope first: every process on the host runs this, and few are traced.
-    let scope_flags = scope::in_scope(tgid, task)?;
+    let scope_flags = scope::in_scope(tgid)?;
+    let args = CloseArgs::read(ctx)?;
     let off = kernel::offsets();
-    let fd = fd as i32;
-    let (inode, dev) = syscall::shm_fd(task, fd, &off)?;
-    // The rest of the inode is read when the call returns, as the call left it; but a closed
-    // descriptor's inode may be gone by then.
-    let file = if call == Syscall::Close {
-        kernel::inode_ref(inode, dev, &off)
-    } else {
-        FileRef {
-            dev,
-            ..FileRef::default()
-        }
-    };
-    syscall::stash_with_file(tid, call, scope_flags | flags::FILE, fd, args, inode, file);
+    let fd = args.fd as i32;
+    let (inode, dev) = syscall::shm_fd(fd, &off)?;
+    let file = kernel::inode_ref(inode, dev, &off);
+    syscall::stash_with_file(
+        tid,
+        Syscall::Close,
+        scope_flags | flags::FILE,
+        fd,
+        args.raw(),
+        inode,
+        file,
+    );
     Some(())
 }
 
+// The calls below are traced at their exit only (see `syscall.rs`): the descriptor is still
+// open then, and the arguments still in the saved registers.
+
+/// `ftruncate(fd, length)`.
 #[tracepoint]
-pub fn sys_enter_ftruncate(ctx: TracePointContext) -> u32 {
-    if let Some(args) = FtruncateArgs::read(&ctx) {
-        enter_fd_call(Syscall::Ftruncate, args.fd, args.raw());
-    }
+pub fn sys_exit_ftruncate(ctx: TracePointContext) -> u32 {
+    let _ = exit_fd_call(&ctx, Syscall::Ftruncate, 0, 2);
     0
 }
 
+/// `fallocate(fd, mode, offset, len)`.
 #[tracepoint]
-pub fn sys_enter_fallocate(ctx: TracePointContext) -> u32 {
-    if let Some(args) = FallocateArgs::read(&ctx) {
-        enter_fd_call(Syscall::Fallocate, args.fd, args.raw());
-    }
+pub fn sys_exit_fallocate(ctx: TracePointContext) -> u32 {
+    let _ = exit_fd_call(&ctx, Syscall::Fallocate, 0, 4);
     0
 }
 
+/// `write(fd, buf, count)`.
 #[tracepoint]
-pub fn sys_enter_write(ctx: TracePointContext) -> u32 {
-    if let Some(args) = WriteArgs::read(&ctx) {
-        enter_fd_call(Syscall::Write, args.fd, args.raw());
-    }
+pub fn sys_exit_write(ctx: TracePointContext) -> u32 {
+    let _ = exit_fd_call(&ctx, Syscall::Write, 0, 3);
     0
 }
 
+/// `mmap(addr, len, prot, flags, fd, off)`: a file mapping only.
 #[tracepoint]
-pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
-    if let Some(args) = CloseArgs::read(&ctx) {
-        enter_fd_call(Syscall::Close, args.fd, args.raw());
-    }
+pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
+    let _ = exit_fd_call(&ctx, Syscall::Mmap, 4, 6);
     0
 }
 
-#[tracepoint]
-pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
-    if let Some(args) = MmapArgs::read(&ctx)
-        && args.flags & MAP_ANONYMOUS == 0
-    {
-        enter_fd_call(Syscall::Mmap, args.fd, args.raw());
+/// Reports a finished call on descriptor argument `fd_arg` (of `arg_count`) if it refers to a
+/// /dev/shm object of an in-scope process.
+#[inline(always)]
+fn exit_fd_call(
+    ctx: &TracePointContext,
+    call: Syscall,
+    fd_arg: usize,
+    arg_count: usize,
+) -> Option<()> {
+    let (tgid, _) = syscall::ids();
+    // The scope first: every process on the host runs this, and few are traced.
+    let scope_flags = scope::in_scope(tgid)?;
+    let ret = syscall::exit_ret(ctx);
+    // Before any kernel read: `--failed` drops most of these calls.
+    if CONFIG.load().failed_only != 0 && ret >= 0 && syscall::is_data_path(call as u16) {
+        return None;
     }
-    0
+    let off = kernel::offsets();
+    let args = syscall::args_at_exit(arg_count, &off);
+    if call == Syscall::Mmap && args[3] & MAP_ANONYMOUS != 0 {
+        return None;
+    }
+    let fd = args[fd_arg] as i32;
+    let (inode, dev) = syscall::shm_fd(fd, &off)?;
+    let call = Pending {
+        syscall: call as u16,
+        flags: scope_flags | flags::FILE,
+        fd,
+        args,
+        inode,
+        file: FileRef {
+            dev,
+            ..emit::no_file()
+        },
+    };
+    syscall::report(&call, ret, tgid, &off);
+    Some(())
 }
 
-/// Only for processes that mapped a /dev/shm object: userspace keeps their mappings current, so
-/// that a SIGBUS address can be traced back to its file.
+/// `munmap(addr, len)`, only for processes that mapped a /dev/shm object: userspace keeps their
+/// mappings current, so that a SIGBUS address can be traced back to its file.
 #[tracepoint]
-pub fn sys_enter_munmap(ctx: TracePointContext) -> u32 {
-    let _ = enter_munmap(&ctx);
+pub fn sys_exit_munmap(ctx: TracePointContext) -> u32 {
+    let _ = exit_munmap(&ctx);
     0
 }
 
 #[inline(always)]
-fn enter_munmap(ctx: &TracePointContext) -> Option<()> {
-    let (tgid, tid) = syscall::ids();
+fn exit_munmap(ctx: &TracePointContext) -> Option<()> {
+    let (tgid, _) = syscall::ids();
     if !scope::has_mappings(tgid) {
         return None;
     }
-    let scope_flags = scope::in_scope(tgid, kernel::current_task())?;
-    let args = MunmapArgs::read(ctx)?;
-    syscall::stash(tid, Syscall::Munmap, scope_flags, -1, args.raw());
+    let scope_flags = scope::in_scope(tgid)?;
+    let off = kernel::offsets();
+    let call = Pending {
+        syscall: Syscall::Munmap as u16,
+        flags: scope_flags,
+        fd: -1,
+        args: syscall::args_at_exit(2, &off),
+        inode: 0,
+        file: emit::no_file(),
+    };
+    syscall::report(&call, syscall::exit_ret(ctx), tgid, &off);
     Some(())
 }

@@ -3,7 +3,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::Syscall;
 
 use super::syscall::{self, enter_args};
-use crate::{kernel, scope};
+use crate::scope;
 
 enter_args! {
     /// `syscalls/sys_enter_memfd_create`:
@@ -17,7 +17,7 @@ enter_args! {
 #[tracepoint]
 pub fn sys_enter_memfd_create(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
-    if let Some(flags) = scope::in_scope(tgid, kernel::current_task())
+    if let Some(flags) = scope::in_scope(tgid)
         && let Some(args) = MemfdCreateArgs::read(&ctx)
     {
         syscall::stash(tid, Syscall::MemfdCreate, flags, -1, args.raw());

@@ -42,7 +42,7 @@ fn try_mark_victim(ctx: &TracePointContext) -> Option<()> {
     }
     let off = kernel::offsets();
     let event = OomEvent {
-        header: emit::header(EventKind::Oom, 0, kernel::current_task(), &off),
+        header: emit::header(EventKind::Oom, 0, &off),
         victim_pid: victim,
         _pad: 0,
     };

@@ -61,16 +61,15 @@ pub fn sys_enter_openat2(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn enter(call: Syscall, mut args: [u64; 6], how: Option<u64>) -> Option<()> {
     let (tgid, tid) = syscall::ids();
-    let task = kernel::current_task();
     // The scope first: every process on the host runs this, and few are traced.
-    let scope_flags = scope::in_scope(tgid, task)?;
+    let scope_flags = scope::in_scope(tgid)?;
     let off = kernel::offsets();
     let dfd = args[0] as i32;
-    let path_flags = match syscall::shm_path(task, dfd, args[1], &off) {
+    let path_flags = match syscall::shm_path(dfd, args[1], &off) {
         PathIs::Shm(path_flags) => path_flags,
         // Elsewhere, a followed process's open matters only if it runs out of descriptors.
         PathIs::Elsewhere => {
-            scope::tracked(tgid, task)?;
+            scope::tracked(tgid)?;
             flags::FD_LIMIT_ONLY
         }
         PathIs::Unread => flags::PATH_AT_EXIT,

@@ -35,13 +35,12 @@ fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
         return None; // a new thread, already covered by its process
     }
     let (tgid, _) = ids();
-    let task = kernel::current_task();
-    let flags = scope::tracked(tgid, task)?;
+    let flags = scope::tracked(tgid)?;
     if flags & header_flags::HELD == 0 {
         inherit(tgid, child_pid);
     }
     let event = ForkEvent {
-        header: emit::header(EventKind::Fork, flags, task, &off),
+        header: emit::header(EventKind::Fork, flags, &off),
         child_pid,
         _pad: 0,
     };
@@ -73,7 +72,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
     let (tgid, _) = ids();
     let off = kernel::offsets();
     let task = kernel::current_task();
-    let mut flags = scope::tracked(tgid, task)?;
+    let mut flags = scope::tracked(tgid)?;
     if flags & header_flags::HELD == 0 {
         // The old mappings are gone with the old program.
         let _ = TARGETS.insert(tgid, TRACKED, 0);
@@ -119,7 +118,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
         }
         (&raw mut (*event).args_len).write(args_len);
         (&raw mut (*event)._pad).write(0);
-        (&raw mut (*event).header).write(emit::header(EventKind::Exec, flags, task, &off));
+        (&raw mut (*event).header).write(emit::header(EventKind::Exec, flags, &off));
     }
     // Urgent: a sandbox mounts its own /dev/shm and then execs the program, which may fail and
     // be gone within milliseconds; userspace measures that /dev/shm at the exec, while the
@@ -143,13 +142,13 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     if tgid != tid {
         return None; // a thread; the process ends with its leader
     }
-    let flags = scope::tracked(tgid, task)?;
+    let flags = scope::tracked(tgid)?;
     let _ = TARGETS.remove(tgid);
     if flags & header_flags::HELD == 0 {
         scope::container_ending(tgid, task, &off);
     }
     let event = ExitEvent {
-        header: emit::header(EventKind::Exit, flags, task, &off),
+        header: emit::header(EventKind::Exit, flags, &off),
         exit_code: kernel::task_exit_code(task, &off).unwrap_or(0),
         _pad: 0,
     };
@@ -173,9 +172,8 @@ fn try_rename(ctx: &RawTracePointContext) -> Option<()> {
     }
     let target_pid = kernel::task_tgid(target, &off)?;
     let (tgid, _) = ids();
-    let task = kernel::current_task();
     let flags = if target_pid == tgid {
-        scope::tracked(tgid, task)?
+        scope::tracked(tgid)?
     } else {
         TARGETS.get_ptr(target_pid)?;
         0
@@ -193,7 +191,7 @@ fn try_rename(ctx: &RawTracePointContext) -> Option<()> {
         emit::count(Loss::KernelRead);
     }
     let event = RenameEvent {
-        header: emit::header(EventKind::Rename, flags, task, &off),
+        header: emit::header(EventKind::Rename, flags, &off),
         target_pid,
         target_tid: kernel::task_pid(target, &off).unwrap_or(0),
         new_comm,

@@ -8,7 +8,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
 use super::syscall::{self, enter_args};
-use crate::{kernel, scope};
+use crate::scope;
 
 enter_args! {
     /// `syscalls/sys_enter_recvmsg`:
@@ -23,7 +23,7 @@ enter_args! {
 #[tracepoint]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
-    if let Some(scope_flags) = scope::tracked(tgid, kernel::current_task())
+    if let Some(scope_flags) = scope::tracked(tgid)
         && let Some(args) = RecvmsgArgs::read(&ctx)
     {
         syscall::stash(

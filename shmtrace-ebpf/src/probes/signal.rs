@@ -49,7 +49,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     }
     let (errno, code, addr) = kernel::siginfo_fault(info);
     let event = SignalEvent {
-        header: emit::header(EventKind::Signal, header_flags, current, &off),
+        header: emit::header(EventKind::Signal, header_flags, &off),
         signo,
         code,
         errno,

@@ -1,10 +1,15 @@
 //! What every syscall probe shares: the tracepoint record layout, pairing `sys_enter_*` with
 //! `sys_exit_*`, and turning a finished call into a record.
 //!
-//! Each `sys_enter_<call>` program (one per call, in the other files of `probes/`) decides
-//! whether the call concerns /dev/shm and a traced process, and stashes it in `INFLIGHT`. One
-//! program, [`sys_exit`], is attached to every `sys_exit_<call>` tracepoint: it takes the stashed
-//! call back and emits its record.
+//! Most calls are traced at both ends. Each `sys_enter_<call>` program (one per call, in the
+//! other files of `probes/`) decides whether the call concerns /dev/shm and a traced process,
+//! and stashes it in `INFLIGHT`; one program, [`sys_exit`], attached to those calls'
+//! `sys_exit_<call>` tracepoints, takes the stashed call back and emits its record.
+//!
+//! The calls on an open descriptor that stays open (`fd_calls.rs`: `ftruncate`, `fallocate`,
+//! `write`, `mmap`, `munmap`) are traced at their exit only, with arguments read from the
+//! registers saved at entry ([`args_at_exit`]): nothing at entry needs seeing before the call
+//! runs, and an entry tracepoint costs every process on the host on every such call.
 use aya_ebpf::{
     cty::c_void,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_probe_read_user_str},
@@ -71,14 +76,16 @@ macro_rules! enter_args {
                     out[i] = self.$field;
                     i += 1;
                 )+
-                // The unused slots are zeroed word by word: left to the compiler, zeroing
-                // them becomes a call to the byte-at-a-time `memset` BPF programs get.
+                // The unused slots are zeroed word by word, and the whole read back opaquely:
+                // zeros the compiler can see become a call to the byte-at-a-time `memset` BPF
+                // programs get.
                 while i < 6 {
                     // SAFETY: `i` is in bounds.
                     unsafe { core::ptr::write_volatile(&mut out[i], 0) };
                     i += 1;
                 }
-                out
+                // SAFETY: a read of a local.
+                unsafe { core::ptr::read_volatile(&out) }
             }
         }
     };
@@ -112,7 +119,7 @@ pub fn ids() -> (u32, u32) {
 /// Remembers the call until its `sys_exit`.
 #[inline(always)]
 pub fn stash(tid: u32, syscall: Syscall, flags: u16, fd: i32, args: [u64; 6]) {
-    stash_with_file(tid, syscall, flags, fd, args, 0, FileRef::default());
+    stash_with_file(tid, syscall, flags, fd, args, 0, emit::no_file());
 }
 
 #[inline(always)]
@@ -153,8 +160,8 @@ pub fn forget_thread(tid: u32) {
 
 /// The inode behind `fd` and its file system, if that is a /dev/shm.
 #[inline(always)]
-pub fn shm_fd(task: u64, fd: i32, off: &KernelOffsets) -> Option<(u64, u32)> {
-    let inode = kernel::fd_inode(task, fd, off)?;
+pub fn shm_fd(fd: i32, off: &KernelOffsets) -> Option<(u64, u32)> {
+    let inode = kernel::fd_inode(fd, off)?;
     let dev = kernel::inode_dev(inode, off)?;
     SHM_DEVS.get_ptr(dev)?;
     Some((inode, dev))
@@ -175,7 +182,7 @@ pub enum PathIs {
 /// relative one resolved from a directory (`dfd`, or the working directory) on a /dev/shm file
 /// system.
 #[inline(always)]
-pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> PathIs {
+pub fn shm_path(dfd: i32, path: u64, off: &KernelOffsets) -> PathIs {
     let Some(buf) = SCRATCH.get_ptr_mut(0) else {
         return PathIs::Elsewhere;
     };
@@ -211,9 +218,9 @@ pub fn shm_path(task: u64, dfd: i32, path: u64, off: &KernelOffsets) -> PathIs {
         return PathIs::Shm(0);
     }
     let dir_dev = if dfd == AT_FDCWD {
-        kernel::cwd_dev(task, off)
+        kernel::cwd_dev(off)
     } else {
-        kernel::fd_inode(task, dfd, off).and_then(|inode| kernel::inode_dev(inode, off))
+        kernel::fd_inode(dfd, off).and_then(|inode| kernel::inode_dev(inode, off))
     };
     match dir_dev {
         Some(dev) if SHM_DEVS.get_ptr(dev).is_some() => PathIs::Shm(flags::RELATIVE_TO_SHM),
@@ -255,7 +262,7 @@ fn urgent(pending: &Pending, ret: i64) -> bool {
 
 /// Calls whose success userspace does not need in failures-only mode.
 #[inline(always)]
-fn is_data_path(call: u16) -> bool {
+pub fn is_data_path(call: u16) -> bool {
     call == Syscall::Write as u16
         || call == Syscall::Ftruncate as u16
         || call == Syscall::Fallocate as u16
@@ -280,8 +287,8 @@ fn path_arg(call: u16) -> Option<usize> {
     }
 }
 
-/// The one exit program, attached to the `sys_exit_<call>` tracepoint of every traced call:
-/// emits the call stashed at `sys_enter`, if any.
+/// The exit program of every call traced at both ends, attached to its `sys_exit_<call>`
+/// tracepoint: emits the call stashed at `sys_enter`, if any.
 #[tracepoint]
 pub fn sys_exit(ctx: TracePointContext) -> u32 {
     on_exit(&ctx);
@@ -303,16 +310,13 @@ fn on_exit(ctx: &TracePointContext) {
         (*slot).syscall = Pending::RETURNED;
         pending
     };
-    // SAFETY: every sys_exit record has this layout.
-    let ret = unsafe { ctx.read_at::<ExitArgs>(0) }
-        .map(|exit| exit.ret)
-        .unwrap_or(0);
+    let ret = exit_ret(ctx);
 
     if pending.flags & flags::PATH_AT_EXIT != 0 && !judge_at_exit(&mut pending, tgid) {
         return;
     }
     if pending.flags & flags::SHM_DIRECTORY != 0 {
-        learn_directory(kernel::current_task(), ret, &kernel::offsets());
+        learn_directory(ret, &kernel::offsets());
         return;
     }
     if pending.flags & flags::FD_LIMIT_ONLY != 0 {
@@ -325,6 +329,13 @@ fn on_exit(ctx: &TracePointContext) {
             return;
         }
     }
+    report(&pending, ret, tgid, &kernel::offsets());
+}
+
+/// Emits a finished call's record, unless `--failed` drops it; in host-wide mode the process
+/// becomes followed.
+#[inline(always)]
+pub fn report(pending: &Pending, ret: i64, tgid: u32, off: &KernelOffsets) {
     let config = CONFIG.load();
     if config.failed_only != 0 && ret >= 0 && is_data_path(pending.syscall) {
         return;
@@ -336,12 +347,36 @@ fn on_exit(ctx: &TracePointContext) {
     if pending.syscall == Syscall::Mmap as u16 && ret >= 0 && pending.flags & flags::HELD == 0 {
         scope::mark_mapped(tgid);
     }
-    let off = kernel::offsets();
-    let task = kernel::current_task();
     match path_arg(pending.syscall) {
-        Some(index) => emit_path(&pending, ret, index, task, &off),
-        None => emit_call(&pending, ret, task, &off),
+        Some(index) => emit_path(pending, ret, index, off),
+        None => emit_call(pending, ret, off),
     }
+}
+
+/// What the current call returned, in a `sys_exit_*` program.
+#[inline(always)]
+pub fn exit_ret(ctx: &TracePointContext) -> i64 {
+    // SAFETY: every sys_exit record has this layout.
+    unsafe { ctx.read_at::<ExitArgs>(0) }
+        .map(|exit| exit.ret)
+        .unwrap_or(0)
+}
+
+/// The current call's first `count` arguments, read at its exit; the other slots are zero, as
+/// in a `sys_enter_*` record of a call with fewer arguments.
+#[inline(always)]
+pub fn args_at_exit(count: usize, off: &KernelOffsets) -> [u64; 6] {
+    let mut args = kernel::syscall_args(off);
+    let mut i = count;
+    while i < 6 {
+        // SAFETY: `i` is in bounds.
+        unsafe { core::ptr::write_volatile(&mut args[i], 0) };
+        i += 1;
+    }
+    // Written and read back opaquely: zeros the compiler can see become a call to BPF's
+    // byte-at-a-time `memset`.
+    // SAFETY: a read of a local.
+    unsafe { core::ptr::read_volatile(&args) }
 }
 
 /// Reads the path of a call whose path was unreadable at `sys_enter`, and decides as
@@ -357,14 +392,13 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
         pending.args[1]
     };
     let off = kernel::offsets();
-    let task = kernel::current_task();
     let dfd = if index == 0 {
         AT_FDCWD
     } else {
         pending.args[0] as i32
     };
     let kept = pending.flags & !flags::PATH_AT_EXIT;
-    match shm_path(task, dfd, path, &off) {
+    match shm_path(dfd, path, &off) {
         PathIs::Shm(path_flags) => {
             pending.flags = kept | path_flags;
             true
@@ -374,7 +408,7 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
         PathIs::Elsewhere => {
             let opens = pending.syscall == Syscall::Openat as u16
                 || pending.syscall == Syscall::Openat2 as u16;
-            if opens && scope::tracked(tgid, task).is_some() {
+            if opens && scope::tracked(tgid).is_some() {
                 pending.flags = kept | flags::FD_LIMIT_ONLY;
                 true
             } else {
@@ -390,11 +424,11 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
 
 /// Records the file system of a newly opened /dev/shm directory descriptor.
 #[inline(always)]
-fn learn_directory(task: u64, ret: i64, off: &KernelOffsets) {
+fn learn_directory(ret: i64, off: &KernelOffsets) {
     if ret < 0 {
         return;
     }
-    if let Some(inode) = kernel::fd_inode(task, ret as i32, off)
+    if let Some(inode) = kernel::fd_inode(ret as i32, off)
         && let Some(dev) = kernel::inode_dev(inode, off)
     {
         let _ = SHM_DEVS.insert(dev, 1, 0);
@@ -402,7 +436,7 @@ fn learn_directory(task: u64, ret: i64, off: &KernelOffsets) {
 }
 
 #[inline(always)]
-fn emit_call(pending: &Pending, ret: i64, task: u64, off: &KernelOffsets) {
+fn emit_call(pending: &Pending, ret: i64, off: &KernelOffsets) {
     let mut file = pending.file;
     // The inode as the call left it; a closed descriptor's inode may be gone, so a close
     // carries it as it was before the call.
@@ -410,7 +444,7 @@ fn emit_call(pending: &Pending, ret: i64, task: u64, off: &KernelOffsets) {
         file = kernel::inode_ref(pending.inode, file.dev, off);
     }
     let event = SyscallEvent {
-        header: emit::header(EventKind::Syscall, pending.flags, task, off),
+        header: emit::header(EventKind::Syscall, pending.flags, off),
         syscall: pending.syscall,
         _pad: 0,
         fd: pending.fd,
@@ -422,19 +456,19 @@ fn emit_call(pending: &Pending, ret: i64, task: u64, off: &KernelOffsets) {
 }
 
 #[inline(always)]
-fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &KernelOffsets) {
+fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets) {
     let Some(mut entry) = emit::reserve::<PathEvent>(EventKind::Path) else {
         return;
     };
     let mut header_flags = pending.flags;
     let mut fd = pending.fd;
-    let mut file = FileRef::default();
+    let mut file = emit::no_file();
     let opens = pending.syscall == Syscall::Openat as u16
         || pending.syscall == Syscall::Openat2 as u16
         || pending.syscall == Syscall::MemfdCreate as u16;
     if opens && ret >= 0 {
         fd = ret as i32;
-        if let Some(inode) = kernel::fd_inode(task, fd, off)
+        if let Some(inode) = kernel::fd_inode(fd, off)
             && let Some(dev) = kernel::inode_dev(inode, off)
         {
             file = kernel::inode_ref(inode, dev, off);
@@ -468,7 +502,7 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, task: u64, off: &Ke
             header_flags |= flags::PATH_TRUNCATED;
         }
         (&raw mut (*event).call).write(SyscallEvent {
-            header: emit::header(EventKind::Path, header_flags, task, off),
+            header: emit::header(EventKind::Path, header_flags, off),
             syscall: pending.syscall,
             _pad: 0,
             fd,

@@ -3,7 +3,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::Syscall;
 
 use super::syscall::{self, enter_args};
-use crate::{kernel, scope};
+use crate::scope;
 
 enter_args! {
     /// `syscalls/sys_enter_shmget`:
@@ -46,7 +46,7 @@ enter_args! {
 #[inline(always)]
 fn enter(call: Syscall, args: Option<[u64; 6]>) {
     let (tgid, tid) = syscall::ids();
-    if let Some(flags) = scope::in_scope(tgid, kernel::current_task())
+    if let Some(flags) = scope::in_scope(tgid)
         && let Some(args) = args
     {
         syscall::stash(tid, call, flags, -1, args);

@@ -47,11 +47,10 @@ pub fn sys_enter_unlinkat(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn enter(call: Syscall, dfd: i32, path: u64, args: [u64; 6]) -> Option<()> {
     let (tgid, tid) = syscall::ids();
-    let task = kernel::current_task();
     // The scope first: every process on the host runs this, and few are traced.
-    let scope_flags = scope::in_scope(tgid, task)?;
+    let scope_flags = scope::in_scope(tgid)?;
     let off = kernel::offsets();
-    let path_flags = match syscall::shm_path(task, dfd, path, &off) {
+    let path_flags = match syscall::shm_path(dfd, path, &off) {
         PathIs::Shm(path_flags) => path_flags,
         PathIs::Elsewhere => return None,
         PathIs::Unread => flags::PATH_AT_EXIT,

@@ -3,9 +3,10 @@
 //! Enabling a syscall tracepoint costs every call something before any program does work; what
 //! an empty program costs there is the least any tracer on those hooks can cost. The programs
 //! are two instructions (`r0 = 0; exit`), loaded with the raw `bpf(2)` system call so that the
-//! floor shares no code with shmtrace: plain tracepoint programs on the 32 `syscalls/sys_*` and
-//! `oom/mark_victim` tracepoints, raw tracepoint programs on the five scheduler and signal
-//! tracepoints shmtrace reaches through BTF. Everything is detached when the process exits.
+//! floor shares no code with shmtrace: plain tracepoint programs on the 27 `syscalls/sys_*`
+//! tracepoints shmtrace uses (both ends of most calls, the exit only of those it traces there)
+//! and `oom/mark_victim`, raw tracepoint programs on the five scheduler and signal tracepoints.
+//! Everything is detached when the process exits.
 use std::{
     ffi::CString,
     fs,
@@ -174,6 +175,9 @@ pub fn attach_all() -> Result<Vec<OwnedFd>> {
     held.push(attach_tracepoint(&tracepoint, "oom", "mark_victim")?);
     for call in Syscall::ALL {
         for phase in ["enter", "exit"] {
+            if phase == "enter" && call.traced_at_exit_only() {
+                continue;
+            }
             let name = format!("sys_{phase}_{}", call.name());
             held.push(attach_tracepoint(&tracepoint, "syscalls", &name)?);
         }

@@ -1,5 +1,7 @@
 //! What the programs attach to. Each entry program is named after its tracepoint; one exit
-//! program, `sys_exit`, serves every `sys_exit_*` tracepoint.
+//! program, `sys_exit`, serves the `sys_exit_*` tracepoints of the calls traced at both ends.
+//! The calls traced at their exit only have no entry program, and an exit program of their own
+//! named after its tracepoint.
 use std::path::Path;
 
 use shmtrace_common::Syscall;
@@ -40,7 +42,7 @@ impl Hook {
     }
 }
 
-/// The program attached to every `sys_exit_*` tracepoint.
+/// The program attached to the `sys_exit_*` tracepoint of every call traced at both ends.
 pub const EXIT_PROGRAM: &str = "sys_exit";
 
 /// Every hook, in attach order: process lifecycle first, so no fork is missed while the
@@ -62,6 +64,15 @@ pub fn all() -> Vec<Hook> {
         name: "mark_victim".to_owned(),
     });
     for call in Syscall::ALL {
+        let exit = format!("sys_exit_{}", call.name());
+        if call.traced_at_exit_only() {
+            hooks.push(Hook::Tracepoint {
+                program: exit.clone(),
+                category: "syscalls",
+                name: exit,
+            });
+            continue;
+        }
         let enter = format!("sys_enter_{}", call.name());
         hooks.push(Hook::Tracepoint {
             program: enter.clone(),
@@ -71,7 +82,7 @@ pub fn all() -> Vec<Hook> {
         hooks.push(Hook::Tracepoint {
             program: EXIT_PROGRAM.to_owned(),
             category: "syscalls",
-            name: format!("sys_exit_{}", call.name()),
+            name: exit,
         });
     }
     hooks
@@ -145,8 +156,9 @@ mod tests {
             unused.is_empty(),
             "programs in the object that no hook attaches: {unused:?}"
         );
-        // Attach points: each entry program to its own call's tracepoint, the exit program to
-        // every traced call's exit, and no tracepoint twice.
+        // Attach points: each entry program to its own call's tracepoint, the shared exit
+        // program to the exit of every call traced at both ends, an exit-only call's program
+        // to its own exit, and no tracepoint twice.
         let mut attach_points = BTreeSet::new();
         for hook in &hooks {
             if let Hook::Tracepoint {
@@ -159,12 +171,15 @@ mod tests {
                     attach_points.insert((*category, name.clone())),
                     "{name} twice"
                 );
-                if name.starts_with("sys_exit_") {
+                let exit_only = Syscall::ALL.iter().any(|call| {
+                    call.traced_at_exit_only() && *name == format!("sys_exit_{}", call.name())
+                });
+                if name.starts_with("sys_exit_") && !exit_only {
                     assert_eq!(program, EXIT_PROGRAM, "{name}");
                 } else {
                     assert_eq!(
                         program, name,
-                        "entry programs are named after their tracepoint"
+                        "entry and exit-only programs are named after their tracepoint"
                     );
                 }
             }
@@ -172,12 +187,19 @@ mod tests {
         for call in Syscall::ALL {
             for phase in ["enter", "exit"] {
                 let name = format!("sys_{phase}_{}", call.name());
-                assert!(
+                let wanted = phase == "exit" || !call.traced_at_exit_only();
+                assert_eq!(
                     attach_points.contains(&("syscalls", name.clone())),
+                    wanted,
                     "{name}"
                 );
             }
         }
-        assert_eq!(attach_points.len(), 2 * Syscall::ALL.len() + 1);
+        let exit_only = Syscall::ALL
+            .iter()
+            .filter(|call| call.traced_at_exit_only())
+            .count();
+        assert_eq!(exit_only, 5);
+        assert_eq!(attach_points.len(), 2 * Syscall::ALL.len() - exit_only + 1);
     }
 }

@@ -35,7 +35,7 @@ pub enum BpfError {
     )]
     NotPrivileged { missing: String },
     #[error(
-        "this kernel has no BTF type information ({path} is missing); shmtrace needs Linux 5.8 \
+        "this kernel has no BTF type information ({path} is missing); shmtrace needs Linux 5.15 \
          or newer built with CONFIG_DEBUG_INFO_BTF=y"
     )]
     NoBtf { path: PathBuf },
@@ -48,7 +48,7 @@ pub enum BpfError {
     MissingField { field: String },
     #[error(
         "this kernel does not support BPF ring buffers (BPF_MAP_TYPE_RINGBUF); shmtrace needs \
-         Linux 5.8 or newer"
+         Linux 5.15 or newer"
     )]
     NoRingBuffer,
     #[error(
