@@ -149,7 +149,8 @@ pub enum Reason {
 
 /// How much is read from the file at a time. Records are cut out of what was read as [`Bytes`]
 /// sharing its allocation: no allocation and no copy for each record (a replay reads hundreds
-/// of thousands a second, issue 12).
+/// of thousands a second, issue 12). A record kept for long keeps its whole chunk alive: a
+/// caller that keeps a few records out of many copies them (`Bytes::copy_from_slice`).
 const READ_AHEAD: usize = 256 << 10;
 
 /// Reads one trace file.
