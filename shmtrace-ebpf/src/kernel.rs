@@ -17,8 +17,8 @@ use crate::{
 };
 
 /// Bytes read at once from the start of an inode (the per-CPU `SCRATCH` buffer's size): one
-/// read costs what one field's does, and `i_mode`, `i_ino`, `i_size` and `i_blocks` lie in the
-/// first 160 bytes of the kernels known.
+/// read costs what one field's does, and `i_mode`, `i_sb`, `i_ino`, `i_size` and `i_blocks`
+/// lie in the first 160 bytes of the kernels known.
 const INODE_HEAD: u32 = PATH_LEN as u32;
 
 #[inline(always)]
@@ -199,31 +199,35 @@ pub fn inode_size(inode: u64, off: &KernelOffsets) -> (i64, u64) {
     )
 }
 
-/// What a record says of the file: the inode's type, number, size and allocation now.
+/// What a record says of the file: its file system, and the inode's type, number, size and
+/// allocation now.
 #[inline(always)]
-pub fn inode_ref(inode: u64, dev: u32, off: &KernelOffsets) -> FileRef {
-    if let Some(file) = inode_ref_at_once(inode, dev, off) {
-        return file;
+pub fn inode_file(inode: u64, off: &KernelOffsets) -> Option<FileRef> {
+    if let Some(file) = inode_file_at_once(inode, off) {
+        return Some(file);
     }
+    let dev = inode_dev(inode, off)?;
     let (size, blocks) = inode_size(inode, off);
-    FileRef {
+    Some(FileRef {
         dev,
         mode: read::<u16>(inode, off.inode_mode).unwrap_or(0) as u32,
         ino: read::<u64>(inode, off.inode_ino).unwrap_or(0),
         size,
         blocks,
-    }
+    })
 }
 
-/// [`inode_ref`] from one read of the inode's first [`INODE_HEAD`] bytes; `None` when a field
-/// lies beyond them or is not aligned to its size (then each is read alone).
+/// [`inode_file`] from one read of the inode's first [`INODE_HEAD`] bytes (its super block
+/// pointer among them), and one of the super block's device; `None` when a field lies beyond
+/// them or is not aligned to its size (then each is read alone).
 #[inline(always)]
-fn inode_ref_at_once(inode: u64, dev: u32, off: &KernelOffsets) -> Option<FileRef> {
+fn inode_file_at_once(inode: u64, off: &KernelOffsets) -> Option<FileRef> {
     let word =
         |offset: u32| (offset.is_multiple_of(8) && offset + 8 <= INODE_HEAD).then_some(offset / 8);
     let ino = word(off.inode_ino)?;
     let size = word(off.inode_size)?;
     let blocks = word(off.inode_blocks)?;
+    let sb = word(off.inode_sb)?;
     // `i_mode` is 16 bits: within one word.
     let mode = word(off.inode_mode & !7)?;
     let mode_shift = (off.inode_mode % 8) * 8;
@@ -233,17 +237,18 @@ fn inode_ref_at_once(inode: u64, dev: u32, off: &KernelOffsets) -> Option<FileRe
     let buf = SCRATCH.get_ptr_mut(0)?;
     // SAFETY: a per-CPU buffer of INODE_HEAD bytes; the helper writes at most that many, and
     // tolerates any source address.
-    let read = unsafe {
+    let failed = unsafe {
         generated::bpf_probe_read_kernel(buf as *mut c_void, INODE_HEAD, inode as *const c_void)
     };
-    if read != 0 {
+    if failed != 0 {
         return None;
     }
     // SAFETY: the buffer was just filled; it holds INODE_HEAD / 8 words.
     let words = unsafe { &*(buf as *const [u64; (INODE_HEAD / 8) as usize]) };
     let at = |index: u32| words.get(index as usize).copied();
+    let sb = at(sb).filter(|sb| *sb != 0)?;
     Some(FileRef {
-        dev,
+        dev: read::<u32>(sb, off.super_block_dev)?,
         mode: ((at(mode)? >> mode_shift) & 0xffff) as u32,
         ino: at(ino)?,
         size: at(size)? as i64,

@@ -94,7 +94,7 @@ pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 pub static INFLIGHT: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 
 /// Per-CPU room, too big for the 512-byte stack, for a path being checked or the head of an
-/// inode being read (`kernel::inode_ref`); never both in one step.
+/// inode being read (`kernel::inode_file`); never both in one step.
 #[map]
 pub static SCRATCH: PerCpuArray<[u8; PATH_LEN]> = PerCpuArray::with_max_entries(1, 0);
 
@@ -107,8 +107,8 @@ pub struct Pending {
     pub flags: u16,
     pub fd: i32,
     pub args: [u64; 6],
-    /// `struct inode *` of the descriptor, to read its size again when the call returns.
-    pub inode: u64,
+    /// Valid when `flags` has `FILE`: the descriptor's file, as read when the call was made
+    /// (`close`, whose file may be gone by its exit) or returned (the calls traced at exit only).
     pub file: FileRef,
 }
 

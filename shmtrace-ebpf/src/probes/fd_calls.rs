@@ -6,7 +6,7 @@
 //! `close` is traced at both ends: its descriptor is gone by its exit. The others are traced at
 //! their exit only.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::{FileRef, Syscall, flags};
+use shmtrace_common::{Syscall, flags};
 
 use super::syscall::{self, enter_args};
 use crate::{
@@ -42,15 +42,13 @@ fn enter_close(ctx: &TracePointContext) -> Option<()> {
     let args = CloseArgs::read(ctx)?;
     let off = kernel::offsets();
     let fd = args.fd as i32;
-    let (inode, dev) = syscall::shm_fd(fd, &off)?;
-    let file = kernel::inode_ref(inode, dev, &off);
+    let file = syscall::shm_fd(fd, &off)?;
     syscall::stash_with_file(
         tid,
         Syscall::Close,
         scope_flags | flags::FILE,
         fd,
         args.raw(),
-        inode,
         file,
     );
     Some(())
@@ -110,17 +108,12 @@ fn exit_fd_call(
         return None;
     }
     let fd = args[fd_arg] as i32;
-    let (inode, dev) = syscall::shm_fd(fd, &off)?;
     let call = Pending {
         syscall: call as u16,
         flags: scope_flags | flags::FILE,
         fd,
         args,
-        inode,
-        file: FileRef {
-            dev,
-            ..emit::no_file()
-        },
+        file: syscall::shm_fd(fd, &off)?,
     };
     syscall::report(&call, ret, tgid, &off);
     Some(())
@@ -147,7 +140,6 @@ fn exit_munmap(ctx: &TracePointContext) -> Option<()> {
         flags: scope_flags,
         fd: -1,
         args: syscall::args_at_exit(2, &off),
-        inode: 0,
         file: emit::no_file(),
     };
     syscall::report(&call, syscall::exit_ret(ctx), tgid, &off);

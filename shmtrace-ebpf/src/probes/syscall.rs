@@ -119,7 +119,7 @@ pub fn ids() -> (u32, u32) {
 /// Remembers the call until its `sys_exit`.
 #[inline(always)]
 pub fn stash(tid: u32, syscall: Syscall, flags: u16, fd: i32, args: [u64; 6]) {
-    stash_with_file(tid, syscall, flags, fd, args, 0, emit::no_file());
+    stash_with_file(tid, syscall, flags, fd, args, emit::no_file());
 }
 
 #[inline(always)]
@@ -129,7 +129,6 @@ pub fn stash_with_file(
     flags: u16,
     fd: i32,
     args: [u64; 6],
-    inode: u64,
     file: FileRef,
 ) {
     let pending = Pending {
@@ -137,7 +136,6 @@ pub fn stash_with_file(
         flags,
         fd,
         args,
-        inode,
         file,
     };
     if let Some(slot) = INFLIGHT.get_ptr_mut(tid) {
@@ -158,13 +156,12 @@ pub fn forget_thread(tid: u32) {
     }
 }
 
-/// The inode behind `fd` and its file system, if that is a /dev/shm.
+/// The file behind `fd` as it is now, if it is on a /dev/shm.
 #[inline(always)]
-pub fn shm_fd(fd: i32, off: &KernelOffsets) -> Option<(u64, u32)> {
-    let inode = kernel::fd_inode(fd, off)?;
-    let dev = kernel::inode_dev(inode, off)?;
-    SHM_DEVS.get_ptr(dev)?;
-    Some((inode, dev))
+pub fn shm_fd(fd: i32, off: &KernelOffsets) -> Option<FileRef> {
+    let file = kernel::inode_file(kernel::fd_inode(fd, off)?, off)?;
+    SHM_DEVS.get_ptr(file.dev)?;
+    Some(file)
 }
 
 /// What a path argument says about a call.
@@ -437,12 +434,6 @@ fn learn_directory(ret: i64, off: &KernelOffsets) {
 
 #[inline(always)]
 fn emit_call(pending: &Pending, ret: i64, off: &KernelOffsets) {
-    let mut file = pending.file;
-    // The inode as the call left it; a closed descriptor's inode may be gone, so a close
-    // carries it as it was before the call.
-    if pending.inode != 0 && pending.syscall != Syscall::Close as u16 {
-        file = kernel::inode_ref(pending.inode, file.dev, off);
-    }
     let event = SyscallEvent {
         header: emit::header(EventKind::Syscall, pending.flags, off),
         syscall: pending.syscall,
@@ -450,7 +441,7 @@ fn emit_call(pending: &Pending, ret: i64, off: &KernelOffsets) {
         fd: pending.fd,
         ret,
         args: pending.args,
-        file,
+        file: pending.file,
     };
     emit::send(EventKind::Syscall, &event, urgent(pending, ret));
 }
@@ -469,14 +460,16 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
     if opens && ret >= 0 {
         fd = ret as i32;
         if let Some(inode) = kernel::fd_inode(fd, off)
-            && let Some(dev) = kernel::inode_dev(inode, off)
+            && let Some(opened) = kernel::inode_file(inode, off)
         {
-            file = kernel::inode_ref(inode, dev, off);
+            file = opened;
             header_flags |= flags::FILE;
             // A /dev/shm path we had not seen a file system for (a container's, say):
             // from now on its descriptors are recognised too.
-            if pending.syscall != Syscall::MemfdCreate as u16 && SHM_DEVS.get_ptr(dev).is_none() {
-                let _ = SHM_DEVS.insert(dev, 1, 0);
+            if pending.syscall != Syscall::MemfdCreate as u16
+                && SHM_DEVS.get_ptr(file.dev).is_none()
+            {
+                let _ = SHM_DEVS.insert(file.dev, 1, 0);
             }
         }
     }
