@@ -67,6 +67,9 @@ impl Clock {
 pub struct Rfc3339Cache {
     /// The Unix second `text` holds the calendar part of.
     second: Option<i128>,
+    /// The boot time at which that second starts: a time within the same second is told
+    /// by a subtraction, without the 128-bit divisions (a replay asks for every event).
+    second_starts: u64,
     /// `2026-11-29T16:51:37.123456789Z`: the last time written.
     text: String,
 }
@@ -77,6 +80,12 @@ const FRACTION_LEN: usize = 11;
 impl Rfc3339Cache {
     /// The same text as `clock.rfc3339(boot_ns)`.
     pub fn rfc3339(&mut self, clock: &Clock, boot_ns: u64) -> &str {
+        if self.second.is_some()
+            && let Some(nanos) = boot_ns.checked_sub(self.second_starts)
+            && nanos < 1_000_000_000
+        {
+            return self.write_nanos(nanos as u32);
+        }
         let unix_ns = boot_ns as i128 + clock.unix_minus_boot_ns;
         let (second, nanos) = (
             unix_ns.div_euclid(1_000_000_000),
@@ -87,15 +96,25 @@ impl Rfc3339Cache {
             // fraction: written whole every time.
             self.second = None;
             self.text = clock.rfc3339(boot_ns);
-            if unix_ns >= 0 && clock.wall(boot_ns).is_some() && self.text.len() > FRACTION_LEN {
+            if unix_ns >= 0
+                && clock.wall(boot_ns).is_some()
+                && self.text.len() > FRACTION_LEN
+                && let Some(starts) = boot_ns.checked_sub(nanos as u64)
+            {
                 self.second = Some(second);
+                self.second_starts = starts;
             }
             return &self.text;
         }
+        self.write_nanos(nanos as u32)
+    }
+
+    /// The cached second's text, with `nanos` as its fraction.
+    fn write_nanos(&mut self, nanos: u32) -> &str {
         let cut = self.text.len() - FRACTION_LEN;
         self.text.truncate(cut);
         let mut digits = itoa::Buffer::new();
-        let digits = digits.format(nanos as u32);
+        let digits = digits.format(nanos);
         self.text
             .push_str(&".000000000"[..FRACTION_LEN - 1 - digits.len()]);
         self.text.push_str(digits);

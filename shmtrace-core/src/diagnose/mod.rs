@@ -100,7 +100,7 @@ pub struct Diagnoser {
     /// once), and the most bytes the group held at once.
     held: FastMap<u32, (FastSet<InodeId>, (String, RoleKind))>,
     group_now: FastMap<(String, RoleKind), FastMap<InodeId, u32>>,
-    group_peak: HashMap<(String, RoleKind), u64>,
+    group_peak: FastMap<(String, RoleKind), u64>,
     /// Processes the model forgot, counted per group for the closing table.
     forgotten: HashMap<(String, RoleKind), table::RoleStats>,
     /// Failures and deaths per process.

@@ -25,7 +25,7 @@ struct Refused {
 pub struct Pressure {
     refused: HashMap<u32, VecDeque<Refused>>,
     /// Per /dev/shm, each request size larger than all before it, in order.
-    maxima: HashMap<u32, Vec<u64>>,
+    maxima: crate::model::FastMap<u32, Vec<u64>>,
 }
 
 impl Pressure {

@@ -18,7 +18,7 @@ pub fn errno_description(errno: i32) -> &'static str {
 
 /// Renders `value` as `A|B|0x..` given named single-bit (or multi-bit) flags.
 fn flag_list(value: u64, names: &[(u64, &str)], zero: &str) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(64);
     push_flags(&mut out, value, names);
     if out.is_empty() { zero.to_owned() } else { out }
 }

@@ -43,7 +43,7 @@ pub struct JsonEvent<'a> {
     pub errno: Option<String>,
     pub signal: Option<String>,
     pub code: Option<String>,
-    pub addr: Option<String>,
+    pub addr: Option<ShortText>,
     /// Whether the event shows the program hurt: a failed call, a fault, an OOM kill, a death
     /// nobody asked for. Expected errors and deaths another process caused are not.
     pub failure: bool,
@@ -58,7 +58,7 @@ pub struct JsonEvent<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flags: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
+    pub mode: Option<ShortText>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prot: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -68,7 +68,7 @@ pub struct JsonEvent<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inode: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub dev: Option<String>,
+    pub dev: Option<ShortText>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -106,8 +106,85 @@ pub struct JsonEvent<'a> {
     pub container: Option<&'a ContainerInfo>,
 }
 
-fn hex(addr: u64) -> String {
-    format!("{addr:#x}")
+/// A short text made in place, without allocating or `fmt`: an address, a mode or a device,
+/// in nearly every line of a replay (hundreds of thousands a second).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ShortText {
+    bytes: [u8; 24],
+    len: u8,
+}
+
+impl ShortText {
+    fn new() -> ShortText {
+        ShortText {
+            bytes: [0; 24],
+            len: 0,
+        }
+    }
+
+    /// Appends ASCII; the callers' longest text is 22 bytes (`0x` and 16 hex digits).
+    fn push(&mut self, text: &[u8]) {
+        let at = usize::from(self.len);
+        self.bytes[at..at + text.len()].copy_from_slice(text);
+        self.len += text.len() as u8;
+    }
+
+    /// `value` in base 8 or 16, in lower case, without leading zeros.
+    fn push_digits(&mut self, mut value: u64, radix_bits: u32) {
+        let mut digits = [0u8; 22];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b"0123456789abcdef"[(value & ((1 << radix_bits) - 1)) as usize];
+            value >>= radix_bits;
+            if value == 0 {
+                break;
+            }
+        }
+        self.push(&digits[at..]);
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for ShortText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
+}
+
+impl Serialize for ShortText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// `0x7f...`, as `{:#x}` writes it.
+fn hex(addr: u64) -> ShortText {
+    let mut text = ShortText::new();
+    text.push(b"0x");
+    text.push_digits(addr, 4);
+    text
+}
+
+/// `0600`: octal, with one leading zero.
+fn octal_mode(mode: u64) -> ShortText {
+    let mut text = ShortText::new();
+    text.push(b"0");
+    text.push_digits(mode, 3);
+    text
+}
+
+/// `0:27`, as [`crate::event::InodeId::dev_string`] writes it.
+fn dev(inode: &crate::event::InodeId) -> ShortText {
+    let dev = shmtrace_common::KernelDev(inode.dev);
+    let mut text = ShortText::new();
+    text.push(itoa::Buffer::new().format(dev.major()).as_bytes());
+    text.push(b":");
+    text.push(itoa::Buffer::new().format(dev.minor()).as_bytes());
+    text
 }
 
 /// Builds the JSON view of one event, at `ts` ([`Clock::rfc3339`] of its time); `None` for
@@ -183,7 +260,7 @@ pub fn to_json<'a>(
                 out.path = Some(Cow::Borrowed(&site.path));
                 out.offset = Some(site.file_offset);
                 out.inode = Some(site.inode.ino);
-                out.dev = Some(site.inode.dev_string());
+                out.dev = Some(dev(&site.inode));
                 out.object_size = Some(site.file_size);
             }
             if signal.target_pid != event.pid {
@@ -238,12 +315,12 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
         out.object_size = Some(file.size);
         out.object_bytes = Some(file.allocated);
         out.inode = Some(file.inode.ino);
-        out.dev = Some(file.inode.dev_string());
+        out.dev = Some(dev(&file.inode));
     }
     match call.syscall {
         Syscall::Openat | Syscall::Openat2 => {
             out.flags = Some(names::open_flags(a[2]));
-            out.mode = Some(format!("0{:o}", a[3]));
+            out.mode = Some(octal_mode(a[3]));
         }
         Syscall::Ftruncate => out.size = Some(a[1]),
         Syscall::Fallocate => {
@@ -317,5 +394,34 @@ impl<W: Write> JsonWriter<W> {
 
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::InodeId;
+
+    #[test]
+    fn short_texts_read_as_fmt_writes_them() {
+        for value in [
+            0,
+            1,
+            7,
+            8,
+            0o600,
+            0xf,
+            0x10,
+            0x7fbb_bebd_6000,
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            assert_eq!(hex(value).as_str(), format!("{value:#x}"));
+            assert_eq!(octal_mode(value).as_str(), format!("0{value:o}"));
+        }
+        for raw in [0, 27, (1 << 20) | 5, u32::MAX] {
+            let inode = InodeId { dev: raw, ino: 1 };
+            assert_eq!(dev(&inode).as_str(), inode.dev_string());
+        }
     }
 }

@@ -13,8 +13,6 @@ mod retention_tests;
 mod tests;
 mod trigger;
 
-use std::collections::HashMap;
-
 use anyhow::{Context, Result};
 use bytes::Bytes;
 
@@ -22,7 +20,7 @@ use crate::{
     capacity::Capacity,
     diagnose::{Diagnoser, Diagnosis, Role},
     event::{Body, Event, LostCounts, decode},
-    model::{ContainerInfo, FastSet, ProcSnapshot, World},
+    model::{ContainerInfo, FastMap, FastSet, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
     record::{Trigger, TriggerReason, UserRecord},
 };
@@ -43,7 +41,7 @@ pub struct Pipeline {
     tap: Option<Box<dyn Tap>>,
     observer: Option<Box<dyn Observer>>,
     /// Mount namespaces whose /dev/shm was measured, with the pid whose event asked for it.
-    measured: HashMap<u32, u32>,
+    measured: FastMap<u32, u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
     measured_devs: FastSet<u32>,
     /// Processes whose title and container pid were read again at their first /dev/shm call,
@@ -70,7 +68,7 @@ impl Pipeline {
             show_events: true,
             tap: None,
             observer: None,
-            measured: HashMap::new(),
+            measured: FastMap::default(),
             measured_devs: FastSet::default(),
             read_at_call: FastSet::default(),
             read_at_failure: FastSet::default(),
@@ -476,6 +474,9 @@ impl Pipeline {
     /// whenever the failing processes, and all others of their namespace, are gone by the time
     /// their events are read.
     fn measure_if_needed(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        if !env.can_measure() {
+            return Ok(());
+        }
         let failure = event.is_failure();
         let new_file_system = match &event.body {
             // Tried once per file system, whatever the outcome: a file system that is not

@@ -17,6 +17,11 @@ pub trait Environment {
     fn snapshot(&mut self, pid: u32) -> Option<ProcSnapshot>;
     /// The /dev/shm of the first of `pids` that can be reached.
     fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity>;
+    /// Whether [`Environment::measure`] can ever measure anything: when it cannot (a
+    /// replay), the pipeline does not gather the pids to ask it about for every event.
+    fn can_measure(&self) -> bool {
+        true
+    }
 }
 
 /// A recorded trace: everything the machine said is in the file already.
@@ -29,6 +34,10 @@ impl Environment for Recorded {
 
     fn measure(&mut self, _: &[u32], _: u64) -> Option<Capacity> {
         None
+    }
+
+    fn can_measure(&self) -> bool {
+        false
     }
 }
 

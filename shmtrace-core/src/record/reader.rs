@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use shmtrace_common::LAYOUT_HASH;
 
 use super::{
@@ -147,9 +147,17 @@ pub enum Reason {
     Io(#[source] io::Error),
 }
 
+/// How much is read from the file at a time. Records are cut out of what was read as [`Bytes`]
+/// sharing its allocation: no allocation and no copy for each record (a replay reads hundreds
+/// of thousands a second, issue 12). A record kept for long keeps its whole chunk alive: a
+/// caller that keeps a few records out of many copies them (`Bytes::copy_from_slice`).
+const READ_AHEAD: usize = 256 << 10;
+
 /// Reads one trace file.
 pub struct TraceReader<R> {
     src: R,
+    /// Read from `src` and not yet parsed.
+    ahead: BytesMut,
     path: Option<PathBuf>,
     header: TraceHeader,
     /// File offset of the next top-level frame.
@@ -163,7 +171,7 @@ pub struct TraceReader<R> {
 
 /// A decompressed block being read.
 struct Block {
-    data: Vec<u8>,
+    data: Bytes,
     pos: usize,
     file_offset: u64,
 }
@@ -195,6 +203,7 @@ impl<R: Read> TraceReader<R> {
         let offset = header.1;
         Ok(TraceReader {
             src,
+            ahead: BytesMut::new(),
             path: None,
             header: header.0,
             offset,
@@ -231,14 +240,37 @@ impl<R: Read> TraceReader<R> {
         }
     }
 
+    /// Reads ahead until `ahead` holds `need` bytes or the input ends; returns how many it
+    /// holds. Grows by [`READ_AHEAD`] at a time: a hostile length gets no more memory than
+    /// the file proves it has.
+    fn fill(&mut self, need: usize) -> io::Result<usize> {
+        while self.ahead.len() < need {
+            let have = self.ahead.len();
+            // Takes back the space of records already dropped, when none is still held.
+            self.ahead.reserve(READ_AHEAD);
+            self.ahead.resize(have + READ_AHEAD, 0);
+            let got = loop {
+                match self.src.read(&mut self.ahead[have..]) {
+                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                    other => break other,
+                }
+            };
+            self.ahead.truncate(have + *got.as_ref().unwrap_or(&0));
+            if got? == 0 {
+                break;
+            }
+        }
+        Ok(self.ahead.len())
+    }
+
     fn next_entry(&mut self) -> Result<Option<Entry>, ReadError> {
         loop {
             if let Some(entry) = self.next_in_block()? {
                 return Ok(Some(entry));
             }
             let frame_offset = self.offset;
-            let mut head = [0u8; FRAME_HEAD_LEN];
-            let got = read_full(&mut self.src, &mut head)
+            let got = self
+                .fill(FRAME_HEAD_LEN)
                 .map_err(|e| self.error(frame_offset, None, Reason::Io(e)))?;
             if got == 0 {
                 return Ok(None);
@@ -254,39 +286,31 @@ impl<R: Read> TraceReader<R> {
                     },
                 ));
             }
+            let head: [u8; FRAME_HEAD_LEN] = self.ahead[..FRAME_HEAD_LEN]
+                .try_into()
+                .expect("FRAME_HEAD_LEN bytes");
             let frame = FrameHead::parse(&head);
             if frame.len > MAX_PAYLOAD {
                 return Err(self.error(frame_offset, None, Reason::Oversized { len: frame.len }));
             }
-            // Sized for the record up front (records are small), not grown read by read; a
-            // hostile length gets no more than 64 KiB before the file proves it. A small
-            // record is read straight into place: `read_to_end` probes past the end of each.
-            let len = frame.len as usize;
-            let mut payload;
-            let got = if len <= 1 << 16 {
-                payload = vec![0; len];
-                let got = read_full(&mut self.src, &mut payload);
-                payload.truncate(*got.as_ref().unwrap_or(&0));
-                got
-            } else {
-                payload = Vec::with_capacity(1 << 16);
-                (&mut self.src)
-                    .take(u64::from(frame.len))
-                    .read_to_end(&mut payload)
-            }
-            .map_err(|e| self.error(frame_offset, None, Reason::Io(e)))?;
-            if got < frame.len as usize {
+            let end = FRAME_HEAD_LEN + frame.len as usize;
+            let got = self
+                .fill(end)
+                .map_err(|e| self.error(frame_offset, None, Reason::Io(e)))?;
+            if got < end {
                 return Err(self.error(
                     frame_offset,
                     None,
                     Reason::Truncated {
                         what: "record",
-                        have: (FRAME_HEAD_LEN + got) as u64,
-                        need: (FRAME_HEAD_LEN + frame.len as usize) as u64,
+                        have: got as u64,
+                        need: end as u64,
                     },
                 ));
             }
-            self.offset += (FRAME_HEAD_LEN + payload.len()) as u64;
+            self.ahead.advance(FRAME_HEAD_LEN);
+            let payload = self.ahead.split_to(frame.len as usize).freeze();
+            self.offset += end as u64;
             let expected = FrameHead::expected_crc(&head, &payload);
             if expected != frame.crc {
                 return Err(self.error(
@@ -303,7 +327,7 @@ impl<R: Read> TraceReader<R> {
                     let data = decompress(&payload)
                         .map_err(|reason| self.error(frame_offset, None, reason))?;
                     self.block = Some(Block {
-                        data,
+                        data: Bytes::from(data),
                         pos: 0,
                         file_offset: frame_offset,
                     });
@@ -374,7 +398,7 @@ impl<R: Read> TraceReader<R> {
                     expected,
                 }));
             }
-            let payload = payload.to_vec();
+            let payload = block.data.slice(pos + FRAME_HEAD_LEN..pos + end);
             block.pos += end;
             match FrameKind::from_u8(frame.kind) {
                 Some(FrameKind::ZstdBlock) => return Err(fail(Reason::NestedBlock)),
@@ -430,9 +454,9 @@ impl ReadError {
 
 /// A kernel or userspace record from a checked payload; `None` for a userspace record of a
 /// type this version does not know.
-fn record(kind: FrameKind, payload: Vec<u8>) -> Result<Option<Record>, Reason> {
+fn record(kind: FrameKind, payload: Bytes) -> Result<Option<Record>, Reason> {
     match kind {
-        FrameKind::Kernel => Ok(Some(Record::Kernel(Bytes::from(payload)))),
+        FrameKind::Kernel => Ok(Some(Record::Kernel(payload))),
         FrameKind::User => match UserRecord::from_cbor(&payload) {
             Ok(UserRecord::Unknown) => Ok(None),
             Ok(user) => Ok(Some(Record::User(user))),

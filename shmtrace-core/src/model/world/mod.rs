@@ -1,6 +1,6 @@
 //! The state machine: events in, processes and objects updated, each event annotated with what
 //! the model knows about it (which object a descriptor is, where a fault address points).
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 mod calls;
 mod objects;
@@ -19,9 +19,9 @@ pub struct World {
     processes: FastMap<u32, Process>,
     objects: FastMap<InodeId, ShmObject>,
     /// Per /dev/shm file system (`dev_t`).
-    usage: HashMap<u32, ShmUsage>,
+    usage: FastMap<u32, ShmUsage>,
     /// Names present in /dev/shm, per mount namespace.
-    names: HashMap<(u32, String), InodeId>,
+    names: FastMap<(u32, String), InodeId>,
     totals: Totals,
     /// Bumped whenever a fact that roles depend on changes (lineage, names, creations).
     version: u64,
@@ -32,7 +32,7 @@ pub struct World {
     change_base: u64,
     /// Names of objects recently freed, by inode: a descriptor passed to another process
     /// (SCM_RIGHTS, which is not traced) brings one back.
-    recently_freed: HashMap<InodeId, String>,
+    recently_freed: FastMap<InodeId, String>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
     forgetting: Option<retention::Forgetting>,
 }

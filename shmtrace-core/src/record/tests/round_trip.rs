@@ -378,3 +378,84 @@ fn every_rotated_file_is_closed_and_so_is_the_set() {
     assert_eq!(set.by_ref().filter(|e| e.is_ok()).count(), 2_000);
     assert!(set.closed());
 }
+
+/// Records across many read-ahead chunks, one larger than a chunk, and the file cut anywhere:
+/// every record comes back whole and in order, and a cut one is a truncation after all those
+/// before it.
+#[test]
+fn records_across_read_ahead_chunks_and_cut_anywhere_read_back() {
+    let dir = TempDir::new("read-ahead");
+    let path = dir.join("t.shmtrace");
+    let mut writer = TraceWriter::create(&path, test_header(), WriterOptions::default()).unwrap();
+    let big = "x".repeat(600 << 10);
+    let mut records = Vec::new();
+    for i in 0..3000u64 {
+        let record = openat(
+            1_000_000_000 + i,
+            4242,
+            &format!("/dev/shm/torch_{i}"),
+            3,
+            i,
+        );
+        writer.write_kernel(&record).unwrap();
+        records.push(record);
+        if i == 1500 {
+            let note = UserRecord::Note { text: big.clone() };
+            writer.write_user(1_000_000_000 + i, &note).unwrap();
+        }
+    }
+    writer.finish(&mut no_carry).unwrap();
+    let (entries, error) = read_all(&path);
+    assert!(error.is_none(), "{error:?}");
+    let kernel: Vec<&[u8]> = entries
+        .iter()
+        .filter_map(|e| match &e.record {
+            Record::Kernel(bytes) => Some(&bytes[..]),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kernel,
+        records.iter().map(Vec::as_slice).collect::<Vec<_>>()
+    );
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.record == Record::User(UserRecord::Note { text: big.clone() }))
+    );
+
+    let whole = std::fs::read(&path).unwrap();
+    let cut_path = dir.join("cut.shmtrace");
+    for cut in [
+        300_000,
+        262_144,
+        262_145,
+        700_000,
+        1_000_001,
+        whole.len() - 1,
+    ] {
+        std::fs::write(&cut_path, &whole[..cut]).unwrap();
+        let (entries, error) = read_all(&cut_path);
+        let error = error.expect("a cut file ends in an error");
+        assert!(error.is_truncation(), "cut at {cut}: {error}");
+        assert!(error.offset < cut as u64, "cut at {cut}: {error}");
+        let read = entries
+            .iter()
+            .filter(|e| matches!(e.record, Record::Kernel(_)))
+            .count();
+        assert_eq!(
+            entries
+                .iter()
+                .filter_map(|e| match &e.record {
+                    Record::Kernel(bytes) => Some(&bytes[..]),
+                    _ => None,
+                })
+                .collect::<Vec<_>>(),
+            records[..read]
+                .iter()
+                .map(Vec::as_slice)
+                .collect::<Vec<_>>(),
+            "cut at {cut}"
+        );
+    }
+}
