@@ -8,6 +8,7 @@ use std::{
 
 use serde::Serialize;
 
+use super::flat_struct;
 #[cfg(doc)]
 use crate::clock::Clock;
 use crate::{
@@ -388,6 +389,14 @@ impl<W: Write> JsonWriter<W> {
     pub fn record<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
         self.line.clear();
         serde_json::to_writer(&mut self.line, record)?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
+    }
+
+    /// An event's line: what [`JsonWriter::record`] writes, without escaping the keys.
+    pub fn event(&mut self, event: &JsonEvent<'_>) -> io::Result<()> {
+        self.line.clear();
+        flat_struct::write(&mut self.line, event)?;
         self.line.push(b'\n');
         self.out.write_all(&self.line)
     }

@@ -58,9 +58,14 @@ fn line_with(
     let record = to_json(event, note, role, container, TS).expect("a relevant event");
     let mut out = Vec::new();
     let mut writer = JsonWriter::new(&mut out);
-    writer.record(&record).unwrap();
+    writer.event(&record).unwrap();
     writer.flush().unwrap();
     drop(writer);
+    // The keys written as they are, the line exactly as serde_json writes it.
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        serde_json::to_string(&record).unwrap() + "\n"
+    );
     String::from_utf8(out).unwrap()
 }
 

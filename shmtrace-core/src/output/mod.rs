@@ -3,6 +3,7 @@
 //! What happened is decided elsewhere (`event`, `model`); this module only renders it.
 pub mod diagnosis;
 pub mod filter;
+mod flat_struct;
 pub mod human;
 pub mod json;
 #[cfg(test)]
@@ -141,7 +142,7 @@ impl Output {
             Sink::Json(w) => {
                 let ts = self.times.rfc3339(&self.clock, event.ts_ns);
                 match json::to_json(event, note, role, container, ts) {
-                    Some(record) => w.record(&record),
+                    Some(record) => w.event(&record),
                     None => Ok(()),
                 }
             }

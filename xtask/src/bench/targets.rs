@@ -5,7 +5,6 @@
 use std::{
     ffi::OsString,
     fs,
-    io::Read,
     path::Path,
     process::{Command, Stdio},
     time::Instant,
@@ -383,36 +382,42 @@ pub fn replay(setup: &Setup, exe: &Path, tag: &str, iterations: u64) -> Vec<Row>
         if !status.success() {
             bail!("shmtrace record failed: {status}");
         }
+        let show = || {
+            let mut show = Command::new("taskset");
+            show.args(["-c", "0"])
+                .arg(&setup.shmtrace)
+                .arg("show")
+                .arg("--json")
+                .arg(&file)
+                .stderr(Stdio::null());
+            show
+        };
+        // Timed to /dev/null: a reader on the other core would be measured too (this debug
+        // build counts 277 MB of lines slower than shmtrace writes them).
         let started = Instant::now();
-        let mut child = Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(&setup.shmtrace)
-            .arg("show")
-            .arg("--json")
-            .arg(&file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
+        let status = show()
+            .stdout(Stdio::null())
+            .status()
             .context("running taskset -c 0 shmtrace show --json")?;
-        // Lines counted as they come, not kept: the output is hundreds of megabytes, and
-        // growing a buffer for it took CPU from the measured process on a two-core machine.
-        let mut stdout = child.stdout.take().context("shmtrace show's output")?;
-        let mut chunk = vec![0u8; 1 << 16];
-        let mut events = 0u64;
-        loop {
-            let got = stdout
-                .read(&mut chunk)
-                .context("reading shmtrace show's output")?;
-            if got == 0 {
-                break;
-            }
-            events += chunk[..got].iter().filter(|b| **b == b'\n').count() as u64;
-        }
-        let status = child.wait().context("waiting for shmtrace show")?;
         let seconds = started.elapsed().as_secs_f64();
         if !status.success() {
             bail!("shmtrace show failed: {status}");
         }
+        // The lines counted by a second, untimed run, through `wc -l`.
+        let mut again = show()
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("running shmtrace show --json again")?;
+        let lines = Command::new("wc")
+            .arg("-l")
+            .stdin(again.stdout.take().context("shmtrace show's output")?)
+            .output()
+            .context("running wc -l")?;
+        again.wait().context("waiting for shmtrace show")?;
+        let events: u64 = String::from_utf8_lossy(&lines.stdout)
+            .trim()
+            .parse()
+            .context("wc -l's count")?;
         Ok((events, seconds))
     })();
     let _ = fs::remove_file(&file);
