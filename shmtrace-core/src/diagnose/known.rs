@@ -5,6 +5,8 @@
 //! matched against the base name of a /dev/shm path, process names against the 15-character
 //! `comm` and the start of the process title (/proc/PID/cmdline, which some programs rewrite).
 
+use super::base_name;
+
 /// One program that uses /dev/shm.
 #[derive(Debug)]
 pub struct KnownUser {
@@ -202,10 +204,6 @@ fn postgres_backend(title: &str) -> Option<String> {
     Some(format!(
         "backend of user {user} on database {database} from {host}{running}"
     ))
-}
-
-fn base_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
 }
 
 /// The program whose objects are named like `path`.

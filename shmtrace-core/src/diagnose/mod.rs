@@ -21,6 +21,15 @@ mod pressure;
 mod recommend;
 pub mod role;
 mod table;
+
+/// The last component of a path, or all of it. A byte search: `rsplit('/')`'s general pattern
+/// search cost ten times as much, on every event of a replay.
+fn base_name(path: &str) -> &str {
+    match path.bytes().rposition(|b| b == b'/') {
+        Some(slash) => &path[slash + 1..],
+        None => path,
+    }
+}
 mod verdict;
 
 use std::{borrow::Cow, collections::HashMap};

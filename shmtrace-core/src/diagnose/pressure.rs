@@ -133,7 +133,7 @@ impl Pressure {
 /// sized: a parallel query's shared hash table grows in segments of doubling size.
 fn is_postgres_segment(kind: &FailureKind) -> bool {
     matches!(kind, FailureKind::Call { path: Some(path), .. }
-        if path.rsplit('/').next().is_some_and(|name| name.starts_with("PostgreSQL.")))
+        if super::base_name(path).starts_with("PostgreSQL."))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::base_name;
 use crate::model::{FastMap, Process, World};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -429,10 +430,6 @@ fn is_forkserver(process: &Process) -> bool {
         .argv
         .iter()
         .any(|arg| arg.contains("multiprocessing.forkserver"))
-}
-
-fn base_name(path: &str) -> &str {
-    path.rsplit_once('/').map_or(path, |(_, name)| name)
 }
 
 pub fn is_torch(path: &str) -> bool {

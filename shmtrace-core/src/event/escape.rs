@@ -19,8 +19,10 @@ pub fn bytes(bytes: &[u8]) -> String {
     let plain_ascii = bytes.iter().fold(true, |plain, b| {
         plain & (0x20..0x7f).contains(b) & (*b != b'\\')
     });
-    if plain_ascii && let Ok(plain) = std::str::from_utf8(bytes) {
-        return plain.to_owned();
+    if plain_ascii {
+        // SAFETY: printable ASCII, checked above, is UTF-8. Checking it again cost 1% of a
+        // replay.
+        return unsafe { std::str::from_utf8_unchecked(bytes) }.to_owned();
     }
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {

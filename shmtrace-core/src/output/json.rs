@@ -125,6 +125,7 @@ impl ShortText {
 
     /// Appends ASCII; the callers' longest text is 22 bytes (`0x` and 16 hex digits).
     fn push(&mut self, text: &[u8]) {
+        assert!(text.is_ascii(), "a short text is ASCII");
         let at = usize::from(self.len);
         self.bytes[at..at + text.len()].copy_from_slice(text);
         self.len += text.len() as u8;
@@ -146,7 +147,10 @@ impl ShortText {
     }
 
     pub fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+        let text = &self.bytes[..usize::from(self.len)];
+        // SAFETY: `push` appends ASCII only, and ASCII is UTF-8. Checking it again cost 1% of
+        // a replay.
+        unsafe { std::str::from_utf8_unchecked(text) }
     }
 }
 
