@@ -180,4 +180,41 @@ mod tests {
         write(&mut out, &line).unwrap();
         assert_eq!(out, serde_json::to_vec(&line).unwrap());
     }
+
+    #[test]
+    fn strings_come_out_as_serde_json_writes_them() {
+        #[derive(Serialize)]
+        struct Name<'a>(&'a str);
+        #[derive(Serialize)]
+        struct Line<'a> {
+            text: &'a str,
+            maybe: Option<&'a str>,
+            named: Name<'a>,
+            number: u64,
+        }
+        for text in [
+            "",
+            "plain /dev/shm/torch_1_2",
+            "quote \" and backslash \\",
+            "tab\tnewline\ncarriage\r",
+            "\u{1}\u{1f} control",
+            "\u{7f} delete",
+            "é, ü, 数据, 🙂",
+            "\u{1b}[31mred\u{1b}[0m",
+        ] {
+            let line = Line {
+                text,
+                maybe: Some(text),
+                named: Name(text),
+                number: u64::MAX,
+            };
+            let mut out = Vec::new();
+            write(&mut out, &line).unwrap();
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(&line).unwrap(),
+                "{text:?}"
+            );
+        }
+    }
 }
