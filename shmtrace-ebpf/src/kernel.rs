@@ -138,19 +138,24 @@ pub fn current_comm(off: &KernelOffsets) -> [u8; 16] {
     unsafe { field(current_btf(), off.task_comm) }
 }
 
+/// The pointer field at `offset` of a typed struct, unless NULL.
+///
+/// # Safety
+/// As for [`field`].
+#[inline(always)]
+unsafe fn pointer_field(base: *const u8, offset: u32) -> Option<*const u8> {
+    // SAFETY: the caller's promise.
+    let pointer: *const u8 = unsafe { field(base, offset) };
+    (!pointer.is_null()).then_some(pointer)
+}
+
 /// The current task's mount namespace, as [`task_mntns`] reads any task's.
 #[inline(always)]
 pub fn current_mntns(off: &KernelOffsets) -> Option<u32> {
     // SAFETY: typed pointers all the way down.
     unsafe {
-        let nsproxy: *const u8 = field(current_btf(), off.task_nsproxy);
-        if nsproxy.is_null() {
-            return None;
-        }
-        let mnt_ns: *const u8 = field(nsproxy, off.nsproxy_mnt_ns);
-        if mnt_ns.is_null() {
-            return None;
-        }
+        let nsproxy = pointer_field(current_btf(), off.task_nsproxy)?;
+        let mnt_ns = pointer_field(nsproxy, off.nsproxy_mnt_ns)?;
         Some(field(mnt_ns, off.mnt_ns_inum))
     }
 }
@@ -163,14 +168,8 @@ pub fn fd_inode(fd: i32, off: &KernelOffsets) -> Option<u64> {
     }
     // SAFETY: typed pointers down to the descriptor array, whose elements are read below.
     let (max_fds, fd_array) = unsafe {
-        let files: *const u8 = field(current_btf(), off.task_files);
-        if files.is_null() {
-            return None;
-        }
-        let fdt: *const u8 = field(files, off.files_fdt);
-        if fdt.is_null() {
-            return None;
-        }
+        let files = pointer_field(current_btf(), off.task_files)?;
+        let fdt = pointer_field(files, off.files_fdt)?;
         (
             field::<u32>(fdt, off.fdtable_max_fds),
             field::<u64>(fdt, off.fdtable_fd),
@@ -261,18 +260,9 @@ fn inode_file_at_once(inode: u64, off: &KernelOffsets) -> Option<FileRef> {
 pub fn cwd_dev(off: &KernelOffsets) -> Option<u32> {
     // SAFETY: typed pointers all the way down.
     unsafe {
-        let fs: *const u8 = field(current_btf(), off.task_fs);
-        if fs.is_null() {
-            return None;
-        }
-        let dentry: *const u8 = field(fs, off.fs_pwd_dentry);
-        if dentry.is_null() {
-            return None;
-        }
-        let sb: *const u8 = field(dentry, off.dentry_sb);
-        if sb.is_null() {
-            return None;
-        }
+        let fs = pointer_field(current_btf(), off.task_fs)?;
+        let dentry = pointer_field(fs, off.fs_pwd_dentry)?;
+        let sb = pointer_field(dentry, off.dentry_sb)?;
         Some(field(sb, off.super_block_dev))
     }
 }
