@@ -4,6 +4,7 @@
 pub mod diagnosis;
 pub mod filter;
 mod flat_struct;
+mod flat_value;
 pub mod human;
 pub mod json;
 #[cfg(test)]
