@@ -74,25 +74,35 @@ pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {
 fn needs_escaping(bytes: &[u8]) -> bool {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    /// Whether a byte of `word` is below `n` (n <= 128): exact as a yes or no, though not
-    /// as to which byte.
-    fn has_less(word: u64, n: u8) -> bool {
-        word.wrapping_sub(ONES * u64::from(n)) & !word & HIGH != 0
+    /// Whether a byte of `word` is a control character, a quote or a backslash: each test is
+    /// "a byte below n" (`(x - n...) & !x & 0x80...`), exact as a yes or no, though not as
+    /// to which byte; bytes of 0x80 or more never pass.
+    fn in_word(word: u64) -> bool {
+        let quote = word ^ (ONES * u64::from(b'"'));
+        let backslash = word ^ (ONES * u64::from(b'\\'));
+        let control = word.wrapping_sub(ONES * 0x20) & !word;
+        let quote = quote.wrapping_sub(ONES) & !quote;
+        let backslash = backslash.wrapping_sub(ONES) & !backslash;
+        (control | quote | backslash) & HIGH != 0
     }
-    fn has_byte(word: u64, byte: u8) -> bool {
-        has_less(word ^ (ONES * u64::from(byte)), 1)
+    fn word(bytes: &[u8]) -> u64 {
+        u64::from_ne_bytes(bytes.try_into().expect("eight bytes"))
     }
-    let mut chunks = bytes.chunks_exact(8);
-    for chunk in &mut chunks {
-        let word = u64::from_ne_bytes(chunk.try_into().expect("eight bytes"));
-        if has_less(word, 0x20) || has_byte(word, b'"') || has_byte(word, b'\\') {
-            return true;
+    /// Four bytes in a word whose other four are a letter, which never needs escaping.
+    fn half_word(bytes: &[u8]) -> u64 {
+        let half = u32::from_ne_bytes(bytes.try_into().expect("four bytes"));
+        u64::from(half) | (u64::from(u32::from_ne_bytes([b'a'; 4])) << 32)
+    }
+    match bytes.len() {
+        0..4 => bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\'),
+        n @ 4..8 => in_word(half_word(&bytes[..4])) || in_word(half_word(&bytes[n - 4..])),
+        n => {
+            let mut chunks = bytes.chunks_exact(8);
+            // The last eight bytes overlap the whole words before them: a yes or no is all
+            // that is asked.
+            chunks.any(|chunk| in_word(word(chunk))) || in_word(word(&bytes[n - 8..]))
         }
     }
-    chunks
-        .remainder()
-        .iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
 /// The value is not one [`Plain`] writes: serde_json writes it.
