@@ -127,14 +127,12 @@ impl ser::SerializeStruct for Fields<'_> {
             key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
             "{key:?} would need escaping"
         );
-        self.out.reserve(key.len() + 4);
-        if !self.first {
-            self.out.push(b',');
+        if self.first {
+            flat_value::put_between(self.out, b"\"", key.as_bytes(), b"\":");
+        } else {
+            flat_value::put_between(self.out, b",\"", key.as_bytes(), b"\":");
         }
         self.first = false;
-        self.out.push(b'"');
-        flat_value::put(self.out, key.as_bytes());
-        self.out.extend_from_slice(b"\":");
         flat_value::write(self.out, value)
     }
 

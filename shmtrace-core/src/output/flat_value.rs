@@ -31,20 +31,50 @@ pub fn write<T: ?Sized + Serialize>(out: &mut Vec<u8>, value: &T) -> Result<(), 
 /// otherwise each be a call to `memcpy`, together a seventh of a replay's time (by `perf`).
 #[inline(always)]
 pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_between(out, b"", bytes, b"");
+}
+
+/// Appends `open`, `bytes` and `close` with one check of the room left: `open` and `close`
+/// are a few bytes of punctuation (`,"` before a key, `":` after it).
+#[inline(always)]
+pub fn put_between(out: &mut Vec<u8>, open: &[u8], bytes: &[u8], close: &[u8]) {
     let n = bytes.len();
-    if n > 32 {
-        out.extend_from_slice(bytes);
-        return;
-    }
-    out.reserve(n);
+    let total = open.len() + n + close.len();
+    out.reserve(total);
     let len = out.len();
-    let src = bytes.as_ptr();
-    // SAFETY: `reserve` made room for `n` more bytes after `len`; each read is of `n` bytes
-    // of `bytes` at most (two overlapping halves of at least half of `n` each), and each
-    // write within those `n` bytes of room; then those `n` bytes are all written.
+    // SAFETY: `reserve` made room for `total` more bytes after `len`, which are all written
+    // before the length takes them in: `open`, then `bytes` (see `copy`), then `close`.
     unsafe {
-        let dst = out.as_mut_ptr().add(len);
-        if n >= 16 {
+        let mut dst = out.as_mut_ptr().add(len);
+        for &b in open {
+            *dst = b;
+            dst = dst.add(1);
+        }
+        copy(bytes, dst);
+        dst = dst.add(n);
+        for &b in close {
+            *dst = b;
+            dst = dst.add(1);
+        }
+        out.set_len(len + total);
+    }
+}
+
+/// Copies `bytes` to `dst`; up to 32 bytes as two overlapping loads and stores, which a call
+/// to `memcpy` costs more than.
+///
+/// # Safety
+/// `dst` must be valid for writing `bytes.len()` bytes, and not overlap `bytes`.
+#[inline(always)]
+unsafe fn copy(bytes: &[u8], dst: *mut u8) {
+    let n = bytes.len();
+    let src = bytes.as_ptr();
+    // SAFETY: each read is within `bytes` (two halves of at least half of `n` each, from
+    // its start and up to its end), and each write within the `n` bytes at `dst`.
+    unsafe {
+        if n > 32 {
+            std::ptr::copy_nonoverlapping(src, dst, n);
+        } else if n >= 16 {
             let head = src.cast::<u128>().read_unaligned();
             let tail = src.add(n - 16).cast::<u128>().read_unaligned();
             dst.cast::<u128>().write_unaligned(head);
@@ -66,7 +96,6 @@ pub fn put(out: &mut Vec<u8>, bytes: &[u8]) {
             *dst.add(n / 2) = *src.add(n / 2);
             *dst.add(n - 1) = *src.add(n - 1);
         }
-        out.set_len(len + n);
     }
 }
 
@@ -191,10 +220,7 @@ impl Serializer for Plain<'_> {
         if needs_escaping(bytes) {
             return Err(NotPlain);
         }
-        self.out.reserve(bytes.len() + 2);
-        self.out.push(b'"');
-        put(self.out, bytes);
-        self.out.push(b'"');
+        put_between(self.out, b"\"", bytes, b"\"");
         Ok(())
     }
 
@@ -289,6 +315,19 @@ mod tests {
                 assert!(out[..before].iter().all(|&b| b == b'x'));
                 assert_eq!(&out[before..], &source[..n]);
             }
+        }
+    }
+
+    #[test]
+    fn put_between_frames_every_length() {
+        let source: Vec<u8> = (0..100u8).collect();
+        for n in 0..=source.len() {
+            let mut out = b"x".to_vec();
+            put_between(&mut out, b",\"", &source[..n], b"\":");
+            let mut expected = b"x,\"".to_vec();
+            expected.extend(&source[..n]);
+            expected.extend(b"\":");
+            assert_eq!(out, expected);
         }
     }
 
