@@ -136,6 +136,126 @@ fn needs_escaping(bytes: &[u8]) -> bool {
     }
 }
 
+/// The name under which [`verbatim`] text passes: to serde_json, a newtype like any other,
+/// written as the text inside it.
+const VERBATIM: &str = "shmtrace::verbatim";
+
+/// Serializes text shmtrace made itself from digits and fixed names (a time, flag names, an
+/// address), which never needs escaping: a flat line copies it without checking its bytes.
+/// Never for text from a traced program or a trace file.
+pub fn verbatim<T: AsRef<str> + ?Sized, S: Serializer>(
+    text: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_newtype_struct(VERBATIM, text.as_ref())
+}
+
+/// [`verbatim`], for an optional field.
+pub fn verbatim_option<T: AsRef<str>, S: Serializer>(
+    text: &Option<T>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    struct Verbatim<'a>(&'a str);
+    impl Serialize for Verbatim<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            verbatim(self.0, serializer)
+        }
+    }
+    match text {
+        Some(text) => serializer.serialize_some(&Verbatim(text.as_ref())),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// Writes the string of a [`verbatim`] newtype as it is; refuses anything else.
+struct VerbatimText<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+macro_rules! only_text {
+    ($($method:ident($($arg:ty),*) -> $ok:ty;)*) => {
+        $(
+            fn $method(self, $(_: $arg),*) -> Result<$ok, NotPlain> {
+                Err(NotPlain)
+            }
+        )*
+    };
+}
+
+impl Serializer for VerbatimText<'_> {
+    type Ok = ();
+    type Error = NotPlain;
+    type SerializeSeq = Impossible<(), NotPlain>;
+    type SerializeTuple = Impossible<(), NotPlain>;
+    type SerializeTupleStruct = Impossible<(), NotPlain>;
+    type SerializeTupleVariant = Impossible<(), NotPlain>;
+    type SerializeMap = Impossible<(), NotPlain>;
+    type SerializeStruct = Impossible<(), NotPlain>;
+    type SerializeStructVariant = Impossible<(), NotPlain>;
+
+    fn serialize_str(self, value: &str) -> Result<(), NotPlain> {
+        debug_assert!(
+            !needs_escaping(value.as_bytes()),
+            "{value:?} passed as verbatim"
+        );
+        put_between(self.out, b"\"", value.as_bytes(), b"\"");
+        Ok(())
+    }
+
+    only_text! {
+        serialize_bool(bool) -> ();
+        serialize_i8(i8) -> ();
+        serialize_i16(i16) -> ();
+        serialize_i32(i32) -> ();
+        serialize_i64(i64) -> ();
+        serialize_u8(u8) -> ();
+        serialize_u16(u16) -> ();
+        serialize_u32(u32) -> ();
+        serialize_u64(u64) -> ();
+        serialize_f32(f32) -> ();
+        serialize_f64(f64) -> ();
+        serialize_char(char) -> ();
+        serialize_bytes(&[u8]) -> ();
+        serialize_none() -> ();
+        serialize_unit() -> ();
+        serialize_unit_struct(&'static str) -> ();
+        serialize_unit_variant(&'static str, u32, &'static str) -> ();
+        serialize_seq(Option<usize>) -> Self::SerializeSeq;
+        serialize_tuple(usize) -> Self::SerializeTuple;
+        serialize_tuple_struct(&'static str, usize) -> Self::SerializeTupleStruct;
+        serialize_tuple_variant(&'static str, u32, &'static str, usize) -> Self::SerializeTupleVariant;
+        serialize_map(Option<usize>) -> Self::SerializeMap;
+        serialize_struct(&'static str, usize) -> Self::SerializeStruct;
+        serialize_struct_variant(&'static str, u32, &'static str, usize) -> Self::SerializeStructVariant;
+    }
+
+    fn serialize_some<T: ?Sized + Serialize>(self, _: &T) -> Result<(), NotPlain> {
+        Err(NotPlain)
+    }
+
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), NotPlain> {
+        Err(NotPlain)
+    }
+
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), NotPlain> {
+        Err(NotPlain)
+    }
+
+    fn collect_str<T: ?Sized + fmt::Display>(self, _: &T) -> Result<(), NotPlain> {
+        Err(NotPlain)
+    }
+}
+
 /// The value is not one [`Plain`] writes: serde_json writes it.
 #[derive(Debug)]
 struct NotPlain;
@@ -252,9 +372,12 @@ impl Serializer for Plain<'_> {
 
     fn serialize_newtype_struct<T: ?Sized + Serialize>(
         self,
-        _: &'static str,
+        name: &'static str,
         value: &T,
     ) -> Result<(), NotPlain> {
+        if name == VERBATIM {
+            return value.serialize(VerbatimText { out: self.out });
+        }
         value.serialize(self)
     }
 
@@ -316,6 +439,31 @@ mod tests {
                 assert_eq!(&out[before..], &source[..n]);
             }
         }
+    }
+
+    #[test]
+    fn verbatim_text_comes_out_as_serde_json_writes_it() {
+        #[derive(Serialize)]
+        struct Line<'a> {
+            #[serde(serialize_with = "verbatim")]
+            ts: &'a str,
+            #[serde(serialize_with = "verbatim_option")]
+            flags: Option<std::borrow::Cow<'a, str>>,
+            #[serde(serialize_with = "verbatim_option")]
+            none: Option<&'a str>,
+        }
+        let line = Line {
+            ts: "2026-12-01T05:15:31.650715499Z",
+            flags: Some("O_RDWR|O_CREAT".into()),
+            none: None,
+        };
+        let mut out = Vec::new();
+        crate::output::flat_struct::write(&mut out, &line).unwrap();
+        assert_eq!(out, serde_json::to_vec(&line).unwrap());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"ts":"2026-12-01T05:15:31.650715499Z","flags":"O_RDWR|O_CREAT","none":null}"#
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::{
     flag_names::{FlagKind, FlagNames},
     flat_struct,
+    flat_value::{verbatim, verbatim_option},
 };
 #[cfg(doc)]
 use crate::clock::Clock;
@@ -32,11 +33,13 @@ pub struct JsonEvent<'a> {
     /// Schema version.
     pub v: u32,
     /// RFC 3339, UTC, nanoseconds.
+    #[serde(serialize_with = "verbatim")]
     pub ts: &'a str,
     pub pid: u32,
     pub tid: u32,
     pub comm: &'a str,
     /// The syscall name, or `signal`, `fork`, `exec`, `exit`, `rename`, `oom_kill`.
+    #[serde(serialize_with = "verbatim")]
     pub event: &'static str,
     /// Borrowed from the model's annotation when it has the name (most events).
     pub path: Option<Cow<'a, str>>,
@@ -59,11 +62,17 @@ pub struct JsonEvent<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killed_by_pid: Option<u32>,
 
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "verbatim_option"
+    )]
     pub flags: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<ShortText>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "verbatim_option"
+    )]
     pub prot: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object_size: Option<i64>,
@@ -165,7 +174,7 @@ impl std::fmt::Debug for ShortText {
 
 impl Serialize for ShortText {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
+        verbatim(self.as_str(), serializer)
     }
 }
 
