@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     VariantResult, measure,
+    probes::ProbeReport,
     stats::Spread,
     storm,
     table::markdown,
@@ -168,6 +169,28 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
         Some(lost == 0),
     ));
     rows
+}
+
+/// Not a target of its own: the part of what `--pid OTHER` costs an untraced process that is
+/// shmtrace's own work, from run-time statistics. It is exact where the timed ratio above is
+/// lost in this machine's noise; the rest is the tracepoints' dispatch, which the floor pays
+/// too.
+pub fn idle_programs(
+    case: &str,
+    idle: &ProbeReport,
+    floor: &ProbeReport,
+    untraced_us: Option<f64>,
+) -> Row {
+    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
+    let above = per_object(idle) - per_object(floor);
+    let share = untraced_us.map_or(String::new(), |us| {
+        format!(", {:.2}% of an untraced object", above / 10.0 / us)
+    });
+    Row::new(
+        &format!("{case}: (not a target) --pid OTHER: shmtrace's programs above the floor's"),
+        format!("{above:.0} ns per object{share} (BPF run-time statistics)"),
+        None,
+    )
 }
 
 /// The fork storm: shmtrace's CPU for 1k and for 10k processes (traced command), and

@@ -279,7 +279,7 @@ impl Variant {
     }
 }
 
-fn direct(workload: &[OsString]) -> Command {
+pub fn direct(workload: &[OsString]) -> Command {
     let mut c = Command::new(&workload[0]);
     c.args(&workload[1..]);
     c
