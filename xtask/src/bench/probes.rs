@@ -108,43 +108,20 @@ fn measure_wrapped(mut command: Command, objects: u64, tracer: bool) -> Result<P
     Ok(timed.report(objects, tracer_nvcsw))
 }
 
-/// Starts shmtrace on a sleeping process, waits until its probes are attached, and runs the
-/// workload untraced beside it; ending the sleeper ends shmtrace.
+/// Runs the workload untraced beside shmtrace tracing a sleeping process.
 fn measure_beside_idle(setup: &Setup, workload: &[OsString], objects: u64) -> Result<ProbeReport> {
-    let mut sleeper = Command::new("sleep")
-        .arg("600")
-        .spawn()
-        .context("starting sleep")?;
-    let result = (|| {
-        let tracer = Running::spawn(
-            Command::new(&setup.shmtrace)
-                .args(["-o", "/dev/null", "--pid"])
-                .arg(sleeper.id().to_string()),
-            false,
-        )?;
-        let timed = variants::wait_attached(tracer.pid()).and_then(|()| {
-            let mut command = variants::direct(workload);
-            let mut held = Running::spawn(command.arg("--hold"), true)?;
-            let timed = time_loop(&mut held, tracer.pid());
-            held.close_stdin();
-            let finished = held.finish()?;
-            if !finished.success() {
-                bail!("the workload ended with {}", finished.describe_status());
-            }
-            timed
-        });
-        let _ = sleeper.kill();
-        let _ = sleeper.wait();
-        let tracer = tracer.finish()?;
-        let timed = timed?;
-        if !tracer.success() {
-            bail!("shmtrace --pid ended with {}", tracer.describe_status());
-        }
-        Ok(timed.report(objects, None))
-    })();
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
-    result
+    let idle = variants::IdleShmtrace::start(setup)?;
+    let mut command = variants::direct(workload);
+    let mut held = Running::spawn(command.arg("--hold"), true)?;
+    let timed = time_loop(&mut held, idle.pid());
+    held.close_stdin();
+    let finished = held.finish()?;
+    idle.stop()?;
+    let timed = timed?;
+    if !finished.success() {
+        bail!("the workload ended with {}", finished.describe_status());
+    }
+    Ok(timed.report(objects, None))
 }
 
 type Snapshot = BTreeMap<u64, (u64, u64)>;
