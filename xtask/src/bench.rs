@@ -18,6 +18,7 @@
 //! - `stats`, `table`: medians, spreads and the printed tables.
 mod case;
 mod churn;
+mod daemon;
 mod daemon_idle;
 mod floor;
 mod machine;
