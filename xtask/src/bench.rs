@@ -18,6 +18,7 @@
 //! - `stats`, `table`: medians, spreads and the printed tables.
 mod case;
 mod churn;
+mod daemon;
 mod daemon_idle;
 mod floor;
 mod machine;
@@ -46,6 +47,7 @@ use serde_json::json;
 use self::{
     case::{Case, VariantResult, check_room, raw_runs, run_rounds},
     machine::{describe, load_average, machine_description},
+    probes::Subject,
     variants::{Setup, Variant},
 };
 use crate::{cargo, root, run as run_command};
@@ -79,7 +81,8 @@ pub struct BenchArgs {
     /// Write every byte of each mapping (a tensor copy), not one byte per page.
     #[arg(long)]
     fill: bool,
-    /// Skip the per-probe cost analysis (two extra shmtrace runs per case, one with --quick).
+    /// Skip the per-probe cost analysis (four extra runs per case, three with --quick: shmtrace
+    /// tracing the workload, with --failed, tracing another process; the floor).
     #[arg(long)]
     no_probe_costs: bool,
     /// Skip the paired measurement (three extra runs per case, two with --quick).
@@ -276,8 +279,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         };
         others.extend(neighbours::foreign_bpf_holders());
-        let probes = (!args.no_probe_costs)
-            .then(|| probe_costs(&setup, &case, &results, reference, !args.quick));
+        let probes = (!args.no_probe_costs).then(|| {
+            let (text, row) = probe_costs(&setup, &case, &results, reference, !args.quick);
+            target_rows.extend(row);
+            text
+        });
         others.extend(neighbours::foreign_bpf_holders());
         if !others.is_empty() {
             println!(
@@ -413,7 +419,7 @@ fn probe_costs(
     results: &[VariantResult],
     reference: Option<table::Reference>,
     with_failed: bool,
-) -> String {
+) -> (String, Option<targets::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
     println!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
@@ -436,11 +442,12 @@ fn probe_costs(
             traced_us,
         })
     });
-    let full = probes::measure(setup, &[], workload, objects);
+    let full = probes::measure(setup, Subject::Traced(&[]), workload, objects);
     churn::remove_leftovers(&case.tag);
-    let failed = with_failed.then(|| probes::measure(setup, &["--failed"], workload, objects));
+    let failed = with_failed
+        .then(|| probes::measure(setup, Subject::Traced(&["--failed"]), workload, objects));
     churn::remove_leftovers(&case.tag);
-    let text = match (full, failed) {
+    let mut text = match (full, failed) {
         (Ok(full), failed) => {
             let failed_report = failed.as_ref().and_then(|f| f.as_ref().ok());
             let mut text = table::probes(&full, failed_report, reference.as_ref());
@@ -452,7 +459,43 @@ fn probe_costs(
         (Err(error), _) => format!("Not measured: {error:#}\n"),
     };
     println!("{text}");
-    text
+    let (others, row) = cost_to_others(setup, case, median_loop("untraced"));
+    println!("{others}");
+    text += "\n";
+    text += &others;
+    (text, row)
+}
+
+/// Times shmtrace's programs, then the floor's, while the workload runs untraced beside them.
+fn cost_to_others(
+    setup: &Setup,
+    case: &Case,
+    untraced_us: Option<f64>,
+) -> (String, Option<targets::Row>) {
+    let (workload, objects) = (&case.workload, case.objects);
+    println!("### What shmtrace's programs cost a process they do not trace\n");
+    let idle = probes::measure(setup, Subject::BesideIdle, workload, objects);
+    churn::remove_leftovers(&case.tag);
+    let floor = probes::measure(setup, Subject::Floor, workload, objects);
+    churn::remove_leftovers(&case.tag);
+    match (idle, floor) {
+        (Ok(idle), floor) => {
+            let mut text = table::cost_to_others(&idle, floor.as_ref().ok(), untraced_us);
+            if let Err(error) = &floor {
+                text += &format!("The floor's run failed: {error:#}\n");
+            }
+            let row = floor.ok().map(|floor| {
+                targets::idle_programs(
+                    &shmtrace_core::size::human(case.size),
+                    &idle,
+                    &floor,
+                    untraced_us,
+                )
+            });
+            (text, row)
+        }
+        (Err(error), _) => (format!("Not measured: {error:#}\n"), None),
+    }
 }
 
 /// --quick keeps what issue 12's targets need: the floor, shmtrace, and its cost to others.

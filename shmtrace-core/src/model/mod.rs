@@ -18,7 +18,7 @@ pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
 pub use snapshot::{ProcSnapshot, SnapshotFd, SnapshotMapping};
 pub use usage::{ShmUsage, Totals};
-pub use world::{Evictions, Retention, World};
+pub use world::{Evictions, QUIET_LINGER_NS, Retention, World};
 
 /// A map keyed by pids, inodes or namespaces, looked up a dozen times for every event:
 /// foldhash rather than SipHash, whose cost was a fifth of replay's time (issue 12). Seeded at

@@ -39,7 +39,7 @@ fn enter_close(ctx: &TracePointContext) -> Option<()> {
     let (tgid, tid) = syscall::ids();
     // The scope first: every process on the host runs this, and few are traced.
     let scope_flags = scope::in_scope(tgid)?;
-    let args = CloseArgs::read(ctx)?;
+    let args = CloseArgs::read(ctx);
     let off = kernel::offsets();
     let fd = args.fd as i32;
     let file = syscall::shm_fd(fd, &off)?;

@@ -17,9 +17,8 @@ enter_args! {
 #[tracepoint]
 pub fn sys_enter_memfd_create(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
-    if let Some(flags) = scope::in_scope(tgid)
-        && let Some(args) = MemfdCreateArgs::read(&ctx)
-    {
+    if let Some(flags) = scope::in_scope(tgid) {
+        let args = MemfdCreateArgs::read(&ctx);
         syscall::stash(tid, Syscall::MemfdCreate, flags, -1, args.raw());
     }
     0

@@ -41,28 +41,31 @@ struct OpenHow {
 
 #[tracepoint]
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    if let Some(args) = OpenatArgs::read(&ctx) {
-        let stashed = [args.dfd, args.filename, args.flags, args.mode, 0, 0];
-        enter(Syscall::Openat, stashed, None);
-    }
+    let _ = enter(&ctx, Syscall::Openat);
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_openat2(ctx: TracePointContext) -> u32 {
-    if let Some(args) = Openat2Args::read(&ctx) {
-        let stashed = [args.dfd, args.filename, 0, 0, 0, args.usize];
-        enter(Syscall::Openat2, stashed, Some(args.how));
-    }
+    let _ = enter(&ctx, Syscall::Openat2);
     0
 }
 
-/// `how`: openat2's `struct open_how *`, whose flags and mode go where openat has them.
+/// Stashes an in-scope process's open of a /dev/shm path (or, for a followed process, any
+/// open, for the descriptor limit). openat2's flags and mode, from its `struct open_how`, go
+/// where openat has them.
 #[inline(always)]
-fn enter(call: Syscall, mut args: [u64; 6], how: Option<u64>) -> Option<()> {
+fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let (tgid, tid) = syscall::ids();
     // The scope first: every process on the host runs this, and few are traced.
     let scope_flags = scope::in_scope(tgid)?;
+    let (mut args, how) = if call == Syscall::Openat {
+        let a = OpenatArgs::read(ctx);
+        ([a.dfd, a.filename, a.flags, a.mode, 0, 0], None)
+    } else {
+        let a = Openat2Args::read(ctx);
+        ([a.dfd, a.filename, 0, 0, 0, a.usize], Some(a.how))
+    };
     let off = kernel::offsets();
     let dfd = args[0] as i32;
     let path_flags = match syscall::shm_path(dfd, args[1], &off) {

@@ -23,9 +23,8 @@ enter_args! {
 #[tracepoint]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
-    if let Some(scope_flags) = scope::tracked(tgid)
-        && let Some(args) = RecvmsgArgs::read(&ctx)
-    {
+    if let Some(scope_flags) = scope::tracked(tgid) {
+        let args = RecvmsgArgs::read(&ctx);
         syscall::stash(
             tid,
             Syscall::Recvmsg,

@@ -11,6 +11,7 @@
 //! registers saved at entry ([`args_at_exit`]): nothing at entry needs seeing before the call
 //! runs, and an entry tracepoint costs every process on the host on every such call.
 use aya_ebpf::{
+    EbpfContext,
     cty::c_void,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_probe_read_user_str},
     macros::tracepoint,
@@ -26,7 +27,7 @@ use crate::{
     scope,
 };
 
-/// The fields every syscall tracepoint record starts with:
+/// Every syscall tracepoint record starts with the same fields:
 /// ```text
 /// field:unsigned short common_type;         offset:0; size:2; signed:0;
 /// field:unsigned char common_flags;         offset:2; size:1; signed:0;
@@ -34,37 +35,40 @@ use crate::{
 /// field:int common_pid;                     offset:4; size:4; signed:1;
 /// field:int __syscall_nr;                   offset:8; size:4; signed:1;
 /// ```
-/// Arguments follow from offset 16, each in 8 bytes whatever its C type.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Common {
-    pub common_type: u16,
-    pub common_flags: u8,
-    pub common_preempt_count: u8,
-    pub common_pid: i32,
-    pub syscall_nr: i32,
-    _pad: u32,
+/// The arguments (`sys_enter_*`) or the return value (`sys_exit_*`) follow from offset 16, each
+/// in 8 bytes whatever its C type. This reads the 8-byte word `slot` of them.
+///
+/// A plain load: the verifier lets a tracepoint program read its record directly, at a constant
+/// offset. `read_at` would copy it through `bpf_probe_read`, a helper call that every process
+/// on the host would pay on every traced call, before the scope check could turn it away.
+#[inline(always)]
+pub fn record_word(ctx: &TracePointContext, slot: usize) -> u64 {
+    // SAFETY: every syscall tracepoint record holds the words its format lists; callers read
+    // only those.
+    unsafe { *(ctx.as_ptr() as *const u64).add(2 + slot) }
 }
 
-/// Defines the argument struct of a `sys_enter_*` record: [`Common`], then one 8-byte slot per
-/// argument, named as in the tracepoint's format. `raw()` gives the arguments in order, as
-/// records carry them.
+/// Defines the arguments of a `sys_enter_*` record, one 8-byte slot each, named as in the
+/// tracepoint's format. `read` loads them (see [`record_word`]); `raw()` gives them in order,
+/// as records carry them.
 macro_rules! enter_args {
     ($(#[$doc:meta])* $name:ident { $($field:ident),+ $(,)? }) => {
         $(#[$doc])*
-        #[repr(C)]
         #[derive(Clone, Copy)]
         pub struct $name {
-            pub common: $crate::probes::syscall::Common,
             $(pub $field: u64,)+
         }
 
         impl $name {
-            /// Reads the whole record at once.
             #[inline(always)]
-            pub fn read(ctx: &aya_ebpf::programs::TracePointContext) -> Option<$name> {
-                // SAFETY: the tracepoint's record holds at least these fields (see its format).
-                unsafe { ctx.read_at::<$name>(0) }.ok()
+            #[allow(unused_assignments, reason = "the slot after the last is not read")]
+            pub fn read(ctx: &aya_ebpf::programs::TracePointContext) -> $name {
+                let mut slot = 0;
+                $(
+                    let $field = $crate::probes::syscall::record_word(ctx, slot);
+                    slot += 1;
+                )+
+                $name { $($field,)+ }
             }
 
             #[inline(always)]
@@ -91,17 +95,6 @@ macro_rules! enter_args {
     };
 }
 pub(crate) use enter_args;
-
-/// `sys_exit_*` records, all alike:
-/// ```text
-/// field:long ret; offset:16; size:8; signed:1;
-/// ```
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ExitArgs {
-    common: Common,
-    ret: i64,
-}
 
 /// `AT_FDCWD`.
 pub const AT_FDCWD: i32 = -100;
@@ -350,13 +343,13 @@ pub fn report(pending: &Pending, ret: i64, tgid: u32, off: &KernelOffsets) {
     }
 }
 
-/// What the current call returned, in a `sys_exit_*` program.
+/// What the current call returned, in a `sys_exit_*` program. Its records are all alike:
+/// ```text
+/// field:long ret; offset:16; size:8; signed:1;
+/// ```
 #[inline(always)]
 pub fn exit_ret(ctx: &TracePointContext) -> i64 {
-    // SAFETY: every sys_exit record has this layout.
-    unsafe { ctx.read_at::<ExitArgs>(0) }
-        .map(|exit| exit.ret)
-        .unwrap_or(0)
+    record_word(ctx, 0) as i64
 }
 
 /// The current call's first `count` arguments, read at its exit; the other slots are zero, as

@@ -44,35 +44,33 @@ enter_args! {
 }
 
 #[inline(always)]
-fn enter(call: Syscall, args: Option<[u64; 6]>) {
+fn enter(call: Syscall, args: impl FnOnce() -> [u64; 6]) {
     let (tgid, tid) = syscall::ids();
-    if let Some(flags) = scope::in_scope(tgid)
-        && let Some(args) = args
-    {
-        syscall::stash(tid, call, flags, -1, args);
+    if let Some(flags) = scope::in_scope(tgid) {
+        syscall::stash(tid, call, flags, -1, args());
     }
 }
 
 #[tracepoint]
 pub fn sys_enter_shmget(ctx: TracePointContext) -> u32 {
-    enter(Syscall::Shmget, ShmgetArgs::read(&ctx).map(|a| a.raw()));
+    enter(Syscall::Shmget, || ShmgetArgs::read(&ctx).raw());
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_shmat(ctx: TracePointContext) -> u32 {
-    enter(Syscall::Shmat, ShmatArgs::read(&ctx).map(|a| a.raw()));
+    enter(Syscall::Shmat, || ShmatArgs::read(&ctx).raw());
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_shmdt(ctx: TracePointContext) -> u32 {
-    enter(Syscall::Shmdt, ShmdtArgs::read(&ctx).map(|a| a.raw()));
+    enter(Syscall::Shmdt, || ShmdtArgs::read(&ctx).raw());
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_shmctl(ctx: TracePointContext) -> u32 {
-    enter(Syscall::Shmctl, ShmctlArgs::read(&ctx).map(|a| a.raw()));
+    enter(Syscall::Shmctl, || ShmctlArgs::read(&ctx).raw());
     0
 }

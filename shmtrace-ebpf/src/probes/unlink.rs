@@ -25,30 +25,28 @@ enter_args! {
 
 #[tracepoint]
 pub fn sys_enter_unlink(ctx: TracePointContext) -> u32 {
-    if let Some(args) = UnlinkArgs::read(&ctx) {
-        enter(Syscall::Unlink, AT_FDCWD, args.pathname, args.raw());
-    }
+    let _ = enter(&ctx, Syscall::Unlink);
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_unlinkat(ctx: TracePointContext) -> u32 {
-    if let Some(args) = UnlinkatArgs::read(&ctx) {
-        enter(
-            Syscall::Unlinkat,
-            args.dfd as i32,
-            args.pathname,
-            args.raw(),
-        );
-    }
+    let _ = enter(&ctx, Syscall::Unlinkat);
     0
 }
 
 #[inline(always)]
-fn enter(call: Syscall, dfd: i32, path: u64, args: [u64; 6]) -> Option<()> {
+fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let (tgid, tid) = syscall::ids();
     // The scope first: every process on the host runs this, and few are traced.
     let scope_flags = scope::in_scope(tgid)?;
+    let (dfd, path, args) = if call == Syscall::Unlink {
+        let a = UnlinkArgs::read(ctx);
+        (AT_FDCWD, a.pathname, a.raw())
+    } else {
+        let a = UnlinkatArgs::read(ctx);
+        (a.dfd as i32, a.pathname, a.raw())
+    };
     let off = kernel::offsets();
     let path_flags = match syscall::shm_path(dfd, path, &off) {
         PathIs::Shm(path_flags) => path_flags,

@@ -11,7 +11,7 @@ use crate::{
     kernel_ids,
     live::launch::{self, What},
     live::session::Outcome,
-    model::{Retention, World},
+    model::{QUIET_LINGER_NS, Retention, World},
     output::filter::Filter,
     pipeline::Pipeline,
 };
@@ -44,7 +44,7 @@ pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
 /// follow a death. The caps are the daemon's; what they drop is counted and shown.
 const HOST_WIDE: Retention = Retention {
     linger_ns: 60_000_000_000,
-    quiet_linger_ns: 500_000_000,
+    quiet_linger_ns: QUIET_LINGER_NS,
     max_processes: 32_768,
     max_objects: 32_768,
 };

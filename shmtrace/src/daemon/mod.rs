@@ -46,7 +46,7 @@ use crate::{
         machine::LiveMachine,
         target, watch,
     },
-    model::{Retention, World},
+    model::{QUIET_LINGER_NS, Retention, World},
     output::{filter::Filter, json::SCHEMA_VERSION},
     pipeline::{Evicted, Pipeline},
 };
@@ -172,10 +172,13 @@ impl Agent {
             Clock::now().context("reading the clocks")?,
         )?;
         // Weeks of processes: what ended is forgotten once the diagnoses that may follow it
-        // are past (the flight recorder keeps what its recordings need on its own).
+        // are past (the flight recorder keeps what its recordings need on its own); what
+        // ended quietly, at once, as `--all` does: otherwise a node's churn of short lives
+        // fills memory up to the cap on processes.
+        let forget_after = args.forget_after.as_nanos() as u64;
         let retention = Retention {
-            linger_ns: args.forget_after.as_nanos() as u64,
-            quiet_linger_ns: args.forget_after.as_nanos() as u64,
+            linger_ns: forget_after,
+            quiet_linger_ns: QUIET_LINGER_NS.min(forget_after),
             max_processes: MAX_PROCESSES,
             max_objects: MAX_OBJECTS,
         };

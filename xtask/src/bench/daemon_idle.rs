@@ -7,15 +7,14 @@
 //! slices of a few seconds and CPU is fitted against events (least squares): the intercept is
 //! the cost with no event, the slope the cost per event.
 use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
     path::Path,
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
+
+use super::daemon::{Daemon, sample, status_kib};
 
 /// Start-up (loading the probes, the first survey) is not what a node pays day after day.
 const WARM_UP: Duration = Duration::from_secs(5);
@@ -36,29 +35,11 @@ pub struct Figures {
 
 /// Runs the daemon for `seconds` after a warm-up and measures it.
 pub fn measure(shmtrace: &Path, scratch: &Path, seconds: u64) -> Result<Figures> {
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new(shmtrace)
-        .args(["daemon", "--listen", &addr])
-        .stdout(std::fs::File::create(scratch.join("daemon-idle.jsonl"))?)
-        .stderr(std::fs::File::create(scratch.join("daemon-idle.log"))?)
-        .stdin(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {} daemon", shmtrace.display()))?;
-    let pid = child.id();
+    let daemon = Daemon::start(shmtrace, scratch, "daemon-idle")?;
+    let pid = daemon.pid();
     let result = (|| {
-        let started = Instant::now();
-        while get(&addr, "/healthz").is_err() {
-            if child.try_wait()?.is_some() || started.elapsed() > Duration::from_secs(30) {
-                bail!(
-                    "shmtrace daemon did not start: {}",
-                    std::fs::read_to_string(scratch.join("daemon-idle.log")).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
         std::thread::sleep(WARM_UP);
-        let events_before = sample(&get(&addr, "/metrics")?, "shmtrace_events_total");
+        let events_before = sample(&daemon.metrics()?, "shmtrace_events_total");
         let ticks_before = cpu_ticks(pid)?;
         let window = Instant::now();
         let length = Duration::from_secs(seconds);
@@ -69,13 +50,13 @@ pub fn measure(shmtrace: &Path, scratch: &Path, seconds: u64) -> Result<Figures>
         let mut slice_start = (Instant::now(), ticks_before, events_before);
         while window.elapsed() < length {
             if window.elapsed() >= next_scrape {
-                last = get(&addr, "/metrics")?;
+                last = daemon.metrics()?;
                 next_scrape += SCRAPE_EVERY;
             }
             std::thread::sleep(Duration::from_millis(200));
             if slice_start.0.elapsed() >= SLICE {
                 let ticks = cpu_ticks(pid)?;
-                let events = sample(&get(&addr, "/metrics")?, "shmtrace_events_total");
+                let events = sample(&daemon.metrics()?, "shmtrace_events_total");
                 slices.push((
                     slice_start.0.elapsed().as_secs_f64(),
                     (ticks - slice_start.1) as f64,
@@ -86,7 +67,7 @@ pub fn measure(shmtrace: &Path, scratch: &Path, seconds: u64) -> Result<Figures>
         }
         let ticks = cpu_ticks(pid)? - ticks_before;
         let elapsed = window.elapsed().as_secs_f64();
-        let now = get(&addr, "/metrics").unwrap_or(last);
+        let now = daemon.metrics().unwrap_or(last);
         // SAFETY: sysconf has no preconditions.
         let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         let (idle, per_event) = fit(&slices, per_second);
@@ -96,14 +77,12 @@ pub fn measure(shmtrace: &Path, scratch: &Path, seconds: u64) -> Result<Figures>
             slices: slices.len(),
             seconds: elapsed,
             cpu_percent: ticks as f64 / per_second / elapsed * 100.0,
-            rss_kib: rss_kib(pid)?,
+            rss_kib: status_kib(pid, "VmRSS")?,
             events: sample(&now, "shmtrace_events_total") - events_before,
             containers: sample(&now, "shmtrace_containers_followed"),
         })
     })();
-    // SAFETY: signalling the child we started.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    drop(daemon);
     result
 }
 
@@ -167,21 +146,6 @@ fn fit(slices: &[(f64, f64, f64)], ticks_per_second: f64) -> (Option<f64>, Optio
     (Some(intercept * 100.0), Some(slope * 1e6))
 }
 
-fn get(addr: &str, path: &str) -> Result<String> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
-}
-
-fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// utime + stime of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -190,13 +154,4 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
     Ok(fields[11].parse::<u64>()? + fields[12].parse::<u64>()?)
-}
-
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS")
 }

@@ -4,7 +4,9 @@
 //! the same switch as `sysctl kernel.bpf_stats_enabled=1`, but tied to a descriptor, so it
 //! turns itself off if the benchmark dies). Each loaded program's `/proc/PID/fdinfo` entry
 //! shows `run_time_ns` and `run_cnt`; the workload pauses before and after its loop
-//! (`churn --hold`) so the counters are read exactly around it.
+//! (`churn --hold`) so the counters are read exactly around it. Besides shmtrace tracing the
+//! workload, this times shmtrace tracing another process, and the floor's empty programs, while
+//! the workload runs: the part of what everyone else pays that is shmtrace's own work.
 use std::{
     collections::BTreeMap,
     ffi::OsString,
@@ -15,7 +17,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{measure::Running, variants::Setup};
+use super::{
+    measure::Running,
+    variants::{self, Setup},
+};
 
 /// One program's work during the loop.
 pub struct ProbeCost {
@@ -31,9 +36,9 @@ pub struct ProbeReport {
     pub objects: u64,
     /// The loop's time in this run (statistics add a little to every program run).
     pub loop_seconds: f64,
-    /// shmtrace's voluntary context switches over the whole run: roughly, how often the
-    /// ring buffer woke it.
-    pub tracer_nvcsw: i64,
+    /// shmtrace's voluntary context switches over the whole run, when it traced the workload:
+    /// roughly, how often the ring buffer woke it.
+    pub tracer_nvcsw: Option<i64>,
 }
 
 impl ProbeReport {
@@ -46,64 +51,138 @@ impl ProbeReport {
     }
 }
 
-/// Runs `shmtrace FLAGS -o /dev/null -- WORKLOAD --hold` with statistics on.
+/// Whose programs are timed, and how the workload runs beside them.
+#[derive(Clone, Copy)]
+pub enum Subject<'a> {
+    /// `shmtrace FLAGS -o /dev/null -- WORKLOAD`: the workload traced.
+    Traced(&'a [&'a str]),
+    /// `shmtrace --pid SLEEPER -o /dev/null` attached, the workload run untraced beside it:
+    /// what shmtrace's programs cost every other process on the host.
+    BesideIdle,
+    /// Empty programs on the same hooks (`xtask floor -- WORKLOAD`): what any program there
+    /// costs, the least of it.
+    Floor,
+}
+
+/// Runs the workload with `--hold` once, as `subject` says, with statistics on.
 pub fn measure(
     setup: &Setup,
-    flags: &[&str],
+    subject: Subject<'_>,
     workload: &[OsString],
     objects: u64,
 ) -> Result<ProbeReport> {
     let _stats = enable_stats()?;
-    let mut command = Command::new(&setup.shmtrace);
-    command
-        .args(flags)
-        .args(["-o", "/dev/null", "--"])
-        .args(workload)
-        .arg("--hold");
-    let mut tracer = Running::spawn(&mut command, true)?;
-    type Snapshot = BTreeMap<u64, (u64, u64)>;
-    let result = (|| -> Result<(Snapshot, Snapshot, BTreeMap<u64, String>, serde_json::Value)> {
-        tracer
-            .wait_for_line(|l| l.contains("\"ready\""))
-            .context("the workload did not start under shmtrace")?;
-        let before = snapshot(tracer.pid())?;
-        tracer.send_line("go")?;
-        let report = tracer
-            .wait_for_line(|l| l.contains("\"seconds\""))
-            .context("the workload did not finish under shmtrace")?;
-        let after = snapshot(tracer.pid())?;
-        let names = program_names();
-        let report: serde_json::Value = serde_json::from_str(&report)?;
-        Ok((before, after, names, report))
-    })();
-    tracer.close_stdin();
-    let finished = tracer.finish()?;
-    let (before, after, names, report) = result?;
-    if !finished.success() {
-        bail!("shmtrace ended with {}", finished.describe_status());
+    match subject {
+        Subject::Traced(flags) => {
+            let mut command = Command::new(&setup.shmtrace);
+            command
+                .args(flags)
+                .args(["-o", "/dev/null", "--"])
+                .args(workload)
+                .arg("--hold");
+            measure_wrapped(command, objects, true)
+        }
+        Subject::Floor => {
+            // workload[0] is this xtask binary, which also runs the floor.
+            let mut command = Command::new(&workload[0]);
+            command.args(["floor", "--"]).args(workload).arg("--hold");
+            measure_wrapped(command, objects, false)
+        }
+        Subject::BesideIdle => measure_beside_idle(setup, workload, objects),
     }
-    let mut probes: Vec<ProbeCost> = after
-        .iter()
-        .map(|(id, (ns, runs))| {
-            let (ns0, runs0) = before.get(id).copied().unwrap_or((0, 0));
-            ProbeCost {
-                name: names
-                    .get(id)
-                    .cloned()
-                    .unwrap_or_else(|| format!("program id {id}")),
-                runs: runs - runs0,
-                run_ns: ns - ns0,
-            }
-        })
-        .collect();
-    probes.sort_by(|a, b| b.run_ns.cmp(&a.run_ns).then(a.name.cmp(&b.name)));
-    let workload_nvcsw = report["nvcsw"].as_i64().unwrap_or(0);
-    Ok(ProbeReport {
-        probes,
-        objects,
+}
+
+/// The programs' holder runs the workload as its child, which passes its standard streams on.
+fn measure_wrapped(mut command: Command, objects: u64, tracer: bool) -> Result<ProbeReport> {
+    let mut holder = Running::spawn(&mut command, true)?;
+    let pid = holder.pid();
+    let timed = time_loop(&mut holder, pid);
+    holder.close_stdin();
+    let finished = holder.finish()?;
+    let timed = timed?;
+    if !finished.success() {
+        bail!("{command:?} ended with {}", finished.describe_status());
+    }
+    // Its own switches: the workload's are counted with it, as a waited-for child.
+    let tracer_nvcsw = tracer.then(|| finished.nvcsw - timed.workload_nvcsw);
+    Ok(timed.report(objects, tracer_nvcsw))
+}
+
+/// Runs the workload untraced beside shmtrace tracing a sleeping process.
+fn measure_beside_idle(setup: &Setup, workload: &[OsString], objects: u64) -> Result<ProbeReport> {
+    let idle = variants::IdleShmtrace::start(setup)?;
+    let mut command = variants::direct(workload);
+    let mut held = Running::spawn(command.arg("--hold"), true)?;
+    let timed = time_loop(&mut held, idle.pid());
+    held.close_stdin();
+    let finished = held.finish()?;
+    idle.stop()?;
+    let timed = timed?;
+    if !finished.success() {
+        bail!("the workload ended with {}", finished.describe_status());
+    }
+    Ok(timed.report(objects, None))
+}
+
+type Snapshot = BTreeMap<u64, (u64, u64)>;
+
+/// The counters of one holder's programs, read around the workload's loop.
+struct Timed {
+    before: Snapshot,
+    after: Snapshot,
+    names: BTreeMap<u64, String>,
+    loop_seconds: f64,
+    workload_nvcsw: i64,
+}
+
+/// Waits for the held workload to be ready, and reads `holder`'s counters before and after
+/// its loop.
+fn time_loop(workload: &mut Running, holder: u32) -> Result<Timed> {
+    workload
+        .wait_for_line(|l| l.contains("\"ready\""))
+        .context("the workload did not start")?;
+    let before = snapshot(holder)?;
+    workload.send_line("go")?;
+    let report = workload
+        .wait_for_line(|l| l.contains("\"seconds\""))
+        .context("the workload did not finish its loop")?;
+    let after = snapshot(holder)?;
+    let report: serde_json::Value = serde_json::from_str(&report)?;
+    Ok(Timed {
+        before,
+        after,
+        names: program_names(),
         loop_seconds: report["seconds"].as_f64().unwrap_or(f64::NAN),
-        tracer_nvcsw: finished.nvcsw - workload_nvcsw,
+        workload_nvcsw: report["nvcsw"].as_i64().unwrap_or(0),
     })
+}
+
+impl Timed {
+    fn report(self, objects: u64, tracer_nvcsw: Option<i64>) -> ProbeReport {
+        let mut probes: Vec<ProbeCost> = self
+            .after
+            .iter()
+            .map(|(id, (ns, runs))| {
+                let (ns0, runs0) = self.before.get(id).copied().unwrap_or((0, 0));
+                ProbeCost {
+                    name: self
+                        .names
+                        .get(id)
+                        .cloned()
+                        .unwrap_or_else(|| format!("program id {id}")),
+                    runs: runs - runs0,
+                    run_ns: ns - ns0,
+                }
+            })
+            .collect();
+        probes.sort_by(|a, b| b.run_ns.cmp(&a.run_ns).then(a.name.cmp(&b.name)));
+        ProbeReport {
+            probes,
+            objects,
+            loop_seconds: self.loop_seconds,
+            tracer_nvcsw,
+        }
+    }
 }
 
 /// Turns on run-time statistics for as long as the returned descriptor is open.

@@ -217,16 +217,21 @@ pub fn probes(
     );
     out += &format!(
         " In BPF programs: {bpf_us:.2} µs per object ({} with --failed). This run's loop, with \
-         statistics on: {:.2} µs per object. shmtrace went to sleep {} times ({:.2} per object): \
-         each time, a later record had to wake it.\n",
+         statistics on: {:.2} µs per object.",
         failed.map_or("not measured".into(), |f| format!(
             "{:.2} µs",
             f.total_ns() as f64 / objects / 1000.0
         )),
         report.loop_seconds / objects * 1e6,
-        report.tracer_nvcsw,
-        report.tracer_nvcsw as f64 / objects,
     );
+    if let Some(woken) = report.tracer_nvcsw {
+        out += &format!(
+            " shmtrace went to sleep {woken} times ({:.2} per object): each time, a later record \
+             had to wake it.",
+            woken as f64 / objects,
+        );
+    }
+    out += "\n";
     if let Some(r) = reference {
         let overhead = r.traced_us - r.untraced_us;
         out += &format!(
@@ -239,6 +244,58 @@ pub fn probes(
             r.traced_us,
             overhead / r.untraced_us * 100.0,
             overhead - bpf_us,
+        );
+    }
+    out
+}
+
+/// What programs cost a workload they do not trace: shmtrace tracing another process, beside
+/// the floor's empty programs. Only the difference is shmtrace's doing; both pay the same
+/// tracepoint dispatch, which run-time statistics do not count.
+pub fn cost_to_others(
+    idle: &ProbeReport,
+    floor: Option<&ProbeReport>,
+    untraced_us: Option<f64>,
+) -> String {
+    let share = |ns: f64| untraced_us.map_or("-".into(), |us| format!("{:.2}%", ns / 10.0 / us));
+    let row = |label: &str, report: &ProbeReport| {
+        let objects = report.objects.max(1) as f64;
+        let runs: u64 = report.probes.iter().map(|p| p.runs).sum();
+        let ns = report.total_ns() as f64;
+        vec![
+            label.to_owned(),
+            format!("{:.2}", runs as f64 / objects),
+            format!("{:.0}", ns / runs.max(1) as f64),
+            format!("{:.0}", ns / objects),
+            share(ns / objects),
+        ]
+    };
+    let mut rows = vec![
+        [
+            "programs, the workload untraced",
+            "runs per object",
+            "ns per run",
+            "ns per object",
+            "of an untraced object",
+        ]
+        .map(String::from)
+        .to_vec(),
+        row("shmtrace --pid OTHER", idle),
+    ];
+    if let Some(floor) = floor {
+        rows.push(row("empty programs (floor)", floor));
+    }
+    let mut out = markdown(&rows);
+    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
+    if let Some(floor) = floor {
+        let above = per_object(idle) - per_object(floor);
+        out += &format!(
+            "\nAbove the floor, shmtrace's programs cost a process they do not trace {above:.0} ns \
+             per object ({} of its loop{}).\n",
+            share(above),
+            untraced_us.map_or(String::new(), |us| format!(
+                ", untraced {us:.2} µs per object"
+            )),
         );
     }
     out

@@ -4,7 +4,7 @@ use std::{
     ffi::OsString,
     fs,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command},
     thread,
     time::{Duration, Instant},
 };
@@ -279,32 +279,56 @@ impl Variant {
     }
 }
 
-fn direct(workload: &[OsString]) -> Command {
+pub fn direct(workload: &[OsString]) -> Command {
     let mut c = Command::new(&workload[0]);
     c.args(&workload[1..]);
     c
 }
 
-/// Starts shmtrace on a sleeping process, waits until its probes are attached, runs the
-/// workload untraced, then ends the sleeper (shmtrace exits when its targets are gone).
-fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outcome> {
-    let mut sleeper = Command::new("sleep")
-        .arg("600")
-        .spawn()
-        .context("starting sleep")?;
-    let result = (|| {
+/// `shmtrace --pid SLEEPER -o /dev/null`, attached and tracing a process that does nothing:
+/// what runs beside it pays only what every untraced process on the host pays.
+pub struct IdleShmtrace {
+    sleeper: Child,
+    tracer: Option<Running>,
+}
+
+impl IdleShmtrace {
+    /// Starts it and waits until its probes are attached.
+    pub fn start(setup: &Setup) -> Result<IdleShmtrace> {
+        let sleeper = Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .context("starting sleep")?;
+        let mut idle = IdleShmtrace {
+            sleeper,
+            tracer: None,
+        };
         let tracer = Running::spawn(
             Command::new(&setup.shmtrace)
                 .args(["-o", "/dev/null", "--pid"])
-                .arg(sleeper.id().to_string()),
+                .arg(idle.sleeper.id().to_string()),
             false,
         )?;
-        let attached = wait_attached(tracer.pid());
-        let top = attached.and_then(|()| Running::spawn(&mut direct(workload), false)?.finish());
-        let _ = sleeper.kill();
-        let _ = sleeper.wait();
-        let tracer = tracer.finish()?;
-        let top = top?;
+        let pid = tracer.pid();
+        idle.tracer = Some(tracer);
+        wait_attached(pid)?;
+        Ok(idle)
+    }
+
+    /// The shmtrace process, which holds the programs.
+    pub fn pid(&self) -> u32 {
+        self.tracer.as_ref().map_or(0, Running::pid)
+    }
+
+    /// Ends the sleeper, which ends shmtrace (its targets are gone), and checks that shmtrace
+    /// exited cleanly.
+    pub fn stop(mut self) -> Result<Finished> {
+        self.end_sleeper();
+        let tracer = self
+            .tracer
+            .take()
+            .context("shmtrace was not started")?
+            .finish()?;
         if !tracer.success() {
             bail!(
                 "shmtrace --pid ended with {}: {}",
@@ -312,30 +336,61 @@ fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outc
                 last_lines(&tracer.stderr, 3)
             );
         }
-        if !top.success() {
-            bail!(
-                "the workload ended with {}: {}",
-                top.describe_status(),
-                last_lines(&top.stderr, 3)
-            );
+        Ok(tracer)
+    }
+
+    fn end_sleeper(&mut self) {
+        let _ = self.sleeper.kill();
+        let _ = self.sleeper.wait();
+    }
+}
+
+impl Drop for IdleShmtrace {
+    /// On an error path: shmtrace follows the sleeper out, and is reaped.
+    fn drop(&mut self) {
+        self.end_sleeper();
+        if let Some(tracer) = self.tracer.take() {
+            let _ = tracer.finish();
         }
-        Ok(Outcome {
-            workload: WorkloadReport::from_stdout(&top.stdout)?,
-            tracer: Some(TracerUse {
-                cpu_seconds: tracer.own_cpu_seconds,
-                peak_rss_kb: tracer.peak_rss_kb,
-                stop_seconds: None,
-            }),
-            top,
-            reported: Reported {
-                lost: Some(reported::lost_from_notices(&tracer.stderr)),
-                ..Reported::default()
-            },
-        })
-    })();
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
-    result
+    }
+}
+
+/// Runs the workload untraced beside an [`IdleShmtrace`].
+fn run_beside_idle_shmtrace(setup: &Setup, workload: &[OsString]) -> Result<Outcome> {
+    let idle = IdleShmtrace::start(setup)?;
+    let top = Running::spawn(&mut direct(workload), false)?.finish();
+    let tracer = idle.stop()?;
+    let reported = Reported {
+        lost: Some(reported::lost_from_notices(&tracer.stderr)),
+        ..Reported::default()
+    };
+    outcome_beside(top?, &tracer, None, reported)
+}
+
+/// The outcome of a workload run beside a shmtrace started on its own (not running it).
+fn outcome_beside(
+    top: Finished,
+    tracer: &Finished,
+    stop_seconds: Option<f64>,
+    reported: Reported,
+) -> Result<Outcome> {
+    if !top.success() {
+        bail!(
+            "the workload ended with {}: {}",
+            top.describe_status(),
+            last_lines(&top.stderr, 3)
+        );
+    }
+    Ok(Outcome {
+        workload: WorkloadReport::from_stdout(&top.stdout)?,
+        tracer: Some(TracerUse {
+            cpu_seconds: tracer.own_cpu_seconds,
+            peak_rss_kb: tracer.peak_rss_kb,
+            stop_seconds,
+        }),
+        top,
+        reported,
+    })
 }
 
 /// Starts `shmtrace --all`, waits until its probes are attached, runs the workload beside it,
@@ -360,27 +415,12 @@ fn run_beside_shmtrace_all(setup: &Setup, workload: &[OsString]) -> Result<Outco
     };
     let tracer = tracer.finish()?;
     let stop_seconds = tracer.exited_at.duration_since(signalled).as_secs_f64();
-    if !top.success() {
-        bail!(
-            "the workload ended with {}: {}",
-            top.describe_status(),
-            last_lines(&top.stderr, 3)
-        );
-    }
-    Ok(Outcome {
-        workload: WorkloadReport::from_stdout(&top.stdout)?,
-        tracer: Some(TracerUse {
-            cpu_seconds: tracer.own_cpu_seconds,
-            peak_rss_kb: tracer.peak_rss_kb,
-            stop_seconds: Some(stop_seconds),
-        }),
-        top,
-        reported: Reported {
-            lost: Some(reported::lost_from_notices(&tracer.stderr)),
-            failed_reads: Some(reported::failed_reads_from_notices(&tracer.stderr)),
-            ..Reported::default()
-        },
-    })
+    let reported = Reported {
+        lost: Some(reported::lost_from_notices(&tracer.stderr)),
+        failed_reads: Some(reported::failed_reads_from_notices(&tracer.stderr)),
+        ..Reported::default()
+    };
+    outcome_beside(top, &tracer, Some(stop_seconds), reported)
 }
 
 /// shmtrace prints nothing when its probes are attached. It is attached once it holds BPF
@@ -462,7 +502,7 @@ impl Outcome {
     }
 }
 
-fn last_lines(text: &str, n: usize) -> String {
+pub fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }

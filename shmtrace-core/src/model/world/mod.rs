@@ -6,7 +6,7 @@ mod calls;
 mod objects;
 mod retention;
 
-pub use retention::{Evictions, Retention};
+pub use retention::{Evictions, QUIET_LINGER_NS, Retention};
 
 use super::{
     Annotation, FastMap, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject, ShmUsage,

@@ -9,6 +9,11 @@ use std::collections::{HashSet, VecDeque};
 use super::World;
 use crate::model::Annotation;
 
+/// How long a host-wide trace (`--all`, the daemon) keeps a process that ended quietly: half a
+/// second, so that a storm of short lives costs memory for the processes of the last half
+/// second only, not for everything that ran within a linger.
+pub const QUIET_LINGER_NS: u64 = 500_000_000;
+
 /// How long what ended is kept, and the most kept at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retention {
