@@ -80,7 +80,7 @@ fn line(event: &Event, note: &Annotation) -> String {
 
 fn named(path: &str) -> Annotation {
     Annotation {
-        object_path: Some(path.to_owned()),
+        object_path: Some(path.into()),
         ..Annotation::default()
     }
 }
