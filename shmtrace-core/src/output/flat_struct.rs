@@ -2,10 +2,10 @@
 //!
 //! serde_json escapes every key on every call: for a JSON line of two dozen fixed keys that was
 //! a quarter of replay's instructions (by callgrind). A struct's keys are its field names,
-//! which never need escaping, so [`write`] writes them as they are and hands each value to
-//! serde_json (plain values through [`flat_value`], which writes them as serde_json does), and the line comes out byte for byte as `serde_json::to_writer` writes it
-//! (`json_tests.rs` checks every kind of line). Only a struct can be written so: anything else
-//! is an error.
+//! which never need escaping, so [`write`] writes them as they are and each value as
+//! serde_json does ([`flat_value`]), and the line comes out byte for byte as
+//! `serde_json::to_writer` writes it (`json_tests.rs` checks every kind of line). Only a
+//! struct can be written so: anything else is an error.
 use serde::{
     Serialize, Serializer,
     ser::{self, Impossible},

@@ -173,7 +173,8 @@ struct VerbatimText<'a> {
     out: &'a mut Vec<u8>,
 }
 
-macro_rules! only_text {
+/// Serializer methods for what a serializer here does not write: refused.
+macro_rules! not_plain {
     ($($method:ident($($arg:ty),*) -> $ok:ty;)*) => {
         $(
             fn $method(self, $(_: $arg),*) -> Result<$ok, NotPlain> {
@@ -203,7 +204,7 @@ impl Serializer for VerbatimText<'_> {
         Ok(())
     }
 
-    only_text! {
+    not_plain! {
         serialize_bool(bool) -> ();
         serialize_i8(i8) -> ();
         serialize_i16(i16) -> ();
@@ -294,16 +295,6 @@ macro_rules! integers {
             // serde_json writes integers with `itoa` too.
             fn $method(self, value: $ty) -> Result<(), NotPlain> {
                 self.integer(itoa::Buffer::new().format(value))
-            }
-        )*
-    };
-}
-
-macro_rules! not_plain {
-    ($($method:ident($($arg:ty),*) -> $ok:ty;)*) => {
-        $(
-            fn $method(self, $(_: $arg),*) -> Result<$ok, NotPlain> {
-                Err(NotPlain)
             }
         )*
     };
