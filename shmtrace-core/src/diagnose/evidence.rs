@@ -112,7 +112,11 @@ impl Diagnoser {
             FailureKind::Call { request, path, .. } => {
                 let counted = path
                     .as_ref()
-                    .and_then(|p| world.live_objects().find(|o| o.path.as_ref() == Some(p)))
+                    .and_then(|p| {
+                        world
+                            .live_objects()
+                            .find(|o| o.path.as_deref() == Some(p.as_str()))
+                    })
                     // Pages it holds: an ftruncate before a failed fallocate holds nothing.
                     .map(|o| o.allocated)
                     .unwrap_or(0);

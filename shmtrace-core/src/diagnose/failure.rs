@@ -198,7 +198,11 @@ pub fn classify(
             let kind = FailureKind::Call {
                 syscall: call.syscall.name(),
                 errno: names::errno_name(errno),
-                path: note.object_path.clone().or_else(|| call.display_path()),
+                path: note
+                    .object_path
+                    .as_deref()
+                    .map(str::to_owned)
+                    .or_else(|| call.display_path()),
                 request: request_bytes(call),
             };
             Some((event.pid, cause, kind, call.file.map(|f| f.inode.dev)))

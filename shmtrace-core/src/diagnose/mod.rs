@@ -22,10 +22,11 @@ mod recommend;
 pub mod role;
 mod table;
 
-/// The last component of a path, or all of it. A byte search: `rsplit('/')`'s general pattern
-/// search cost ten times as much, on every event of a replay.
+/// The last component of a path, or all of it. `memrchr`: `rsplit('/')`'s general pattern
+/// search cost ten times as much, on every event of a replay, and a byte-by-byte search still
+/// 3% of it.
 fn base_name(path: &str) -> &str {
-    match path.bytes().rposition(|b| b == b'/') {
+    match memchr::memrchr(b'/', path.as_bytes()) {
         Some(slash) => &path[slash + 1..],
         None => path,
     }

@@ -77,31 +77,46 @@ impl Diagnoser {
     pub(super) fn held_to(
         &mut self,
         pid: u32,
-        inodes: FastSet<InodeId>,
+        mut inodes: FastSet<InodeId>,
         group: (String, RoleKind),
         world: &World,
     ) {
-        if let Some((before, old_group)) = self.held.remove(&pid)
-            && let Some(counts) = self.group_now.get_mut(&old_group)
-        {
-            for inode in before {
-                if let Some(n) = counts.get_mut(&inode) {
-                    *n -= 1;
-                    if *n == 0 {
-                        counts.remove(&inode);
+        if let Some((mut before, old_group)) = self.held.remove(&pid) {
+            if let Some(counts) = self.group_now.get_mut(&old_group) {
+                for inode in before.drain() {
+                    if let Some(n) = counts.get_mut(&inode) {
+                        *n -= 1;
+                        if *n == 0 {
+                            counts.remove(&inode);
+                        }
                     }
                 }
             }
+            // Its table is the next call's scratch: a process's holdings change at every
+            // open and last close, and a new table each time was most of this function.
+            before.clear();
+            self.held_scratch = before;
         }
-        let counts = self.group_now.entry(group.clone()).or_default();
+        // The group is looked up before it is copied: it is nearly always there already.
+        let counts = match self.group_now.get_mut(&group) {
+            Some(counts) => counts,
+            None => self.group_now.entry(group.clone()).or_default(),
+        };
         for inode in &inodes {
             *counts.entry(*inode).or_default() += 1;
         }
         let now = footprint(counts, world);
-        let peak = self.group_peak.entry(group.clone()).or_default();
-        *peak = (*peak).max(now);
+        match self.group_peak.get_mut(&group) {
+            Some(peak) => *peak = (*peak).max(now),
+            None => {
+                self.group_peak.insert(group.clone(), now);
+            }
+        }
         if !inodes.is_empty() {
             self.held.insert(pid, (inodes, group));
+        } else if self.held_scratch.capacity() == 0 {
+            inodes.clear();
+            self.held_scratch = inodes;
         }
     }
 }

@@ -496,3 +496,21 @@ fn a_process_first_met_through_the_kill_that_ends_it_is_ended_by_its_sender() {
     assert_eq!(run.world.process(600).map(|p| p.mntns), Some(MNTNS));
     assert!(run.out.is_empty(), "{:#?}", run.out);
 }
+
+#[test]
+fn base_names_are_what_follows_the_last_slash() {
+    for (path, base) in [
+        ("", ""),
+        ("/", ""),
+        ("torch_1_2", "torch_1_2"),
+        ("/dev/shm/torch_1_2", "torch_1_2"),
+        ("/dev/shm/a/nccl-x", "nccl-x"),
+        ("/dev/shm/dir/", ""),
+        ("/dev/shm/é/数据", "数据"),
+    ] {
+        assert_eq!(super::base_name(path), base, "{path:?}");
+    }
+    assert!(role::is_torch("/dev/shm/torch_1_2"));
+    assert!(!role::is_torch("/dev/shm/x/no_torch_1"));
+    assert!(role::is_nccl("nccl-shm"));
+}

@@ -1,12 +1,14 @@
 //! What the model says of one event: the object it acts on, where a fault address points,
 //! what it freed.
+use std::sync::Arc;
+
 use crate::event::{Event, InodeId};
 
 /// What the model adds to an event for display and diagnosis.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Annotation {
     /// Name of the /dev/shm object the event acts on.
-    pub object_path: Option<String>,
+    pub object_path: Option<Arc<str>>,
     /// For a fault signal: the mapping and file the address belongs to.
     pub fault: Option<FaultSite>,
     /// Objects whose memory this event released (their last descriptor and mapping went away

@@ -1,11 +1,13 @@
 //! A /dev/shm object: one inode, from creation to the moment its memory is given back.
+use std::sync::Arc;
+
 use crate::event::InodeId;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShmObject {
     pub inode: InodeId,
     /// The path it was opened by, or found under in /proc (escaped).
-    pub path: Option<String>,
+    pub path: Option<Arc<str>>,
     /// Mount namespace its name lives in.
     pub mntns: u32,
     /// `i_size` last seen.
@@ -73,9 +75,15 @@ impl ShmObject {
 
     /// The name to show: the path, or the inode when no name was ever seen.
     pub fn display_name(&self) -> String {
+        self.shared_name().to_string()
+    }
+
+    /// [`ShmObject::display_name`], shared with the object: an event's annotation names its
+    /// object, and a copy of the name for every event was a tenth of the model's time.
+    pub fn shared_name(&self) -> Arc<str> {
         match &self.path {
-            Some(path) => path.clone(),
-            None => format!("<inode {} on {}>", self.inode.ino, self.inode.dev_string()),
+            Some(path) => Arc::clone(path),
+            None => format!("<inode {} on {}>", self.inode.ino, self.inode.dev_string()).into(),
         }
     }
 }

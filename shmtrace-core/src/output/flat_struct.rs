@@ -2,14 +2,16 @@
 //!
 //! serde_json escapes every key on every call: for a JSON line of two dozen fixed keys that was
 //! a quarter of replay's instructions (by callgrind). A struct's keys are its field names,
-//! which never need escaping, so [`write`] writes them as they are and hands each value to
-//! serde_json, and the line comes out byte for byte as `serde_json::to_writer` writes it
-//! (`json_tests.rs` checks every kind of line). Only a struct can be written so: anything else
-//! is an error.
+//! which never need escaping, so [`write`] writes them as they are and each value as
+//! serde_json does ([`flat_value`]), and the line comes out byte for byte as
+//! `serde_json::to_writer` writes it (`json_tests.rs` checks every kind of line). Only a
+//! struct can be written so: anything else is an error.
 use serde::{
     Serialize, Serializer,
     ser::{self, Impossible},
 };
+
+use super::flat_value;
 
 type Error = serde_json::Error;
 
@@ -125,14 +127,13 @@ impl ser::SerializeStruct for Fields<'_> {
             key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
             "{key:?} would need escaping"
         );
-        if !self.first {
-            self.out.push(b',');
+        if self.first {
+            flat_value::put_between(self.out, b"\"", key.as_bytes(), b"\":");
+        } else {
+            flat_value::put_between(self.out, b",\"", key.as_bytes(), b"\":");
         }
         self.first = false;
-        self.out.push(b'"');
-        self.out.extend_from_slice(key.as_bytes());
-        self.out.extend_from_slice(b"\":");
-        value.serialize(&mut serde_json::Serializer::new(&mut *self.out))
+        flat_value::write(self.out, value)
     }
 
     fn end(self) -> Result<(), Error> {

@@ -8,7 +8,11 @@ use std::{
 
 use serde::Serialize;
 
-use super::flat_struct;
+use super::{
+    flag_names::{FlagKind, FlagNames},
+    flat_struct,
+    flat_value::{verbatim, verbatim_option},
+};
 #[cfg(doc)]
 use crate::clock::Clock;
 use crate::{
@@ -29,11 +33,13 @@ pub struct JsonEvent<'a> {
     /// Schema version.
     pub v: u32,
     /// RFC 3339, UTC, nanoseconds.
+    #[serde(serialize_with = "verbatim")]
     pub ts: &'a str,
     pub pid: u32,
     pub tid: u32,
     pub comm: &'a str,
     /// The syscall name, or `signal`, `fork`, `exec`, `exit`, `rename`, `oom_kill`.
+    #[serde(serialize_with = "verbatim")]
     pub event: &'static str,
     /// Borrowed from the model's annotation when it has the name (most events).
     pub path: Option<Cow<'a, str>>,
@@ -56,12 +62,18 @@ pub struct JsonEvent<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killed_by_pid: Option<u32>,
 
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub flags: Option<String>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "verbatim_option"
+    )]
+    pub flags: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<ShortText>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prot: Option<String>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "verbatim_option"
+    )]
+    pub prot: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object_size: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -162,7 +174,7 @@ impl std::fmt::Debug for ShortText {
 
 impl Serialize for ShortText {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
+        verbatim(self.as_str(), serializer)
     }
 }
 
@@ -200,6 +212,7 @@ pub fn to_json<'a>(
     role: &Role,
     container: Option<&'a ContainerInfo>,
     ts: &'a str,
+    flag_names: &'a mut FlagNames,
 ) -> Option<JsonEvent<'a>> {
     if note.irrelevant {
         return None;
@@ -250,7 +263,7 @@ pub fn to_json<'a>(
         container,
     };
     match &event.body {
-        Body::Call(call) => fill_call(&mut out, call, note),
+        Body::Call(call) => fill_call(&mut out, call, note, flag_names),
         Body::Signal(signal) => {
             out.event = "signal";
             out.pid = signal.target_pid;
@@ -305,7 +318,12 @@ pub fn to_json<'a>(
     Some(out)
 }
 
-fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) {
+fn fill_call<'a>(
+    out: &mut JsonEvent<'a>,
+    call: &'a Call,
+    note: &'a Annotation,
+    flag_names: &'a mut FlagNames,
+) {
     let a = &call.args;
     out.event = call.syscall.name();
     out.fd = call.fd;
@@ -322,22 +340,38 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
         out.inode = Some(file.inode.ino);
         out.dev = Some(dev(&file.inode));
     }
+    // The flags' names this call shows, made first, then borrowed.
+    let flags: &[(FlagKind, u64)] = match call.syscall {
+        Syscall::Openat | Syscall::Openat2 => &[(FlagKind::Open, a[2])],
+        Syscall::Fallocate => &[(FlagKind::Fallocate, a[1])],
+        Syscall::Mmap => &[(FlagKind::Prot, a[2]), (FlagKind::Map, a[3])],
+        Syscall::Shmget => &[(FlagKind::Shmget, a[2])],
+        Syscall::Recvmsg => &[(FlagKind::Msg, a[3])],
+        Syscall::Shmctl => &[(FlagKind::Shmctl, a[1])],
+        _ => &[],
+    };
+    flag_names.make_room();
+    for &(kind, value) in flags {
+        flag_names.learn(kind, value);
+    }
+    let flag_names: &'a FlagNames = flag_names;
+    let name = |kind, value| Some(Cow::Borrowed(flag_names.get(kind, value)));
     match call.syscall {
         Syscall::Openat | Syscall::Openat2 => {
-            out.flags = Some(names::open_flags(a[2]));
+            out.flags = name(FlagKind::Open, a[2]);
             out.mode = Some(octal_mode(a[3]));
         }
         Syscall::Ftruncate => out.size = Some(a[1]),
         Syscall::Fallocate => {
-            out.flags = Some(names::fallocate_mode(a[1]));
+            out.flags = name(FlagKind::Fallocate, a[1]);
             out.offset = Some(a[2]);
             out.size = Some(a[3]);
         }
         Syscall::Write => out.size = Some(a[2]),
         Syscall::Mmap => {
             out.size = Some(a[1]);
-            out.prot = Some(names::prot_flags(a[2]));
-            out.flags = Some(names::map_flags(a[3]));
+            out.prot = Some(flag_names.get(FlagKind::Prot, a[2]));
+            out.flags = name(FlagKind::Map, a[3]);
             out.offset = Some(a[5]);
             if !call.failed() {
                 out.addr = Some(hex(call.ret as u64));
@@ -348,12 +382,12 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
             out.size = Some(a[1]);
         }
         Syscall::Close | Syscall::Unlink => {}
-        Syscall::Unlinkat => out.flags = Some(format!("{:#x}", a[2])),
-        Syscall::MemfdCreate => out.flags = Some(format!("{:#x}", a[1])),
+        Syscall::Unlinkat => out.flags = Some(Cow::Owned(format!("{:#x}", a[2]))),
+        Syscall::MemfdCreate => out.flags = Some(Cow::Owned(format!("{:#x}", a[1]))),
         Syscall::Shmget => {
             out.key = Some(format!("{:#x}", a[0] as i32 as u32));
             out.size = Some(a[1]);
-            out.flags = Some(names::shmget_flags(a[2]));
+            out.flags = name(FlagKind::Shmget, a[2]);
             if !call.failed() {
                 out.shmid = Some(call.ret);
             }
@@ -365,10 +399,10 @@ fn fill_call<'a>(out: &mut JsonEvent<'a>, call: &'a Call, note: &'a Annotation) 
             }
         }
         Syscall::Shmdt => out.addr = Some(hex(a[0])),
-        Syscall::Recvmsg => out.flags = Some(names::msg_flags(a[3])),
+        Syscall::Recvmsg => out.flags = name(FlagKind::Msg, a[3]),
         Syscall::Shmctl => {
             out.shmid = Some(a[0] as i32 as i64);
-            out.flags = Some(names::shmctl_command(a[1]));
+            out.flags = name(FlagKind::Shmctl, a[1]);
         }
     }
 }

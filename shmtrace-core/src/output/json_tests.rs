@@ -5,7 +5,10 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use super::json::{JsonWriter, to_json};
+use super::{
+    flag_names::FlagNames,
+    json::{JsonWriter, to_json},
+};
 use crate::{
     diagnose::{Role, RoleKind},
     event::{Body, Call, Event, Exec, ExitStatus, FileRef, InodeId, Signal, Syscall, escape},
@@ -55,7 +58,9 @@ fn line_with(
     role: &Role,
     container: Option<&ContainerInfo>,
 ) -> String {
-    let record = to_json(event, note, role, container, TS).expect("a relevant event");
+    let mut flag_names = FlagNames::default();
+    let record =
+        to_json(event, note, role, container, TS, &mut flag_names).expect("a relevant event");
     let mut out = Vec::new();
     let mut writer = JsonWriter::new(&mut out);
     writer.event(&record).unwrap();
@@ -75,7 +80,7 @@ fn line(event: &Event, note: &Annotation) -> String {
 
 fn named(path: &str) -> Annotation {
     Annotation {
-        object_path: Some(path.to_owned()),
+        object_path: Some(path.into()),
         ..Annotation::default()
     }
 }
@@ -412,7 +417,8 @@ fn hostile_names_stay_one_line_and_come_back_exact() {
 #[test]
 fn strings_are_escaped_as_json_requires_and_no_more() {
     let (fork, note) = (event(Body::Fork { child_pid: 1 }), Annotation::default());
-    let mut record = to_json(&fork, &note, &Role::OTHER, None, TS).unwrap();
+    let mut flag_names = FlagNames::default();
+    let mut record = to_json(&fork, &note, &Role::OTHER, None, TS, &mut flag_names).unwrap();
     let comm = "q\"b\\s\u{1}\u{1f}\n\t\r\u{8}\u{c}\u{7f}\u{2028}é😀";
     record.comm = comm;
     record.path = Some(Cow::Borrowed("\u{0}"));

@@ -3,7 +3,9 @@
 //! What happened is decided elsewhere (`event`, `model`); this module only renders it.
 pub mod diagnosis;
 pub mod filter;
+mod flag_names;
 mod flat_struct;
+mod flat_value;
 pub mod human;
 pub mod json;
 #[cfg(test)]
@@ -32,6 +34,7 @@ pub struct Output {
     sink: Sink,
     clock: Clock,
     times: Rfc3339Cache,
+    flag_names: flag_names::FlagNames,
     /// Also repeat notices on stderr (output goes to a file nobody is watching).
     notices_to_stderr: bool,
     /// Show where each event happened (containers are involved).
@@ -110,6 +113,7 @@ impl Output {
             sink,
             clock,
             times: Rfc3339Cache::default(),
+            flag_names: flag_names::FlagNames::default(),
             notices_to_stderr,
             show_places: false,
             reader_gone,
@@ -141,7 +145,7 @@ impl Output {
             },
             Sink::Json(w) => {
                 let ts = self.times.rfc3339(&self.clock, event.ts_ns);
-                match json::to_json(event, note, role, container, ts) {
+                match json::to_json(event, note, role, container, ts, &mut self.flag_names) {
                     Some(record) => w.event(&record),
                     None => Ok(()),
                 }

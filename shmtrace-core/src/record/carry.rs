@@ -29,7 +29,10 @@ pub fn world_snapshots(world: &World, ts_ns: u64) -> Vec<(u64, UserRecord)> {
                             fd: *fd,
                             dev: open.inode.dev,
                             ino: open.inode.ino,
-                            path: known.and_then(|o| o.path.clone()).unwrap_or_default(),
+                            path: known
+                                .and_then(|o| o.path.as_deref())
+                                .map(str::to_owned)
+                                .unwrap_or_default(),
                             deleted: known.is_some_and(|o| !o.linked),
                             cloexec: open.cloexec,
                             size: known.map_or(0, |o| o.size),
@@ -47,7 +50,10 @@ pub fn world_snapshots(world: &World, ts_ns: u64) -> Vec<(u64, UserRecord)> {
                             offset: m.offset,
                             dev: m.inode.dev,
                             ino: m.inode.ino,
-                            path: known.and_then(|o| o.path.clone()).unwrap_or_default(),
+                            path: known
+                                .and_then(|o| o.path.as_deref())
+                                .map(str::to_owned)
+                                .unwrap_or_default(),
                             deleted: known.is_some_and(|o| !o.linked),
                         }
                     })

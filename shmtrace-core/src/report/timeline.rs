@@ -395,7 +395,7 @@ impl Timeline {
                 if span.name.starts_with("<inode")
                     && let Some(path) = &object.path
                 {
-                    span.name = path.clone();
+                    span.name = path.to_string();
                 }
             }
         }

@@ -1,4 +1,6 @@
 //! What each /dev/shm system call does to the model: open, size, map, unmap, unlink, close.
+use std::sync::Arc;
+
 use super::World;
 use crate::{
     event::{Call, Event, InodeId, Syscall},
@@ -13,15 +15,17 @@ impl World {
             .file
             .is_some_and(|file| file.mode & libc::S_IFMT == libc::S_IFDIR)
         {
-            note.object_path = call.display_path();
+            note.object_path = call.display_path().map(Arc::from);
             return;
         }
         let ok = !call.failed();
         match call.syscall {
             Syscall::Openat | Syscall::Openat2 => {
-                note.object_path = call.display_path();
-                if let (true, Some(file), Some(fd), Some(path)) =
-                    (ok, call.file, call.fd, call.display_path())
+                let path = call.display_path();
+                let shared: Option<Arc<str>> = path.as_deref().map(Arc::from);
+                note.object_path = shared.clone();
+                if let (true, Some(file), Some(fd), Some(path), Some(shared)) =
+                    (ok, call.file, call.fd, path, shared)
                 {
                     let flags = call.args[2];
                     if self.is_stale(file.inode, flags, event.mntns) {
@@ -39,7 +43,7 @@ impl World {
                         self.totals.objects_created += u64::from(created);
                     }
                     let object = self.object_entry(file.inode, event.mntns, event.ts_ns);
-                    object.path = Some(path.clone());
+                    object.path = Some(shared);
                     object.linked = true;
                     object.fds += 1;
                     if created && is_new {
@@ -100,7 +104,7 @@ impl World {
                     _ => 0,
                 };
                 object.peak_request = object.peak_request.max(request);
-                note.object_path = Some(object.display_name());
+                note.object_path = Some(object.shared_name());
                 self.update_size(inode, file.size, file.allocated);
                 match call.syscall {
                     Syscall::Mmap if ok => {
@@ -137,7 +141,7 @@ impl World {
                 };
                 match changes.first() {
                     Some((inode, _)) => {
-                        note.object_path = self.objects.get(inode).map(ShmObject::display_name)
+                        note.object_path = self.objects.get(inode).map(ShmObject::shared_name)
                     }
                     None => note.irrelevant = true,
                 }
@@ -147,7 +151,7 @@ impl World {
                 let Some(path) = call.display_path() else {
                     return;
                 };
-                note.object_path = Some(path.clone());
+                note.object_path = Some(path.as_str().into());
                 if ok && let Some(inode) = self.names.remove(&(event.mntns, path)) {
                     if let Some(object) = self.objects.get_mut(&inode) {
                         object.linked = false;
@@ -165,7 +169,12 @@ impl World {
     }
 
     /// The name a descriptor was opened under, when the object has none yet.
-    pub(super) fn name_for_fd(&self, pid: u32, fd: Option<i32>, inode: InodeId) -> Option<String> {
+    pub(super) fn name_for_fd(
+        &self,
+        pid: u32,
+        fd: Option<i32>,
+        inode: InodeId,
+    ) -> Option<Arc<str>> {
         if let Some(object) = self.objects.get(&inode)
             && object.path.is_some()
         {

@@ -1,6 +1,6 @@
 //! The state machine: events in, processes and objects updated, each event annotated with what
 //! the model knows about it (which object a descriptor is, where a fault address points).
-use std::collections::VecDeque;
+use std::{collections::VecDeque, sync::Arc};
 
 mod calls;
 mod objects;
@@ -32,7 +32,7 @@ pub struct World {
     change_base: u64,
     /// Names of objects recently freed, by inode: a descriptor passed to another process
     /// (SCM_RIGHTS, which is not traced) brings one back.
-    recently_freed: FastMap<InodeId, String>,
+    recently_freed: FastMap<InodeId, Arc<str>>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
     forgetting: Option<retention::Forgetting>,
 }
@@ -124,7 +124,7 @@ impl World {
         process.nspid = snapshot.nspid;
         for fd in &snapshot.fds {
             let object = self.object_entry(fd.inode, snapshot.mntns, ts_ns);
-            object.path.get_or_insert_with(|| fd.path.clone());
+            object.path.get_or_insert_with(|| fd.path.as_str().into());
             object.linked = !fd.deleted;
             object.fds += 1;
             let allocated = object.allocated;
@@ -143,7 +143,7 @@ impl World {
         }
         for m in &snapshot.mappings {
             let object = self.object_entry(m.inode, snapshot.mntns, ts_ns);
-            object.path.get_or_insert_with(|| m.path.clone());
+            object.path.get_or_insert_with(|| m.path.as_str().into());
             object.linked = object.linked && !m.deleted;
             object.mappings += 1;
             process.map(Mapping {

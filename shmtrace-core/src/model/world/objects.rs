@@ -131,7 +131,7 @@ impl World {
         usage.change(object.footprint(), (0, 0));
         usage.objects = usage.objects.saturating_sub(1);
         if let Some(path) = &object.path {
-            let key = (object.mntns, path.clone());
+            let key = (object.mntns, path.to_string());
             if self.names.get(&key) == Some(&inode) {
                 self.names.remove(&key);
             }

@@ -217,7 +217,7 @@ fn a_namespace_retired_before_a_time_keeps_what_came_after() {
     assert_eq!(world.retire_namespace(MNTNS, Some(DEV + 1), 50 * SECOND), 1);
     let left: Vec<_> = world
         .live_objects()
-        .filter_map(|o| o.path.clone())
+        .filter_map(|o| o.path.as_deref().map(str::to_owned))
         .collect();
     assert_eq!(left, vec!["/dev/shm/obj-3".to_owned()]);
     // Files on the shared /dev/shm outlive any container.
