@@ -105,7 +105,7 @@ pub struct BenchArgs {
     /// Only the daemon-idle part.
     #[arg(long)]
     only_daemon_idle: bool,
-    /// Only the fork storms (tracer CPU, and `--all`'s memory beside 10k and 50k processes).
+    /// Only the fork storms (tracer CPU; `--all` and the daemon beside 10k, then 4 × 50k processes).
     #[arg(long)]
     only_fork_storm: bool,
     /// Also write every measurement to FILE as JSON.

@@ -17,6 +17,7 @@ use super::{
     daemon::{Daemon, sample, status_kib, sum_of},
     measure::{self, Running},
     probes::ProbeReport,
+    reported,
     stats::Spread,
     storm,
     table::markdown,
@@ -201,8 +202,8 @@ const RSS_NOISE_KB: u64 = 2 * 1024;
 
 /// The fork storm: shmtrace's CPU for 1k and for 10k processes (traced command), and
 /// `--all` beside a 10k storm: its memory, losses and time from SIGINT to exit; with
-/// `long_storm`, `--all` beside a 50k storm too, whose peak must not pass the 10k one's by more
-/// than noise (memory bounded whatever the run length); then the same for the daemon.
+/// `long_storm`, `--all` beside [`PLATEAU_STORMS`] too, whose memory must stop growing; then
+/// the same for the daemon.
 pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm: bool) -> Vec<Row> {
     let workload = |n: u64| -> Vec<OsString> {
         vec![
@@ -251,7 +252,6 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm:
         Err(error) => rows.push(Row::failed("fork storm: tracer CPU, 10k vs 1k", &error)),
     }
     eprintln!("fork storm: 10000 processes beside shmtrace --all");
-    let mut peak_10k = None;
     match all.run(setup, &workload(10_000)) {
         Ok(Outcome {
             tracer: Some(tracer),
@@ -269,7 +269,6 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm:
                 format!("{:.1} MiB", tracer.peak_rss_kb as f64 / 1024.0),
                 Some(tracer.peak_rss_kb <= 32 * 1024),
             ));
-            peak_10k = Some(tracer.peak_rss_kb);
             let lost = reported.lost.unwrap_or(0);
             rows.push(Row::new(
                 "fork storm: no loss with the default buffer (--all)",
@@ -284,118 +283,186 @@ pub fn fork_storm(setup: &Setup, exe: &Path, tag: &str, rounds: u32, long_storm:
         Ok(_) => {}
         Err(error) => rows.push(Row::failed("fork storm beside --all", &error)),
     }
-    if let (true, Some(peak_10k)) = (long_storm, peak_10k) {
-        eprintln!("fork storm: 50000 processes beside shmtrace --all");
-        match all.run(setup, &workload(50_000)) {
-            Ok(Outcome {
-                tracer: Some(tracer),
-                reported,
-                ..
-            }) => {
-                let mib = |kb: u64| kb as f64 / 1024.0;
-                rows.push(Row::new(
-                    "peak RSS of --all: 50k storm ≤ 10k storm + 2 MiB, and ≤ 32 MiB",
-                    format!(
-                        "{:.1} MiB (10k: {:.1} MiB); {} events lost",
-                        mib(tracer.peak_rss_kb),
-                        mib(peak_10k),
-                        reported.lost.unwrap_or(0)
-                    ),
-                    Some(
-                        tracer.peak_rss_kb <= peak_10k + RSS_NOISE_KB
-                            && tracer.peak_rss_kb <= 32 * 1024
-                            && reported.lost.unwrap_or(0) == 0,
-                    ),
-                ));
-            }
-            Ok(_) => {}
-            Err(error) => rows.push(Row::failed("50k fork storm beside --all", &error)),
-        }
+    if long_storm {
+        rows.push(match all_through_storms(setup, &workload) {
+            Ok(plateau) => plateau.row("--all"),
+            Err(error) => Row::failed("--all beside storms in a row", &error),
+        });
     }
     rows.extend(daemon_storms(setup, &workload, long_storm));
     rows
 }
 
-/// What the daemon handled beside one storm.
-struct DaemonStorm {
-    peak_kib: u64,
-    events: f64,
-    lost: f64,
-}
-
-/// `shmtrace daemon` beside a 10k storm and, with `long_storm`, a 50k one: like `--all`, its
-/// memory must stay bounded whatever the node does, without losing records.
+/// `shmtrace daemon` beside a 10k storm, which it must handle without losing records; with
+/// `long_storm`, a fresh daemon beside storms in a row, whose memory must stop growing.
 fn daemon_storms(
     setup: &Setup,
     workload: &dyn Fn(u64) -> Vec<OsString>,
     long_storm: bool,
 ) -> Vec<Row> {
-    let sizes: &[u64] = if long_storm {
-        &[10_000, 50_000]
-    } else {
-        &[10_000]
-    };
-    let mut storms = Vec::new();
-    for &n in sizes {
-        eprintln!("fork storm: {n} processes beside shmtrace daemon");
-        match daemon_beside_storm(setup, &workload(n)) {
-            Ok(storm) => storms.push(storm),
-            Err(error) => {
-                return vec![Row::failed(
-                    &format!("fork storm of {n} beside the daemon"),
-                    &error,
-                )];
-            }
-        }
-    }
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    let mut rows = Vec::new();
-    let first = &storms[0];
-    rows.push(Row::new(
-        "fork storm: no loss with the default buffer (daemon, 10k storm)",
-        format!(
-            "{} events lost of {:.0}; peak RSS {:.1} MiB",
-            first.lost,
-            first.events,
-            mib(first.peak_kib)
-        ),
-        Some(first.lost == 0.0),
-    ));
-    if let Some(long) = storms.get(1) {
-        rows.push(Row::new(
-            "peak RSS of the daemon: 50k storm ≤ 10k storm + 2 MiB",
+    eprintln!("fork storm: 10000 processes beside shmtrace daemon");
+    let mut rows = vec![match daemon_beside_storms(setup, workload, &[10_000]) {
+        Ok(plateau) => Row::new(
+            "fork storm: no loss with the default buffer (daemon, 10k storm)",
             format!(
-                "{:.1} MiB (10k: {:.1} MiB); {} events lost of {:.0}",
-                mib(long.peak_kib),
-                mib(first.peak_kib),
-                long.lost,
-                long.events
+                "{} events lost of {}; peak RSS {:.1} MiB",
+                plateau.lost,
+                plateau.events.unwrap_or(0),
+                mib(plateau.peaks_kib[0])
             ),
-            Some(long.peak_kib <= first.peak_kib + RSS_NOISE_KB && long.lost == 0.0),
-        ));
+            Some(plateau.lost == 0),
+        ),
+        Err(error) => Row::failed("fork storm of 10000 beside the daemon", &error),
+    }];
+    if long_storm {
+        rows.push(
+            match daemon_beside_storms(setup, workload, &PLATEAU_STORMS) {
+                Ok(plateau) => plateau.row("the daemon"),
+                Err(error) => Row::failed("the daemon beside storms in a row", &error),
+            },
+        );
     }
     rows
 }
 
-/// Starts the daemon, runs the storm untraced beside it (the daemon traces every process on
-/// the host), and waits for the daemon to have handled what the storm caused.
-fn daemon_beside_storm(setup: &Setup, workload: &[OsString]) -> Result<DaemonStorm> {
-    let daemon = Daemon::start(&setup.shmtrace, &setup.scratch, "daemon-storm")?;
-    let before = daemon.metrics()?;
-    let storm = Running::spawn(&mut variants::direct(workload), false)?.finish()?;
-    if !storm.success() {
+/// Storms run one after the other beside one tracer, for whether its memory stops growing
+/// whatever the run's length. The first ones bring it to its working size: its maps grow to
+/// the processes a linger holds, and one that passes a power of two while a storm runs is
+/// rebuilt at twice the size (4 MiB more once, in one run of three). After
+/// [`WARM_UP_STORMS`], more processes must not raise its peak by more than [`RSS_NOISE_KB`].
+/// A tracer compared fresh, one storm against a longer one, measures where it starts as much
+/// as where it ends.
+const PLATEAU_STORMS: [u64; 4] = [50_000; 4];
+const WARM_UP_STORMS: usize = 2;
+
+/// A tracer's memory through storms in a row, and what it lost.
+struct Plateau {
+    /// Peak RSS (VmHWM) after each storm.
+    peaks_kib: Vec<u64>,
+    /// Events handled, where the tracer tells (the daemon's metrics).
+    events: Option<u64>,
+    lost: u64,
+}
+
+impl Plateau {
+    fn row(&self, tracer: &str) -> Row {
+        let warm = self.peaks_kib[WARM_UP_STORMS - 1];
+        let last = *self.peaks_kib.last().expect("a storm ran");
+        let thousands = |storms: &[u64]| storms.iter().sum::<u64>() / 1000;
+        let peaks: Vec<String> = self
+            .peaks_kib
+            .iter()
+            .map(|&kib| format!("{:.1}", mib(kib)))
+            .collect();
+        let of_events = self
+            .events
+            .map(|events| format!(" of {events}"))
+            .unwrap_or_default();
+        Row::new(
+            &format!(
+                "memory of {tracer} bounded: {}k processes more, after the first {}k, raise \
+                 its peak ≤ 2 MiB",
+                thousands(&PLATEAU_STORMS[WARM_UP_STORMS..]),
+                thousands(&PLATEAU_STORMS[..WARM_UP_STORMS]),
+            ),
+            format!(
+                "{} MiB after each storm of {}k; {} events lost{of_events}",
+                peaks.join(" / "),
+                PLATEAU_STORMS[0] / 1000,
+                self.lost
+            ),
+            Some(last <= warm + RSS_NOISE_KB && self.lost == 0),
+        )
+    }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// Runs a storm of each size in `storms`, untraced, one after the other; `after_each` is
+/// called once each has ended.
+fn storms_in_a_row(
+    workload: &dyn Fn(u64) -> Vec<OsString>,
+    storms: &[u64],
+    mut after_each: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    for &n in storms {
+        eprintln!("fork storm: {n} processes");
+        let storm = Running::spawn(&mut variants::direct(&workload(n)), false)?.finish()?;
+        if !storm.success() {
+            bail!(
+                "the storm ended with {}: {}",
+                storm.describe_status(),
+                variants::last_lines(&storm.stderr, 3)
+            );
+        }
+        after_each()?;
+    }
+    Ok(())
+}
+
+/// `shmtrace --all -o /dev/null` beside [`PLATEAU_STORMS`], then stopped with SIGINT.
+fn all_through_storms(setup: &Setup, workload: &dyn Fn(u64) -> Vec<OsString>) -> Result<Plateau> {
+    eprintln!("fork storms in a row beside shmtrace --all");
+    let mut tracer = Running::spawn(
+        Command::new(&setup.shmtrace).args(["--all", "-o", "/dev/null"]),
+        false,
+    )?;
+    let pid = tracer.pid();
+    let mut peaks_kib = Vec::new();
+    let ran = variants::wait_attached(pid).and_then(|()| {
+        storms_in_a_row(workload, &PLATEAU_STORMS, || {
+            // What the storm left in the ring is read within a tick.
+            std::thread::sleep(Duration::from_secs(1));
+            peaks_kib.push(status_kib(pid, "VmHWM")?);
+            Ok(())
+        })
+    });
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    if ran.is_err() {
+        tracer.kill();
+    }
+    let tracer = tracer.finish()?;
+    ran?;
+    // 130: shmtrace's exit status after SIGINT, as a shell's.
+    let interrupted = libc::WIFEXITED(tracer.status) && libc::WEXITSTATUS(tracer.status) == 130;
+    if !interrupted {
         bail!(
-            "the storm ended with {}: {}",
-            storm.describe_status(),
-            variants::last_lines(&storm.stderr, 3)
+            "shmtrace --all ended with {}: {}",
+            tracer.describe_status(),
+            variants::last_lines(&tracer.stderr, 3)
         );
     }
-    let after = daemon.settle(Duration::from_secs(10))?;
-    let events = |text: &str| sample(text, "shmtrace_events_total");
-    Ok(DaemonStorm {
-        peak_kib: status_kib(daemon.pid(), "VmHWM")?,
-        events: events(&after) - events(&before),
-        lost: sum_of(&after, "shmtrace_events_lost_total"),
+    Ok(Plateau {
+        peaks_kib,
+        events: None,
+        lost: reported::lost_from_notices(&tracer.stderr),
+    })
+}
+
+/// A fresh `shmtrace daemon` (it traces every process on the host) beside `storms` in a row,
+/// each handled before the next starts.
+fn daemon_beside_storms(
+    setup: &Setup,
+    workload: &dyn Fn(u64) -> Vec<OsString>,
+    storms: &[u64],
+) -> Result<Plateau> {
+    let daemon = Daemon::start(&setup.shmtrace, &setup.scratch, "daemon-storm")?;
+    let events = |text: &str| sample(text, "shmtrace_events_total") as u64;
+    let before = events(&daemon.metrics()?);
+    let mut peaks_kib = Vec::new();
+    let mut last = String::new();
+    storms_in_a_row(workload, storms, || {
+        last = daemon.settle(Duration::from_secs(10))?;
+        peaks_kib.push(status_kib(daemon.pid(), "VmHWM")?);
+        Ok(())
+    })?;
+    Ok(Plateau {
+        peaks_kib,
+        events: Some(events(&last) - before),
+        lost: sum_of(&last, "shmtrace_events_lost_total") as u64,
     })
 }
 
