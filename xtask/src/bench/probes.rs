@@ -151,7 +151,7 @@ fn time_loop(workload: &mut Running, holder: u32) -> Result<Timed> {
     Ok(Timed {
         before,
         after,
-        names: program_names(),
+        names: program_names()?,
         loop_seconds: report["seconds"].as_f64().unwrap_or(f64::NAN),
         workload_nvcsw: report["nvcsw"].as_i64().unwrap_or(0),
     })
@@ -236,18 +236,29 @@ fn snapshot(pid: u32) -> Result<BTreeMap<u64, (u64, u64)>> {
     Ok(programs)
 }
 
-/// Program names by id, from bpftool (the kernel's fdinfo has ids only). Empty without it.
-fn program_names() -> BTreeMap<u64, String> {
-    let Ok(out) = Command::new("bpftool")
+/// Program names by id, from bpftool (the kernel's fdinfo has ids only): without them, the
+/// table could not tell entry probes from exit probes.
+fn program_names() -> Result<BTreeMap<u64, String>> {
+    let out = Command::new("bpftool")
         .args(["prog", "show", "--json"])
         .output()
-    else {
-        return BTreeMap::new();
-    };
-    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    list.as_array()
+        .context(
+            "running bpftool, which names the programs in the BPF statistics: install it \
+             (apt-get install bpftool), or pass --no-probe-costs",
+        )?;
+    if !out.status.success() {
+        bail!(
+            "bpftool prog show failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let list: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("reading bpftool's JSON")?;
+    Ok(list
+        .as_array()
         .into_iter()
         .flatten()
         .filter_map(|p| Some((p["id"].as_u64()?, p["name"].as_str()?.to_owned())))
-        .collect()
+        .collect())
 }
