@@ -3,7 +3,8 @@
 //! again in its order: `preserve_order`). Event lines are written by a short path of their own
 //! (`output/flat_value.rs`, with unchecked copies and an eight-bytes-at-a-time escape check)
 //! instead of serde_json's: this holds it to serde_json on names, paths and command lines no
-//! test thought of.
+//! test thought of. It cannot tell a string copied wrong into another valid string: the copies
+//! are checked at every length by `flat_value`'s unit tests.
 //!
 //! The input is records, each after its length (u16, little-endian), not a trace file: a trace
 //! file's frames carry CRCs, which nearly every mutation of a name would break.
