@@ -14,6 +14,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use shmtrace_core::{
     clock::Clock,
@@ -22,8 +23,6 @@ use shmtrace_core::{
     output::{Format, Output, filter::Filter},
     pipeline::{Pipeline, Recorded},
 };
-
-use bytes::Bytes;
 
 /// The output, kept to be read back.
 #[derive(Clone, Default)]
@@ -48,12 +47,7 @@ fuzz_target!(|data: &[u8]| {
         Clock::with_offset(0, jiff::tz::TimeZone::UTC),
         false,
     );
-    let mut pipeline = Pipeline::new(
-        World::new(),
-        Diagnoser::new(0),
-        output,
-        Filter::default(),
-    );
+    let mut pipeline = Pipeline::new(World::new(), Diagnoser::new(0), output, Filter::default());
     let mut rest = data;
     while let [low, high, tail @ ..] = rest {
         let len = usize::from(u16::from_le_bytes([*low, *high])).min(tail.len());
