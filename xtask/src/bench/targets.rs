@@ -327,8 +327,8 @@ fn daemon_storms(
 
 /// Storms run one after the other beside one tracer, for whether its memory stops growing
 /// whatever the run's length. The first ones bring it to its working size: its maps grow to
-/// the processes a linger holds, and one that passes a power of two while a storm runs is
-/// rebuilt at twice the size (4 MiB more once, in one run of three). After
+/// the processes a linger holds, and a peak may step up 4 MiB once (in one `--all` run of
+/// three, after its first storm; most likely a map rebuilt at twice its size). After
 /// [`WARM_UP_STORMS`], more processes must not raise its peak by more than [`RSS_NOISE_KB`].
 /// A tracer compared fresh, one storm against a longer one, measures where it starts as much
 /// as where it ends.
