@@ -405,40 +405,20 @@ fn storms_in_a_row(
 /// `shmtrace --all -o /dev/null` beside [`PLATEAU_STORMS`], then stopped with SIGINT.
 fn all_through_storms(setup: &Setup, workload: &dyn Fn(u64) -> Vec<OsString>) -> Result<Plateau> {
     eprintln!("fork storms in a row beside shmtrace --all");
-    let mut tracer = Running::spawn(
-        Command::new(&setup.shmtrace).args(["--all", "-o", "/dev/null"]),
-        false,
-    )?;
-    let pid = tracer.pid();
-    let mut peaks_kib = Vec::new();
-    let ran = variants::wait_attached(pid).and_then(|()| {
+    let (peaks_kib, tracer) = variants::beside_shmtrace_all(setup, |pid| {
+        let mut peaks_kib = Vec::new();
         storms_in_a_row(workload, &PLATEAU_STORMS, || {
             // What the storm left in the ring is read within a tick.
             std::thread::sleep(Duration::from_secs(1));
             peaks_kib.push(status_kib(pid, "VmHWM")?);
             Ok(())
-        })
-    });
-    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
-    if ran.is_err() {
-        tracer.kill();
-    }
-    let tracer = tracer.finish()?;
-    ran?;
-    // 130: shmtrace's exit status after SIGINT, as a shell's.
-    let interrupted = libc::WIFEXITED(tracer.status) && libc::WEXITSTATUS(tracer.status) == 130;
-    if !interrupted {
-        bail!(
-            "shmtrace --all ended with {}: {}",
-            tracer.describe_status(),
-            variants::last_lines(&tracer.stderr, 3)
-        );
-    }
+        })?;
+        Ok(peaks_kib)
+    })?;
     Ok(Plateau {
         peaks_kib,
         events: None,
-        lost: reported::lost_from_notices(&tracer.stderr),
+        lost: reported::lost_from_notices(&tracer.finished.stderr),
     })
 }
 

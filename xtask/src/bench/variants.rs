@@ -396,31 +396,65 @@ fn outcome_beside(
 /// Starts `shmtrace --all`, waits until its probes are attached, runs the workload beside it,
 /// then stops it with SIGINT as a user would, timing how long it takes to exit.
 fn run_beside_shmtrace_all(setup: &Setup, workload: &[OsString]) -> Result<Outcome> {
+    let (top, tracer) = beside_shmtrace_all(setup, |_| {
+        Running::spawn(&mut direct(workload), false)?.finish()
+    })?;
+    let reported = Reported {
+        lost: Some(reported::lost_from_notices(&tracer.finished.stderr)),
+        failed_reads: Some(reported::failed_reads_from_notices(&tracer.finished.stderr)),
+        ..Reported::default()
+    };
+    outcome_beside(top, &tracer.finished, Some(tracer.stop_seconds), reported)
+}
+
+/// `shmtrace --all` after SIGINT.
+pub struct StoppedAll {
+    pub finished: Finished,
+    /// From SIGINT to its exit.
+    pub stop_seconds: f64,
+}
+
+/// Starts `shmtrace --all -o /dev/null`, waits until its probes are attached, calls `beside`
+/// with its pid, then stops it with SIGINT (killed instead if `beside` failed). Its exit
+/// status after SIGINT must be 130, as a shell's.
+pub fn beside_shmtrace_all<T>(
+    setup: &Setup,
+    beside: impl FnOnce(u32) -> Result<T>,
+) -> Result<(T, StoppedAll)> {
     let mut tracer = Running::spawn(
         Command::new(&setup.shmtrace).args(["--all", "-o", "/dev/null"]),
         false,
     )?;
-    let top = wait_attached(tracer.pid())
-        .and_then(|()| Running::spawn(&mut direct(workload), false)?.finish());
+    let pid = tracer.pid();
+    let result = wait_attached(pid).and_then(|()| beside(pid));
     let signalled = Instant::now();
     // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
-    unsafe { libc::kill(tracer.pid() as libc::pid_t, libc::SIGINT) };
-    let top = match top {
-        Ok(top) => top,
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let result = match result {
+        Ok(result) => result,
         Err(error) => {
             tracer.kill();
             let _ = tracer.finish();
             return Err(error);
         }
     };
-    let tracer = tracer.finish()?;
-    let stop_seconds = tracer.exited_at.duration_since(signalled).as_secs_f64();
-    let reported = Reported {
-        lost: Some(reported::lost_from_notices(&tracer.stderr)),
-        failed_reads: Some(reported::failed_reads_from_notices(&tracer.stderr)),
-        ..Reported::default()
-    };
-    outcome_beside(top, &tracer, Some(stop_seconds), reported)
+    let finished = tracer.finish()?;
+    let interrupted = libc::WIFEXITED(finished.status) && libc::WEXITSTATUS(finished.status) == 130;
+    if !interrupted {
+        bail!(
+            "shmtrace --all ended with {}: {}",
+            finished.describe_status(),
+            last_lines(&finished.stderr, 3)
+        );
+    }
+    let stop_seconds = finished.exited_at.duration_since(signalled).as_secs_f64();
+    Ok((
+        result,
+        StoppedAll {
+            finished,
+            stop_seconds,
+        },
+    ))
 }
 
 /// shmtrace prints nothing when its probes are attached. It is attached once it holds BPF
