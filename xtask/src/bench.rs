@@ -21,6 +21,7 @@ mod churn;
 mod daemon;
 mod daemon_idle;
 mod floor;
+mod floor_ring;
 mod machine;
 mod measure;
 mod neighbours;
@@ -70,9 +71,10 @@ pub struct BenchArgs {
     /// Runs of each variant [default: 5, or 3 with --quick].
     #[arg(long)]
     rounds: Option<u32>,
-    /// Variants to run, by name [default: all; with --quick: untraced, floor, shmtrace-null,
-    /// shmtrace-idle, shmtrace-all]: untraced, floor, shmtrace, shmtrace-json, shmtrace-null,
-    /// shmtrace-failed, shmtrace-idle, shmtrace-all, strace, strace-seccomp, perf-trace.
+    /// Variants to run, by name [default: all; with --quick: untraced, floor, floor-records,
+    /// shmtrace-null, shmtrace-idle, shmtrace-all]: untraced, floor, floor-records, shmtrace,
+    /// shmtrace-json, shmtrace-null, shmtrace-failed, shmtrace-idle, shmtrace-all, strace,
+    /// strace-seccomp, perf-trace.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Also write(2) a header into each object (exercises the write probe).
@@ -81,8 +83,9 @@ pub struct BenchArgs {
     /// Write every byte of each mapping (a tensor copy), not one byte per page.
     #[arg(long)]
     fill: bool,
-    /// Skip the per-probe cost analysis (four extra runs per case, three with --quick: shmtrace
-    /// tracing the workload, with --failed, tracing another process; the floor).
+    /// Skip the per-probe cost analysis (five extra runs per case, four with --quick: shmtrace
+    /// tracing the workload, with --failed, tracing another process; the floor, the record
+    /// floor).
     #[arg(long)]
     no_probe_costs: bool,
     /// Skip the paired measurement (three extra runs per case, two with --quick).
@@ -147,8 +150,8 @@ pub fn churn(args: &ChurnArgs) -> Result<()> {
     churn::run(args)
 }
 
-pub fn floor(command: &[String]) -> Result<()> {
-    floor::run(command)
+pub fn floor(command: &[String], records: bool) -> Result<()> {
+    floor::run(command, records)
 }
 
 pub fn storm(processes: u64, tag: &str) -> Result<()> {
@@ -280,8 +283,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         };
         others.extend(neighbours::foreign_bpf_holders());
         let probes = (!args.no_probe_costs).then(|| {
-            let (text, row) = probe_costs(&setup, &case, &results, reference, !args.quick);
-            target_rows.extend(row);
+            let (text, rows) = probe_costs(&setup, &case, &results, reference, !args.quick);
+            target_rows.extend(rows);
             text
         });
         others.extend(neighbours::foreign_bpf_holders());
@@ -419,7 +422,7 @@ fn probe_costs(
     results: &[VariantResult],
     reference: Option<table::Reference>,
     with_failed: bool,
-) -> (String, Option<targets::Row>) {
+) -> (String, Vec<targets::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
     println!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
@@ -447,12 +450,27 @@ fn probe_costs(
     let failed = with_failed
         .then(|| probes::measure(setup, Subject::Traced(&["--failed"]), workload, objects));
     churn::remove_leftovers(&case.tag);
+    let record_floor = probes::measure(setup, Subject::Floor { records: true }, workload, objects);
+    churn::remove_leftovers(&case.tag);
+    let mut rows = Vec::new();
     let mut text = match (full, failed) {
         (Ok(full), failed) => {
             let failed_report = failed.as_ref().and_then(|f| f.as_ref().ok());
             let mut text = table::probes(&full, failed_report, reference.as_ref());
             if let Some(Err(error)) = failed {
                 text += &format!("The --failed run failed: {error:#}\n");
+            }
+            match &record_floor {
+                Ok(floor) => {
+                    text += &table::above_record_floor(&full, floor, median_loop("untraced"));
+                    rows.push(targets::traced_programs(
+                        &shmtrace_core::size::human(case.size),
+                        &full,
+                        floor,
+                        median_loop("untraced"),
+                    ));
+                }
+                Err(error) => text += &format!("The record floor's run failed: {error:#}\n"),
             }
             text
         }
@@ -461,9 +479,10 @@ fn probe_costs(
     println!("{text}");
     let (others, row) = cost_to_others(setup, case, median_loop("untraced"));
     println!("{others}");
+    rows.extend(row);
     text += "\n";
     text += &others;
-    (text, row)
+    (text, rows)
 }
 
 /// Times shmtrace's programs, then the floor's, while the workload runs untraced beside them.
@@ -476,7 +495,7 @@ fn cost_to_others(
     println!("### What shmtrace's programs cost a process they do not trace\n");
     let idle = probes::measure(setup, Subject::BesideIdle, workload, objects);
     churn::remove_leftovers(&case.tag);
-    let floor = probes::measure(setup, Subject::Floor, workload, objects);
+    let floor = probes::measure(setup, Subject::Floor { records: false }, workload, objects);
     churn::remove_leftovers(&case.tag);
     match (idle, floor) {
         (Ok(idle), floor) => {
@@ -498,8 +517,14 @@ fn cost_to_others(
     }
 }
 
-/// --quick keeps what issue 12's targets need: the floor, shmtrace, and its cost to others.
-const QUICK_VARIANTS: [&str; 4] = ["floor", "shmtrace-null", "shmtrace-idle", "shmtrace-all"];
+/// --quick keeps what issue 12's targets need: the floors, shmtrace, and its cost to others.
+const QUICK_VARIANTS: [&str; 5] = [
+    "floor",
+    "floor-records",
+    "shmtrace-null",
+    "shmtrace-idle",
+    "shmtrace-all",
+];
 
 fn select_variants(names: &[String], quick: bool) -> Result<Vec<&'static Variant>> {
     let names: Vec<String> = match (names.is_empty(), quick) {

@@ -6,7 +6,8 @@
 //! - `lint-ebpf`: clippy on the eBPF crate for its real target (nightly), warnings as errors.
 //! - `test`: build everything and run every test, the real-kernel ones included (root).
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
-//! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor).
+//! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor), or
+//!   with `--records`, one record per call (the bench's record floor).
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
 //! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
 //! - `check-layers`: the modules of the core and the binary import only downwards.
@@ -60,6 +61,10 @@ enum Task {
     /// Run a command with empty BPF programs on shmtrace's hooks: the floor of tracing cost.
     #[command(hide = true)]
     Floor {
+        /// Write one (empty) record per call exit into a ring buffer: the floor of a tracer that
+        /// reports every call.
+        #[arg(long)]
+        records: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -85,7 +90,7 @@ fn main() -> Result<()> {
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
-        Task::Floor { command } => bench::floor(&command),
+        Task::Floor { records, command } => bench::floor(&command, records),
         Task::Storm { processes, tag } => bench::storm(processes, &tag),
         Task::Stamp => {
             bench::stamp();

@@ -1,4 +1,5 @@
-//! The floor: empty BPF programs on the hooks shmtrace uses (`cargo xtask floor -- CMD`).
+//! The floors: empty BPF programs on the hooks shmtrace uses (`cargo xtask floor -- CMD`), and
+//! the same with one record per call (`cargo xtask floor --records -- CMD`).
 //!
 //! Enabling a syscall tracepoint costs every call something before any program does work; what
 //! an empty program costs there is the least any tracer on those hooks can cost. The programs
@@ -7,6 +8,11 @@
 //! tracepoints shmtrace uses (both ends of most calls, the exit only of those it traces there)
 //! and `oom/mark_victim`, raw tracepoint programs on the five scheduler and signal tracepoints.
 //! Everything is detached when the process exits.
+//!
+//! The record floor is the least a tracer that reports every call can cost: on each call's exit
+//! its program reserves a record the size of shmtrace's call record in a ring buffer and submits
+//! it, unwritten, without waking the reader, for every process (no scope check). Its ring is
+//! drained by a thread ([`floor_ring`](super::floor_ring)).
 use std::{
     ffi::CString,
     fs,
@@ -15,7 +21,9 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use shmtrace_common::Syscall;
+use shmtrace_common::{Syscall, SyscallEvent};
+
+use super::floor_ring::DrainedRing;
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
@@ -28,6 +36,12 @@ const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 /// `mov r0, 0` and `exit`, one 8-byte instruction each (opcode in the low byte).
 const EMPTY_PROGRAM: [u64; 2] = [0xb7, 0x95];
+/// Helper numbers (UAPI `enum bpf_func_id`), and `bpf_ringbuf_submit`'s flag.
+const BPF_FUNC_RINGBUF_RESERVE: i32 = 131;
+const BPF_FUNC_RINGBUF_SUBMIT: i32 = 132;
+const BPF_RB_NO_WAKEUP: i32 = 1;
+/// `src_reg` of a 64-bit immediate load that names a map by descriptor.
+const BPF_PSEUDO_MAP_FD: u8 = 1;
 
 /// The BTF tracepoints shmtrace attaches to, here as raw tracepoints.
 pub const RAW_TRACEPOINTS: [&str; 5] = [
@@ -74,7 +88,7 @@ struct PerfEventAttr {
     rest: [u64; 14],
 }
 
-fn bpf<T>(command: libc::c_long, attr: &mut T) -> Result<OwnedFd> {
+pub(super) fn bpf<T>(command: libc::c_long, attr: &mut T) -> Result<OwnedFd> {
     // SAFETY: `attr` is a valid, zero-padded attribute of the size passed.
     let fd = unsafe {
         libc::syscall(
@@ -91,17 +105,44 @@ fn bpf<T>(command: libc::c_long, attr: &mut T) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-fn load_empty(prog_type: u32) -> Result<OwnedFd> {
+/// One instruction: opcode, registers, offset and immediate, as the kernel reads them.
+fn insn(code: u8, dst: u8, src: u8, offset: i16, imm: i32) -> u64 {
+    code as u64
+        | ((dst | src << 4) as u64) << 8
+        | (offset as u16 as u64) << 16
+        | (imm as u32 as u64) << 32
+}
+
+/// `reserve(ring, size of a call record, 0)`; if that worked, `submit(record, NO_WAKEUP)`;
+/// return 0.
+fn record_program(ring_fd: i32) -> Vec<u64> {
+    let record = std::mem::size_of::<SyscallEvent>() as i32;
+    vec![
+        insn(0x18, 1, BPF_PSEUDO_MAP_FD, 0, ring_fd), // r1 = the ring (two instructions)
+        0,
+        insn(0xb7, 2, 0, 0, record), // r2 = size
+        insn(0xb7, 3, 0, 0, 0),      // r3 = 0
+        insn(0x85, 0, 0, 0, BPF_FUNC_RINGBUF_RESERVE),
+        insn(0x15, 0, 0, 3, 0), // if r0 == 0, skip to the end
+        insn(0xbf, 1, 0, 0, 0), // r1 = r0
+        insn(0xb7, 2, 0, 0, BPF_RB_NO_WAKEUP),
+        insn(0x85, 0, 0, 0, BPF_FUNC_RINGBUF_SUBMIT),
+        insn(0xb7, 0, 0, 0, 0), // r0 = 0
+        insn(0x95, 0, 0, 0, 0), // exit
+    ]
+}
+
+fn load(prog_type: u32, program: &[u64]) -> Result<OwnedFd> {
     let license = c"GPL";
     let mut attr = ProgLoadAttr {
         prog_type,
-        insn_cnt: EMPTY_PROGRAM.len() as u32,
-        insns: EMPTY_PROGRAM.as_ptr() as u64,
+        insn_cnt: program.len() as u32,
+        insns: program.as_ptr() as u64,
         license: license.as_ptr() as u64,
         ..Default::default()
     };
     attr.prog_name[..5].copy_from_slice(b"floor");
-    bpf(BPF_PROG_LOAD, &mut attr).context("loading an empty BPF program")
+    bpf(BPF_PROG_LOAD, &mut attr).context("loading a floor BPF program")
 }
 
 fn attach_tracepoint(program: &OwnedFd, category: &str, name: &str) -> Result<OwnedFd> {
@@ -164,10 +205,23 @@ fn attach_raw(program: &OwnedFd, name: &str) -> Result<OwnedFd> {
         .with_context(|| format!("attaching to raw tracepoint {name}"))
 }
 
-/// Attaches an empty program to every hook; dropping the descriptors detaches them.
-pub fn attach_all() -> Result<Vec<OwnedFd>> {
-    let tracepoint = load_empty(BPF_PROG_TYPE_TRACEPOINT)?;
-    let raw = load_empty(BPF_PROG_TYPE_RAW_TRACEPOINT)?;
+/// The floor's programs, attached; dropping it detaches them.
+pub struct Attached {
+    _links: Vec<OwnedFd>,
+    /// Declared last, so dropped after the programs that write into it.
+    _ring: Option<DrainedRing>,
+}
+
+/// Attaches an empty program to every hook, or with `records`, the record program to every
+/// call's exit.
+pub fn attach_all(records: bool) -> Result<Attached> {
+    let tracepoint = load(BPF_PROG_TYPE_TRACEPOINT, &EMPTY_PROGRAM)?;
+    let raw = load(BPF_PROG_TYPE_RAW_TRACEPOINT, &EMPTY_PROGRAM)?;
+    let ring = records.then(DrainedRing::create).transpose()?;
+    let exit = match &ring {
+        Some(ring) => load(BPF_PROG_TYPE_TRACEPOINT, &record_program(ring.map_fd()))?,
+        None => tracepoint.try_clone()?,
+    };
     let mut held = Vec::new();
     for name in RAW_TRACEPOINTS {
         held.push(attach_raw(&raw, name)?);
@@ -179,20 +233,24 @@ pub fn attach_all() -> Result<Vec<OwnedFd>> {
                 continue;
             }
             let name = format!("sys_{phase}_{}", call.name());
-            held.push(attach_tracepoint(&tracepoint, "syscalls", &name)?);
+            let program = if phase == "exit" { &exit } else { &tracepoint };
+            held.push(attach_tracepoint(program, "syscalls", &name)?);
         }
     }
-    held.push(tracepoint);
-    held.push(raw);
-    Ok(held)
+    held.extend([tracepoint, raw, exit]);
+    Ok(Attached {
+        _links: held,
+        _ring: ring,
+    })
 }
 
-/// `cargo xtask floor -- CMD`: runs CMD with the empty programs attached, and exits as it did.
-pub fn run(command: &[String]) -> Result<()> {
+/// `cargo xtask floor [--records] -- CMD`: runs CMD with the floor's programs attached, and
+/// exits as it did.
+pub fn run(command: &[String], records: bool) -> Result<()> {
     let Some((program, args)) = command.split_first() else {
-        bail!("usage: cargo xtask floor -- COMMAND [ARGS...]");
+        bail!("usage: cargo xtask floor [--records] -- COMMAND [ARGS...]");
     };
-    let held = attach_all()?;
+    let held = attach_all(records)?;
     let status = Command::new(program)
         .args(args)
         .status()

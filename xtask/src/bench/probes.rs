@@ -60,8 +60,9 @@ pub enum Subject<'a> {
     /// what shmtrace's programs cost every other process on the host.
     BesideIdle,
     /// Empty programs on the same hooks (`xtask floor -- WORKLOAD`): what any program there
-    /// costs, the least of it.
-    Floor,
+    /// costs, the least of it. With `records`, one record per call exit: the least a tracer
+    /// that reports every call costs.
+    Floor { records: bool },
 }
 
 /// Runs the workload with `--hold` once, as `subject` says, with statistics on.
@@ -82,10 +83,9 @@ pub fn measure(
                 .arg("--hold");
             measure_wrapped(command, objects, true)
         }
-        Subject::Floor => {
-            // workload[0] is this xtask binary, which also runs the floor.
-            let mut command = Command::new(&workload[0]);
-            command.args(["floor", "--"]).args(workload).arg("--hold");
+        Subject::Floor { records } => {
+            let mut command = variants::floor_command(workload, records);
+            command.arg("--hold");
             measure_wrapped(command, objects, false)
         }
         Subject::BesideIdle => measure_beside_idle(setup, workload, objects),

@@ -249,6 +249,33 @@ pub fn probes(
     out
 }
 
+/// shmtrace's programs per traced object set against the record floor's (one empty record per
+/// call exit): the part of shmtrace's work that a tracer reporting every call could still shed.
+pub fn above_record_floor(
+    traced: &ProbeReport,
+    floor: &ProbeReport,
+    untraced_us: Option<f64>,
+) -> String {
+    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
+    let runs = |r: &ProbeReport| {
+        r.probes.iter().map(|p| p.runs).sum::<u64>() as f64 / r.objects.max(1) as f64
+    };
+    let above = per_object(traced) - per_object(floor);
+    format!(
+        "\nThe record floor (an empty record reserved and submitted at every call's exit, for \
+         every process) spends {:.0} ns per object in {:.2} program runs; shmtrace's programs, \
+         {:.0} ns in {:.2}: {above:.0} ns more per traced object{}.\n",
+        per_object(floor),
+        runs(floor),
+        per_object(traced),
+        runs(traced),
+        untraced_us.map_or(String::new(), |us| format!(
+            ", {:.2}% of an untraced object ({us:.2} µs)",
+            above / 10.0 / us
+        )),
+    )
+}
+
 /// What programs cost a workload they do not trace: shmtrace tracing another process, beside
 /// the floor's empty programs. Only the difference is shmtrace's doing; both pay the same
 /// tracepoint dispatch, which run-time statistics do not count.

@@ -113,6 +113,24 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
             verdict,
         ));
     }
+    let record_floor = find(results, "floor-records").and_then(|r| ratios(r, base));
+    if let (Some(record_floor), Some(traced)) = (&record_floor, &traced) {
+        let (f, t) = (record_floor.median - 1.0, traced.median - 1.0);
+        let note = if f > 0.0 {
+            format!("{:.2}× the record floor's overhead", t / f)
+        } else {
+            "record floor's overhead not above noise".into()
+        };
+        rows.push(Row::new(
+            &format!("{case}: (not a target) traced overhead against the record floor's"),
+            format!(
+                "shmtrace {}, record floor {}: {note}",
+                describe(traced),
+                describe(record_floor)
+            ),
+            None,
+        ));
+    }
     for (name, target, limit) in [
         (
             "shmtrace-all",
@@ -192,6 +210,32 @@ pub fn idle_programs(
     Row::new(
         &format!("{case}: (not a target) --pid OTHER: shmtrace's programs above the floor's"),
         format!("{above:.0} ns per object{share} (BPF run-time statistics)"),
+        None,
+    )
+}
+
+/// Not a target of its own: shmtrace's programs per traced object, above the record floor's
+/// (one empty record per call exit, for every process): what shmtrace does beyond what any
+/// tracer that reports every call must, exactly, where the timed rounds cannot resolve it.
+pub fn traced_programs(
+    case: &str,
+    traced: &ProbeReport,
+    record_floor: &ProbeReport,
+    untraced_us: Option<f64>,
+) -> Row {
+    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
+    let above = per_object(traced) - per_object(record_floor);
+    let share = untraced_us.map_or(String::new(), |us| {
+        format!(", {:.2}% of an untraced object", above / 10.0 / us)
+    });
+    Row::new(
+        &format!("{case}: (not a target) traced: shmtrace's programs above the record floor's"),
+        format!(
+            "{:.0} ns per object against {:.0}: {above:.0} ns more{share} (BPF run-time \
+             statistics)",
+            per_object(traced),
+            per_object(record_floor)
+        ),
         None,
     )
 }

@@ -37,8 +37,11 @@ enum Kind {
     /// `shmtrace --all` running beside the workload, which it traces as one process among all.
     ShmtraceAll,
     /// Empty BPF programs on shmtrace's hooks (`cargo xtask floor`): the least any tracer on
-    /// those hooks can cost.
-    Floor,
+    /// those hooks can cost. With `records`, one record per call exit: the least a tracer that
+    /// reports every call can cost.
+    Floor {
+        records: bool,
+    },
     Strace {
         seccomp: bool,
     },
@@ -51,7 +54,7 @@ enum Sink {
     DevNull,
 }
 
-pub const ALL: [Variant; 11] = [
+pub const ALL: [Variant; 12] = [
     Variant {
         name: "untraced",
         label: "untraced",
@@ -60,7 +63,12 @@ pub const ALL: [Variant; 11] = [
     Variant {
         name: "floor",
         label: "empty programs, same hooks (floor)",
-        kind: Kind::Floor,
+        kind: Kind::Floor { records: false },
+    },
+    Variant {
+        name: "floor-records",
+        label: "a record per call exit (record floor)",
+        kind: Kind::Floor { records: true },
     },
     Variant {
         name: "shmtrace",
@@ -121,6 +129,18 @@ pub const ALL: [Variant; 11] = [
     },
 ];
 
+/// `xtask floor [--records] -- WORKLOAD`: workload[0] is this xtask binary, which also runs the
+/// floors.
+pub fn floor_command(workload: &[OsString], records: bool) -> Command {
+    let mut command = Command::new(&workload[0]);
+    command.arg("floor");
+    if records {
+        command.arg("--records");
+    }
+    command.arg("--").args(workload);
+    command
+}
+
 /// What a run needs besides the workload's command line.
 pub struct Setup {
     pub shmtrace: PathBuf,
@@ -178,7 +198,7 @@ impl Variant {
         };
         match self.kind {
             Kind::Untraced => Ok(()),
-            Kind::Floor => super::floor::attach_all().map(drop),
+            Kind::Floor { records } => super::floor::attach_all(records).map(drop),
             Kind::Shmtrace { .. } | Kind::ShmtraceIdle | Kind::ShmtraceAll => {
                 probe(&setup.shmtrace, &["--version"])
             }
@@ -207,12 +227,7 @@ impl Variant {
         }
         let mut command = match self.kind {
             Kind::Untraced => direct(workload),
-            Kind::Floor => {
-                // workload[0] is this xtask binary, which also runs the floor.
-                let mut c = Command::new(&workload[0]);
-                c.args(["floor", "--"]).args(workload);
-                c
-            }
+            Kind::Floor { records } => floor_command(workload, records),
             Kind::Shmtrace { flags, sink } => {
                 let mut c = Command::new(&setup.shmtrace);
                 c.args(flags).arg("-o");
