@@ -126,6 +126,15 @@ impl Syscall {
         )
     }
 
+    /// Whether the probes trace the call at its entry only, and report it as succeeding: a
+    /// `close` of a /dev/shm descriptor. The descriptor is released at entry whatever the call
+    /// then returns (only a file system's flush can fail it, and tmpfs has none), and its file
+    /// is gone by the exit. An exit tracepoint would cost every process on the host on every
+    /// `close`, and a stash and a lookup per traced call.
+    pub const fn traced_at_entry_only(self) -> bool {
+        matches!(self, Syscall::Close)
+    }
+
     /// The kernel's name, as in `/sys/kernel/tracing/events/syscalls/sys_enter_<name>`.
     pub const fn name(self) -> &'static str {
         match self {

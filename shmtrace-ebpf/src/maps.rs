@@ -108,7 +108,7 @@ pub struct Pending {
     pub fd: i32,
     pub args: [u64; 6],
     /// Valid when `flags` has `FILE`: the descriptor's file, as read when the call was made
-    /// (`close`, whose file may be gone by its exit) or returned (the calls traced at exit only).
+    /// (`close`, traced at entry only) or returned (the calls traced at exit only).
     pub file: FileRef,
 }
 

@@ -3,8 +3,9 @@
 //! A descriptor counts when its inode's file system is a known /dev/shm (`SHM_DEVS`), so
 //! descriptors received over a socket (PyTorch passes them with SCM_RIGHTS) count too.
 //!
-//! `close` is traced at both ends: its descriptor is gone by its exit. The others are traced at
-//! their exit only.
+//! `close` is traced at its entry only, while its descriptor still refers to its file, and
+//! reported as succeeding: the descriptor is released whatever the call returns
+//! (`Syscall::traced_at_entry_only`). The others are traced at their exit only.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
@@ -26,8 +27,7 @@ enter_args! {
     CloseArgs { fd }
 }
 
-/// `close(fd)`: stashed at entry, with its inode as it was then, since the inode may be gone by
-/// the call's exit.
+/// `close(fd)`: reported at entry, with its file as it is then.
 #[tracepoint]
 pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     let _ = enter_close(&ctx);
@@ -36,21 +36,24 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn enter_close(ctx: &TracePointContext) -> Option<()> {
-    let (tgid, tid) = syscall::ids();
+    let (tgid, _) = syscall::ids();
     // The scope first: every process on the host runs this, and few are traced.
     let scope_flags = scope::in_scope(tgid)?;
+    // Before any kernel read: `--failed` drops every close, which cannot fail here.
+    if CONFIG.load().failed_only != 0 {
+        return None;
+    }
     let args = CloseArgs::read(ctx);
     let off = kernel::offsets();
     let fd = args.fd as i32;
-    let file = syscall::shm_fd(fd, &off)?;
-    syscall::stash_with_file(
-        tid,
-        Syscall::Close,
-        scope_flags | flags::FILE,
+    let call = Pending {
+        syscall: Syscall::Close as u16,
+        flags: scope_flags | flags::FILE,
         fd,
-        args.raw(),
-        file,
-    );
+        args: args.raw(),
+        file: syscall::shm_fd(fd, &off)?,
+    };
+    syscall::report(&call, 0, tgid, &off);
     Some(())
 }
 

@@ -112,24 +112,12 @@ pub fn ids() -> (u32, u32) {
 /// Remembers the call until its `sys_exit`.
 #[inline(always)]
 pub fn stash(tid: u32, syscall: Syscall, flags: u16, fd: i32, args: [u64; 6]) {
-    stash_with_file(tid, syscall, flags, fd, args, emit::no_file());
-}
-
-#[inline(always)]
-pub fn stash_with_file(
-    tid: u32,
-    syscall: Syscall,
-    flags: u16,
-    fd: i32,
-    args: [u64; 6],
-    file: FileRef,
-) {
     let pending = Pending {
         syscall: syscall as u16,
         flags,
         fd,
         args,
-        file,
+        file: emit::no_file(),
     };
     if let Some(slot) = INFLIGHT.get_ptr_mut(tid) {
         // SAFETY: a pointer to a live map value; only this thread's programs use its slot, one

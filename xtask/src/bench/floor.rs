@@ -4,8 +4,8 @@
 //! Enabling a syscall tracepoint costs every call something before any program does work; what
 //! an empty program costs there is the least any tracer on those hooks can cost. The programs
 //! are two instructions (`r0 = 0; exit`), loaded with the raw `bpf(2)` system call so that the
-//! floor shares no code with shmtrace: plain tracepoint programs on the 27 `syscalls/sys_*`
-//! tracepoints shmtrace uses (both ends of most calls, the exit only of those it traces there)
+//! floor shares no code with shmtrace: plain tracepoint programs on the 26 `syscalls/sys_*`
+//! tracepoints shmtrace uses (both ends of most calls, the one end of those it traces at one)
 //! and `oom/mark_victim`, raw tracepoint programs on the five scheduler and signal tracepoints.
 //! Everything is detached when the process exits.
 //!
@@ -229,7 +229,9 @@ pub fn attach_all(records: bool) -> Result<Attached> {
     held.push(attach_tracepoint(&tracepoint, "oom", "mark_victim")?);
     for call in Syscall::ALL {
         for phase in ["enter", "exit"] {
-            if phase == "enter" && call.traced_at_exit_only() {
+            if phase == "enter" && call.traced_at_exit_only()
+                || phase == "exit" && call.traced_at_entry_only()
+            {
                 continue;
             }
             let name = format!("sys_{phase}_{}", call.name());

@@ -1,7 +1,7 @@
 //! What the programs attach to. Each entry program is named after its tracepoint; one exit
 //! program, `sys_exit`, serves the `sys_exit_*` tracepoints of the calls traced at both ends.
 //! The calls traced at their exit only have no entry program, and an exit program of their own
-//! named after its tracepoint.
+//! named after its tracepoint; the one traced at its entry only (`close`) has no exit program.
 use std::path::Path;
 
 use shmtrace_common::Syscall;
@@ -79,6 +79,9 @@ pub fn all() -> Vec<Hook> {
             category: "syscalls",
             name: enter,
         });
+        if call.traced_at_entry_only() {
+            continue;
+        }
         hooks.push(Hook::Tracepoint {
             program: EXIT_PROGRAM.to_owned(),
             category: "syscalls",
@@ -158,7 +161,7 @@ mod tests {
         );
         // Attach points: each entry program to its own call's tracepoint, the shared exit
         // program to the exit of every call traced at both ends, an exit-only call's program
-        // to its own exit, and no tracepoint twice.
+        // to its own exit, nothing to an entry-only call's exit, and no tracepoint twice.
         let mut attach_points = BTreeSet::new();
         for hook in &hooks {
             if let Hook::Tracepoint {
@@ -187,7 +190,10 @@ mod tests {
         for call in Syscall::ALL {
             for phase in ["enter", "exit"] {
                 let name = format!("sys_{phase}_{}", call.name());
-                let wanted = phase == "exit" || !call.traced_at_exit_only();
+                let wanted = match phase {
+                    "enter" => !call.traced_at_exit_only(),
+                    _ => !call.traced_at_entry_only(),
+                };
                 assert_eq!(
                     attach_points.contains(&("syscalls", name.clone())),
                     wanted,
@@ -199,7 +205,14 @@ mod tests {
             .iter()
             .filter(|call| call.traced_at_exit_only())
             .count();
-        assert_eq!(exit_only, 5);
-        assert_eq!(attach_points.len(), 2 * Syscall::ALL.len() - exit_only + 1);
+        let entry_only = Syscall::ALL
+            .iter()
+            .filter(|call| call.traced_at_entry_only())
+            .count();
+        assert_eq!((exit_only, entry_only), (5, 1));
+        assert_eq!(
+            attach_points.len(),
+            2 * Syscall::ALL.len() - exit_only - entry_only + 1
+        );
     }
 }
