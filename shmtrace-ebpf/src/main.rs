@@ -6,6 +6,13 @@
 //! records and loss counting).
 #![no_std]
 #![no_main]
+// The BPF target's `core` has atomic loads and stores but not `AtomicU64::fetch_or`: the
+// intrinsics give LLVM's atomic OR and AND, which BPF has (`scope`'s `FOLLOWED` bitmap).
+#![feature(core_intrinsics)]
+#![allow(
+    internal_features,
+    reason = "core::intrinsics::atomic_{or,and}, see above"
+)]
 
 mod emit;
 mod kernel;

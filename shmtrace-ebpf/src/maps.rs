@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use shmtrace_common::{Config, FileRef, KernelOffsets, Loss, PATH_LEN};
+use shmtrace_common::{Config, FileRef, KernelOffsets, Loss, PATH_LEN, targets::FOLLOWED_WORDS};
 
 #[unsafe(no_mangle)]
 pub static CONFIG: Global<Config> = Global::new(Config {
@@ -55,9 +55,20 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
 
-/// Traced processes (thread-group ids), with `shmtrace_common::targets` bits.
+/// Traced processes (thread-group ids), with `shmtrace_common::targets` bits. Reached through
+/// `scope`, which keeps `FOLLOWED` in step.
 #[map]
 pub static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
+
+/// One bit per thread-group id, set while the process is in `TARGETS` (and, briefly, around
+/// its insertion and removal): a clear bit rules a process out with one array load, which the
+/// verifier inlines, where `TARGETS` takes a hash lookup that every process on the host pays on
+/// every traced call. Set and cleared with atomic operations, by the probes and by userspace
+/// through a shared mapping (hence `BPF_F_MMAPABLE`). 512 KiB.
+#[map]
+pub static FOLLOWED: Array<u64> = Array::with_max_entries(FOLLOWED_WORDS, BPF_F_MMAPABLE);
+/// `BPF_F_MMAPABLE` (UAPI).
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Mount namespaces (inode numbers) of traced containers, with the host pid of each one's
 /// first process (0 if unknown).

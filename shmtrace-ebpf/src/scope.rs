@@ -2,26 +2,88 @@
 //!
 //! A process is traced when it is in `TARGETS` (a traced command or pid, followed through fork),
 //! when its container matches (mount namespace or cgroup v2 id), or, for /dev/shm calls, in
-//! host-wide mode. Everything else returns after one or two map lookups.
+//! host-wide mode. `TARGETS` is read and written here only, behind the `FOLLOWED` bitmap: a
+//! process whose bit is clear is not in it, which one array load tells. Tracing a command or
+//! pids, everything else returns after that load; following containers, after one or two map
+//! lookups more.
 //!
 //! While a followed container is not running, processes outside shmtrace's own mount
 //! namespace are reported too, flagged `HELD` and not followed: userspace keeps those records
 //! until it learns the container's namespace, then keeps the container's and drops the rest.
 //! Without this, a container's first processes would run before userspace (polling its
 //! runtime) had put the container's namespace in `TARGET_MNTNS`.
+use core::intrinsics::{AtomicOrdering, atomic_and, atomic_or};
+
 use aya_ebpf::helpers::bpf_get_current_cgroup_id;
 use shmtrace_common::{
     KernelOffsets, flags,
-    targets::{MAPPED, TRACKED},
+    targets::{MAPPED, TRACKED, followed_bit},
 };
 
 use crate::{
     kernel,
-    maps::{CONFIG, HOLD_NOW, HOLD_OUTSIDE, HOLD_OWN, TARGET_CGROUPS, TARGET_MNTNS, TARGETS},
+    maps::{
+        CONFIG, FOLLOWED, HOLD_NOW, HOLD_OUTSIDE, HOLD_OWN, TARGET_CGROUPS, TARGET_MNTNS, TARGETS,
+    },
 };
 
 /// `BPF_NOEXIST`: insert only if absent.
 const NOEXIST: u64 = 1;
+
+/// `tgid`'s word of `FOLLOWED`, and its bit there; `None` for an id beyond the bitmap, which the
+/// kernel never gives.
+#[inline(always)]
+fn followed_word(tgid: u32) -> Option<(*mut u64, u64)> {
+    let (index, bit) = followed_bit(tgid);
+    Some((FOLLOWED.get_ptr_mut(index)?, bit))
+}
+
+/// Whether the process may be in `TARGETS`: `false` means it is not.
+#[inline(always)]
+fn may_be_target(tgid: u32) -> bool {
+    // A volatile load: LLVM's BPF backend has no atomic load for this CPU version, and an
+    // aligned 8-byte load is one instruction, which no concurrent atomic update can tear.
+    // SAFETY: a live, 8-byte aligned array element.
+    followed_word(tgid).is_none_or(|(word, bit)| unsafe { word.read_volatile() } & bit != 0)
+}
+
+/// Whether the process is in `TARGETS`.
+#[inline(always)]
+pub fn is_target(tgid: u32) -> bool {
+    may_be_target(tgid) && TARGETS.get_ptr(tgid).is_some()
+}
+
+/// The process's `TARGETS` bits, if it is there.
+#[inline(always)]
+pub fn target_bits(tgid: u32) -> Option<u32> {
+    if !may_be_target(tgid) {
+        return None;
+    }
+    // SAFETY: a pointer to a live map value.
+    TARGETS.get_ptr(tgid).map(|bits| unsafe { *bits })
+}
+
+/// Puts the process in `TARGETS` with `bits` (`flags` as for a map update). Its bit is set
+/// first: a reader between the two finds it absent from `TARGETS`, as before.
+#[inline(always)]
+pub fn add_target(tgid: u32, bits: u32, flags: u64) {
+    if let Some((word, bit)) = followed_word(tgid) {
+        // SAFETY: as in `may_be_target`.
+        unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(word, bit) };
+    }
+    let _ = TARGETS.insert(tgid, bits, flags);
+}
+
+/// Takes the process out of `TARGETS`, at its exit. Its id cannot name another process before
+/// this returns, so clearing its bit cannot hide one.
+#[inline(always)]
+pub fn remove_target(tgid: u32) {
+    let _ = TARGETS.remove(tgid);
+    if let Some((word, bit)) = followed_word(tgid) {
+        // SAFETY: as in `may_be_target`.
+        unsafe { atomic_and::<u64, u64, { AtomicOrdering::Relaxed }>(word, !bit) };
+    }
+}
 
 /// Whether the current process is followed (targets, or its container). Returns the header
 /// flags to use, and records a container match in `TARGETS` so later checks are one lookup.
@@ -32,7 +94,7 @@ pub fn tracked(tgid: u32) -> Option<u16> {
     if tgid == config.self_tgid {
         return None;
     }
-    if TARGETS.get_ptr(tgid).is_some() {
+    if is_target(tgid) {
         return Some(0);
     }
     if config.match_containers == 0 {
@@ -40,7 +102,7 @@ pub fn tracked(tgid: u32) -> Option<u16> {
     }
     let mntns = kernel::current_mntns(&kernel::offsets());
     if mntns_followed(mntns) || current_cgroup_followed() {
-        let _ = TARGETS.insert(tgid, TRACKED, NOEXIST);
+        add_target(tgid, TRACKED, NOEXIST);
         return Some(flags::CONTAINER_MATCH);
     }
     if held(mntns) {
@@ -54,7 +116,7 @@ pub fn tracked(tgid: u32) -> Option<u16> {
 /// and has made no traced call since is in no map yet, but its container is.
 #[inline(always)]
 pub fn task_followed(target_pid: u32, task: u64) -> bool {
-    if TARGETS.get_ptr(target_pid).is_some() {
+    if is_target(target_pid) {
         return true;
     }
     CONFIG.load().match_containers != 0
@@ -118,28 +180,36 @@ pub fn in_scope(tgid: u32) -> Option<u16> {
 /// and signals are reported too.
 #[inline(always)]
 pub fn follow(tgid: u32) {
-    let _ = TARGETS.insert(tgid, TRACKED, NOEXIST);
+    add_target(tgid, TRACKED, NOEXIST);
 }
 
 /// Marks the process as holding /dev/shm mappings.
 #[inline(always)]
 pub fn mark_mapped(tgid: u32) {
-    match TARGETS.get_ptr_mut(tgid) {
+    let bits = if may_be_target(tgid) {
+        TARGETS.get_ptr_mut(tgid)
+    } else {
+        None
+    };
+    match bits {
         // SAFETY: a pointer to a live map value.
         Some(bits) => unsafe { *bits |= MAPPED },
-        None => {
-            let _ = TARGETS.insert(tgid, TRACKED | MAPPED, 0);
-        }
+        None => add_target(tgid, TRACKED | MAPPED, 0),
     }
 }
 
 #[inline(always)]
 pub fn has_mappings(tgid: u32) -> bool {
-    // SAFETY: a pointer to a live map value.
-    TARGETS
-        .get_ptr(tgid)
-        .map(|bits| unsafe { *bits } & MAPPED != 0)
-        .unwrap_or(false)
+    target_bits(tgid).is_some_and(|bits| bits & MAPPED != 0)
+}
+
+/// Whether the current call's `sys_exit` may find it stashed: not for a process outside
+/// `TARGETS` when only `TARGETS` puts processes in scope (no host-wide mode, no containers,
+/// hence no held processes). Spares every other process on the host an `INFLIGHT` lookup.
+#[inline(always)]
+pub fn may_have_stashed(tgid: u32) -> bool {
+    let config = CONFIG.load();
+    config.all != 0 || config.match_containers != 0 || may_be_target(tgid)
 }
 
 #[inline(always)]

@@ -18,7 +18,7 @@ use shmtrace_common::{
 };
 
 use super::syscall::{self, ids};
-use crate::{emit, kernel, maps::TARGETS, scope};
+use crate::{emit, kernel, scope};
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
@@ -52,12 +52,8 @@ fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
 #[inline(always)]
 fn inherit(tgid: u32, child_pid: u32) {
     // The child inherits the parent's descriptors and mappings, hence its bits.
-    // SAFETY: a pointer to a live map value.
-    let bits = TARGETS
-        .get_ptr(tgid)
-        .map(|b| unsafe { *b })
-        .unwrap_or(TRACKED);
-    let _ = TARGETS.insert(child_pid, bits, 0);
+    let bits = scope::target_bits(tgid).unwrap_or(TRACKED);
+    scope::add_target(child_pid, bits, 0);
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
@@ -75,7 +71,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
     let mut flags = scope::tracked(tgid)?;
     if flags & header_flags::HELD == 0 {
         // The old mappings are gone with the old program.
-        let _ = TARGETS.insert(tgid, TRACKED, 0);
+        scope::add_target(tgid, TRACKED, 0);
     }
 
     let mut entry = emit::reserve::<ExecEvent>(EventKind::Exec)?;
@@ -143,7 +139,7 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
         return None; // a thread; the process ends with its leader
     }
     let flags = scope::tracked(tgid)?;
-    let _ = TARGETS.remove(tgid);
+    scope::remove_target(tgid);
     if flags & header_flags::HELD == 0 {
         scope::container_ending(tgid, task, &off);
     }
@@ -175,7 +171,9 @@ fn try_rename(ctx: &RawTracePointContext) -> Option<()> {
     let flags = if target_pid == tgid {
         scope::tracked(tgid)?
     } else {
-        TARGETS.get_ptr(target_pid)?;
+        if !scope::is_target(target_pid) {
+            return None;
+        }
         0
     };
     let mut new_comm = [0u8; 16];

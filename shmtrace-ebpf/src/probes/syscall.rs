@@ -276,6 +276,9 @@ pub fn sys_exit(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn on_exit(ctx: &TracePointContext) {
     let (tgid, tid) = ids();
+    if !scope::may_have_stashed(tgid) {
+        return;
+    }
     let Some(slot) = INFLIGHT.get_ptr_mut(tid) else {
         return;
     };

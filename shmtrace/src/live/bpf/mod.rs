@@ -7,6 +7,7 @@
 //! everything: nothing is pinned, so nothing outlives the process.
 mod btf;
 mod detach;
+mod followed;
 mod hooks;
 mod offsets;
 mod preflight;

@@ -15,6 +15,7 @@ use crate::kernel_ids;
 
 use super::{
     BpfError, EBPF_OBJECT, KERNEL_BTF, detach,
+    followed::FollowedBitmap,
     hooks::{self, Hook},
     offsets, preflight,
 };
@@ -58,6 +59,7 @@ pub struct Tracer {
     // Field order is drop order: maps go before the programs they belong to.
     events: Option<RingBuf<MapData>>,
     targets: HashMap<MapData, u32, u32>,
+    followed: FollowedBitmap,
     target_mntns: HashMap<MapData, u32, u32>,
     target_cgroups: HashMap<MapData, u64, u32>,
     hold_outside: Array<MapData, u32>,
@@ -121,6 +123,17 @@ impl Tracer {
             links,
             events: Some(take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?),
             targets: take_map(&mut ebpf, "TARGETS", HashMap::try_from)?,
+            followed: FollowedBitmap::map(take_map(&mut ebpf, "FOLLOWED", Array::try_from)?)
+                .map_err(|io_error| {
+                    map_error(
+                        "FOLLOWED",
+                        aya::sys::SyscallError {
+                            call: "mmap",
+                            io_error,
+                        }
+                        .into(),
+                    )
+                })?,
             target_mntns: take_map(&mut ebpf, "TARGET_MNTNS", HashMap::try_from)?,
             target_cgroups: take_map(&mut ebpf, "TARGET_CGROUPS", HashMap::try_from)?,
             hold_outside,
@@ -138,6 +151,7 @@ impl Tracer {
 
     /// Follows process `pid` (a thread-group id) and, through fork, its descendants.
     pub fn add_target(&mut self, pid: u32) -> Result<(), BpfError> {
+        self.followed.set(pid);
         self.targets
             .insert(pid, TRACKED, 0)
             .map_err(|e| map_error("TARGETS", e))
