@@ -61,7 +61,7 @@ enum Task {
     /// Run a command with empty BPF programs on shmtrace's hooks: the floor of tracing cost.
     #[command(hide = true)]
     Floor {
-        /// Write one (empty) record per call exit into a ring buffer: the floor of a tracer that
+        /// Write one (empty) record per call into a ring buffer, where shmtrace reports it: the floor of a tracer that
         /// reports every call.
         #[arg(long)]
         records: bool,

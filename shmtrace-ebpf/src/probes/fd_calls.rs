@@ -3,9 +3,8 @@
 //! A descriptor counts when its inode's file system is a known /dev/shm (`SHM_DEVS`), so
 //! descriptors received over a socket (PyTorch passes them with SCM_RIGHTS) count too.
 //!
-//! `close` is traced at its entry only, while its descriptor still refers to its file, and
-//! reported as succeeding: the descriptor is released whatever the call returns
-//! (`Syscall::traced_at_entry_only`). The others are traced at their exit only.
+//! `close` is traced at its entry only, and reported as succeeding (why:
+//! `Syscall::traced_at_entry_only`). The others are traced at their exit only.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 

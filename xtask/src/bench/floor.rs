@@ -9,10 +9,11 @@
 //! and `oom/mark_victim`, raw tracepoint programs on the five scheduler and signal tracepoints.
 //! Everything is detached when the process exits.
 //!
-//! The record floor is the least a tracer that reports every call can cost: on each call's exit
-//! its program reserves a record the size of shmtrace's call record in a ring buffer and submits
-//! it, unwritten, without waking the reader, for every process (no scope check). Its ring is
-//! drained by a thread ([`floor_ring`](super::floor_ring)).
+//! The record floor is the least a tracer that reports every call can cost: where shmtrace
+//! reports a call (its exit, or the entry of `close`), its program reserves a record the size of
+//! shmtrace's call record in a ring buffer and submits it, unwritten, without waking the reader,
+//! for every process (no scope check). Its ring is drained by a thread
+//! ([`floor_ring`](super::floor_ring)).
 use std::{
     ffi::CString,
     fs,
@@ -212,13 +213,15 @@ pub struct Attached {
     _ring: Option<DrainedRing>,
 }
 
-/// Attaches an empty program to every hook, or with `records`, the record program to every
-/// call's exit.
+/// Attaches an empty program to every hook, or with `records`, the record program to the end of
+/// every call where shmtrace reports it.
 pub fn attach_all(records: bool) -> Result<Attached> {
     let tracepoint = load(BPF_PROG_TYPE_TRACEPOINT, &EMPTY_PROGRAM)?;
     let raw = load(BPF_PROG_TYPE_RAW_TRACEPOINT, &EMPTY_PROGRAM)?;
     let ring = records.then(DrainedRing::create).transpose()?;
-    let exit = match &ring {
+    // The end of each call where shmtrace writes its record: the exit, or the entry of a call
+    // traced there only.
+    let reporting = match &ring {
         Some(ring) => load(BPF_PROG_TYPE_TRACEPOINT, &record_program(ring.map_fd()))?,
         None => tracepoint.try_clone()?,
     };
@@ -235,11 +238,15 @@ pub fn attach_all(records: bool) -> Result<Attached> {
                 continue;
             }
             let name = format!("sys_{phase}_{}", call.name());
-            let program = if phase == "exit" { &exit } else { &tracepoint };
+            let program = if phase == "exit" || call.traced_at_entry_only() {
+                &reporting
+            } else {
+                &tracepoint
+            };
             held.push(attach_tracepoint(program, "syscalls", &name)?);
         }
     }
-    held.extend([tracepoint, raw, exit]);
+    held.extend([tracepoint, raw, reporting]);
     Ok(Attached {
         _links: held,
         _ring: ring,

@@ -49,6 +49,20 @@ impl ProbeReport {
     pub fn probe(&self, name: &str) -> Option<&ProbeCost> {
         self.probes.iter().find(|p| p.name == name)
     }
+
+    /// Nanoseconds in all programs per object of the loop.
+    pub fn ns_per_object(&self) -> f64 {
+        self.total_ns() as f64 / self.objects.max(1) as f64
+    }
+
+    pub fn runs_per_object(&self) -> f64 {
+        self.probes.iter().map(|p| p.runs).sum::<u64>() as f64 / self.objects.max(1) as f64
+    }
+}
+
+/// `ns` as a percentage of an object that takes `untraced_us` untraced.
+pub fn percent_of(ns: f64, untraced_us: f64) -> f64 {
+    ns / 10.0 / untraced_us
 }
 
 /// Whose programs are timed, and how the workload runs beside them.
@@ -60,7 +74,7 @@ pub enum Subject<'a> {
     /// what shmtrace's programs cost every other process on the host.
     BesideIdle,
     /// Empty programs on the same hooks (`xtask floor -- WORKLOAD`): what any program there
-    /// costs, the least of it. With `records`, one record per call exit: the least a tracer
+    /// costs, the least of it. With `records`, one record per call: the least a tracer
     /// that reports every call costs.
     Floor { records: bool },
 }

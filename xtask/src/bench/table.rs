@@ -3,7 +3,7 @@
 use super::{
     VariantResult,
     pairs::{PairMode, PairOutcome},
-    probes::{ProbeCost, ProbeReport},
+    probes::{ProbeCost, ProbeReport, percent_of},
     stats::Spread,
     variants::Outcome,
 };
@@ -256,22 +256,18 @@ pub fn above_record_floor(
     floor: &ProbeReport,
     untraced_us: Option<f64>,
 ) -> String {
-    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
-    let runs = |r: &ProbeReport| {
-        r.probes.iter().map(|p| p.runs).sum::<u64>() as f64 / r.objects.max(1) as f64
-    };
-    let above = per_object(traced) - per_object(floor);
+    let above = traced.ns_per_object() - floor.ns_per_object();
     format!(
-        "\nThe record floor (an empty record reserved and submitted at every call's exit, for \
-         every process) spends {:.0} ns per object in {:.2} program runs; shmtrace's programs, \
-         {:.0} ns in {:.2}: {above:.0} ns more per traced object{}.\n",
-        per_object(floor),
-        runs(floor),
-        per_object(traced),
-        runs(traced),
+        "\nThe record floor (an empty record reserved and submitted for every call, where shmtrace \
+         reports it, for every process) spends {:.0} ns per object in {:.2} program runs; \
+         shmtrace's programs, {:.0} ns in {:.2}: {above:.0} ns more per traced object{}.\n",
+        floor.ns_per_object(),
+        floor.runs_per_object(),
+        traced.ns_per_object(),
+        traced.runs_per_object(),
         untraced_us.map_or(String::new(), |us| format!(
             ", {:.2}% of an untraced object ({us:.2} µs)",
-            above / 10.0 / us
+            percent_of(above, us)
         )),
     )
 }
@@ -284,7 +280,8 @@ pub fn cost_to_others(
     floor: Option<&ProbeReport>,
     untraced_us: Option<f64>,
 ) -> String {
-    let share = |ns: f64| untraced_us.map_or("-".into(), |us| format!("{:.2}%", ns / 10.0 / us));
+    let share =
+        |ns: f64| untraced_us.map_or("-".into(), |us| format!("{:.2}%", percent_of(ns, us)));
     let row = |label: &str, report: &ProbeReport| {
         let objects = report.objects.max(1) as f64;
         let runs: u64 = report.probes.iter().map(|p| p.runs).sum();
@@ -313,9 +310,8 @@ pub fn cost_to_others(
         rows.push(row("empty programs (floor)", floor));
     }
     let mut out = markdown(&rows);
-    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
     if let Some(floor) = floor {
-        let above = per_object(idle) - per_object(floor);
+        let above = idle.ns_per_object() - floor.ns_per_object();
         out += &format!(
             "\nAbove the floor, shmtrace's programs cost a process they do not trace {above:.0} ns \
              per object ({} of its loop{}).\n",

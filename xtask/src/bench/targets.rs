@@ -16,7 +16,7 @@ use super::{
     VariantResult,
     daemon::{Daemon, sample, status_kib, sum_of},
     measure::{self, Running},
-    probes::ProbeReport,
+    probes::{ProbeReport, percent_of},
     reported,
     stats::Spread,
     storm,
@@ -202,10 +202,9 @@ pub fn idle_programs(
     floor: &ProbeReport,
     untraced_us: Option<f64>,
 ) -> Row {
-    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
-    let above = per_object(idle) - per_object(floor);
+    let above = idle.ns_per_object() - floor.ns_per_object();
     let share = untraced_us.map_or(String::new(), |us| {
-        format!(", {:.2}% of an untraced object", above / 10.0 / us)
+        format!(", {:.2}% of an untraced object", percent_of(above, us))
     });
     Row::new(
         &format!("{case}: (not a target) --pid OTHER: shmtrace's programs above the floor's"),
@@ -215,7 +214,7 @@ pub fn idle_programs(
 }
 
 /// Not a target of its own: shmtrace's programs per traced object, above the record floor's
-/// (one empty record per call exit, for every process): what shmtrace does beyond what any
+/// (one empty record per call, for every process): what shmtrace does beyond what any
 /// tracer that reports every call must, exactly, where the timed rounds cannot resolve it.
 pub fn traced_programs(
     case: &str,
@@ -223,18 +222,17 @@ pub fn traced_programs(
     record_floor: &ProbeReport,
     untraced_us: Option<f64>,
 ) -> Row {
-    let per_object = |r: &ProbeReport| r.total_ns() as f64 / r.objects.max(1) as f64;
-    let above = per_object(traced) - per_object(record_floor);
+    let above = traced.ns_per_object() - record_floor.ns_per_object();
     let share = untraced_us.map_or(String::new(), |us| {
-        format!(", {:.2}% of an untraced object", above / 10.0 / us)
+        format!(", {:.2}% of an untraced object", percent_of(above, us))
     });
     Row::new(
         &format!("{case}: (not a target) traced: shmtrace's programs above the record floor's"),
         format!(
             "{:.0} ns per object against {:.0}: {above:.0} ns more{share} (BPF run-time \
              statistics)",
-            per_object(traced),
-            per_object(record_floor)
+            traced.ns_per_object(),
+            record_floor.ns_per_object()
         ),
         None,
     )

@@ -37,7 +37,7 @@ enum Kind {
     /// `shmtrace --all` running beside the workload, which it traces as one process among all.
     ShmtraceAll,
     /// Empty BPF programs on shmtrace's hooks (`cargo xtask floor`): the least any tracer on
-    /// those hooks can cost. With `records`, one record per call exit: the least a tracer that
+    /// those hooks can cost. With `records`, one record per call: the least a tracer that
     /// reports every call can cost.
     Floor {
         records: bool,
@@ -67,7 +67,7 @@ pub const ALL: [Variant; 12] = [
     },
     Variant {
         name: "floor-records",
-        label: "a record per call exit (record floor)",
+        label: "an empty record per call (record floor)",
         kind: Kind::Floor { records: true },
     },
     Variant {

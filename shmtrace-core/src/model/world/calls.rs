@@ -122,11 +122,13 @@ impl World {
                         self.object_entry(inode, event.mntns, event.ts_ns).mappings += 1;
                     }
                     // close releases the descriptor even when it reports an error, except EBADF.
+                    // What it releases is what the descriptor holds now: the probes read the
+                    // file at entry, and another thread may have closed and reused the number
+                    // in between (the record's file is then already released).
                     Syscall::Close if call.errno() != Some(libc::EBADF) => {
                         let process = self.processes.get_mut(&event.pid).expect("ensured");
-                        let removed = call.fd.and_then(|fd| process.fds.remove(&fd));
-                        if removed.is_some() {
-                            self.release(vec![inode], Vec::new(), note);
+                        if let Some(removed) = call.fd.and_then(|fd| process.fds.remove(&fd)) {
+                            self.release(vec![removed.inode], Vec::new(), note);
                         }
                     }
                     _ => {}
@@ -185,3 +187,7 @@ impl World {
         self.objects.get(&open.inode)?.path.clone()
     }
 }
+
+#[cfg(test)]
+#[path = "calls_tests.rs"]
+mod tests;

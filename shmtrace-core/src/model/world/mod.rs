@@ -5,6 +5,8 @@ use std::{collections::VecDeque, sync::Arc};
 mod calls;
 mod objects;
 mod retention;
+#[cfg(test)]
+mod test_events;
 
 pub use retention::{Evictions, QUIET_LINGER_NS, Retention};
 

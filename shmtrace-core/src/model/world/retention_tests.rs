@@ -1,42 +1,9 @@
 //! Forgetting, fed decoded events built in code as the probes would send them.
 use super::*;
-use crate::event::{Body, Call, Event, ExitStatus, FileRef, InodeId, Syscall};
-
-const MNTNS: u32 = 4026531841;
-const DEV: u32 = 47;
-const SECOND: u64 = 1_000_000_000;
-
-fn event(ts_ns: u64, pid: u32, body: Body) -> Event {
-    Event {
-        ts_ns,
-        cpu: 0,
-        pid,
-        tid: pid,
-        comm: "worker".to_owned(),
-        mntns: MNTNS,
-        cgroup_id: 1,
-        container_match: false,
-        body,
-    }
-}
-
-fn call(syscall: Syscall, ino: u64, path: Option<&str>, args: [u64; 6]) -> Body {
-    Body::Call(Call {
-        syscall,
-        fd: Some(3),
-        ret: 3,
-        args,
-        file: Some(FileRef {
-            inode: InodeId { dev: DEV, ino },
-            mode: libc::S_IFREG | 0o600,
-            size: 4096,
-            allocated: 4096,
-        }),
-        path: path.map(str::to_owned),
-        path_truncated: false,
-        relative_to_shm: false,
-    })
-}
+use crate::{
+    event::{Body, ExitStatus, Syscall},
+    model::world::test_events::{DEV, MNTNS, SECOND, call, event},
+};
 
 /// A child of pid 1 that creates `/dev/shm/obj-N`, then removes it (unless `leave`), and
 /// exits: the events of its whole life, starting at `ts`.

@@ -1,7 +1,7 @@
 //! Detaching the programs without making the user wait for the kernel.
 //!
 //! Detaching a syscall tracepoint waits for RCU grace periods under a lock the kernel holds
-//! for every tracepoint, so shmtrace's 33 attachments take 1 to 1.5 s to let go, however they
+//! for every tracepoint, so shmtrace's 32 attachments take 1 to 1.5 s to let go, however they
 //! are closed (measured in docs/BENCHMARKS.md). Nothing of shmtrace's output depends on that
 //! wait. So at the end short-lived `shmtrace-detach` processes take over the last references
 //! to the attachments and let the kernel release them, while shmtrace itself exits at once.

@@ -44,7 +44,8 @@ impl FollowedBitmap {
         if address == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        let words = NonNull::new(address.cast()).ok_or_else(std::io::Error::last_os_error)?;
+        let words = NonNull::new(address.cast())
+            .ok_or_else(|| std::io::Error::other("mmap of FOLLOWED returned address 0"))?;
         Ok(FollowedBitmap { words, _map: map })
     }
 

@@ -20,6 +20,9 @@ use super::{
     offsets, preflight,
 };
 
+/// `BPF_NOEXIST`: insert only if absent.
+const BPF_NOEXIST: u64 = 1;
+
 /// Slots of the `HOLD_OUTSIDE` map: holding now (shmtrace's namespace, or 0), and shmtrace's
 /// namespace, for the probes to start holding themselves when a container stops.
 const HOLD_NOW: u32 = 0;
@@ -149,12 +152,25 @@ impl Tracer {
         self.events.take()
     }
 
-    /// Follows process `pid` (a thread-group id) and, through fork, its descendants.
+    /// Follows process `pid` (a thread-group id) and, through fork, its descendants. A process
+    /// the probes follow already (a container's, met through its namespace) keeps its bits.
+    ///
+    /// Its `FOLLOWED` bit is set before the insertion, so the probes look it up from then on,
+    /// and again after: had the process exited in between, the probes may have cleared the bit
+    /// and the insertion left a slot for a dead pid, which must not look absent from `TARGETS`
+    /// (a set bit only costs a lookup).
     pub fn add_target(&mut self, pid: u32) -> Result<(), BpfError> {
         self.followed.set(pid);
-        self.targets
-            .insert(pid, TRACKED, 0)
-            .map_err(|e| map_error("TARGETS", e))
+        let inserted = match self.targets.insert(pid, TRACKED, BPF_NOEXIST) {
+            Err(aya::maps::MapError::SyscallError(error))
+                if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                Ok(())
+            }
+            other => other.map_err(|e| map_error("TARGETS", e)),
+        };
+        self.followed.set(pid);
+        inserted
     }
 
     /// Follows every process in mount namespace `inum` (a container whose first process is
