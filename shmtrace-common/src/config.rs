@@ -28,6 +28,9 @@ pub struct KernelOffsets {
     pub task_tgid: u32,
     pub task_comm: u32,
     pub task_exit_code: u32,
+    pub task_signal: u32,
+    /// `signal_struct.live.counter`: the process's threads not yet exiting.
+    pub signal_live: u32,
     pub task_nsproxy: u32,
     pub task_files: u32,
     pub task_fs: u32,

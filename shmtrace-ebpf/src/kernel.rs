@@ -160,6 +160,19 @@ pub fn current_mntns(off: &KernelOffsets) -> Option<u32> {
     }
 }
 
+/// Whether the current task is its process's last thread to exit, in `sched_process_exit`:
+/// `do_exit` counts it out of `signal_struct.live` before that tracepoint. Whichever thread
+/// goes last, the leader or not (a leader may leave first with `pthread_exit`, and is replaced
+/// when another thread execs), its exit is the process's.
+#[inline(always)]
+pub fn current_group_dead(off: &KernelOffsets) -> Option<bool> {
+    // SAFETY: typed pointers all the way down; `live.counter` is an `int`.
+    unsafe {
+        let signal = pointer_field(current_btf(), off.task_signal)?;
+        Some(field::<i32>(signal, off.signal_live) == 0)
+    }
+}
+
 /// `struct inode *` behind the current task's descriptor `fd`.
 #[inline(always)]
 pub fn fd_inode(fd: i32, off: &KernelOffsets) -> Option<u64> {

@@ -21,6 +21,8 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     task_tgid: 0,
     task_comm: 0,
     task_exit_code: 0,
+    task_signal: 0,
+    signal_live: 0,
     task_nsproxy: 0,
     task_files: 0,
     task_fs: 0,

@@ -230,6 +230,32 @@ fn openat2_memfd_and_partial_munmap() {
     assert_eq!(trace.events("exit")[0]["freed"][0], "/dev/shm/unmapped");
 }
 
+/// A process whose main thread leaves first (as with `pthread_exit`) lives on in its other
+/// threads: it
+/// stays traced, and its one exit is its last thread's.
+#[test]
+fn a_process_outlives_its_main_thread() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["leader-exits-first"]);
+    let kinds: Vec<&str> = trace
+        .records
+        .iter()
+        .filter(|r| r["path"] == "/dev/shm/after_the_leader" || r["event"] == "exit")
+        .filter_map(|r| r["event"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["openat", "ftruncate", "close", "unlink", "exit"],
+        "{}",
+        trace.dump()
+    );
+    let exit = &trace.events("exit")[0];
+    assert_ne!(
+        exit["tid"], exit["pid"],
+        "the last thread was not the main one"
+    );
+}
+
 #[test]
 fn failed_mode_keeps_failures_and_drops_successes() {
     let _guard = serial();

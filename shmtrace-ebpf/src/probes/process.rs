@@ -135,8 +135,8 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     let off = kernel::offsets();
     let (tgid, tid) = ids();
     syscall::forget_thread(tid);
-    if tgid != tid {
-        return None; // a thread; the process ends with its leader
+    if !kernel::current_group_dead(&off).unwrap_or(tgid == tid) {
+        return None; // other threads live on: the process ends with the last
     }
     let flags = scope::tracked(tgid)?;
     scope::remove_target(tgid);

@@ -53,6 +53,7 @@ fn main() {
         "hostile-name" => hostile_name(),
         "burst" => burst(rest),
         "threads" => threads(rest),
+        "leader-exits-first" => leader_exits_first(),
         "wait-then" => wait_then(rest),
         "exit" => exit(rest.first().and_then(|c| c.parse().ok()).unwrap_or(0)),
         _ => usage(),
@@ -373,6 +374,27 @@ fn threads(args: &[String]) {
         libc::close(fd);
         libc::unlink(c"/dev/shm/threads_0".as_ptr());
     }
+}
+
+/// The main thread leaves (as with `pthread_exit`) while another thread goes on to create,
+/// size and remove an object: the process lives until that thread is done.
+fn leader_exits_first() {
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let fd = open("/dev/shm/after_the_leader", CREATE);
+        // SAFETY: sizes and closes our own descriptor, unlinks a NUL-terminated literal path.
+        unsafe {
+            check(libc::ftruncate(fd, 8192) as i64, "ftruncate");
+            libc::close(fd);
+            libc::unlink(resident(c"/dev/shm/after_the_leader"));
+        }
+    });
+    // The raw `exit` system call ends the calling thread only. (`pthread_exit` would unwind
+    // through Rust's `main`, which aborts on a foreign unwind.)
+    // SAFETY: ends the main thread, which holds nothing the other thread needs; the process
+    // ends when that thread returns.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    unreachable!("the exit system call returned");
 }
 
 /// Reads a line from stdin (the test attaches in between), then runs the named scenario.

@@ -16,6 +16,8 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         task_tgid: at("task_struct", "tgid")?,
         task_comm: at("task_struct", "comm")?,
         task_exit_code: at("task_struct", "exit_code")?,
+        task_signal: at("task_struct", "signal")?,
+        signal_live: at("signal_struct", "live.counter")?,
         task_nsproxy: at("task_struct", "nsproxy")?,
         task_files: at("task_struct", "files")?,
         task_fs: at("task_struct", "fs")?,
