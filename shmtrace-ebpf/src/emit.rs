@@ -88,7 +88,11 @@ pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
 
 /// Hands a record to userspace. Waking the reader costs several microseconds in the traced
 /// call, so ordinary records do not (the reader also drains the ring on a timer); failures,
-/// signals and deaths wake it at once, and so does a ring filling up.
+/// signals and deaths wake it at once, and so does every record while the ring is more than
+/// `wakeup_bytes` full. That last cost (about a microsecond a record here) is deliberate: it
+/// slows a traced process that makes records faster than the reader takes them, and so keeps
+/// the trace whole. Waking the reader once per filling instead lost a quarter of the records
+/// of a 4 KiB churn whose reader had half a CPU, where this lost none (docs/BENCHMARKS.md).
 #[inline(always)]
 pub fn submit<T>(entry: RingBufEntry<T>, urgent: bool) {
     let flags = if urgent || EVENTS.query(BPF_RB_AVAIL_DATA) > CONFIG.load().wakeup_bytes as u64 {
