@@ -192,6 +192,13 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
     rows
 }
 
+/// ", N% of an untraced object", when the untraced object's time is known.
+fn share_of_untraced(ns: f64, untraced_us: Option<f64>) -> String {
+    untraced_us.map_or(String::new(), |us| {
+        format!(", {:.2}% of an untraced object", percent_of(ns, us))
+    })
+}
+
 /// Not a target of its own: the part of what `--pid OTHER` costs an untraced process that is
 /// shmtrace's own work, from run-time statistics. It is exact where the timed ratio above is
 /// lost in this machine's noise; the rest is the tracepoints' dispatch, which the floor pays
@@ -203,9 +210,7 @@ pub fn idle_programs(
     untraced_us: Option<f64>,
 ) -> Row {
     let above = idle.ns_per_object() - floor.ns_per_object();
-    let share = untraced_us.map_or(String::new(), |us| {
-        format!(", {:.2}% of an untraced object", percent_of(above, us))
-    });
+    let share = share_of_untraced(above, untraced_us);
     Row::new(
         &format!("{case}: (not a target) --pid OTHER: shmtrace's programs above the floor's"),
         format!("{above:.0} ns per object{share} (BPF run-time statistics)"),
@@ -223,9 +228,7 @@ pub fn traced_programs(
     untraced_us: Option<f64>,
 ) -> Row {
     let above = traced.ns_per_object() - record_floor.ns_per_object();
-    let share = untraced_us.map_or(String::new(), |us| {
-        format!(", {:.2}% of an untraced object", percent_of(above, us))
-    });
+    let share = share_of_untraced(above, untraced_us);
     Row::new(
         &format!("{case}: (not a target) traced: shmtrace's programs above the record floor's"),
         format!(
