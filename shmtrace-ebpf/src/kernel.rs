@@ -7,7 +7,7 @@
 //! failure.
 use aya_ebpf::{
     cty::c_void,
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel, generated},
+    helpers::{bpf_get_current_task, generated},
 };
 use shmtrace_common::{FileRef, KernelOffsets, Loss, PATH_LEN};
 
@@ -27,16 +27,29 @@ pub fn offsets() -> KernelOffsets {
 }
 
 #[inline(always)]
-fn read<T>(base: u64, offset: u32) -> Option<T> {
+fn read<T: Default>(base: u64, offset: u32) -> Option<T> {
     if base == 0 {
         return None;
     }
-    // SAFETY: bpf_probe_read_kernel tolerates any address; a bad one returns an error.
-    let value = unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T).ok() };
-    if value.is_none() {
+    // Read into a zeroed value, never a `MaybeUninit`: aya's `bpf_probe_read_kernel` leaves the
+    // payload of its error undefined, and LLVM may then compute with that payload on the error
+    // path (a select it resolves later). Verifiers before 6.18 refuse a read of such a
+    // register (`R1 !read_ok`, 6.1 and 6.12); a defined zero gives them nothing to refuse.
+    let mut value = T::default();
+    // SAFETY: `value` is a `T` on the stack, `size_of::<T>()` bytes; the helper tolerates any
+    // source address and zeroes the destination when it fails.
+    let failed = unsafe {
+        generated::bpf_probe_read_kernel(
+            &mut value as *mut T as *mut c_void,
+            core::mem::size_of::<T>() as u32,
+            (base + offset as u64) as *const c_void,
+        )
+    };
+    if failed != 0 {
         emit::count(Loss::KernelRead);
+        return None;
     }
-    value
+    Some(value)
 }
 
 #[inline(always)]

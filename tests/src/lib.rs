@@ -41,10 +41,15 @@ fn workspace() -> PathBuf {
         .to_owned()
 }
 
-/// The shmtrace binary, built once per test run from the workspace's current sources.
+/// The shmtrace binary, built once per test run from the workspace's current sources; or, in a
+/// guest of the kernel matrix (`cargo xtask vm-test`), which has no cargo, the one
+/// `SHMTRACE_BIN` names.
 pub fn shmtrace_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(prebuilt) = std::env::var_os("SHMTRACE_BIN") {
+            return PathBuf::from(prebuilt);
+        }
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
             .current_dir(workspace())

@@ -11,11 +11,13 @@
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
 //! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
 //! - `check-layers`: the modules of the core and the binary import only downwards.
+//! - `vm-load`, `vm-test`: the kernel matrix, Debian's kernels under qemu (docs/kernels.md).
 mod bench;
 mod ebpf;
 mod fuzz;
 mod gen_cri;
 mod layering;
+mod vm;
 
 use std::{path::PathBuf, process::Command};
 
@@ -55,6 +57,10 @@ enum Task {
     GenCri,
     /// Run every fuzz target for a fixed time from its seed corpus (nightly, cargo-fuzz).
     Fuzz(fuzz::FuzzArgs),
+    /// Load every program on each kernel of the matrix, under qemu (docs/kernels.md).
+    VmLoad(vm::VmArgs),
+    /// Run the `kernel_*` tests inside each kernel of the matrix, under qemu.
+    VmTest(vm::VmArgs),
     /// The benchmark's workload (run by `bench`).
     #[command(hide = true)]
     Churn(bench::ChurnArgs),
@@ -98,6 +104,8 @@ fn main() -> Result<()> {
         }
         Task::GenCri => gen_cri::run(),
         Task::Fuzz(args) => fuzz::run_all(&args),
+        Task::VmLoad(args) => vm::load(&args),
+        Task::VmTest(args) => vm::test(&args),
     }
 }
 

@@ -40,6 +40,14 @@ pub enum BpfError {
          or newer built with CONFIG_DEBUG_INFO_BTF=y"
     )]
     NoBtf { path: PathBuf },
+    #[error(
+        "this kernel is Linux {release}, and shmtrace needs Linux {}.{} or newer (its probes use \
+         BPF atomics, from 5.12, and the bpf_task_pt_regs helper, from 5.15): run it on a node \
+         with a newer kernel",
+        preflight::MINIMUM_KERNEL.0,
+        preflight::MINIMUM_KERNEL.1
+    )]
+    KernelTooOld { release: String },
     #[error("cannot read the kernel's BTF from {path}: {reason}")]
     BadBtf { path: PathBuf, reason: String },
     #[error(

@@ -43,6 +43,31 @@ pub(crate) fn effective_capabilities(status: &str) -> Result<u64, BpfError> {
     u64::from_str_radix(hex.trim(), 16).map_err(|_| unreadable("its CapEff line is not hex"))
 }
 
+/// The oldest kernel the probes load on: they use BPF atomic OR and AND (5.12) and
+/// `bpf_task_pt_regs` (5.15). An older kernel's verifier refuses them with a dump that names
+/// neither, so the kernel's release is checked first.
+pub const MINIMUM_KERNEL: (u32, u32) = (5, 15);
+
+pub fn check_kernel_version() -> Result<(), BpfError> {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|text| text.trim().to_owned())
+        .unwrap_or_default();
+    // A release that does not parse (a vendor's odd scheme) is let through: the loader's own
+    // errors then speak.
+    match kernel_version(&release) {
+        Some(version) if version < MINIMUM_KERNEL => Err(BpfError::KernelTooOld { release }),
+        _ => Ok(()),
+    }
+}
+
+/// `(major, minor)` of a kernel release such as `6.1.0-50-cloud-amd64`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 pub fn check_ring_buffer() -> Result<(), BpfError> {
     match aya::sys::is_map_supported(aya::maps::MapType::RingBuf) {
         Ok(true) => Ok(()),
@@ -101,6 +126,17 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn kernel_releases_parse_to_major_and_minor() {
+        assert_eq!(kernel_version("6.1.0-50-cloud-amd64"), Some((6, 1)));
+        assert_eq!(kernel_version("5.10.0-32-cloud-amd64"), Some((5, 10)));
+        assert_eq!(kernel_version("6.12.117+deb13-cloud-amd64"), Some((6, 12)));
+        assert_eq!(kernel_version("5.15.0-1050-aws"), Some((5, 15)));
+        assert_eq!(kernel_version("weird"), None);
+        assert!(kernel_version("5.10.0").unwrap() < MINIMUM_KERNEL);
+        assert!(kernel_version("5.15.0").unwrap() >= MINIMUM_KERNEL);
     }
 
     #[test]

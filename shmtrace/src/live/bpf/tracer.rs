@@ -77,6 +77,7 @@ impl Tracer {
     /// Checks the machine, loads the programs and attaches every one of them.
     pub fn load(options: &TracerOptions) -> Result<Tracer, BpfError> {
         preflight::check_privileges()?;
+        preflight::check_kernel_version()?;
         keep_large_blocks_apart();
         let size = options.ring_buffer_bytes;
         if size < 4096 || !size.is_power_of_two() {

@@ -1,0 +1,401 @@
+//! The kernel matrix: shmtrace on Debian's own kernels, booted under qemu.
+//!
+//! - `cargo xtask vm-load`: every program loaded and attached on each kernel, in seconds a
+//!   kernel (`shmtrace -- true` in the guest), so a probe change meets the old verifiers
+//!   before it lands; a kernel below the minimum must refuse in a sentence.
+//! - `cargo xtask vm-test`: the `kernel_*` end-to-end tests inside each guest, the real binary
+//!   against the real probes on that kernel, reported per kernel.
+//!
+//! Kernels come from Debian's archive with apt (`vm/kernels.rs`); the guest is an initramfs
+//! holding the programs at their host paths (`vm/initramfs.rs`), whose `/init` runs each step
+//! and reports on a second serial port (`vm/guest.rs`).
+mod guest;
+mod initramfs;
+mod kernels;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use guest::Step;
+use initramfs::Initramfs;
+use kernels::{Expect, Kernel};
+
+use crate::{cargo, root};
+
+/// The `kernel_*` suite a guest runs unless told otherwise. The tests that need Python or a
+/// container runtime stay on the host; these need only the kernel and the programs copied in.
+pub const GUEST_SUITE: &[&str] = &[
+    "kernel_probes",
+    "kernel_cli",
+    "kernel_signals",
+    "kernel_recording",
+];
+
+#[derive(clap::Args)]
+pub struct VmArgs {
+    /// Only these kernels of the matrix (comma-separated; default: all of them).
+    #[arg(long, value_delimiter = ',')]
+    kernel: Vec<String>,
+    /// Only the kernels `.ci/run` runs on every submission.
+    #[arg(long)]
+    ci: bool,
+    /// `vm-test`: these test binaries (comma-separated; default: the guest suite).
+    #[arg(long, value_delimiter = ',')]
+    tests: Vec<String>,
+    /// `vm-test`: only tests whose names contain this (libtest's filter).
+    #[arg(long)]
+    filter: Option<String>,
+    /// Minutes a guest may run before it counts as hung.
+    #[arg(long, default_value_t = 25)]
+    timeout_minutes: u64,
+}
+
+/// The shmtrace binary the tests use, and the programs any guest needs.
+fn base_image(shmtrace: &Path) -> Result<Initramfs> {
+    let mut image = Initramfs::default();
+    image
+        .file(Path::new("/bin/busybox"), "/bin/busybox")
+        .context("the guest's shell and tools are busybox's: apt-get install busybox-static")?;
+    let applets = std::process::Command::new("/bin/busybox")
+        .arg("--list")
+        .output()?;
+    let list = String::from_utf8_lossy(&applets.stdout);
+    for applet in list.split_whitespace().filter(|a| *a != "busybox") {
+        image.symlink(Path::new("/bin").join(applet), "busybox");
+    }
+    // util-linux's own, for the flags the tests give them; they come before busybox on PATH.
+    for program in [
+        "/usr/bin/bash",
+        "/usr/bin/unshare",
+        "/usr/bin/nsenter",
+        "/usr/bin/setpriv",
+        "/usr/bin/mount",
+        "/usr/bin/umount",
+    ] {
+        image.program(Path::new(program))?;
+    }
+    for mount_point in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
+        image.dir(mount_point);
+    }
+    image.text("/init", "", 0o755);
+    image.text(
+        "/etc/passwd",
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n",
+        0o644,
+    );
+    image.text("/etc/group", "root:x:0:\nnogroup:x:65534:\n", 0o644);
+    image.dir("/root");
+    image.built_program(shmtrace)?;
+    Ok(image)
+}
+
+fn guest_env(shmtrace: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin".to_owned()),
+        ("HOME", "/root".to_owned()),
+        ("TMPDIR", "/tmp".to_owned()),
+        ("RUST_BACKTRACE", "1".to_owned()),
+        // The tests' `shmtrace_bin()` builds with cargo, which the guest has not.
+        ("SHMTRACE_BIN", shmtrace.display().to_string()),
+    ]
+}
+
+/// `cargo build` of the debug shmtrace binary, as the tests run it.
+fn build_shmtrace() -> Result<PathBuf> {
+    crate::run(cargo().current_dir(root()).args([
+        "build",
+        "--quiet",
+        "--package",
+        "shmtrace",
+        "--bin",
+        "shmtrace",
+    ]))?;
+    Ok(target_dir().join("debug/shmtrace"))
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+/// The test binaries cargo builds for `tests`, by name.
+fn build_tests(tests: &[String]) -> Result<Vec<(String, PathBuf)>> {
+    let mut command = cargo();
+    command
+        .current_dir(root())
+        .args(["test", "--no-run", "--package", "shmtrace-tests"])
+        .args(["--message-format", "json-render-diagnostics"]);
+    for test in tests {
+        command.args(["--test", test]);
+    }
+    let output = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !output.status.success() {
+        bail!("building the tests failed");
+    }
+    let mut built = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        if let (true, Some(name), Some(path)) = (
+            is_test,
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) {
+            built.push((name.to_owned(), PathBuf::from(path)));
+        }
+    }
+    for test in tests {
+        if !built.iter().any(|(name, _)| name == test) {
+            bail!("cargo built no test binary {test}");
+        }
+    }
+    Ok(built)
+}
+
+/// A scratch directory for one kernel's guest files and logs, under `target/vm/`.
+fn work_dir(kernel: &Kernel) -> Result<PathBuf> {
+    let dir = target_dir().join("vm").join(kernel.name);
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// How one kernel fared.
+struct Outcome {
+    kernel: &'static Kernel,
+    release: String,
+    passed: usize,
+    failed: Vec<String>,
+    seconds: f64,
+}
+
+impl Outcome {
+    fn ok(&self) -> bool {
+        self.failed.is_empty()
+    }
+}
+
+/// The guest's run of `shmtrace -- true`: every program loads and attaches, or, on a kernel
+/// below the minimum, shmtrace refuses in a sentence naming the kernel and the minimum.
+fn load_step(shmtrace: &Path) -> Step {
+    Step::Command {
+        name: "load".to_owned(),
+        argv: vec![shmtrace.display().to_string(), "--".into(), "true".into()],
+    }
+}
+
+/// What the load step's result says, as failures.
+fn judge_load(kernel: &Kernel, release: &str, step: &guest::StepResult) -> Vec<String> {
+    let output = step.output.trim();
+    let mut failures = Vec::new();
+    match kernel.expect {
+        Expect::Works => {
+            if step.status != Some(0) {
+                failures.push(format!(
+                    "load: `shmtrace -- true` exited with {:?}:\n{output}",
+                    step.status
+                ));
+            }
+        }
+        Expect::Refused => {
+            let sentence_ok = output.contains(release)
+                && output.contains("needs Linux 5.15 or newer")
+                && !output.to_lowercase().contains("verifier");
+            if step.status == Some(0) || step.status.is_none() || !sentence_ok {
+                failures.push(format!(
+                    "load: expected a refusal naming {release} and the minimum, got status {:?}:\n{output}",
+                    step.status
+                ));
+            }
+        }
+    }
+    failures
+}
+
+fn boot_kernel(
+    kernel: &'static Kernel,
+    image: &mut Initramfs,
+    steps: &[Step],
+    env: &[(&str, String)],
+    timeout: Duration,
+) -> Result<(guest::Boot, String)> {
+    let cache = kernels::cache_dir();
+    let fetched = kernels::fetch(kernel, &cache).with_context(|| {
+        format!(
+            "fetching kernel {} from Debian {}",
+            kernel.name, kernel.suite
+        )
+    })?;
+    let work = work_dir(kernel)?;
+    image.text("/init", &guest::init_script(steps, env), 0o755);
+    let initrd = work.join("initrd.cpio");
+    image.write(&initrd)?;
+    println!(
+        "==> {} ({}, {}): booting {}",
+        kernel.name, kernel.suite, kernel.who, fetched.package
+    );
+    let boot = guest::boot(&fetched.vmlinuz, &initrd, &work, timeout)?;
+    Ok((boot, fetched.package))
+}
+
+fn outcome_of(kernel: &'static Kernel, boot: &guest::Boot, package: String) -> Outcome {
+    let release = boot.release.clone().unwrap_or(package);
+    let mut outcome = Outcome {
+        kernel,
+        release: release.clone(),
+        passed: 0,
+        failed: Vec::new(),
+        seconds: boot.seconds,
+    };
+    if boot.release.is_none() {
+        outcome.failed.push(format!(
+            "the guest never started its script; console: {}",
+            boot.console.display()
+        ));
+        return outcome;
+    }
+    for step in &boot.steps {
+        if step.name == "load" {
+            let failures = judge_load(kernel, &release, step);
+            outcome.passed += usize::from(failures.is_empty());
+            outcome.failed.extend(failures);
+            continue;
+        }
+        let (passed, failed) = step.tests();
+        outcome.passed += passed.len();
+        outcome
+            .failed
+            .extend(failed.iter().map(|name| format!("{}: {name}", step.name)));
+        if step.status != Some(0) && failed.is_empty() {
+            outcome.failed.push(format!(
+                "{}: exited with {:?} with no test failed:\n{}",
+                step.name,
+                step.status,
+                tail(&step.output, 30)
+            ));
+        }
+        if step.status != Some(0) {
+            println!(
+                "--- {} on {}:\n{}",
+                step.name,
+                kernel.name,
+                tail(&step.output, 200)
+            );
+        }
+    }
+    if !boot.finished {
+        outcome.failed.push(format!(
+            "the guest did not finish within its time (console: {})",
+            boot.console.display()
+        ));
+    }
+    outcome
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn report(outcomes: &[Outcome]) -> Result<()> {
+    println!(
+        "\n{:<10} {:<34} {:>7} {:>7} {:>8}",
+        "KERNEL", "RELEASE", "PASSED", "FAILED", "TIME"
+    );
+    for o in outcomes {
+        println!(
+            "{:<10} {:<34} {:>7} {:>7} {:>7.0}s",
+            o.kernel.name,
+            o.release,
+            o.passed,
+            o.failed.len(),
+            o.seconds
+        );
+    }
+    let passed: usize = outcomes.iter().map(|o| o.passed).sum();
+    let failed: usize = outcomes.iter().map(|o| o.failed.len()).sum();
+    for o in outcomes.iter().filter(|o| !o.ok()) {
+        println!("\nfailed on {} ({}):", o.kernel.name, o.release);
+        for failure in &o.failed {
+            println!("  {failure}");
+        }
+    }
+    // The plain closing line CI reads.
+    println!("\nvm: {passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} failures in the kernel matrix");
+    }
+    Ok(())
+}
+
+pub fn load(args: &VmArgs) -> Result<()> {
+    let selected = kernels::select(&args.kernel, args.ci)?;
+    let shmtrace = build_shmtrace()?;
+    let mut image = base_image(&shmtrace)?;
+    let env = guest_env(&shmtrace);
+    let steps = [load_step(&shmtrace)];
+    let mut outcomes = Vec::new();
+    for kernel in selected {
+        let timeout = Duration::from_secs(args.timeout_minutes.min(5) * 60);
+        let (boot, package) = boot_kernel(kernel, &mut image, &steps, &env, timeout)?;
+        outcomes.push(outcome_of(kernel, &boot, package));
+    }
+    report(&outcomes)
+}
+
+pub fn test(args: &VmArgs) -> Result<()> {
+    let selected = kernels::select(&args.kernel, args.ci)?;
+    let tests: Vec<String> = if args.tests.is_empty() {
+        GUEST_SUITE.iter().map(|t| (*t).to_owned()).collect()
+    } else {
+        args.tests.clone()
+    };
+    let shmtrace = build_shmtrace()?;
+    let binaries = build_tests(&tests)?;
+    let mut image = base_image(&shmtrace)?;
+    // The scenario program the tests run, next to their binaries' directory.
+    let exerciser = target_dir().join("debug/shm-exerciser");
+    image.built_program(&exerciser)?;
+    for (_, binary) in &binaries {
+        image.built_program(binary)?;
+    }
+    let env = guest_env(&shmtrace);
+    let timeout = Duration::from_secs(args.timeout_minutes * 60);
+    let mut outcomes = Vec::new();
+    for kernel in selected {
+        let mut steps = vec![load_step(&shmtrace)];
+        if kernel.expect == Expect::Works {
+            for (name, binary) in &binaries {
+                let mut test_args = vec!["--color".to_owned(), "never".to_owned()];
+                test_args.extend(args.filter.iter().cloned());
+                steps.push(Step::Test {
+                    name: name.clone(),
+                    binary: binary.clone(),
+                    args: test_args,
+                });
+            }
+        }
+        let (boot, package) = boot_kernel(kernel, &mut image, &steps, &env, timeout)?;
+        let outcome = outcome_of(kernel, &boot, package);
+        println!(
+            "    {}: {} passed, {} failed in {:.0}s",
+            kernel.name,
+            outcome.passed,
+            outcome.failed.len(),
+            outcome.seconds
+        );
+        outcomes.push(outcome);
+    }
+    report(&outcomes)
+}

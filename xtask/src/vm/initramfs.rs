@@ -1,0 +1,188 @@
+//! The guest's root file system: an initramfs (cpio "newc", uncompressed, so that a guest
+//! under TCG spends no time inflating it) holding busybox, the programs the tests run with the
+//! shared libraries `ldd` names, and an `/init` script.
+//!
+//! The Debian cloud kernels have virtio and 9p as modules, if at all; an initramfs needs
+//! neither, and the kernel unpacks it before running `/init`.
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+enum Entry {
+    Dir,
+    File { bytes: Vec<u8>, mode: u32 },
+    Symlink(String),
+}
+
+/// Files by their path in the guest.
+#[derive(Default)]
+pub struct Initramfs {
+    entries: BTreeMap<PathBuf, Entry>,
+}
+
+impl Initramfs {
+    pub fn dir(&mut self, guest: impl AsRef<Path>) {
+        let guest = guest.as_ref();
+        for ancestor in guest.ancestors() {
+            if ancestor.as_os_str().is_empty() || ancestor == Path::new("/") {
+                break;
+            }
+            self.entries
+                .entry(ancestor.to_owned())
+                .or_insert(Entry::Dir);
+        }
+    }
+
+    fn insert(&mut self, guest: &Path, entry: Entry) {
+        if let Some(parent) = guest.parent() {
+            self.dir(parent);
+        }
+        self.entries.insert(guest.to_owned(), entry);
+    }
+
+    pub fn text(&mut self, guest: impl AsRef<Path>, text: &str, mode: u32) {
+        let bytes = text.as_bytes().to_vec();
+        self.insert(guest.as_ref(), Entry::File { bytes, mode });
+    }
+
+    pub fn symlink(&mut self, guest: impl AsRef<Path>, target: &str) {
+        self.insert(guest.as_ref(), Entry::Symlink(target.to_owned()));
+    }
+
+    /// A host file at `guest`, with its mode.
+    pub fn file(&mut self, host: &Path, guest: impl AsRef<Path>) -> Result<()> {
+        let bytes = fs::read(host).with_context(|| format!("reading {}", host.display()))?;
+        let mode = fs::metadata(host)?.permissions().mode() & 0o7777;
+        self.insert(guest.as_ref(), Entry::File { bytes, mode });
+        Ok(())
+    }
+
+    /// A host program at the same path in the guest, with the libraries it loads.
+    pub fn program(&mut self, host: &Path) -> Result<()> {
+        self.file(host, host)?;
+        self.libraries_of(host)
+    }
+
+    /// A program this workspace built, without its debug information (a debug test binary is
+    /// ten times larger with it), at the same path in the guest.
+    pub fn built_program(&mut self, host: &Path) -> Result<()> {
+        let scratch = std::env::temp_dir().join(format!(
+            "shmtrace-vm-strip-{}-{}",
+            std::process::id(),
+            self.entries.len()
+        ));
+        let status = Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(host)
+            .arg(&scratch)
+            .status()
+            .context("running objcopy (binutils)")?;
+        if !status.success() {
+            bail!("objcopy --strip-debug {} failed: {status}", host.display());
+        }
+        let result = self.file(&scratch, host);
+        let _ = fs::remove_file(&scratch);
+        result?;
+        self.libraries_of(host)
+    }
+
+    /// Every shared library `ldd` names for `program`, at its own path (the loader's too).
+    fn libraries_of(&mut self, program: &Path) -> Result<()> {
+        let output = Command::new("ldd").arg(program).output()?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        if text.contains("not a dynamic executable") || !output.status.success() {
+            return Ok(());
+        }
+        for line in text.lines() {
+            let path = match line.split_once("=>") {
+                Some((_, after)) => after.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            let Some(path) = path.filter(|p| p.starts_with('/')) else {
+                continue;
+            };
+            let path = Path::new(path);
+            if !self.entries.contains_key(path) {
+                // The real file, not the symlink apt made: the guest needs the bytes.
+                let real = fs::canonicalize(path)?;
+                self.file(&real, path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the archive (cpio "newc"): a header per entry, then its name and its bytes, each
+    /// padded to four bytes, and the `TRAILER!!!` entry.
+    pub fn write(&self, out: &Path) -> Result<()> {
+        let mut archive = std::io::BufWriter::new(
+            fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+        );
+        let mut inode = 1u32;
+        for (path, entry) in &self.entries {
+            let name = path.strip_prefix("/").unwrap_or(path);
+            let (mode, data): (u32, &[u8]) = match entry {
+                Entry::Dir => (0o040755, &[]),
+                Entry::File { bytes, mode } => (0o100000 | mode, bytes),
+                Entry::Symlink(target) => (0o120777, target.as_bytes()),
+            };
+            write_entry(
+                &mut archive,
+                inode,
+                mode,
+                name.to_string_lossy().as_bytes(),
+                data,
+            )?;
+            inode += 1;
+        }
+        write_entry(&mut archive, inode, 0, b"TRAILER!!!", &[])?;
+        archive.flush()?;
+        Ok(())
+    }
+}
+
+fn write_entry(
+    out: &mut impl Write,
+    inode: u32,
+    mode: u32,
+    name: &[u8],
+    data: &[u8],
+) -> Result<()> {
+    let name_size = name.len() as u32 + 1;
+    let fields = [
+        inode,
+        mode,
+        0, // uid
+        0, // gid
+        1, // nlink
+        0, // mtime
+        u32::try_from(data.len()).context("a file of 4 GiB or more")?,
+        0, // devmajor
+        0, // devminor
+        0, // rdevmajor
+        0, // rdevminor
+        name_size,
+        0, // check
+    ];
+    let mut header = String::from("070701");
+    for field in fields {
+        header.push_str(&format!("{field:08x}"));
+    }
+    out.write_all(header.as_bytes())?;
+    out.write_all(name)?;
+    out.write_all(&[0])?;
+    out.write_all(&padding(110 + name_size as usize))?;
+    out.write_all(data)?;
+    out.write_all(&padding(data.len()))?;
+    Ok(())
+}
+
+fn padding(len: usize) -> Vec<u8> {
+    vec![0; (4 - len % 4) % 4]
+}
