@@ -191,6 +191,56 @@ fn unprivileged_users_are_told_what_to_do() {
     );
 }
 
+/// What a new user tries first (issue 21's check on every kernel of the matrix): `dd` filling
+/// Docker's default 64 MiB /dev/shm, traced by `shmtrace -- CMD`.
+#[test]
+fn dd_filling_a_64_mib_shm_shows_the_failed_write_and_a_diagnosis() {
+    let _guard = serial();
+    require_root();
+    let dir = shmtrace_tests::tempdir();
+    let out = dir.join("trace.jsonl");
+    let output = shmtrace()
+        .args(["--json", "-o"])
+        .arg(&out)
+        .args(["--", "unshare", "-m", "sh", "-c"])
+        .arg(
+            "mount --make-rprivate / && mount -t tmpfs -o size=64m tmpfs /dev/shm && \
+             exec dd if=/dev/zero of=/dev/shm/big bs=1M count=100",
+        )
+        .output()
+        .unwrap();
+    let records = shmtrace_tests::read_json_lines(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    let dump = || {
+        let lines: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+        format!(
+            "{}\nstderr: {}",
+            lines.join("\n"),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    };
+    assert_eq!(output.status.code(), Some(1), "dd's own status: {}", dump());
+    let failed_write = records
+        .iter()
+        .find(|r| r["event"] == "write" && r["errno"] == "ENOSPC")
+        .unwrap_or_else(|| panic!("no write ENOSPC:\n{}", dump()));
+    assert_eq!(failed_write["path"], "/dev/shm/big");
+    assert_eq!(failed_write["size"], 1 << 20);
+    let diagnosis = records
+        .iter()
+        .find(|r| r["event"] == "diagnosis")
+        .unwrap_or_else(|| panic!("no diagnosis:\n{}", dump()));
+    assert_eq!(diagnosis["comm"], "dd");
+    assert_eq!(diagnosis["cause"], "shm_full", "{}", dump());
+    assert_eq!(diagnosis["shm"]["size"], 64 << 20);
+    assert_eq!(diagnosis["failures"][0]["syscall"], "write");
+    assert!(
+        diagnosis["recommendation"]["min_bytes"].as_u64().unwrap() > 64 << 20,
+        "{}",
+        dump()
+    );
+}
+
 #[test]
 fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
     let _guard = serial();
