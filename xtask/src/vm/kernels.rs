@@ -30,8 +30,17 @@ pub struct Kernel {
     /// Who runs this line, for the report and the README's table.
     pub who: &'static str,
     pub expect: Expect,
-    /// Part of the matrix that `.ci/run` runs on every submission.
-    pub in_ci: bool,
+    /// What `vm-test --ci` (in `.ci/run`, on every submission) runs on it.
+    pub ci: Ci,
+}
+
+/// How much of the guest suite `.ci/run` runs on a kernel, to stay within CI's time.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Ci {
+    /// The whole guest suite.
+    Full,
+    /// The demo and a `dd` filling /dev/shm: another build of a line tested in full.
+    Smoke,
 }
 
 /// Oldest first. The 6.1 and 6.12 lines are those of Debian 12 and 13, and of Amazon Linux
@@ -43,7 +52,7 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "cloud-amd64",
         who: "Debian 11: below the minimum, refused",
         expect: Expect::Refused,
-        in_ci: true,
+        ci: Ci::Full,
     },
     Kernel {
         name: "6.1",
@@ -51,7 +60,7 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "cloud-amd64",
         who: "Debian 12; Amazon Linux 2023's first line, COS LTS",
         expect: Expect::Works,
-        in_ci: true,
+        ci: Ci::Full,
     },
     Kernel {
         name: "6.1-rt",
@@ -59,7 +68,7 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "rt-amd64",
         who: "Debian 12, PREEMPT_RT build",
         expect: Expect::Works,
-        in_ci: false,
+        ci: Ci::Smoke,
     },
     Kernel {
         name: "6.12-bpo",
@@ -67,7 +76,7 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "cloud-amd64",
         who: "Debian 12 backports",
         expect: Expect::Works,
-        in_ci: false,
+        ci: Ci::Smoke,
     },
     Kernel {
         name: "6.12",
@@ -75,14 +84,14 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "cloud-amd64",
         who: "Debian 13; Amazon Linux 2023's newer line",
         expect: Expect::Works,
-        in_ci: true,
+        ci: Ci::Full,
     },
 ];
 
 /// The kernels named (all of them when none is), or an error naming the unknown one.
-pub fn select(names: &[String], ci_only: bool) -> Result<Vec<&'static Kernel>> {
+pub fn select(names: &[String]) -> Result<Vec<&'static Kernel>> {
     if names.is_empty() {
-        return Ok(MATRIX.iter().filter(|k| !ci_only || k.in_ci).collect());
+        return Ok(MATRIX.iter().collect());
     }
     names
         .iter()
@@ -152,11 +161,12 @@ impl Apt {
             fs::create_dir_all(dir.join(sub))?;
         }
         let sources = dir.join("sources.list");
+        let mirror = debian_mirror()?;
         fs::write(
             &sources,
             format!(
                 "deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-                 ARCHIVE {suite} main\n"
+                 {mirror} {suite} main\n"
             ),
         )?;
         let path = |p: &Path| p.display().to_string();
@@ -217,6 +227,40 @@ impl Apt {
     }
 }
 
+/// The Debian archive this machine's own apt sources use: other suites of the same archive
+/// serve the matrix's kernels.
+fn debian_mirror() -> Result<String> {
+    let mut texts = Vec::new();
+    texts.extend(fs::read_to_string("/etc/apt/sources.list").ok());
+    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
+        texts.extend(entries.filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()));
+    }
+    texts.iter().find_map(|text| mirror_in(text)).context(
+        "no Debian archive in /etc/apt/sources.list or sources.list.d/ to fetch kernels from",
+    )
+}
+
+/// The first URI of a Debian archive (a path ending in `/debian`) in an apt sources text, in
+/// either format: one-line (`deb URI SUITE ...`) or deb822 (`URIs: URI`).
+fn mirror_in(text: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            if let Some(uris) = line.strip_prefix("URIs:") {
+                return uris.split_whitespace().next();
+            }
+            let rest = line.strip_prefix("deb ")?.trim_start();
+            // Options in brackets come first when present.
+            let rest = match rest.strip_prefix('[') {
+                Some(options) => options.split_once(']')?.1,
+                None => rest,
+            };
+            rest.split_whitespace().next()
+        })
+        .find(|uri| uri.trim_end_matches('/').ends_with("/debian"))
+        .map(|uri| uri.trim_end_matches('/').to_owned())
+}
+
 fn newest_deb(dir: &Path, package: &str) -> Result<PathBuf> {
     let prefix = format!("{package}_");
     let mut debs: Vec<PathBuf> = fs::read_dir(dir)?
@@ -259,4 +303,29 @@ fn extract_vmlinuz(deb: &Path, into: &Path) -> Result<()> {
     fs::rename(&image, into.join("vmlinuz"))?;
     fs::remove_dir_all(&scratch)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_archive_is_found_in_either_sources_format() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n\
+                      Types: deb\nURIs: http://mirror.example/debian-security\n";
+        assert_eq!(
+            mirror_in(deb822).as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        let one_line = "deb http://other.example/apt cloud main\n\
+                        deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian/ bookworm main\n";
+        assert_eq!(
+            mirror_in(one_line).as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        assert_eq!(
+            mirror_in("deb https://nodes.example/node_20.x nodistro main\n"),
+            None
+        );
+    }
 }
