@@ -146,7 +146,9 @@ pub struct TargetArgs {
     pub kernel_btf: PathBuf,
 
     /// The command to run and trace, with its arguments, after `--`.
-    /// shmtrace exits with the command's exit status.
+    /// shmtrace exits with the command's exit status. SIGINT, SIGTERM or SIGHUP sent to
+    /// shmtrace alone (docker stop, a CI timeout) is passed on to the command; the trace waits
+    /// up to 5 s for it to exit, then ends with its result.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
