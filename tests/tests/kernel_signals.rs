@@ -280,3 +280,52 @@ fn sigterm_to_shmtrace_size_alone_reaches_the_command_and_the_size_is_printed() 
         "the 1 MiB written is not measured: {report}"
     );
 }
+
+/// Runs shmtrace on a terminal (a pty), presses Ctrl-C once the command runs, and prints all
+/// it showed: the command traps SIGINT and counts it, and runs on for 8 s.
+const CTRL_C_ON_A_PTY: &str = r#"
+import os, pty, sys, time
+script = "n=0; trap 'n=$((n+1)); echo got INT $n' INT; i=0; while [ $i -lt 40 ]; do sleep 0.2; i=$((i+1)); done"
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], ["shmtrace", "--", "sh", "-c", script])
+out = b""
+deadline = time.time() + 30
+pressed = False
+while time.time() < deadline:
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        break
+    if not data:
+        break
+    out += data
+    if not pressed and b'execve("/usr/bin/sleep"' in out:
+        os.write(fd, b"\x03")
+        pressed = True
+os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors="replace"))
+"#;
+
+/// Ctrl-C reaches the command itself (the terminal signals its foreground process group,
+/// which the command shares with shmtrace): shmtrace must not send it again.
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_command_once() {
+    let _guard = serial();
+    require_root();
+    let output = Command::new(shmtrace_tests::workload::PYTHON)
+        .args(["-c", CTRL_C_ON_A_PTY])
+        .arg(shmtrace_tests::shmtrace_bin())
+        .output()
+        .unwrap();
+    let shown = text(&output.stdout);
+    assert!(shown.contains("got INT 1"), "{shown}");
+    assert!(
+        !shown.contains("got INT 2"),
+        "SIGINT delivered twice: {shown}"
+    );
+    assert!(
+        shown.contains("SIGINT from the terminal reached the traced command"),
+        "{shown}"
+    );
+}

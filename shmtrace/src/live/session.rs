@@ -261,11 +261,14 @@ impl Session {
                 command.pid()
             )
         } else {
-            command.signal(stop.signo())?;
-            format!(
-                "passed {name} on to the traced command (pid {})",
-                command.pid()
-            )
+            match command.signal(stop.signo()) {
+                Ok(()) => format!(
+                    "passed {name} on to the traced command (pid {})",
+                    command.pid()
+                ),
+                // The trace still ends with its summary; the command may exit by itself.
+                Err(error) => format!("{error:#}"),
+            }
         };
         self.pipeline.notice(&format!(
             "{how}; waiting up to {} s for it to exit (signal shmtrace again to stop waiting)",
