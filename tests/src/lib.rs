@@ -71,6 +71,17 @@ pub fn shmtrace_bin() -> &'static Path {
     })
 }
 
+/// `limit` stretched by `SHMTRACE_TEST_TIME_SCALE` (default 1): a guest of the kernel matrix
+/// runs under software emulation, several times slower than the host, and sets it.
+pub fn scaled(limit: std::time::Duration) -> std::time::Duration {
+    let scale = std::env::var("SHMTRACE_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    limit * scale
+}
+
 /// The scenario program, which cargo builds next to the test binaries (`target/<profile>/`).
 pub fn exerciser() -> PathBuf {
     let test_binary = std::env::current_exe().expect("the test binary's path");

@@ -229,7 +229,8 @@ fn wait_deadline(
     what: &str,
     kill: impl FnOnce(),
 ) -> std::process::ExitStatus {
-    let deadline = Instant::now() + DEADLINE;
+    let limit = crate::scaled(DEADLINE);
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
@@ -238,7 +239,7 @@ fn wait_deadline(
             kill();
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what} did not finish within {DEADLINE:?}");
+            panic!("{what} did not finish within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }

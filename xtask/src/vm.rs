@@ -90,7 +90,7 @@ pub struct VmArgs {
     #[arg(long)]
     filter: Option<String>,
     /// Minutes a guest may run before it counts as hung.
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 40)]
     timeout_minutes: u64,
 }
 
@@ -139,6 +139,8 @@ fn guest_env(shmtrace: &Path) -> Vec<(&'static str, String)> {
         ("HOME", "/root".to_owned()),
         ("TMPDIR", "/tmp".to_owned()),
         ("RUST_BACKTRACE", "1".to_owned()),
+        // Emulation is several times slower than the host: the tests' deadlines stretch.
+        ("SHMTRACE_TEST_TIME_SCALE", "4".to_owned()),
         // The tests' `shmtrace_bin()` builds with cargo, which the guest has not.
         ("SHMTRACE_BIN", shmtrace.display().to_string()),
     ]
