@@ -1,15 +1,14 @@
-//! The kernel matrix: Debian's own kernel packages, fetched with apt into a cache.
-//!
-//! Each suite gets an apt state of its own (sources, lists, package cache) under the cache, so
-//! the machine's own sources stay as they are and a suite's metapackage
-//! (`linux-image-cloud-amd64`) has exactly one candidate: the newest build of that line.
+//! The kernel matrix: Debian's own kernel packages, fetched with apt (`vm/apt.rs`) into a
+//! cache.
 use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+
+use super::{apt::Apt, arch::Arch};
 
 /// What a kernel of the matrix is expected to do with shmtrace.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -23,6 +22,7 @@ pub enum Expect {
 pub struct Kernel {
     /// Short name, for `--kernel` and the report.
     pub name: &'static str,
+    pub arch: Arch,
     /// Debian suite whose archive has the package.
     pub suite: &'static str,
     /// The metapackage's flavour: `linux-image-<flavour>`.
@@ -34,11 +34,13 @@ pub struct Kernel {
     pub in_ci: bool,
 }
 
-/// Oldest first. The 6.1 and 6.12 lines are those of Debian 12 and 13, and of Amazon Linux
-/// 2023; 5.10 (Debian 11) is below the minimum.
+/// x86-64 then arm64, oldest first. The 6.1 and 6.12 lines are those of Debian 12 and 13, and
+/// of Amazon Linux 2023; 5.10 (Debian 11) is below the minimum. The arm64 kernels are the
+/// same lines built for arm64, as Graviton and Ampere nodes run them.
 pub const MATRIX: &[Kernel] = &[
     Kernel {
         name: "5.10",
+        arch: Arch::X86_64,
         suite: "bullseye",
         flavour: "cloud-amd64",
         who: "Debian 11: below the minimum, refused",
@@ -47,6 +49,7 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.1",
+        arch: Arch::X86_64,
         suite: "bookworm",
         flavour: "cloud-amd64",
         who: "Debian 12; Amazon Linux 2023's first line, COS LTS",
@@ -55,6 +58,7 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.1-rt",
+        arch: Arch::X86_64,
         suite: "bookworm",
         flavour: "rt-amd64",
         who: "Debian 12, PREEMPT_RT build",
@@ -63,6 +67,7 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.12-bpo",
+        arch: Arch::X86_64,
         suite: "bookworm-backports",
         flavour: "cloud-amd64",
         who: "Debian 12 backports",
@@ -71,11 +76,31 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.12",
+        arch: Arch::X86_64,
         suite: "trixie",
         flavour: "cloud-amd64",
         who: "Debian 13; Amazon Linux 2023's newer line",
         expect: Expect::Works,
         in_ci: true,
+    },
+    Kernel {
+        name: "6.1-arm64",
+        arch: Arch::Aarch64,
+        suite: "bookworm",
+        flavour: "cloud-arm64",
+        who: "Debian 12 on arm64 (Graviton, Ampere)",
+        expect: Expect::Works,
+        in_ci: false,
+    },
+    Kernel {
+        name: "6.12-arm64",
+        arch: Arch::Aarch64,
+        suite: "trixie",
+        flavour: "cloud-arm64",
+        who: "Debian 13 on arm64; Amazon Linux 2023's newer line on Graviton",
+        expect: Expect::Works,
+        // `.ci/run` runs it by name, with the cross toolchain it installs.
+        in_ci: false,
     },
 ];
 
@@ -114,7 +139,7 @@ pub struct Fetched {
 
 /// The newest build of the kernel's line, downloaded and unpacked unless it already is.
 pub fn fetch(kernel: &Kernel, cache: &Path) -> Result<Fetched> {
-    let apt = Apt::new(cache, kernel.suite)?;
+    let apt = Apt::new(cache, kernel.suite, kernel.arch)?;
     let meta = format!("linux-image-{}", kernel.flavour);
     let package = match apt.update().and_then(|()| apt.dependency_of(&meta)) {
         Ok(package) => {
@@ -132,108 +157,10 @@ pub fn fetch(kernel: &Kernel, cache: &Path) -> Result<Fetched> {
     if !vmlinuz.exists() {
         let debs = cache.join("debs");
         fs::create_dir_all(&debs)?;
-        apt.download(&package, &debs)?;
-        let deb = newest_deb(&debs, &package)?;
+        let deb = apt.download(&package, &debs)?;
         extract_vmlinuz(&deb, &unpacked)?;
     }
     Ok(Fetched { package, vmlinuz })
-}
-
-/// apt, with every path that holds state pointed under the cache.
-struct Apt {
-    dir: PathBuf,
-    options: Vec<String>,
-}
-
-impl Apt {
-    fn new(cache: &Path, suite: &str) -> Result<Apt> {
-        let dir = cache.join("apt").join(suite);
-        for sub in ["lists/partial", "cache/archives/partial"] {
-            fs::create_dir_all(dir.join(sub))?;
-        }
-        let sources = dir.join("sources.list");
-        fs::write(
-            &sources,
-            format!(
-                "deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-                 ARCHIVE {suite} main\n"
-            ),
-        )?;
-        let path = |p: &Path| p.display().to_string();
-        let options = vec![
-            format!("Dir::Etc::sourcelist={}", path(&sources)),
-            "Dir::Etc::sourceparts=/nonexistent".to_owned(),
-            format!("Dir::State::Lists={}", path(&dir.join("lists"))),
-            format!("Dir::Cache={}", path(&dir.join("cache"))),
-            // Only the package lists: no translations, no AppStream metadata.
-            "Acquire::Languages=none".to_owned(),
-            "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false".to_owned(),
-            "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false".to_owned(),
-        ];
-        Ok(Apt { dir, options })
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let mut command = Command::new(program);
-        for option in &self.options {
-            command.arg("-o").arg(option);
-        }
-        command
-    }
-
-    fn update(&self) -> Result<()> {
-        let output = self.command("apt-get").args(["-qq", "update"]).output()?;
-        if !output.status.success() {
-            bail!(
-                "apt-get update for {} failed: {}",
-                self.dir.display(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(())
-    }
-
-    /// The versioned package a metapackage depends on: `linux-image-6.1.0-50-cloud-amd64`.
-    fn dependency_of(&self, meta: &str) -> Result<String> {
-        let output = self.command("apt-cache").args(["depends", meta]).output()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        text.lines()
-            .filter_map(|line| line.trim().strip_prefix("Depends: "))
-            .find(|dep| dep.starts_with("linux-image-"))
-            .map(str::to_owned)
-            .with_context(|| format!("{meta} in {} depends on no kernel", self.dir.display()))
-    }
-
-    fn download(&self, package: &str, into: &Path) -> Result<()> {
-        let status = self
-            .command("apt-get")
-            .args(["-qq", "download", package])
-            .current_dir(into)
-            .status()?;
-        if !status.success() {
-            bail!("apt-get download {package} failed: {status}");
-        }
-        Ok(())
-    }
-}
-
-fn newest_deb(dir: &Path, package: &str) -> Result<PathBuf> {
-    let prefix = format!("{package}_");
-    let mut debs: Vec<PathBuf> = fs::read_dir(dir)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
-        })
-        .collect();
-    debs.sort();
-    debs.pop().with_context(|| {
-        format!(
-            "apt-get download left no {package}_*.deb in {}",
-            dir.display()
-        )
-    })
 }
 
 /// Unpacks the package's `boot/vmlinuz-*` as `into/vmlinuz`, through a scratch directory so

@@ -15,12 +15,20 @@ use super::{BpfError, btf::KernelBtf, offsets::field_offset};
 
 /// An architecture shmtrace's probes run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    not(test),
+    allow(
+        dead_code,
+        reason = "a binary uses its own architecture; the tests check every one's hooks"
+    )
+)]
 pub enum Arch {
     X86_64,
     Aarch64,
 }
 
 impl Arch {
+    #[cfg(test)]
     pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Aarch64];
 
     /// The architecture this binary runs on, and so the running kernel's: the probes trace the
