@@ -2,7 +2,8 @@
 //! unpacked, never installed.
 //!
 //! Each suite and architecture gets an apt state of its own (sources, lists, package cache)
-//! under the cache, so the machine's own sources stay as they are, a suite's metapackage
+//! under the cache, with the machine's own Debian archive as its source, so the machine's own
+//! sources stay as they are, a suite's metapackage
 //! (`linux-image-cloud-amd64`) has exactly one candidate, the newest build of that line, and
 //! an arm64 package is never a candidate for the host.
 use std::{
@@ -33,11 +34,12 @@ impl Apt {
             fs::create_dir_all(dir.join(sub))?;
         }
         let sources = dir.join("sources.list");
+        let mirror = debian_mirror()?;
         fs::write(
             &sources,
             format!(
                 "deb [arch={} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-                 ARCHIVE {suite} main\n",
+                 {mirror} {suite} main\n",
                 arch.debian()
             ),
         )?;
@@ -129,5 +131,64 @@ impl Apt {
                 dir.display()
             )
         })
+    }
+}
+
+/// The Debian archive this machine's own apt sources use: other suites of the same archive
+/// serve the matrix's kernels.
+fn debian_mirror() -> Result<String> {
+    let mut texts = Vec::new();
+    texts.extend(fs::read_to_string("/etc/apt/sources.list").ok());
+    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
+        texts.extend(entries.filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()));
+    }
+    texts.iter().find_map(|text| mirror_in(text)).context(
+        "no Debian archive in /etc/apt/sources.list or sources.list.d/ to fetch kernels from",
+    )
+}
+
+/// The first URI of a Debian archive (a path ending in `/debian`) in an apt sources text, in
+/// either format: one-line (`deb URI SUITE ...`) or deb822 (`URIs: URI`).
+fn mirror_in(text: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            if let Some(uris) = line.strip_prefix("URIs:") {
+                return uris.split_whitespace().next();
+            }
+            let rest = line.strip_prefix("deb ")?.trim_start();
+            // Options in brackets come first when present.
+            let rest = match rest.strip_prefix('[') {
+                Some(options) => options.split_once(']')?.1,
+                None => rest,
+            };
+            rest.split_whitespace().next()
+        })
+        .find(|uri| uri.trim_end_matches('/').ends_with("/debian"))
+        .map(|uri| uri.trim_end_matches('/').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_archive_is_found_in_either_sources_format() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n\
+                      Types: deb\nURIs: http://mirror.example/debian-security\n";
+        assert_eq!(
+            mirror_in(deb822).as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        let one_line = "deb http://other.example/apt cloud main\n\
+                        deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian/ bookworm main\n";
+        assert_eq!(
+            mirror_in(one_line).as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        assert_eq!(
+            mirror_in("deb https://nodes.example/node_20.x nodistro main\n"),
+            None
+        );
     }
 }

@@ -89,7 +89,12 @@ pub enum BpfError {
     BadBufferSize(u32),
     #[error("loading the eBPF object failed: {0}")]
     Load(#[source] Box<aya::EbpfError>),
-    #[error("the kernel refused program {program}: {source}")]
+    // The verifier's log comes with the source, which `{:#}` prints after this: naming it
+    // here too would print the log twice.
+    #[error(
+        "the kernel refused program {program}, although it is new enough for shmtrace: please \
+         report this with the output of `uname -r` and this message"
+    )]
     Program {
         program: String,
         #[source]
