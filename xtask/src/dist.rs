@@ -246,13 +246,16 @@ fn check_wheel(wheel: &Path, scratch: &Path) -> Result<()> {
 /// debootstrap, then entered with chroot and the kernel's file systems mounted inside.
 fn check_bullseye(binary: &Path, scratch: &Path) -> Result<()> {
     let rootfs = scratch.join("bullseye");
-    if !rootfs.join("etc/debian_version").exists() {
+    // Written once debootstrap has finished: a broken run leaves a tree that looks whole.
+    let made = scratch.join("bullseye.made");
+    if !made.exists() {
         let _ = fs::remove_dir_all(&rootfs);
         run(Command::new("debootstrap")
             .args(["--variant=minbase", "bullseye"])
             .arg(&rootfs)
-            .arg(bullseye_mirror()))
+            .arg(crate::vm::debian_mirror()?))
         .context("making a Debian 11 root file system (apt-get install debootstrap)")?;
+        fs::write(&made, "")?;
     }
     let glibc = Command::new("chroot")
         .arg(&rootfs)
@@ -272,11 +275,6 @@ fn check_bullseye(binary: &Path, scratch: &Path) -> Result<()> {
         .output()?;
     drop(mounts);
     judge_demo(&output, "in Debian 11 (chroot)")
-}
-
-/// The Debian archive for debootstrap: `SHMTRACE_DEBIAN_MIRROR`, or Debian's own.
-fn bullseye_mirror() -> String {
-    std::env::var("SHMTRACE_DEBIAN_MIRROR").unwrap_or_else(|_| "ARCHIVE".into())
 }
 
 /// The kernel's file systems the probes need, mounted inside a root file system, and

@@ -31,6 +31,9 @@ use guest::Step;
 use initramfs::{Initramfs, Libraries};
 use kernels::{Ci, Expect, Kernel};
 
+/// The machine's own Debian archive, for other tasks that fetch from Debian.
+pub use apt::debian_mirror;
+
 use crate::{cargo, root};
 
 /// The `kernel_*` suite a guest runs unless told otherwise. The tests that need Python or a

@@ -136,7 +136,7 @@ impl Apt {
 
 /// The Debian archive this machine's own apt sources use: other suites of the same archive
 /// serve the matrix's kernels.
-fn debian_mirror() -> Result<String> {
+pub fn debian_mirror() -> Result<String> {
     let mut texts = Vec::new();
     texts.extend(fs::read_to_string("/etc/apt/sources.list").ok());
     if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
