@@ -73,10 +73,7 @@ pub fn run_dist(args: &DistArgs) -> Result<()> {
             .pop()
             .with_context(|| format!("maturin left no {arch} wheel in {}", out.display()))?;
         let binary = out.join(format!("shmtrace-{version}-{triple}"));
-        fs::copy(
-            target_dir().join(triple).join("release/shmtrace"),
-            &binary,
-        )?;
+        fs::copy(target_dir().join(triple).join("release/shmtrace"), &binary)?;
         let newest = newest_glibc(&binary)?;
         println!(
             "{}: needs GLIBC_{}.{} at most\n{}",
@@ -151,7 +148,11 @@ fn workspace_version() -> Result<String> {
     manifest
         .lines()
         .find_map(|line| {
-            let value = line.trim().strip_prefix("version")?.trim().strip_prefix('=')?;
+            let value = line
+                .trim()
+                .strip_prefix("version")?
+                .trim()
+                .strip_prefix('=')?;
             Some(value.trim().trim_matches('"').to_owned())
         })
         .context("no version in the workspace's Cargo.toml")

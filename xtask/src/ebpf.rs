@@ -152,7 +152,9 @@ fn check_arch_neutral(root: &Path) -> Result<()> {
             found.join("\n  ")
         );
     }
-    println!("the eBPF sources use nothing architecture-specific (one object for x86-64 and arm64)");
+    println!(
+        "the eBPF sources use nothing architecture-specific (one object for x86-64 and arm64)"
+    );
     Ok(())
 }
 

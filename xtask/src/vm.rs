@@ -98,10 +98,7 @@ fn base_image(arch: Arch, shmtrace: &Path) -> Result<Initramfs> {
         image
     } else {
         let sysroot = userland::sysroot(arch, &kernels::cache_dir())?;
-        let mut image = Initramfs::new(
-            Libraries::Sysroot(sysroot),
-            "aarch64-linux-gnu-objcopy",
-        );
+        let mut image = Initramfs::new(Libraries::Sysroot(sysroot), "aarch64-linux-gnu-objcopy");
         image.sysroot_program(Path::new("/bin/busybox"), "/bin/busybox")?;
         for program in TOOLS {
             // Debian 12's packages still put some of them in /bin.

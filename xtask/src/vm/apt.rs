@@ -59,11 +59,7 @@ impl Apt {
             options.push(format!("APT::Architectures::={}", arch.debian()));
             options.push(format!("APT::Architecture={}", arch.debian()));
         }
-        Ok(Apt {
-            dir,
-            arch,
-            options,
-        })
+        Ok(Apt { dir, arch, options })
     }
 
     fn command(&self, program: &str) -> Command {
@@ -113,15 +109,16 @@ impl Apt {
     /// The newest `.deb` of `package` for this architecture (or for all) in `dir`.
     fn newest_deb(&self, dir: &Path, package: &str) -> Result<PathBuf> {
         let prefix = format!("{package}_");
-        let suffixes = [format!("_{}.deb", self.arch.debian()), "_all.deb".to_owned()];
+        let suffixes = [
+            format!("_{}.deb", self.arch.debian()),
+            "_all.deb".to_owned(),
+        ];
         let mut debs: Vec<PathBuf> = fs::read_dir(dir)?
             .filter_map(|entry| entry.ok().map(|e| e.path()))
             .filter(|path| {
-                path.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| {
-                        n.starts_with(&prefix) && suffixes.iter().any(|s| n.ends_with(s.as_str()))
-                    })
+                path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.starts_with(&prefix) && suffixes.iter().any(|s| n.ends_with(s.as_str()))
+                })
             })
             .collect();
         debs.sort();

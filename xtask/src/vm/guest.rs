@@ -150,7 +150,8 @@ pub fn boot(
         .arg("-serial")
         .arg(format!("file:{}", console.display()));
     if !arch.results_on_console() {
-        qemu.arg("-serial").arg(format!("file:{}", results.display()));
+        qemu.arg("-serial")
+            .arg(format!("file:{}", results.display()));
     }
     let mut child = qemu.stdin(Stdio::null()).spawn().with_context(|| {
         format!(

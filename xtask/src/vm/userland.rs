@@ -101,7 +101,11 @@ pub fn resolve(root: &Path, path: &Path) -> Result<PathBuf> {
             Ok(target) => {
                 hops += 1;
                 if hops > 40 {
-                    anyhow::bail!("too many links resolving {} in {}", path.display(), root.display());
+                    anyhow::bail!(
+                        "too many links resolving {} in {}",
+                        path.display(),
+                        root.display()
+                    );
                 }
                 pending.extend(
                     target
