@@ -278,8 +278,8 @@ fn check_bullseye(binary: &Path, scratch: &Path) -> Result<()> {
     judge_demo(&output, "in Debian 11 (chroot)")
 }
 
-/// The kernel's file systems the probes need, mounted inside a root file system, and
-/// unmounted, innermost first, when dropped.
+/// The root file system as a mount point, with the kernel's file systems the probes need
+/// mounted inside, all unmounted, innermost first, when dropped.
 struct Mounts {
     mounted: Vec<PathBuf>,
 }
@@ -289,6 +289,11 @@ impl Mounts {
         let mut mounts = Mounts {
             mounted: Vec::new(),
         };
+        // The root file system on itself first: the demo makes every mount private from `/`,
+        // which the kernel refuses (EINVAL) unless `/` is a mount point, as it is not in a bare
+        // chroot.
+        run(Command::new("mount").arg("--bind").arg(rootfs).arg(rootfs))?;
+        mounts.mounted.push(rootfs.to_owned());
         for (what, kind) in [
             ("/proc", None),
             ("/sys", None),
