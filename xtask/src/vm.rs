@@ -36,14 +36,44 @@ pub use apt::debian_mirror;
 
 use crate::{cargo, root};
 
-/// The `kernel_*` suite a guest runs unless told otherwise. The tests that need Python or a
-/// container runtime stay on the host; these need only the kernel and the programs copied in.
+/// The `kernel_*` suite a guest runs unless told otherwise: every probe (`kernel_probes`), the
+/// CLI and the demo, signals, recordings, and the diagnoses of the PyTorch-like workloads
+/// (`kernel_diagnosis`, with Debian's Python copied in). The tests that need a container
+/// runtime or Prometheus stay on the host.
 pub const GUEST_SUITE: &[&str] = &[
     "kernel_probes",
     "kernel_cli",
     "kernel_signals",
     "kernel_recording",
+    "kernel_diagnosis",
 ];
+
+/// The guest suite's binary that needs Python.
+const PYTHON_SUITE: &str = "kernel_diagnosis";
+
+/// Debian's Python, which the workload scripts run with (`tests/src/workload.rs`), and the
+/// parts of its library they can reach.
+fn add_python(image: &mut Initramfs) -> Result<()> {
+    let python = Path::new("/usr/bin/python3.11");
+    image
+        .program(python)
+        .context("the workloads run with Debian's Python: apt-get install python3")?;
+    image.symlink("/usr/bin/python3", "python3.11");
+    image.tree(
+        Path::new("/usr/lib/python3.11"),
+        &[
+            "__pycache__",
+            "test",
+            "idlelib",
+            "tkinter",
+            "lib2to3",
+            "ensurepip",
+            "site-packages",
+            "dist-packages",
+        ],
+    )?;
+    image.tree(&root().join("tests/workloads"), &["__pycache__"])
+}
 
 /// What `--ci` runs on a kernel of [`Ci::Smoke`]: a user's first two tries.
 const SMOKE: (&str, &[&str]) = (
@@ -60,7 +90,7 @@ pub struct VmArgs {
     #[arg(long, value_delimiter = ',')]
     kernel: Vec<String>,
     /// `vm-test`: what `.ci/run` runs on every submission: the guest suite on the main build
-    /// of each line, the demo and a `dd` on the others.
+    /// of each line (the Python workloads on 6.1 only), the demo and a `dd` on the others.
     #[arg(long)]
     ci: bool,
     /// `vm-test`: these test binaries (comma-separated; default: the guest suite).
@@ -464,6 +494,20 @@ pub fn test(args: &VmArgs) -> Result<()> {
         if kernels.iter().any(|k| smoke(k)) && !tests.iter().any(|t| t == SMOKE.0) {
             tests.push(SMOKE.0.to_owned());
         }
+        let needs_python = |t: &String| t == PYTHON_SUITE || t == "kernel_sizing";
+        if arch.cross_target().is_some() && tests.iter().any(needs_python) {
+            // The host's Python is x86-64's; no arm64 Python is unpacked for the guest.
+            println!(
+                "==> {arch:?}: leaving out {}, whose workloads need Python, which the guest has not",
+                tests
+                    .iter()
+                    .filter(|t| needs_python(t))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            tests.retain(|t| !needs_python(t));
+        }
         let shmtrace = build_shmtrace(arch)?;
         let binaries = build_tests(arch, &tests)?;
         let mut image = base_image(arch, &shmtrace)?;
@@ -471,6 +515,9 @@ pub fn test(args: &VmArgs) -> Result<()> {
         image.built_program(&arch.debug_dir(&target_dir()).join("shm-exerciser"))?;
         for (_, binary) in &binaries {
             image.built_program(binary)?;
+        }
+        if tests.iter().any(needs_python) {
+            add_python(&mut image)?;
         }
         let env = guest_env(&shmtrace);
         for kernel in kernels {
@@ -481,7 +528,9 @@ pub fn test(args: &VmArgs) -> Result<()> {
                         continue;
                     }
                     SMOKE.1.iter().map(|f| (*f).to_owned()).collect()
-                } else if !requested.contains(name) {
+                } else if !requested.contains(name)
+                    || (args.ci && kernel.ci == Ci::WithoutPython && name == PYTHON_SUITE)
+                {
                     continue;
                 } else {
                     args.filter.iter().cloned().collect()

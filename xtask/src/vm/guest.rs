@@ -43,7 +43,8 @@ pub fn init_script(arch: Arch, steps: &[Step], env: &[(&str, String)]) -> String
          mount -t bpf bpf /sys/fs/bpf\n\
          mkdir -p /dev/shm /tmp /run\n\
          mount -t tmpfs -o size=64m tmpfs /dev/shm\n\
-         mount -t tmpfs tmpfs /tmp\n\
+         # Not a tmpfs on /tmp: the programs copied in live at their host paths, and a checkout\n\
+         # under /tmp (CI's) would be hidden. The initramfs is writable memory already.\n\
          mount -t tmpfs tmpfs /run\n\
          ln -s /proc/self/fd /dev/fd\n\
          hostname shmtrace-vm\n\

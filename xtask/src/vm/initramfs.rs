@@ -91,6 +91,31 @@ impl Initramfs {
         self.libraries_of(host)
     }
 
+    /// Every file and symbolic link under host directory `dir`, at the same paths, but for
+    /// the directories named in `skip` (by name, at any depth). Shared objects bring the
+    /// libraries they load.
+    pub fn tree(&mut self, dir: &Path, skip: &[&str]) -> Result<()> {
+        for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let kind = fs::symlink_metadata(&path)?.file_type();
+            if kind.is_symlink() {
+                let target = fs::read_link(&path)?;
+                self.symlink(&path, &target.to_string_lossy());
+            } else if kind.is_dir() {
+                if !skip.contains(&name) {
+                    self.tree(&path, skip)?;
+                }
+            } else if kind.is_file() {
+                self.file(&path, &path)?;
+                if name.ends_with(".so") {
+                    self.libraries_of(&path)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A program this workspace built, without its debug information (a debug test binary is
     /// ten times larger with it), at the same path in the guest.
     pub fn built_program(&mut self, host: &Path) -> Result<()> {
