@@ -319,7 +319,22 @@ impl Mounts {
 impl Drop for Mounts {
     fn drop(&mut self) {
         for at in self.mounted.iter().rev() {
-            let _ = Command::new("umount").arg(at).status();
+            // shmtrace's detachers (docs/probes.md, Detaching) live on inside the chroot for
+            // a second or two after it exits, keeping the root busy: wait for them, then let
+            // the kernel finish the unmount itself.
+            let unmounted = (0..10).any(|attempt| {
+                if attempt > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                }
+                Command::new("umount")
+                    .arg(at)
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            });
+            if !unmounted {
+                let _ = Command::new("umount").arg("--lazy").arg(at).status();
+            }
         }
     }
 }
