@@ -53,8 +53,12 @@ pub enum Command {
     /// while they work, on a /dev/shm roomy enough for them, and prints the peak of /dev/shm
     /// memory allocated at once (pages, not nominal sizes), per /dev/shm and per role; the
     /// moment of the peak and what was live then; and the size to set, in docker, compose and
-    /// Kubernetes terms, reached as one line says. With --budget it is a CI gate: exit status
-    /// 3 when the peak plus headroom does not fit. Diagnoses of any failure go to stderr.
+    /// Kubernetes terms, reached as one line says. Diagnoses of any failure go to stderr.
+    ///
+    /// Exit status: the command's (130 after Ctrl-C without one). With --budget it is a CI
+    /// gate, and the status is the verdict, never the command's: 0 fits, 3 does not fit,
+    /// 4 fits but the command failed; the command's own status is printed (`command` line,
+    /// `command.exit_code` and `command.signal` with --json).
     ///
     /// Examples:
     ///   sudo shmtrace size -- python train.py
@@ -146,7 +150,9 @@ pub struct TargetArgs {
     pub kernel_btf: PathBuf,
 
     /// The command to run and trace, with its arguments, after `--`.
-    /// shmtrace exits with the command's exit status.
+    /// shmtrace exits with the command's exit status. SIGINT, SIGTERM or SIGHUP sent to
+    /// shmtrace alone (docker stop, a CI timeout) is passed on to the command; the trace waits
+    /// up to 5 s for it to exit, then ends with its result.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
@@ -258,7 +264,8 @@ pub struct SizeArgs {
 #[derive(Args, Debug, Default, Clone)]
 pub struct SizeOptions {
     /// Fail (exit status 3) when the peak plus headroom, rounded as advised, is bigger than
-    /// SIZE: 512m, 1g, 1Gi, 67108864.
+    /// SIZE: 512m, 1g, 1Gi, 67108864. Then the exit status is the verdict: 0 fits, 3 does not
+    /// fit, 4 fits but the traced command failed (its status is printed).
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     pub budget: Option<u64>,
 }

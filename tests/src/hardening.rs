@@ -177,6 +177,26 @@ pub fn with_header(file: &[u8], change: impl FnOnce(&mut [u8])) -> Vec<u8> {
     file
 }
 
+/// `file` with its header's CBOR replaced by `cbor` (of any length), the header's length and
+/// checksum made right for it: a header that is well formed as bytes and bad as CBOR.
+pub fn with_header_cbor(file: &[u8], cbor: &[u8]) -> Vec<u8> {
+    let old_end = PREAMBLE_LEN + u32_at(file, HEADER_LEN_AT);
+    let mut out = file[..PREAMBLE_LEN].to_vec();
+    out[HEADER_LEN_AT].copy_from_slice(&(cbor.len() as u32).to_le_bytes());
+    out.extend_from_slice(cbor);
+    out.extend_from_slice(&file[old_end..]);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&out[..16]);
+    crc.update(cbor);
+    out[16..PREAMBLE_LEN].copy_from_slice(&crc.finalize().to_le_bytes());
+    out
+}
+
+/// The CBOR of `file`'s header.
+pub fn header_cbor(file: &[u8]) -> &[u8] {
+    &file[PREAMBLE_LEN..PREAMBLE_LEN + u32_at(file, HEADER_LEN_AT)]
+}
+
 /// Where the value of the CBOR text key `key` starts in `header`.
 pub fn cbor_value_of(header: &[u8], key: &str) -> usize {
     // A short text string: major type 3 with its length in the low bits.

@@ -185,7 +185,8 @@ pub fn advice_after_failure(job: &dyn Job, shm_bytes: u64) -> Failed {
 /// What `shmtrace size` said.
 pub struct Sized {
     pub succeeded: bool,
-    /// shmtrace's exit status: 130 after Ctrl-C, 3 over budget.
+    /// shmtrace's exit status: 130 after Ctrl-C; with --budget 0 fits, 3 over budget, 4 the
+    /// command failed.
     pub status: Option<i32>,
     pub report: Value,
     pub log: String,

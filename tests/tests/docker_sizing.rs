@@ -182,9 +182,10 @@ fn size_budget_gates_ci() {
         256 * MIB,
         &["--budget", &format!("{}m", needed / MIB)],
     );
+    // With --budget the status is the verdict: ended with Ctrl-C, a fitting watch passes.
     assert_eq!(
         fits.status,
-        Some(130),
+        Some(0),
         "a budget of exactly the advice fits:\n{}",
         fits.log
     );

@@ -127,6 +127,39 @@ fn exits_with_the_commands_status() {
     assert_eq!(trace.output.status.code(), Some(3));
 }
 
+/// Issue 25, item 13: dd writes through a descriptor it moved with dup2, which the trace does
+/// not see; the summary's peak was 2 MiB and its role's row 0 B. Both count the pages written.
+#[test]
+fn the_role_peak_counts_pages_dd_writes() {
+    let _guard = serial();
+    require_root();
+    let dir = shmtrace_tests::tempdir();
+    let out = dir.join("trace.jsonl");
+    let shm = format!("/dev/shm/shmtrace-role-peak-{}", std::process::id());
+    let output = shmtrace()
+        .args(["--json", "-o"])
+        .arg(&out)
+        .args(["--", "dd", "if=/dev/zero", "bs=1M", "count=2"])
+        .arg(format!("of={shm}"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&shm);
+    assert!(output.status.success(), "{output:?}");
+    let records = shmtrace_tests::read_json_lines(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    let summary = records
+        .iter()
+        .find(|r| r["event"] == "summary")
+        .unwrap_or_else(|| panic!("no summary: {records:?}"));
+    assert_eq!(summary["peak_bytes"], 2 << 20, "{summary}");
+    let roles = summary["roles"].as_array().unwrap();
+    let dd = roles
+        .iter()
+        .find(|r| r["processes"] == 1)
+        .unwrap_or_else(|| panic!("no row of dd's role: {summary}"));
+    assert_eq!(dd["peak_bytes"], 2 << 20, "{summary}");
+}
+
 fn error_of(args: &[&str]) -> (Option<i32>, String) {
     let output = shmtrace().args(args).output().unwrap();
     (

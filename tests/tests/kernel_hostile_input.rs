@@ -11,8 +11,8 @@ use std::{
 use shmtrace_tests::{
     command::ShmtraceCommand,
     hardening::{
-        FRAME_HEAD_LEN, PREAMBLE_LEN, cbor_value_of, frame_starts, record, run, shm_churn,
-        small_trace, text, with_header,
+        FRAME_HEAD_LEN, PREAMBLE_LEN, cbor_value_of, frame_starts, header_cbor, record, run,
+        shm_churn, small_trace, text, with_header, with_header_cbor,
     },
     recording::{Replay, replay, wait_for},
     require_root, serial, shmtrace, tempdir,
@@ -344,6 +344,79 @@ fn a_damaged_trace_keeps_what_is_readable_and_a_hostile_header_is_named() {
                 text(&output.stdout)
             );
         }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 25, item 12: a trace file whose header does not decode was answered with Rust's debug
+/// text (`Io(Error { kind: UnexpectedEof, ... })`). Every such file gets a sentence that says
+/// what is wrong and what to do, through the real binary.
+#[test]
+fn undecodable_headers_are_named_in_words() {
+    let _guard = serial();
+    require_root();
+    let (dir, file) = small_trace();
+    let whole = std::fs::read(&file).unwrap();
+    let cbor = header_cbor(&whole).to_vec();
+    let cases: [(&str, Vec<u8>, &str); 6] = [
+        (
+            "cut-in-preamble",
+            whole[..10].to_vec(),
+            "the file ends inside its header (after 10 bytes, of the 20",
+        ),
+        (
+            "cut-in-header",
+            whole[..PREAMBLE_LEN + 9].to_vec(),
+            "the file ends inside its header (after 29 bytes",
+        ),
+        // A header whose length and checksum agree with a CBOR cut short, or with none.
+        (
+            "short-cbor",
+            with_header_cbor(&whole, &cbor[..cbor.len() / 2]),
+            "the header could not be decoded: the header ends before its last field",
+        ),
+        (
+            "no-cbor",
+            with_header_cbor(&whole, &[]),
+            "the header could not be decoded: the header ends before its last field",
+        ),
+        (
+            "not-a-map",
+            with_header_cbor(&whole, &[0x01]),
+            "the header could not be decoded: the header holds something other than what shmtrace \
+             writes",
+        ),
+        (
+            "break",
+            with_header_cbor(&whole, &[0x1c; 16]),
+            "the header could not be decoded: the header is not valid CBOR at its byte 0",
+        ),
+    ];
+    for (name, bytes, said) in cases {
+        let path = dir.join(format!("{name}.shmtrace"));
+        std::fs::write(&path, bytes).unwrap();
+        let output = run(&["report", path.to_str().unwrap()]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains(said), "{name}: {stderr}");
+        for debug in [
+            "Error {",
+            "kind:",
+            "Io(",
+            "Semantic(",
+            "Syntax(",
+            "UnexpectedEof",
+        ] {
+            assert!(
+                !stderr.contains(debug),
+                "{name}: debug text {debug:?}: {stderr}"
+            );
+        }
+        // What to do.
+        assert!(
+            stderr.contains("record again") || stderr.contains("copy it again"),
+            "{name}: {stderr}"
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
 }

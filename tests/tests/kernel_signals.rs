@@ -1,13 +1,16 @@
 //! Signals, as a shell, a supervisor or a pipe deliver them (issue 11): the traced command keeps
 //! the dispositions it would have without shmtrace; SIGHUP ends a recording with its summary and
-//! end mark; SIGUSR1 makes the flight recorder write; a closed stdout ends a trace quietly.
+//! end mark; SIGUSR1 makes the flight recorder write; a closed stdout ends a trace quietly;
+//! SIGTERM sent to shmtrace alone reaches the traced command, and the trace ends with its
+//! result (issue 25).
 //! Real probes, root.
 use std::{
+    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use nix::sys::signal::Signal;
+use nix::{sys::signal::Signal, unistd::Pid};
 use shmtrace_tests::{
     hardening::{Background, run, text},
     require_root, serial, tempdir,
@@ -179,4 +182,150 @@ fn a_closed_stdout_ends_a_host_wide_trace_quietly() {
     );
     assert!(!stderr.contains("Broken pipe"), "{stderr}");
     assert!(!stderr.contains("error"), "{stderr}");
+}
+
+/// `sh -c` script for the stop tests: 1 MiB written to a /dev/shm file, then a long sleep in the
+/// background, whose pid is written to `$2` once it runs (the file the test waits for), and the
+/// shell waits for it. `$1` is the /dev/shm file.
+const WRITE_THEN_SLEEP: &str = "dd if=/dev/zero of=\"$1\" bs=1M count=1 2>/dev/null; \
+     sleep 1000 & echo $! > \"$2.tmp\"; mv \"$2.tmp\" \"$2\"; wait";
+
+/// What a stop test leaves: the sleep (which, as without shmtrace, does not get the signal
+/// the shell dies of), the /dev/shm file, the directory. Removed even when the test fails.
+struct Leftovers {
+    dir: PathBuf,
+    shm: String,
+    sleeper: PathBuf,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if let Some(pid) = std::fs::read_to_string(&self.sleeper)
+            .ok()
+            .and_then(|pid| pid.trim().parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let _ = std::fs::remove_file(&self.shm);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `shmtrace ARGS -- sh -c WRITE_THEN_SLEEP` in the background, waits until the sleep runs,
+/// and sends SIGTERM to shmtrace alone, as `docker stop` does to a container's PID 1 or a CI
+/// timeout to its job. Returns shmtrace's status, its stderr and stdout.
+fn stop_with_sigterm(args: &[&str], tag: &str) -> (std::process::ExitStatus, String, String) {
+    let dir = tempdir();
+    let left = Leftovers {
+        shm: format!("/dev/shm/harden-stop-{tag}-{}", std::process::id()),
+        sleeper: dir.join("sleeper.pid"),
+        dir,
+    };
+    let stdout = left.dir.join("stdout.txt");
+    let mut command: Vec<&str> = args.to_vec();
+    command.extend(["--", "sh", "-c", WRITE_THEN_SLEEP, "sh", &left.shm]);
+    command.push(left.sleeper.to_str().unwrap());
+    let tracer = Background::start(
+        &command,
+        Stdio::from(std::fs::File::create(&stdout).unwrap()),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !left.sleeper.exists() {
+        assert!(Instant::now() < deadline, "the command never ran its sleep");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tracer.signal(Signal::SIGTERM);
+    let (status, stderr) = tracer.finish();
+    let stdout = std::fs::read_to_string(&stdout).unwrap();
+    (status, stderr, stdout)
+}
+
+/// Issue 25, item 5: SIGTERM to shmtrace alone used to stay with it: the command ran on and the
+/// trace never ended. It is passed on to the command, which dies of it; the trace then ends
+/// with the command's status and the summary.
+#[test]
+fn sigterm_to_shmtrace_alone_reaches_the_command_and_the_summary_is_printed() {
+    let _guard = serial();
+    require_root();
+    let (status, stderr, _) = stop_with_sigterm(&[], "trace");
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "shmtrace must exit as the command did (killed by SIGTERM); stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("passed SIGTERM on to the traced command"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("command killed by SIGTERM"), "{stderr}");
+    assert!(stderr.contains("events lost"), "no summary:\n{stderr}");
+}
+
+/// The same for `shmtrace size`, whose result is printed only once the trace ends.
+#[test]
+fn sigterm_to_shmtrace_size_alone_reaches_the_command_and_the_size_is_printed() {
+    let _guard = serial();
+    require_root();
+    let (status, stderr, stdout) = stop_with_sigterm(&["size", "--json"], "size");
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "stderr:\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("no size result ({e}): {stdout:?}; stderr:\n{stderr}"));
+    let peak = report["shm"][0]["peak_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        peak >= 1 << 20,
+        "the 1 MiB written is not measured: {report}"
+    );
+}
+
+/// Runs shmtrace on a terminal (a pty), presses Ctrl-C once the command runs, and prints all
+/// it showed: the command traps SIGINT and counts it, and runs on for 8 s.
+const CTRL_C_ON_A_PTY: &str = r#"
+import os, pty, sys, time
+script = "n=0; trap 'n=$((n+1)); echo got INT $n' INT; i=0; while [ $i -lt 40 ]; do sleep 0.2; i=$((i+1)); done"
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], ["shmtrace", "--", "sh", "-c", script])
+out = b""
+deadline = time.time() + 30
+pressed = False
+while time.time() < deadline:
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        break
+    if not data:
+        break
+    out += data
+    if not pressed and b'execve("/usr/bin/sleep"' in out:
+        os.write(fd, b"\x03")
+        pressed = True
+os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors="replace"))
+"#;
+
+/// Ctrl-C reaches the command itself (the terminal signals its foreground process group,
+/// which the command shares with shmtrace): shmtrace must not send it again.
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_command_once() {
+    let _guard = serial();
+    require_root();
+    let output = Command::new(shmtrace_tests::workload::PYTHON)
+        .args(["-c", CTRL_C_ON_A_PTY])
+        .arg(shmtrace_tests::shmtrace_bin())
+        .output()
+        .unwrap();
+    let shown = text(&output.stdout);
+    assert!(shown.contains("got INT 1"), "{shown}");
+    assert!(
+        !shown.contains("got INT 2"),
+        "SIGINT delivered twice: {shown}"
+    );
+    assert!(
+        shown.contains("SIGINT from the terminal reached the traced command"),
+        "{shown}"
+    );
 }

@@ -136,3 +136,55 @@ fn size_of_running_processes() {
     check_report(&report);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Issue 25, item 11: with --budget, exit status 3 meant both "does not fit" and "the command
+/// exited 3". The status is now the verdict (3 does not fit, 4 the command failed, 0 fits), and
+/// the command's own status is in the result.
+#[test]
+fn a_budget_verdict_is_not_the_commands_status() {
+    require_root();
+    let _serial = serial();
+    let dir = tempdir();
+    let shm = format!("/dev/shm/shmtrace-verdict-{}", std::process::id());
+    let size = |budget: &str, script: &str| {
+        let out = dir.join("size.json");
+        let output = shmtrace()
+            .args(["size", "--json", "--budget", budget, "-o"])
+            .arg(&out)
+            .args(["--", "sh", "-c", script, "sh", &shm])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {output:?}"));
+        (output.status.code(), report)
+    };
+    let write_2m = "dd if=/dev/zero of=\"$1\" bs=1M count=2 2>/dev/null; rm \"$1\"";
+
+    // Fits, and the command exits 3: not "does not fit".
+    let (status, report) = size("1g", &format!("{write_2m}; exit 3"));
+    assert_eq!(report["budget"]["fits"], true, "{report}");
+    assert_eq!(status, Some(4), "fits, the command failed: {report}");
+    assert_eq!(report["command"]["exit_code"], 3, "{report}");
+
+    // Does not fit, and the command succeeds.
+    let (status, report) = size("1m", write_2m);
+    assert_eq!(report["budget"]["fits"], false, "{report}");
+    assert_eq!(status, Some(3), "{report}");
+    assert_eq!(report["command"]["exit_code"], 0, "{report}");
+
+    // Fits, and the command succeeds.
+    let (status, report) = size("1g", write_2m);
+    assert_eq!(status, Some(0), "{report}");
+
+    // Text: the command's status is printed beside the verdict.
+    let output = shmtrace()
+        .args(["size", "--budget", "1g", "--", "sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("command   exited with status 3"), "{text}");
+    assert!(text.contains("budget    fits"), "{text}");
+    assert_eq!(output.status.code(), Some(4), "{text}");
+    let _ = std::fs::remove_file(&shm);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -69,7 +69,15 @@ impl Diagnoser {
     pub fn forget(&mut self, pids: &[u32]) {
         for pid in pids {
             self.pending.remove(pid);
-            self.diagnosed.remove(pid);
+            if let Some((parent, ns)) = self.diagnosed.remove(pid).and_then(|d| d.filed_under)
+                && let Some(children) = self.failed_children.get_mut(&parent)
+            {
+                children.remove(&(ns, *pid));
+                if children.is_empty() {
+                    self.failed_children.remove(&parent);
+                }
+            }
+            self.failed_children.remove(pid);
             self.outcomes.remove(pid);
             self.loaders.remove(pid);
             if let Some((inodes, group)) = self.held.remove(pid)

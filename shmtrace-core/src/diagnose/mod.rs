@@ -105,6 +105,9 @@ pub struct Diagnoser {
     host_mntns: u32,
     loaders: HashMap<u32, LoaderStats>,
     diagnosed: HashMap<u32, Diagnosed>,
+    /// Per parent, its children diagnosed with a failure of their own: (when, pid), earliest
+    /// first ([`Diagnoser::first_failed_child`]).
+    failed_children: FastMap<u32, std::collections::BTreeSet<(u64, u32)>>,
     /// Objects each process holds now, with its group (place and role at the time); per
     /// group, how many of its processes hold each object (an object shared by several counts
     /// once), and the most bytes the group held at once.

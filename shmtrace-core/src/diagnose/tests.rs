@@ -155,6 +155,27 @@ impl Run {
         self.event(pid, comm, Body::Call(call));
     }
 
+    /// `close(fd)` of `inode`, returning 0.
+    fn close(&mut self, pid: u32, comm: &str, fd: i32, inode: InodeId) {
+        let allocated = self.world.object(&inode).map_or(0, |o| o.allocated);
+        let call = Call {
+            syscall: Syscall::Close,
+            fd: Some(fd),
+            ret: 0,
+            args: [fd as u64, 0, 0, 0, 0, 0],
+            file: Some(FileRef {
+                inode,
+                mode: libc::S_IFREG | 0o600,
+                size: allocated as i64,
+                allocated,
+            }),
+            path: None,
+            path_truncated: false,
+            relative_to_shm: false,
+        };
+        self.event(pid, comm, Body::Call(call));
+    }
+
     fn exit(&mut self, pid: u32, comm: &str, code: i32) {
         self.event(pid, comm, Body::Exit(ExitStatus::Code(code)));
     }
@@ -402,6 +423,36 @@ fn a_role_peak_counts_a_shared_object_once_and_includes_writes() {
         .find(|(_, role, stats)| *role == RoleKind::Other && stats.processes == 2)
         .unwrap_or_else(|| panic!("{table:#?}"));
     assert_eq!(stats.peak_bytes, 68 << 10, "{table:#?}");
+}
+
+/// Issue 25, item 13: `dd of=/dev/shm/x` opens the file as 3, moves it to 1 with dup2 (which
+/// is not traced), closes 3 and writes through 1. Its role's peak counted nothing: the
+/// process held no descriptor of the object the model knew of.
+#[test]
+fn a_role_peak_counts_writes_through_a_descriptor_the_trace_did_not_see_opened() {
+    let mut run = Run::new();
+    run.exec(
+        300,
+        &[
+            "/usr/bin/dd",
+            "if=/dev/zero",
+            "of=/dev/shm/x",
+            "bs=1M",
+            "count=2",
+        ],
+    );
+    let inode = run.create(300, "dd", "/dev/shm/x", 3);
+    run.close(300, "dd", 3, inode);
+    run.write(300, "dd", 1, inode, 1 << 20, 1 << 20);
+    run.write(300, "dd", 1, inode, 1 << 20, 1 << 20);
+    run.close(300, "dd", 1, inode);
+    run.exit(300, "dd", 0);
+    let table = run.diagnoser.table(&run.world);
+    let (_, _, stats) = table
+        .iter()
+        .find(|(_, _, stats)| stats.processes == 1)
+        .unwrap_or_else(|| panic!("{table:#?}"));
+    assert_eq!(stats.peak_bytes, 2 << 20, "{table:#?}");
 }
 
 #[test]

@@ -21,6 +21,8 @@ pub(super) struct Diagnosed {
     first_failure_ns: Option<u64>,
     cause: Cause,
     recommendation: Option<Recommendation>,
+    /// Its parent's entry for it in `failed_children`, to remove when it is forgotten.
+    pub(super) filed_under: Option<(u32, u64)>,
 }
 
 impl Diagnoser {
@@ -85,14 +87,21 @@ impl Diagnoser {
     }
 
     /// Of `parent`'s children, the one diagnosed with the earliest failure: a multiprocessing
-    /// parent whose writer died of SIGBUS, a launcher whose NCCL rank failed.
+    /// parent whose writer died of SIGBUS, a launcher whose NCCL rank failed. Looked up in
+    /// `failed_children`, not by a scan of every process: it is asked at every death by a
+    /// signal, and a storm of them made a replay quadratic (issue 25). An entry counts while
+    /// the child is still known as `parent`'s and diagnosed with that failure.
     fn first_failed_child(&self, parent: u32, world: &World) -> Option<u32> {
-        world
-            .processes()
-            .filter(|p| p.parent == Some(parent))
-            .filter_map(|p| Some((self.diagnosed.get(&p.pid)?.first_failure_ns?, p.pid)))
-            .min()
-            .map(|(_, child)| child)
+        self.failed_children
+            .get(&parent)?
+            .iter()
+            .find(|(ns, child)| {
+                world
+                    .process(*child)
+                    .is_some_and(|p| p.parent == Some(parent))
+                    && self.diagnosed.get(child).and_then(|d| d.first_failure_ns) == Some(*ns)
+            })
+            .map(|(_, child)| *child)
     }
 
     /// Makes `diagnosis` (of a process with no failure of its own) point to the process whose
@@ -115,6 +124,7 @@ impl Diagnoser {
                 first_failure_ns: None,
                 cause: other.cause,
                 recommendation: other.recommendation,
+                filed_under: None,
             },
         );
     }
@@ -221,12 +231,22 @@ impl Diagnoser {
                 &started_by,
             )
         });
+        let filed_under = first_failure_ns
+            .zip(world.process(pid).and_then(|p| p.parent))
+            .map(|(ns, parent)| (parent, ns));
+        if let Some((parent, ns)) = filed_under {
+            self.failed_children
+                .entry(parent)
+                .or_default()
+                .insert((ns, pid));
+        }
         self.diagnosed.insert(
             pid,
             Diagnosed {
                 first_failure_ns,
                 cause,
                 recommendation: recommendation.clone(),
+                filed_under,
             },
         );
         let already: Vec<&str> = recommendation

@@ -421,17 +421,11 @@ impl Pipeline {
     /// a fresh /dev/shm whose files reuse the same device, inode numbers, names and even mount
     /// namespace number, and must not be taken for the old ones.
     fn retire_private_shm(&mut self, mntns: u32) {
-        if self
-            .world
-            .processes()
-            .any(|p| p.alive() && p.mntns == mntns)
-        {
-            return;
-        }
+        // Asked at every exit: indexed lookups, not a scan of every process (issue 25).
         let Some(container) = self.diagnoser.container(mntns) else {
             return;
         };
-        if container.ipc != "private" {
+        if container.ipc != "private" || self.world.any_alive_in(mntns) {
             return;
         }
         if let Some(dev) = container.shm_dev {
@@ -503,13 +497,16 @@ impl Pipeline {
             _ => event.pid,
         };
         // The subject may be gone (it just died): any live process of its namespace will do.
+        // From the index, not a scan: every death by a signal asks (issue 25).
         let mut pids = vec![subject];
-        pids.extend(
-            self.world
-                .processes()
-                .filter(|p| p.mntns == event.mntns && p.alive() && p.pid != subject)
-                .map(|p| p.pid),
-        );
+        let mut others: Vec<u32> = self
+            .world
+            .alive_in(event.mntns)
+            .filter(|pid| *pid != subject)
+            .collect();
+        // In pid order, as the scan of a hash map gave none: the same one tried first each time.
+        others.sort_unstable();
+        pids.extend(others);
         let Some(sample) = env.measure(&pids, event.ts_ns) else {
             return Ok(());
         };

@@ -8,10 +8,11 @@
 //!
 //! `format` lays out the bytes; `header` and `user` say what they mean; `writer` writes
 //! (crash-safe, compressed or not, rotating); `reader` reads and says where a bad file goes
-//! bad; `flight` is the in-memory window of `record --on-failure`; `redact` makes a copy safe
+//! bad, and `cbor_error` how undecodable CBOR in it is named; `flight` is the in-memory window of `record --on-failure`; `redact` makes a copy safe
 //! to share, with `pseudonym`; `carry` gives a rotated file the state it starts from.
 
 mod carry;
+mod cbor_error;
 mod flight;
 mod format;
 mod header;

@@ -63,7 +63,10 @@ impl std::error::Error for ReadError {
 impl ReadError {
     /// The file simply ends early, as after a crash of the recorder: what came before is good.
     pub fn is_truncation(&self) -> bool {
-        matches!(self.reason, Reason::Truncated { .. })
+        matches!(
+            self.reason,
+            Reason::Truncated { .. } | Reason::HeaderTruncated { .. }
+        )
     }
 }
 
@@ -105,6 +108,12 @@ pub enum Reason {
         need: u64,
     },
     #[error(
+        "the file ends inside its header (after {have} bytes, of the {need} it needs): it is cut \
+         short (a recorder stopped as it started it, an incomplete copy) or not a shmtrace \
+         trace; nothing in it can be read: copy it again whole, or record again"
+    )]
+    HeaderTruncated { have: u64, need: u64 },
+    #[error(
         "the header is corrupt (its checksum is {found:08x}, its contents give {expected:08x}); \
          the file was damaged after it was written"
     )]
@@ -113,8 +122,16 @@ pub enum Reason {
         "the header claims {len} bytes, more than the {MAX_HEADER} any shmtrace writes: the file is corrupt"
     )]
     HeaderTooLong { len: u32 },
-    #[error("the header could not be decoded ({0}): the file is corrupt")]
+    #[error(
+        "the header could not be decoded: {0}; the file is corrupt or was not written by \
+         shmtrace, and nothing in it can be read: record again, or ask for the original file"
+    )]
     BadHeader(String),
+    #[error(
+        "it belongs to another recording ({found}, not {expected}, which the files before it \
+         are of); move it out of the way"
+    )]
+    OtherRecording { found: String, expected: String },
     #[error(
         "the record is corrupt (its checksum is {found:08x}, its contents give {expected:08x}); \
          the file was damaged after it was written; everything before this offset was read"
@@ -136,7 +153,10 @@ pub enum Reason {
     NestedBlock,
     #[error("a compressed block could not be decompressed ({0}): the file is corrupt")]
     Decompress(String),
-    #[error("a userspace record could not be decoded ({0}): the file is corrupt")]
+    #[error(
+        "a userspace record could not be decoded: {0}; the file is corrupt here; everything \
+         before this offset was read"
+    )]
     BadUserRecord(String),
     #[error(
         "this is not a trace file (a directory); give the trace file, or the -o name it was \
@@ -512,8 +532,7 @@ fn read_header(src: &mut impl Read) -> Result<(TraceHeader, u64), ReadError> {
     if got < PREAMBLE_LEN {
         return Err(at(
             got as u64,
-            Reason::Truncated {
-                what: "file header",
+            Reason::HeaderTruncated {
                 have: got as u64,
                 need: PREAMBLE_LEN as u64,
             },
@@ -546,8 +565,7 @@ fn read_header(src: &mut impl Read) -> Result<(TraceHeader, u64), ReadError> {
     if got < header_len as usize {
         return Err(at(
             (PREAMBLE_LEN + got) as u64,
-            Reason::Truncated {
-                what: "file header",
+            Reason::HeaderTruncated {
                 have: (PREAMBLE_LEN + got) as u64,
                 need: (PREAMBLE_LEN + header_len as usize) as u64,
             },
@@ -563,8 +581,12 @@ fn read_header(src: &mut impl Read) -> Result<(TraceHeader, u64), ReadError> {
             },
         ));
     }
-    let mut header: TraceHeader = ciborium::from_reader(&cbor[..])
-        .map_err(|e| at(PREAMBLE_LEN as u64, Reason::BadHeader(e.to_string())))?;
+    let mut header: TraceHeader = ciborium::from_reader(&cbor[..]).map_err(|e| {
+        at(
+            PREAMBLE_LEN as u64,
+            Reason::BadHeader(super::cbor_error::problem(&e, "the header")),
+        )
+    })?;
     if let Some(found) = header.record_layout.filter(|found| *found != LAYOUT_HASH) {
         let written_by = crate::event::escape::text(&header.tool_version);
         return Err(at(

@@ -132,10 +132,11 @@ impl TraceSet {
                     path: Some(path),
                     offset: PREAMBLE_LEN as u64,
                     in_block: None,
-                    reason: Reason::BadHeader(format!(
-                        "it belongs to another recording ({}, not {}); move it out of the way",
-                        header.recording_id, first.recording_id
-                    )),
+                    reason: Reason::OtherRecording {
+                        // Read from the files: escaped, as all text from a file is.
+                        found: crate::event::escape::text(&header.recording_id),
+                        expected: crate::event::escape::text(&first.recording_id),
+                    },
                 });
             }
             let previous = self.current.header().sequence;

@@ -290,7 +290,7 @@ impl UserRecord {
     }
 
     pub(super) fn from_cbor(bytes: &[u8]) -> Result<UserRecord, String> {
-        ciborium::from_reader(bytes).map_err(|e| e.to_string())
+        ciborium::from_reader(bytes).map_err(|e| super::cbor_error::problem(&e, "the record"))
     }
 }
 

@@ -130,8 +130,12 @@ pub struct Timeline {
     first_ns: Option<u64>,
     last_ns: u64,
     spans: Vec<Span>,
-    /// Open spans, per process and object: index into `spans`.
+    /// Open spans, per process and object: index into `spans`. A process holding none has
+    /// no entry.
     open: HashMap<u32, BTreeMap<InodeId, usize>>,
+    /// The same spans per object, for [`Timeline::resize`] at every call: looking through
+    /// every process's made a report of a fork storm quadratic (issue 25).
+    open_of: HashMap<InodeId, Vec<usize>>,
     marks: Vec<Mark>,
     devices: BTreeMap<u32, Device>,
     /// Where each process ran, by its own events.
@@ -357,6 +361,12 @@ impl Timeline {
         for inode in released {
             let index = open.remove(&inode).expect("listed");
             self.spans[index].end_ns = Some(ts_ns);
+            if let Some(spans) = self.open_of.get_mut(&inode) {
+                spans.retain(|i| *i != index);
+                if spans.is_empty() {
+                    self.open_of.remove(&inode);
+                }
+            }
         }
         for inode in held {
             if let Some(index) = open.get(&inode) {
@@ -368,6 +378,10 @@ impl Timeline {
             }
             let object = world.object(&inode);
             open.insert(inode, self.spans.len());
+            self.open_of
+                .entry(inode)
+                .or_default()
+                .push(self.spans.len());
             self.spans.push(Span {
                 pid,
                 inode,
@@ -379,6 +393,9 @@ impl Timeline {
                 end_ns: None,
             });
         }
+        if open.is_empty() {
+            self.open.remove(&pid);
+        }
     }
 
     /// An object changed size: every open span of it says so.
@@ -387,16 +404,14 @@ impl Timeline {
             return;
         };
         let bytes = object.footprint().0;
-        for open in self.open.values() {
-            if let Some(index) = open.get(&inode) {
-                let span = &mut self.spans[*index];
-                span.bytes = span.bytes.max(bytes);
-                // The name may have been learned after the span opened (a passed descriptor).
-                if span.name.starts_with("<inode")
-                    && let Some(path) = &object.path
-                {
-                    span.name = path.to_string();
-                }
+        for index in self.open_of.get(&inode).into_iter().flatten() {
+            let span = &mut self.spans[*index];
+            span.bytes = span.bytes.max(bytes);
+            // The name may have been learned after the span opened (a passed descriptor).
+            if span.name.starts_with("<inode")
+                && let Some(path) = &object.path
+            {
+                span.name = path.to_string();
             }
         }
     }
@@ -460,5 +475,83 @@ impl Timeline {
                 device.demand.push((ts_ns, usage.demand));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Call, FileRef};
+
+    fn event(ts_ns: u64, pid: u32, body: Body) -> Event {
+        Event {
+            ts_ns,
+            cpu: 0,
+            pid,
+            tid: pid,
+            comm: "python3".to_owned(),
+            mntns: 4026531841,
+            cgroup_id: 1,
+            container_match: false,
+            body,
+        }
+    }
+
+    /// Issue 25, item 4: `report --html` of a fork storm was quadratic: every call's resize
+    /// looked through the open spans of every process ever seen (each kept an empty entry
+    /// after its last close). Counted as the entries a resize visits, not timed.
+    #[test]
+    fn a_storm_of_processes_leaves_no_open_spans_to_look_through() {
+        let mut world = World::new();
+        let mut timeline = Timeline::default();
+        let mut most_visited = 0;
+        let mut ts = 0;
+        let feed = |world: &mut World, timeline: &mut Timeline, event: Event| {
+            let note = world.apply(&event);
+            timeline.event(&event, &note, "host", world);
+        };
+        for i in 0..2000u32 {
+            let child = 1000 + i;
+            ts += 10;
+            feed(
+                &mut world,
+                &mut timeline,
+                event(ts, 10, Body::Fork { child_pid: child }),
+            );
+            let file = FileRef {
+                inode: InodeId {
+                    dev: 26,
+                    ino: 100 + u64::from(i),
+                },
+                mode: libc::S_IFREG | 0o600,
+                size: 4096,
+                allocated: 4096,
+            };
+            let open = Call {
+                syscall: Syscall::Openat,
+                fd: Some(3),
+                ret: 3,
+                args: [0, 0, (libc::O_RDWR | libc::O_CREAT) as u64, 0o600, 0, 0],
+                file: Some(file),
+                path: Some(format!("/dev/shm/storm-{i}")),
+                path_truncated: false,
+                relative_to_shm: false,
+            };
+            feed(
+                &mut world,
+                &mut timeline,
+                event(ts + 1, child, Body::Call(open)),
+            );
+            // What the next call's resize looks through.
+            most_visited = most_visited.max(timeline.open.len());
+            let exit = Body::Exit(ExitStatus::Code(0));
+            feed(&mut world, &mut timeline, event(ts + 2, child, exit));
+        }
+        assert!(
+            most_visited <= 2,
+            "a resize looked through {most_visited} processes' open spans"
+        );
+        assert_eq!(timeline.spans.len(), 2000, "every hold is still drawn");
+        assert!(timeline.spans.iter().all(|s| s.end_ns.is_some()));
     }
 }

@@ -20,7 +20,7 @@ use crate::{
         DEFAULT_PREFETCH, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role,
         with_headroom,
     },
-    event::{Body, Event, InodeId},
+    event::{Body, Event, ExitStatus, InodeId, names},
     model::{Annotation, ShmObject, StartedBy, World},
     size::{count, human},
 };
@@ -252,6 +252,7 @@ impl Sizer {
                 needed: needed.unwrap_or(0),
                 fits: needed.unwrap_or(0) <= budget,
             }),
+            command: None,
         }
     }
 
@@ -366,6 +367,36 @@ pub struct SizeReport {
     pub failures: Vec<String>,
     pub lost_events: u64,
     pub budget: Option<Budget>,
+    /// How the traced command ended (`size -- CMD`): with `--budget` shmtrace's exit status
+    /// is the verdict, so the command's own is here. `None` without a command.
+    pub command: Option<CommandEnd>,
+}
+
+/// How a traced command ended: an exit code, or the signal that killed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CommandEnd {
+    pub exit_code: Option<i32>,
+    /// The signal's name (`SIGTERM`).
+    pub signal: Option<String>,
+}
+
+impl CommandEnd {
+    pub fn of(status: ExitStatus) -> CommandEnd {
+        match status {
+            ExitStatus::Code(code) => CommandEnd {
+                exit_code: Some(code),
+                signal: None,
+            },
+            ExitStatus::Signal { signo, .. } => CommandEnd {
+                exit_code: None,
+                signal: Some(names::signal_name(signo)),
+            },
+        }
+    }
+
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0)
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]

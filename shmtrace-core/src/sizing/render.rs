@@ -111,6 +111,16 @@ pub fn text(report: &SizeReport, time: &dyn Fn(u64) -> String) -> String {
             ),
         );
     }
+    if let Some(command) = &report.command {
+        add(
+            "command",
+            match (command.exit_code, &command.signal) {
+                (Some(code), _) => format!("exited with status {code}"),
+                (None, Some(signal)) => format!("killed by {signal}"),
+                (None, None) => "ended".to_owned(),
+            },
+        );
+    }
     if let Some(budget) = &report.budget {
         add(
             "budget",

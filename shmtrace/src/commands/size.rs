@@ -30,11 +30,16 @@ use crate::{
     model::{Annotation, ContainerInfo, World},
     output::filter::Filter,
     pipeline::{Observer, Pipeline},
-    sizing::{self, SizeReport, Sizer},
+    sizing::{self, CommandEnd, SizeReport, Sizer},
 };
 
-/// Exit status when the workload does not fit the budget.
+/// With `--budget`, shmtrace's exit status is the verdict, never the command's (which a
+/// command exiting 3 would make ambiguous; the command's is printed and in the JSON):
+/// the workload does not fit the budget,
 const OVER_BUDGET: u8 = 3;
+/// or it fits but the traced command failed (a non-zero status, a signal), so the measurement
+/// is of a run that did not finish its work.
+const COMMAND_FAILED: u8 = 4;
 /// How often a live run measures each /dev/shm the workload uses (statfs), to see pages
 /// written through mappings, which no system call shows.
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
@@ -61,17 +66,20 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
         )
     };
     let outcome = live::run(what, &options, make_pipeline)?;
-    let report = take(&result)?;
+    let mut report = take(&result)?;
+    report.command = outcome.command_status.map(CommandEnd::of);
     let fits = write(
         &report,
         args.json,
         args.output.as_deref(),
         &Clock::now().context("reading the clocks")?,
     )?;
-    Ok(if fits {
-        exit_code(&outcome)
-    } else {
-        ExitCode::from(OVER_BUDGET)
+    Ok(match (&report.budget, &report.command) {
+        (None, _) => exit_code(&outcome),
+        (Some(_), _) if !fits => ExitCode::from(OVER_BUDGET),
+        (Some(_), Some(command)) if !command.success() => ExitCode::from(COMMAND_FAILED),
+        // Fits: an interrupted watch of containers or pids (Ctrl-C is how it ends) passes.
+        (Some(_), _) => ExitCode::SUCCESS,
     })
 }
 

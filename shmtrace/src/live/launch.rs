@@ -18,7 +18,8 @@ use crate::{
         bpf::{EventReader, Tracer, TracerOptions},
         hold::Hold,
         proc_scan,
-        session::{Ending, Outcome, Session, Signals},
+        session::{Ending, Outcome, Session},
+        signals::Signals,
         target,
         watch::{self, Watch},
     },
@@ -122,7 +123,6 @@ pub fn tracer_options(what: &What, args: &TargetArgs) -> TracerOptions {
 }
 
 /// Loads the probes, starts or attaches to the target, and traces until it ends.
-/// Loads the probes, starts or attaches to the target, and traces until it ends.
 /// `make_pipeline` is called once the containers asked for are found, with them (a trace
 /// file's header lists them).
 pub fn run(
@@ -178,7 +178,7 @@ pub fn run(
                 runtime.block_on(async {
                     tokio::select! {
                         found = finding => found.map(Some),
-                        _ = signals.ending() => Ok(None),
+                        _ = signals.stop() => Ok(None),
                     }
                 })?
             };
@@ -265,7 +265,11 @@ pub fn run(
     if let Some(watch) = watch {
         session = session.with_watch(watch);
     }
-    runtime.block_on(session.run(ending))
+    let outcome = runtime.block_on(session.run(ending));
+    // The thread waiting for a command that outlived the trace's end (STOP_GRACE) would hold
+    // the runtime's drop, and shmtrace's exit, until that command exits.
+    runtime.shutdown_background();
+    outcome
 }
 
 fn resolver(docker_socket: Option<&Path>) -> Resolver {
@@ -323,7 +327,7 @@ async fn holding<T>(
     loop {
         tokio::select! {
             found = &mut finding => return found.map(Some),
-            _ = signals.ending() => return Ok(None),
+            _ = signals.stop() => return Ok(None),
             read = reader.read(&mut batch) => read.context("reading the ring buffer")?,
             _ = ticker.tick() => {
                 // What is left waits for the next read or tick.

@@ -3,7 +3,8 @@
 //!
 //! `launch` starts a live trace (probes, target, session) for the commands that trace,
 //! `bpf` loads and attaches the probes and reads their records, `target` says what to trace,
-//! `session` runs the loop that hands records to the pipeline, `watch` follows containers as
+//! `session` runs the loop that hands records to the pipeline, `signals` the signals it
+//! answers and where they came from, `watch` follows containers as
 //! they come and go, `hold` keeps records of processes not yet known to be a container's,
 //! `proc_scan` reads /proc, `machine` answers the pipeline's questions about the running
 //! machine, `demo` is the built-in demonstration.
@@ -14,5 +15,6 @@ pub mod launch;
 pub mod machine;
 pub mod proc_scan;
 pub mod session;
+pub mod signals;
 pub mod target;
 pub mod watch;

@@ -7,7 +7,6 @@ use std::{
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
     clock::boot_ns,
@@ -16,6 +15,7 @@ use crate::{
         bpf::{EventReader, Tracer},
         hold::Hold,
         machine::LiveMachine,
+        signals::{Received, Signals, Stop},
         target::RunningCommand,
         watch::Watch,
     },
@@ -29,7 +29,7 @@ pub enum Ending {
     /// When every one of these processes has exited.
     Pids(HashSet<u32>),
     /// Only when interrupted (Ctrl-C, SIGTERM or SIGHUP), or when the reader of the output
-    /// goes away.
+    /// goes away. (With a command, those signals are passed on to it first: see [`STOP_GRACE`].)
     Interrupt,
 }
 
@@ -45,6 +45,11 @@ pub struct Outcome {
 /// processes that ended with it, and how often to look meanwhile.
 const GRACE: Duration = Duration::from_millis(100);
 const GRACE_POLL: Duration = Duration::from_millis(2);
+/// How long a trace asked to end (SIGINT, SIGTERM, SIGHUP) waits for the traced command, to
+/// which the signal was passed on, to exit: its last records (the frees and deaths a summary
+/// and a size are made of) come as it exits. Shorter than `docker stop`'s 10 s before SIGKILL,
+/// so that shmtrace as a container's PID 1 prints its result before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How often ordinary records are collected from the ring buffer and the pipeline's tap may
 /// flush, and how often kernel losses are checked (every tenth tick).
 const TICK: Duration = Duration::from_millis(100);
@@ -54,39 +59,6 @@ const TICKS_PER_LOST_CHECK: u32 = 10;
 const TICKS_PER_FORGET: u32 = 3;
 /// How often followed containers are checked for restarts and their /dev/shm measured.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
-
-/// The signals a live trace answers. Installed before the trace says it is tracing, so that a
-/// signal sent from then on is always handled.
-pub struct Signals {
-    interrupt: Signal,
-    terminate: Signal,
-    /// A closed terminal ends the trace like Ctrl-C: files finished, summary printed.
-    hangup: Signal,
-    /// SIGUSR1 asks the flight recorder for a file now, as a failure would.
-    dump: Signal,
-}
-
-impl Signals {
-    /// Must be called inside the runtime (`Runtime::enter`).
-    pub fn install() -> Result<Signals> {
-        Ok(Signals {
-            interrupt: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
-            terminate: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
-            hangup: signal(SignalKind::hangup()).context("installing a SIGHUP handler")?,
-            dump: signal(SignalKind::user_defined1()).context("installing a SIGUSR1 handler")?,
-        })
-    }
-
-    /// Waits for a signal that ends the trace (before tracing starts: while waiting for a
-    /// container).
-    pub async fn ending(&mut self) {
-        tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
-            _ = self.hangup.recv() => {}
-        }
-    }
-}
 
 pub struct Session {
     signals: Option<Signals>,
@@ -149,12 +121,7 @@ impl Session {
                 EventReader::new(ring).context("watching the ring buffer")?
             }
         };
-        let Signals {
-            mut interrupt,
-            mut terminate,
-            mut hangup,
-            mut dump,
-        } = match self.signals.take() {
+        let mut signals = match self.signals.take() {
             Some(signals) => signals,
             None => Signals::install()?,
         };
@@ -165,11 +132,14 @@ impl Session {
         let mut command_done = match &ending {
             Ending::Command(command) => {
                 self.command_tree.insert(command.pid());
-                let waiter = *command;
+                let waiter = command.clone();
                 Some(tokio::task::spawn_blocking(move || waiter.wait()))
             }
             _ => None,
         };
+        // Set when a signal asked the trace to end while the command runs: when the wait for
+        // the command to exit ends.
+        let mut stopping: Option<tokio::time::Instant> = None;
 
         let mut batch: Vec<Bytes> = self.hold.take_ready();
         self.handle(&mut batch, &mut ending)?;
@@ -191,23 +161,35 @@ impl Session {
                     outcome.command_status = Some(status);
                     break;
                 }
-                _ = interrupt.recv() => {
-                    outcome.interrupted = true;
-                    break;
-                }
-                _ = terminate.recv() => {
-                    outcome.interrupted = true;
-                    break;
-                }
-                _ = hangup.recv() => {
-                    outcome.interrupted = true;
-                    break;
-                }
-                _ = dump.recv() => {
-                    self.drain_all(&mut reader, &mut batch, &mut ending)?;
-                    if !self.pipeline.trigger_manual(boot_ns()?)? {
-                        self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
+                received = signals.next() => match received {
+                    Received::Stop(stop) => {
+                        outcome.interrupted = true;
+                        // A second signal while waiting for the command ends the wait.
+                        match (&ending, stopping) {
+                            (Ending::Command(command), None) => {
+                                self.pass_on(command, stop)?;
+                                stopping = Some(tokio::time::Instant::now() + STOP_GRACE);
+                            }
+                            _ => break,
+                        }
                     }
+                    Received::Dump => {
+                        self.drain_all(&mut reader, &mut batch, &mut ending)?;
+                        if !self.pipeline.trigger_manual(boot_ns()?)? {
+                            self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
+                        }
+                    }
+                },
+                _ = async { tokio::time::sleep_until(stopping.expect("guarded")).await }, if stopping.is_some() => {
+                    if let Ending::Command(command) = &ending {
+                        self.pipeline.notice(&format!(
+                            "the traced command (pid {}) is still running {} s after the signal; \
+                             the trace ends without it (it keeps running, untraced)",
+                            command.pid(),
+                            STOP_GRACE.as_secs()
+                        ))?;
+                    }
+                    break;
                 }
                 _ = watch_ticker.tick(), if self.watch.is_some() => {
                     let watch = self.watch.as_mut().expect("guarded");
@@ -246,7 +228,10 @@ impl Session {
         // The last records of processes that ended with the command may still be on their
         // way; none can follow the exits of every traced process, so the wait ends there.
         let grace_ends = Instant::now() + GRACE;
-        while !outcome.interrupted && !self.tree_exited(&ending) && Instant::now() < grace_ends {
+        while outcome.command_status.is_some()
+            && !self.tree_exited(&ending)
+            && Instant::now() < grace_ends
+        {
             tokio::time::sleep(GRACE_POLL).await;
             self.drain_all(&mut reader, &mut batch, &mut ending)?;
         }
@@ -263,6 +248,32 @@ impl Session {
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
         Ok(outcome)
+    }
+
+    /// A signal asked the trace to end while the command runs: the command gets it as it
+    /// would without shmtrace (once: the terminal's reached it already), and the trace goes on
+    /// until the command exits or [`STOP_GRACE`] passes.
+    fn pass_on(&mut self, command: &RunningCommand, stop: Stop) -> Result<()> {
+        let name = names::signal_name(stop.signo());
+        let how = if stop.from_terminal() {
+            format!(
+                "{name} from the terminal reached the traced command (pid {}) too",
+                command.pid()
+            )
+        } else {
+            match command.signal(stop.signo()) {
+                Ok(()) => format!(
+                    "passed {name} on to the traced command (pid {})",
+                    command.pid()
+                ),
+                // The trace still ends with its summary; the command may exit by itself.
+                Err(error) => format!("{error:#}"),
+            }
+        };
+        self.pipeline.notice(&format!(
+            "{how}; waiting up to {} s for it to exit (signal shmtrace again to stop waiting)",
+            STOP_GRACE.as_secs()
+        ))
     }
 
     /// Reads and handles every record the ring holds now, a batch at a time.

@@ -106,6 +106,11 @@ impl World {
                 object.peak_request = object.peak_request.max(request);
                 note.object_path = Some(object.shared_name());
                 self.update_size(inode, file.size, file.allocated);
+                if call.syscall != Syscall::Close
+                    && let Some(fd) = call.fd
+                {
+                    self.learn_fd(event.pid, fd, inode, note);
+                }
                 match call.syscall {
                     Syscall::Mmap if ok => {
                         let process = self.processes.get_mut(&event.pid).expect("ensured");
@@ -167,6 +172,36 @@ impl World {
             | Syscall::Shmat
             | Syscall::Shmdt
             | Syscall::Shmctl => {}
+        }
+    }
+
+    /// A call came through descriptor `fd` of `inode`: if the model did not know it holds
+    /// that, it does now. The trace sees a descriptor opened, but not one moved with dup2 (dd
+    /// opens its output as 3 and writes through 1), inherited from before the trace, or
+    /// received in a message before its first call; without this the process held nothing
+    /// through it, and its role's peak missed what it wrote (issue 25). It holds the object
+    /// until it closes the descriptor or exits, as one it opened.
+    fn learn_fd(&mut self, pid: u32, fd: i32, inode: InodeId, note: &mut Annotation) {
+        let Some(process) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        if process.fds.get(&fd).is_some_and(|open| open.inode == inode) {
+            return;
+        }
+        // dup2 and dup3 without O_CLOEXEC clear the flag; a guess either way for the others.
+        let previous = process.fds.insert(
+            fd,
+            OpenFd {
+                inode,
+                cloexec: false,
+            },
+        );
+        if let Some(object) = self.objects.get_mut(&inode) {
+            object.fds += 1;
+        }
+        // The number held another object: it was closed or replaced without a call we saw.
+        if let Some(previous) = previous {
+            self.release(vec![previous.inode], Vec::new(), note);
         }
     }
 

@@ -11,8 +11,8 @@ mod test_events;
 pub use retention::{Evictions, QUIET_LINGER_NS, Retention};
 
 use super::{
-    Annotation, FastMap, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject, ShmUsage,
-    Totals, process::MAX_NAMES,
+    Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject,
+    ShmUsage, Totals, process::MAX_NAMES,
 };
 use crate::event::{Body, Event, ExitStatus, InodeId};
 
@@ -37,6 +37,15 @@ pub struct World {
     recently_freed: FastMap<InodeId, Arc<str>>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
     forgetting: Option<retention::Forgetting>,
+    /// The live processes of each mount namespace: whether a container's last process has
+    /// ended is asked at every exit, and a scan of every process there made a replay of a
+    /// fork storm quadratic (issue 25). Kept by [`World::insert_process`], the namespace
+    /// update in [`World::apply`], exits, and [`World::forget`].
+    live_in: FastMap<u32, FastSet<u32>>,
+    /// Entries of `processes` that scans of every process may have visited
+    /// ([`World::processes`]): a measure of work that grows with the square of the processes
+    /// when something scans them per event, for the tests that keep replay linear.
+    scanned: std::sync::atomic::AtomicU64,
 }
 
 /// Bound on `change_log`: a reader further behind recomputes from scratch.
@@ -95,7 +104,60 @@ impl World {
     }
 
     pub fn processes(&self) -> impl Iterator<Item = &Process> {
+        self.scanned.fetch_add(
+            self.processes.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.processes.values()
+    }
+
+    /// How many process entries scans of every process may have visited so far.
+    pub fn scanned(&self) -> u64 {
+        self.scanned.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The live processes of mount namespace `mntns`, without a scan of every process.
+    pub fn alive_in(&self, mntns: u32) -> impl Iterator<Item = u32> + '_ {
+        self.live_in
+            .get(&mntns)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(move |pid| {
+                self.processes
+                    .get(pid)
+                    .is_some_and(|p| p.alive() && p.mntns == mntns)
+            })
+    }
+
+    /// Whether a process of mount namespace `mntns` is alive, without a scan.
+    pub fn any_alive_in(&self, mntns: u32) -> bool {
+        self.alive_in(mntns).next().is_some()
+    }
+
+    /// Adds (or replaces) a process, indexing it by namespace while alive.
+    fn insert_process(&mut self, process: Process) {
+        if let Some(old) = self.processes.get(&process.pid) {
+            let (pid, mntns) = (old.pid, old.mntns);
+            self.unindex(pid, mntns);
+        }
+        if process.alive() {
+            self.live_in
+                .entry(process.mntns)
+                .or_default()
+                .insert(process.pid);
+        }
+        self.processes.insert(process.pid, process);
+    }
+
+    /// `pid` is no longer alive in `mntns` (it exited, moved, or was forgotten).
+    fn unindex(&mut self, pid: u32, mntns: u32) {
+        if let Some(pids) = self.live_in.get_mut(&mntns) {
+            pids.remove(&pid);
+            if pids.is_empty() {
+                self.live_in.remove(&mntns);
+            }
+        }
     }
 
     pub fn object(&self, inode: &InodeId) -> Option<&ShmObject> {
@@ -157,7 +219,7 @@ impl World {
         }
         self.totals.processes_seen += 1;
         self.changed(snapshot.pid);
-        self.processes.insert(snapshot.pid, process);
+        self.insert_process(process);
     }
 
     /// What /proc says of a process already known, read again (at a failure): its pid in its
@@ -184,8 +246,16 @@ impl World {
         // A process can change mount namespace (unshare, setns): the latest event says where.
         if let Some(process) = self.processes.get_mut(&event.pid) {
             process.last_seen_ns = process.last_seen_ns.max(event.ts_ns);
-            if event.mntns != 0 {
+            if event.mntns != 0 && process.mntns != event.mntns {
+                let (old, alive) = (process.mntns, process.alive());
                 process.mntns = event.mntns;
+                self.unindex(event.pid, old);
+                if alive {
+                    self.live_in
+                        .entry(event.mntns)
+                        .or_default()
+                        .insert(event.pid);
+                }
             }
         }
         match &event.body {
@@ -265,8 +335,9 @@ impl World {
                         .map(|f| f.inode)
                         .collect();
                     let maps: Vec<InodeId> = process.mappings.drain(..).map(|m| m.inode).collect();
-                    (fds, maps)
+                    (fds, maps, process.mntns)
                 };
+                self.unindex(event.pid, released.2);
                 self.release(released.0, released.1, &mut note);
             }
             Body::Rename { pid, tid, comm } => {
@@ -294,7 +365,7 @@ impl World {
                             0,
                             event.ts_ns,
                         );
-                        self.processes.insert(signal.target_pid, target);
+                        self.insert_process(target);
                     }
                     if let Some(target) = self.processes.get_mut(&signal.target_pid) {
                         target.sent_signal = Some((event.pid, signal.signo));
@@ -349,10 +420,12 @@ impl World {
         }
         self.totals.processes_seen += 1;
         self.changed(event.pid);
-        self.processes.insert(
+        self.insert_process(Process::new(
             event.pid,
-            Process::new(event.pid, event.comm.clone(), event.mntns, event.ts_ns),
-        );
+            event.comm.clone(),
+            event.mntns,
+            event.ts_ns,
+        ));
     }
 
     fn object_entry(&mut self, inode: InodeId, mntns: u32, ts_ns: u64) -> &mut ShmObject {
@@ -384,7 +457,7 @@ impl World {
             }
         }
         self.totals.processes_seen += u64::from(!self.processes.contains_key(&child_pid));
-        self.processes.insert(child_pid, child);
+        self.insert_process(child);
     }
 
     fn fault_site(&self, pid: u32, addr: u64) -> Option<FaultSite> {

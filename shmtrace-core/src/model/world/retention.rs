@@ -240,6 +240,7 @@ impl World {
             let Some(process) = self.processes.remove(pid) else {
                 continue;
             };
+            self.unindex(process.pid, process.mntns);
             let fds = process.fds.values().map(|fd| fd.inode).collect();
             let maps = process.mappings.iter().map(|m| m.inode).collect();
             self.release(fds, maps, &mut note);

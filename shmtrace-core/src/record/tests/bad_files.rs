@@ -78,7 +78,10 @@ fn truncated_header() {
         assert!(entries.is_empty());
         assert!(error.is_truncation(), "cut {cut}: {error}");
         assert_eq!(error.offset, cut as u64, "cut {cut}");
-        assert!(error.to_string().contains("ends inside the file header"));
+        assert!(
+            error.to_string().contains("ends inside its header"),
+            "{error}"
+        );
     }
 }
 

@@ -3,9 +3,10 @@
 use std::{
     ffi::{CString, OsString},
     os::{
-        fd::{AsRawFd, OwnedFd},
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
         unix::ffi::OsStrExt,
     },
+    sync::Arc,
 };
 
 use anyhow::{Context, Result, bail};
@@ -127,19 +128,65 @@ impl PausedCommand {
             };
             bail!("{}: {hint} ({})", self.program, errno.desc());
         }
-        Ok(RunningCommand { pid: self.pid })
+        Ok(RunningCommand {
+            pid: self.pid,
+            pidfd: pidfd_open(self.pid).map(Arc::new),
+        })
     }
 }
 
 /// The traced command, running.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RunningCommand {
     pid: Pid,
+    /// Names this very process until it is reaped, so that a signal sent after its exit
+    /// cannot reach another that took its pid. `None` where pidfd_open is refused (a
+    /// seccomp filter): then the pid.
+    pidfd: Option<Arc<OwnedFd>>,
+}
+
+/// A descriptor for the process `pid`, which must be our unreaped child.
+fn pidfd_open(pid: Pid) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    // SAFETY: a non-negative result is a descriptor we now own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 impl RunningCommand {
     pub fn pid(&self) -> u32 {
         self.pid.as_raw() as u32
+    }
+
+    /// Sends `signo` to the command (not to its process group, which may be shmtrace's own,
+    /// with the rest of a pipeline). An exited command is not an error: there is nothing
+    /// left to stop.
+    pub fn signal(&self, signo: i32) -> Result<()> {
+        let result = match &self.pidfd {
+            // SAFETY: pidfd_send_signal with a valid descriptor, no siginfo and no flags.
+            Some(fd) => unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    signo,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            },
+            // SAFETY: kill has no memory preconditions.
+            None => libc::c_long::from(unsafe { libc::kill(self.pid.as_raw(), signo) }),
+        };
+        match result {
+            0 => Ok(()),
+            _ if Errno::last() == Errno::ESRCH => Ok(()),
+            _ => Err(Errno::last()).with_context(|| {
+                format!(
+                    "cannot send {} to the traced command (pid {})",
+                    crate::event::names::signal_name(signo),
+                    self.pid
+                )
+            }),
+        }
     }
 
     /// Blocks until the command exits.
