@@ -82,6 +82,15 @@ pub fn scaled(limit: std::time::Duration) -> std::time::Duration {
     limit * scale
 }
 
+/// The call `unlink(3)` makes, as the trace names it: arm64, like every architecture on the
+/// generic system call table, has no `unlink` system call, and glibc's `unlink` calls
+/// `unlinkat(AT_FDCWD, path, 0)` there.
+pub const UNLINK: &str = if cfg!(target_arch = "x86_64") {
+    "unlink"
+} else {
+    "unlinkat"
+};
+
 /// The scenario program, which cargo builds next to the test binaries (`target/<profile>/`).
 pub fn exerciser() -> PathBuf {
     let test_binary = std::env::current_exe().expect("the test binary's path");

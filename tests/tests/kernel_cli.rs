@@ -6,7 +6,7 @@ use std::{
 };
 
 use shmtrace_tests::{
-    exerciser, live::LiveTracer, require_root, serial, shmtrace, trace_exerciser,
+    UNLINK, exerciser, live::LiveTracer, require_root, serial, shmtrace, trace_exerciser,
 };
 
 #[test]
@@ -102,7 +102,7 @@ fn no_loss_with_the_default_buffer() {
     assert_eq!(trace.events("openat").len(), 5000);
     assert_eq!(trace.events("ftruncate").len(), 5000);
     assert_eq!(trace.events("close").len(), 5000);
-    assert_eq!(trace.events("unlink").len(), 5000);
+    assert_eq!(trace.events(UNLINK).len(), 5000);
 }
 
 /// Each thread that made a /dev/shm call holds a slot in the kernel's table of calls in flight

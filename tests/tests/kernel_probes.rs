@@ -1,6 +1,6 @@
 //! Each probe path, triggered by real system calls and seen through the real binary's JSON.
 use serde_json::Value;
-use shmtrace_tests::{serial, trace_exerciser};
+use shmtrace_tests::{UNLINK, serial, trace_exerciser};
 
 fn errno(record: &Value) -> Option<&str> {
     record["errno"].as_str()
@@ -34,7 +34,7 @@ fn fallocate_enospc_on_a_full_tmpfs() {
     assert_eq!(fallocate["offset"], 0);
     assert_eq!(fallocate["path"], "/dev/shm/torch_fallocate_0");
 
-    let unlink = &trace.events("unlink")[0];
+    let unlink = &trace.events(UNLINK)[0];
     assert_eq!(unlink["path"], "/dev/shm/torch_fallocate_0");
     assert_eq!(unlink["ret"], 0);
     let close = &trace.events("close")[0];
@@ -201,7 +201,7 @@ fn paths_in_pages_not_yet_touched_are_read_when_the_call_returns() {
         .find(|path| path.starts_with("/dev/shm/untouched-"))
         .unwrap_or_else(|| panic!("no openat of the untouched path: {}", trace.dump()));
     let unlinked = trace
-        .events("unlink")
+        .events(UNLINK)
         .iter()
         .any(|r| r["path"].as_str() == Some(path) && r["ret"] == 0);
     assert!(unlinked, "no unlink of {path}: {}", trace.dump());
@@ -245,7 +245,7 @@ fn a_process_outlives_its_main_thread() {
         .collect();
     assert_eq!(
         kinds,
-        ["openat", "ftruncate", "close", "unlink", "exit"],
+        ["openat", "ftruncate", "close", UNLINK, "exit"],
         "{}",
         trace.dump()
     );

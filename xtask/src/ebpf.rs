@@ -20,10 +20,26 @@ const OBJECT: &str = "shmtrace/bpf/shmtrace.bpf.o";
 const INPUTS: &str = "shmtrace/bpf/shmtrace.bpf.o.inputs";
 const TARGET: &str = "bpfel-unknown-none";
 /// Flags as aya-build passes them; part of the hash, so changing them marks the object stale.
+///
+/// One object serves x86-64 and arm64 alike: `bpf_target_arch` picks only aya-ebpf's
+/// per-architecture types (`pt_regs` for kprobes, `c_char`), which the probes do not use (see
+/// [`ARCH_DEPENDENT`]); what differs, the registers a call's arguments were saved in and which
+/// calls exist, comes from userspace at load (`shmtrace/src/live/bpf/arch.rs`). It is pinned to
+/// x86_64 so that the object is the same whatever machine builds it.
 const RUSTFLAGS: [&str; 3] = [
     "--cfg=bpf_target_arch=\"x86_64\"",
     "-Cdebuginfo=2",
     "-Clink-arg=--btf",
+];
+/// aya-ebpf items whose layout follows `bpf_target_arch`: using one would make the object
+/// right for x86-64 only. `check-ebpf` refuses sources that name them.
+const ARCH_DEPENDENT: [&str; 6] = [
+    "PtRegs",
+    "ProbeContext",
+    "RetProbeContext",
+    "bindings::pt_regs",
+    "user_pt_regs",
+    "c_char",
 ];
 /// Crates whose sources go into the object.
 const SOURCE_CRATES: [&str; 2] = ["shmtrace-ebpf", "shmtrace-common"];
@@ -89,6 +105,7 @@ pub fn lint() -> Result<()> {
 
 pub fn check() -> Result<()> {
     let root = root();
+    check_arch_neutral(&root)?;
     let recorded = fs::read_to_string(root.join(INPUTS))
         .with_context(|| format!("{INPUTS} is missing: run `cargo xtask build-ebpf`"))?;
     let recorded_hash = recorded
@@ -107,6 +124,37 @@ pub fn check() -> Result<()> {
         bail!("{OBJECT} is missing: run `cargo xtask build-ebpf`");
     }
     println!("{OBJECT} is up to date (inputs sha256 {})", current.hash);
+    Ok(())
+}
+
+/// The one object is loaded on every architecture: fails when a probe source names an item of
+/// aya-ebpf whose layout is x86-64's in it (see [`ARCH_DEPENDENT`]).
+fn check_arch_neutral(root: &Path) -> Result<()> {
+    let mut found = Vec::new();
+    for file in crate_files(&root.join("shmtrace-ebpf"))? {
+        let text = fs::read_to_string(&file)?;
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            for item in ARCH_DEPENDENT.iter().filter(|item| code.contains(*item)) {
+                found.push(format!(
+                    "{}:{}: {item}",
+                    file.strip_prefix(root)?.display(),
+                    number + 1
+                ));
+            }
+        }
+    }
+    if !found.is_empty() {
+        bail!(
+            "the eBPF object is shared by x86-64 and arm64, but these use aya-ebpf's \
+             per-architecture layouts (read registers at offsets from userspace instead, as \
+             kernel::syscall_args does):\n  {}",
+            found.join("\n  ")
+        );
+    }
+    println!(
+        "the eBPF sources use nothing architecture-specific (one object for x86-64 and arm64)"
+    );
     Ok(())
 }
 

@@ -12,7 +12,9 @@
 //! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
 //! - `check-layers`: the modules of the core and the binary import only downwards.
 //! - `vm-load`, `vm-test`: the kernel matrix, Debian's kernels under qemu (docs/kernels.md).
+//! - `dist`: release binaries (glibc 2.31 or newer) and wheels, x86-64 and arm64.
 mod bench;
+mod dist;
 mod ebpf;
 mod fuzz;
 mod gen_cri;
@@ -61,6 +63,8 @@ enum Task {
     VmLoad(vm::VmArgs),
     /// Run the `kernel_*` tests inside each kernel of the matrix, under qemu.
     VmTest(vm::VmArgs),
+    /// Release binaries and wheels for x86-64 and arm64 in target/dist/ (docs/install.md).
+    Dist(dist::DistArgs),
     /// The benchmark's workload (run by `bench`).
     #[command(hide = true)]
     Churn(bench::ChurnArgs),
@@ -106,6 +110,7 @@ fn main() -> Result<()> {
         Task::Fuzz(args) => fuzz::run_all(&args),
         Task::VmLoad(args) => vm::load(&args),
         Task::VmTest(args) => vm::test(&args),
+        Task::Dist(args) => dist::run_dist(&args),
     }
 }
 

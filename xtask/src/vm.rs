@@ -6,23 +6,33 @@
 //! - `cargo xtask vm-test`: the `kernel_*` end-to-end tests inside each guest, the real binary
 //!   against the real probes on that kernel, reported per kernel.
 //!
-//! Kernels come from Debian's archive with apt (`vm/kernels.rs`); the guest is an initramfs
-//! holding the programs at their host paths (`vm/initramfs.rs`), whose `/init` runs each step
-//! and reports on a second serial port (`vm/guest.rs`).
+//! Kernels come from Debian's archive with apt (`vm/kernels.rs`, `vm/apt.rs`), x86-64's and
+//! arm64's; the guest is an initramfs holding the programs at their host paths
+//! (`vm/initramfs.rs`), built for the guest's architecture (`vm/arch.rs`; an arm64 guest's
+//! tools come from Debian's arm64 packages, `vm/userland.rs`), whose `/init` runs each step
+//! and reports on a serial port (`vm/guest.rs`).
+mod apt;
+mod arch;
 mod guest;
 mod initramfs;
 mod kernels;
+mod userland;
 
 use std::{
     fs,
     path::{Path, PathBuf},
+    process::Command,
     time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
+use arch::Arch;
 use guest::Step;
-use initramfs::Initramfs;
+use initramfs::{Initramfs, Libraries};
 use kernels::{Ci, Expect, Kernel};
+
+/// The machine's own Debian archive, for other tasks that fetch from Debian.
+pub use apt::debian_mirror;
 
 use crate::{cargo, root};
 
@@ -94,29 +104,50 @@ pub struct VmArgs {
     timeout_minutes: u64,
 }
 
-/// The shmtrace binary the tests use, and the programs any guest needs.
-fn base_image(shmtrace: &Path) -> Result<Initramfs> {
-    let mut image = Initramfs::default();
-    image
-        .file(Path::new("/bin/busybox"), "/bin/busybox")
-        .context("the guest's shell and tools are busybox's: apt-get install busybox-static")?;
-    let applets = std::process::Command::new("/bin/busybox")
+/// util-linux's own, for the flags the tests give them; they come before busybox on PATH.
+const TOOLS: [&str; 6] = [
+    "/usr/bin/bash",
+    "/usr/bin/unshare",
+    "/usr/bin/nsenter",
+    "/usr/bin/setpriv",
+    "/usr/bin/mount",
+    "/usr/bin/umount",
+];
+
+/// The shmtrace binary the tests use, and the programs any guest of `arch` needs: the host's
+/// own for the host's architecture, Debian's packages' for another.
+fn base_image(arch: Arch, shmtrace: &Path) -> Result<Initramfs> {
+    let mut image = if arch.cross_target().is_none() {
+        let mut image = Initramfs::new(Libraries::Host, "objcopy");
+        image
+            .file(Path::new("/bin/busybox"), "/bin/busybox")
+            .context("the guest's shell and tools are busybox's: apt-get install busybox-static")?;
+        for program in TOOLS {
+            image.program(Path::new(program))?;
+        }
+        image
+    } else {
+        let sysroot = userland::sysroot(arch, &kernels::cache_dir())?;
+        let mut image = Initramfs::new(Libraries::Sysroot(sysroot), "aarch64-linux-gnu-objcopy");
+        image.sysroot_program(Path::new("/bin/busybox"), "/bin/busybox")?;
+        for program in TOOLS {
+            // Debian 12's packages still put some of them in /bin.
+            let name = Path::new(program).file_name().unwrap_or_default();
+            image
+                .sysroot_program(Path::new(program), program)
+                .or_else(|_| image.sysroot_program(&Path::new("/bin").join(name), program))?;
+        }
+        image
+    };
+    // The applets of Debian's busybox-static, which is the same build on both architectures:
+    // the host's lists them (the guest's cannot run here).
+    let applets = Command::new("/bin/busybox")
         .arg("--list")
-        .output()?;
+        .output()
+        .context("listing busybox's applets: apt-get install busybox-static")?;
     let list = String::from_utf8_lossy(&applets.stdout);
     for applet in list.split_whitespace().filter(|a| *a != "busybox") {
         image.symlink(Path::new("/bin").join(applet), "busybox");
-    }
-    // util-linux's own, for the flags the tests give them; they come before busybox on PATH.
-    for program in [
-        "/usr/bin/bash",
-        "/usr/bin/unshare",
-        "/usr/bin/nsenter",
-        "/usr/bin/setpriv",
-        "/usr/bin/mount",
-        "/usr/bin/umount",
-    ] {
-        image.program(Path::new(program))?;
     }
     for mount_point in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
         image.dir(mount_point);
@@ -146,17 +177,45 @@ fn guest_env(shmtrace: &Path) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// `cargo <subcommand>` for programs of `arch`: for arm64, cross-built with Debian's
+/// `gcc-aarch64-linux-gnu` as the linker and statically linked, so that the guest needs no
+/// arm64 glibc for them.
+fn guest_cargo(arch: Arch, subcommand: &str) -> Command {
+    let mut command = cargo();
+    command.current_dir(root()).arg(subcommand);
+    if let Some(triple) = arch.cross_target() {
+        let variable = triple.to_uppercase().replace('-', "_");
+        command
+            .args(["--target", triple])
+            .env(
+                format!("CARGO_TARGET_{variable}_LINKER"),
+                "aarch64-linux-gnu-gcc",
+            )
+            .env(
+                format!("CARGO_TARGET_{variable}_RUSTFLAGS"),
+                "-C target-feature=+crt-static",
+            );
+    }
+    command
+}
+
 /// `cargo build` of the debug shmtrace binary, as the tests run it.
-fn build_shmtrace() -> Result<PathBuf> {
-    crate::run(cargo().current_dir(root()).args([
-        "build",
+fn build_shmtrace(arch: Arch) -> Result<PathBuf> {
+    crate::run(guest_cargo(arch, "build").args([
         "--quiet",
         "--package",
         "shmtrace",
         "--bin",
         "shmtrace",
-    ]))?;
-    Ok(target_dir().join("debug/shmtrace"))
+    ]))
+    .with_context(|| match arch.cross_target() {
+        Some(triple) => format!(
+            "cross-building for {triple} needs `rustup target add {triple}` and \
+             `apt-get install gcc-aarch64-linux-gnu`"
+        ),
+        None => "building shmtrace".to_owned(),
+    })?;
+    Ok(arch.debug_dir(&target_dir()).join("shmtrace"))
 }
 
 fn target_dir() -> PathBuf {
@@ -166,11 +225,10 @@ fn target_dir() -> PathBuf {
 }
 
 /// The test binaries cargo builds for `tests`, by name.
-fn build_tests(tests: &[String]) -> Result<Vec<(String, PathBuf)>> {
-    let mut command = cargo();
+fn build_tests(arch: Arch, tests: &[String]) -> Result<Vec<(String, PathBuf)>> {
+    let mut command = guest_cargo(arch, "test");
     command
-        .current_dir(root())
-        .args(["test", "--no-run", "--package", "shmtrace-tests"])
+        .args(["--no-run", "--package", "shmtrace-tests"])
         .args(["--message-format", "json-render-diagnostics"]);
     for test in tests {
         command.args(["--test", test]);
@@ -280,14 +338,14 @@ fn boot_kernel(
         )
     })?;
     let work = work_dir(kernel)?;
-    image.text("/init", &guest::init_script(steps, env), 0o755);
+    image.text("/init", &guest::init_script(kernel.arch, steps, env), 0o755);
     let initrd = work.join("initrd.cpio");
     image.write(&initrd)?;
     println!(
         "==> {} ({}, {}): booting {}",
         kernel.name, kernel.suite, kernel.who, fetched.package
     );
-    let boot = guest::boot(&fetched.vmlinuz, &initrd, &work, timeout)?;
+    let boot = guest::boot(kernel.arch, &fetched.vmlinuz, &initrd, &work, timeout)?;
     Ok((boot, fetched.package))
 }
 
@@ -381,17 +439,30 @@ fn report(outcomes: &[Outcome]) -> Result<()> {
     Ok(())
 }
 
+/// The architectures of `kernels`, each once, in matrix order.
+fn arches(kernels: &[&Kernel]) -> Vec<Arch> {
+    let mut arches: Vec<Arch> = Vec::new();
+    for kernel in kernels {
+        if !arches.contains(&kernel.arch) {
+            arches.push(kernel.arch);
+        }
+    }
+    arches
+}
+
 pub fn load(args: &VmArgs) -> Result<()> {
     let selected = kernels::select(&args.kernel)?;
-    let shmtrace = build_shmtrace()?;
-    let mut image = base_image(&shmtrace)?;
-    let env = guest_env(&shmtrace);
-    let steps = [load_step(&shmtrace)];
     let mut outcomes = Vec::new();
-    for kernel in selected {
-        let timeout = Duration::from_secs(args.timeout_minutes.min(5) * 60);
-        let (boot, package) = boot_kernel(kernel, &mut image, &steps, &env, timeout)?;
-        outcomes.push(outcome_of(kernel, &boot, package));
+    for arch in arches(&selected) {
+        let shmtrace = build_shmtrace(arch)?;
+        let mut image = base_image(arch, &shmtrace)?;
+        let env = guest_env(&shmtrace);
+        let steps = [load_step(&shmtrace)];
+        for kernel in selected.iter().copied().filter(|k| k.arch == arch) {
+            let timeout = Duration::from_secs(args.timeout_minutes.min(5) * 60);
+            let (boot, package) = boot_kernel(kernel, &mut image, &steps, &env, timeout)?;
+            outcomes.push(outcome_of(kernel, &boot, package));
+        }
     }
     report(&outcomes)
 }
@@ -404,64 +475,93 @@ pub fn test(args: &VmArgs) -> Result<()> {
         args.tests.clone()
     };
     let smoke = |kernel: &Kernel| args.ci && kernel.ci == Ci::Smoke;
-    let mut tests = requested.clone();
-    if selected.iter().any(|k| smoke(k)) && !tests.iter().any(|t| t == SMOKE.0) {
-        tests.push(SMOKE.0.to_owned());
-    }
-    let shmtrace = build_shmtrace()?;
-    let binaries = build_tests(&tests)?;
-    let mut image = base_image(&shmtrace)?;
-    // The scenario program the tests run, next to their binaries' directory.
-    let exerciser = target_dir().join("debug/shm-exerciser");
-    image.built_program(&exerciser)?;
-    for (_, binary) in &binaries {
-        image.built_program(binary)?;
-    }
-    if tests
-        .iter()
-        .any(|t| t == "kernel_diagnosis" || t == "kernel_sizing")
-    {
-        add_python(&mut image)?;
-    }
-    let env = guest_env(&shmtrace);
+    let selected: Vec<&Kernel> = selected
+        .into_iter()
+        .filter(|kernel| !(args.ci && kernel.ci == Ci::Load))
+        .collect();
     let timeout = Duration::from_secs(args.timeout_minutes * 60);
     let mut outcomes = Vec::new();
-    for kernel in selected {
-        let mut steps = vec![load_step(&shmtrace)];
-        for (name, binary) in &binaries {
-            let filters: Vec<String> = if smoke(kernel) {
-                if name != SMOKE.0 {
+    for arch in arches(&selected) {
+        let kernels: Vec<&Kernel> = selected
+            .iter()
+            .copied()
+            .filter(|k| k.arch == arch)
+            .collect();
+        // Only the smoke test's binary for an architecture whose kernels all run it alone.
+        let mut tests = if kernels.iter().all(|k| smoke(k)) {
+            Vec::new()
+        } else {
+            requested.clone()
+        };
+        if kernels.iter().any(|k| smoke(k)) && !tests.iter().any(|t| t == SMOKE.0) {
+            tests.push(SMOKE.0.to_owned());
+        }
+        let needs_python = |t: &String| t == PYTHON_SUITE || t == "kernel_sizing";
+        if arch.cross_target().is_some() && tests.iter().any(needs_python) {
+            // The host's Python is x86-64's; no arm64 Python is unpacked for the guest.
+            println!(
+                "==> {arch:?}: leaving out {}, whose workloads need Python, which the guest has not",
+                tests
+                    .iter()
+                    .filter(|t| needs_python(t))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            tests.retain(|t| !needs_python(t));
+        }
+        let shmtrace = build_shmtrace(arch)?;
+        let binaries = build_tests(arch, &tests)?;
+        let mut image = base_image(arch, &shmtrace)?;
+        // The scenario program the tests run, next to their binaries' directory.
+        image.built_program(&arch.debug_dir(&target_dir()).join("shm-exerciser"))?;
+        for (_, binary) in &binaries {
+            image.built_program(binary)?;
+        }
+        if tests.iter().any(needs_python) {
+            add_python(&mut image)?;
+        }
+        let env = guest_env(&shmtrace);
+        for kernel in kernels {
+            let mut steps = vec![load_step(&shmtrace)];
+            for (name, binary) in &binaries {
+                let filters: Vec<String> = if smoke(kernel) {
+                    if name != SMOKE.0 {
+                        continue;
+                    }
+                    SMOKE.1.iter().map(|f| (*f).to_owned()).collect()
+                } else if !requested.contains(name)
+                    || (args.ci && kernel.ci == Ci::WithoutPython && name == PYTHON_SUITE)
+                {
+                    continue;
+                } else {
+                    args.filter.iter().cloned().collect()
+                };
+                if kernel.expect == Expect::Refused {
                     continue;
                 }
-                SMOKE.1.iter().map(|f| (*f).to_owned()).collect()
-            } else if !requested.contains(name)
-                || (args.ci && kernel.ci == Ci::WithoutPython && name == PYTHON_SUITE)
-            {
-                continue;
-            } else {
-                args.filter.iter().cloned().collect()
-            };
-            if kernel.expect == Expect::Refused {
-                continue;
+                let mut test_args = vec!["--color".to_owned(), "never".to_owned()];
+                test_args.extend(filters);
+                for skipped in arch.skipped_tests() {
+                    test_args.extend(["--skip".to_owned(), (*skipped).to_owned()]);
+                }
+                steps.push(Step::Test {
+                    name: name.clone(),
+                    binary: binary.clone(),
+                    args: test_args,
+                });
             }
-            let mut test_args = vec!["--color".to_owned(), "never".to_owned()];
-            test_args.extend(filters);
-            steps.push(Step::Test {
-                name: name.clone(),
-                binary: binary.clone(),
-                args: test_args,
-            });
+            let (boot, package) = boot_kernel(kernel, &mut image, &steps, &env, timeout)?;
+            let outcome = outcome_of(kernel, &boot, package);
+            println!(
+                "    {}: {} passed, {} failed in {:.0}s",
+                kernel.name,
+                outcome.passed,
+                outcome.failed.len(),
+                outcome.seconds
+            );
+            outcomes.push(outcome);
         }
-        let (boot, package) = boot_kernel(kernel, &mut image, &steps, &env, timeout)?;
-        let outcome = outcome_of(kernel, &boot, package);
-        println!(
-            "    {}: {} passed, {} failed in {:.0}s",
-            kernel.name,
-            outcome.passed,
-            outcome.failed.len(),
-            outcome.seconds
-        );
-        outcomes.push(outcome);
     }
     report(&outcomes)
 }

@@ -1,7 +1,9 @@
 //! One guest: what it runs (its `/init`), booting it under qemu, and reading what it reported.
 //!
-//! The guest writes its results to its second serial port (`/dev/ttyS1`), which qemu writes to
-//! a file; the first carries the kernel's console, kept beside it for when a guest goes wrong.
+//! An x86-64 guest writes its results to its second serial port (`/dev/ttyS1`), which qemu
+//! writes to a file; the first carries the kernel's console, kept beside it for when a guest
+//! goes wrong. An arm64 guest (`virt` has one UART) writes them to its console, between the
+//! same markers, after hushing the kernel's messages there.
 use std::{
     fmt::Write as _,
     fs,
@@ -11,6 +13,8 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+
+use super::arch::Arch;
 
 /// Marks the guest's own lines among the tests' output.
 pub const MARK: &str = "shmtrace-vm:";
@@ -28,7 +32,7 @@ pub enum Step {
 }
 
 /// The init script: mounts, then each step between markers, then power off.
-pub fn init_script(steps: &[Step], env: &[(&str, String)]) -> String {
+pub fn init_script(arch: Arch, steps: &[Step], env: &[(&str, String)]) -> String {
     let mut script = String::from(
         "#!/bin/sh\n\
          # Written by `cargo xtask vm-*`: the guest's whole life.\n\
@@ -44,9 +48,14 @@ pub fn init_script(steps: &[Step], env: &[(&str, String)]) -> String {
          mount -t tmpfs tmpfs /run\n\
          ln -s /proc/self/fd /dev/fd\n\
          hostname shmtrace-vm\n\
-         ip link set lo up 2>/dev/null\n\
-         exec 3>/dev/ttyS1\n",
+         ip link set lo up 2>/dev/null\n",
     );
+    if arch.results_on_console() {
+        // Only emergencies from the kernel on the console from now on, so that its messages
+        // do not break into the results' lines.
+        script.push_str("dmesg -n 1\n");
+    }
+    let _ = writeln!(script, "exec 3>{}", arch.results_device());
     for (key, value) in env {
         let _ = writeln!(script, "export {key}={}", shell_quote(value));
     }
@@ -112,37 +121,46 @@ pub struct Boot {
 }
 
 /// Boots `vmlinuz` with `initrd` under TCG and waits, at most `timeout`, for it to power off.
-pub fn boot(vmlinuz: &Path, initrd: &Path, work: &Path, timeout: Duration) -> Result<Boot> {
+pub fn boot(
+    arch: Arch,
+    vmlinuz: &Path,
+    initrd: &Path,
+    work: &Path,
+    timeout: Duration,
+) -> Result<Boot> {
     let console = work.join("console.log");
-    let results = work.join("results.log");
+    let results = if arch.results_on_console() {
+        console.clone()
+    } else {
+        work.join("results.log")
+    };
     let _ = fs::remove_file(&results);
     let started = Instant::now();
     // KVM is there but nested KVM fails in the kernel's decompressor: software emulation,
     // with a thread per virtual CPU.
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel",
-            "tcg,thread=multi",
-            "-cpu",
-            "max",
-            "-smp",
-            "2",
-            "-m",
-            "4096",
-        ])
+    let mut qemu = Command::new(arch.qemu());
+    qemu.args(arch.machine_args())
+        .args(["-smp", "2", "-m", "4096"])
         .args(["-display", "none", "-monitor", "none", "-no-reboot"])
         .arg("-kernel")
         .arg(vmlinuz)
         .arg("-initrd")
         .arg(initrd)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .arg("-append")
+        .arg(format!("console={} panic=-1 quiet", arch.console()))
         .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .arg("-serial")
-        .arg(format!("file:{}", results.display()))
-        .stdin(Stdio::null())
-        .spawn()
-        .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        .arg(format!("file:{}", console.display()));
+    if !arch.results_on_console() {
+        qemu.arg("-serial")
+            .arg(format!("file:{}", results.display()));
+    }
+    let mut child = qemu.stdin(Stdio::null()).spawn().with_context(|| {
+        format!(
+            "starting {} (apt-get install {})",
+            arch.qemu(),
+            arch.qemu_package()
+        )
+    })?;
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break Some(status);

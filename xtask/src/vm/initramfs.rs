@@ -1,6 +1,8 @@
 //! The guest's root file system: an initramfs (cpio "newc", uncompressed, so that a guest
 //! under TCG spends no time inflating it) holding busybox, the programs the tests run with the
-//! shared libraries `ldd` names, and an `/init` script.
+//! shared libraries they load, and an `/init` script. A guest of the host's architecture gets
+//! the host's libraries, as `ldd` names them; another gets those of a directory of unpacked
+//! Debian packages (`vm/userland.rs`), found by the names in the programs' ELF headers.
 //!
 //! The Debian cloud kernels have virtio and 9p as modules, if at all; an initramfs needs
 //! neither, and the kernel unpacks it before running `/init`.
@@ -21,13 +23,32 @@ enum Entry {
     Symlink(String),
 }
 
+/// Where the programs' shared libraries come from.
+pub enum Libraries {
+    /// The host's, which `ldd` names.
+    Host,
+    /// Those of a foreign architecture unpacked in this directory: `ldd` cannot run its
+    /// programs, so `readelf` reads what they need.
+    Sysroot(PathBuf),
+}
+
 /// Files by their path in the guest.
-#[derive(Default)]
 pub struct Initramfs {
     entries: BTreeMap<PathBuf, Entry>,
+    libraries: Libraries,
+    /// The binutils `objcopy` that understands the guest's programs.
+    objcopy: &'static str,
 }
 
 impl Initramfs {
+    pub fn new(libraries: Libraries, objcopy: &'static str) -> Initramfs {
+        Initramfs {
+            entries: BTreeMap::new(),
+            libraries,
+            objcopy,
+        }
+    }
+
     pub fn dir(&mut self, guest: impl AsRef<Path>) {
         let guest = guest.as_ref();
         for ancestor in guest.ancestors() {
@@ -103,12 +124,12 @@ impl Initramfs {
             std::process::id(),
             self.entries.len()
         ));
-        let status = Command::new("objcopy")
+        let status = Command::new(self.objcopy)
             .arg("--strip-debug")
             .arg(host)
             .arg(&scratch)
             .status()
-            .context("running objcopy (binutils)")?;
+            .with_context(|| format!("running {} (binutils)", self.objcopy))?;
         if !status.success() {
             bail!("objcopy --strip-debug {} failed: {status}", host.display());
         }
@@ -118,8 +139,67 @@ impl Initramfs {
         self.libraries_of(host)
     }
 
-    /// Every shared library `ldd` names for `program`, at its own path (the loader's too).
+    /// A program of the sysroot, at `guest`, with the libraries it loads.
+    pub fn sysroot_program(&mut self, in_root: &Path, guest: impl AsRef<Path>) -> Result<()> {
+        let Libraries::Sysroot(root) = &self.libraries else {
+            bail!("no sysroot to take {} from", in_root.display());
+        };
+        let host = super::userland::resolve(root, in_root)?;
+        self.file(&host, guest)?;
+        self.libraries_of(&host)
+    }
+
+    /// Every shared library `program` loads, at its own path (the loader's too).
     fn libraries_of(&mut self, program: &Path) -> Result<()> {
+        match &self.libraries {
+            Libraries::Host => self.host_libraries_of(program),
+            Libraries::Sysroot(root) => {
+                let root = root.clone();
+                self.sysroot_libraries_of(&root, program)
+            }
+        }
+    }
+
+    /// What `program` needs, from its ELF headers, found in `root`'s library directories and
+    /// put at the same paths in the guest, where the loader looks without a cache; and so on
+    /// for what those need. A static program needs nothing.
+    fn sysroot_libraries_of(&mut self, root: &Path, program: &Path) -> Result<()> {
+        let mut pending = vec![program.to_owned()];
+        while let Some(elf) = pending.pop() {
+            let (interpreter, needed) = elf_dependencies(&elf)?;
+            if let Some(interpreter) = interpreter {
+                let guest = PathBuf::from(interpreter);
+                if !self.entries.contains_key(&guest) {
+                    let host = super::userland::resolve(root, &guest)?;
+                    self.file(&host, &guest)?;
+                }
+            }
+            for soname in needed {
+                let found = LIBRARY_DIRS.iter().find_map(|dir| {
+                    let guest = Path::new(dir).join(&soname);
+                    super::userland::resolve(root, &guest)
+                        .ok()
+                        .map(|host| (guest, host))
+                });
+                let Some((guest, host)) = found else {
+                    bail!(
+                        "{} needs {soname}, which no package unpacked in {} has \
+                         (add it to vm/userland.rs)",
+                        elf.display(),
+                        root.display()
+                    );
+                };
+                if !self.entries.contains_key(&guest) {
+                    self.file(&host, &guest)?;
+                    pending.push(host);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every shared library `ldd` names for `program`, at its own path (the loader's too).
+    fn host_libraries_of(&mut self, program: &Path) -> Result<()> {
         let output = Command::new("ldd").arg(program).output()?;
         let text = String::from_utf8_lossy(&output.stdout);
         if text.contains("not a dynamic executable") || !output.status.success() {
@@ -170,6 +250,41 @@ impl Initramfs {
         archive.flush()?;
         Ok(())
     }
+}
+
+/// Where Debian's arm64 loader finds libraries with no cache: its multiarch directories.
+const LIBRARY_DIRS: [&str; 2] = ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
+
+/// An ELF file's program interpreter and the sonames it needs, as `readelf` (which reads any
+/// architecture's) shows them.
+fn elf_dependencies(elf: &Path) -> Result<(Option<String>, Vec<String>)> {
+    let output = Command::new("readelf")
+        .args(["--wide", "--program-headers", "--dynamic"])
+        .arg(elf)
+        .output()
+        .context("running readelf (binutils)")?;
+    if !output.status.success() {
+        bail!(
+            "readelf {} failed: {}",
+            elf.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let interpreter = text.lines().find_map(|line| {
+        let rest = line.split("Requesting program interpreter: ").nth(1)?;
+        Some(rest.trim_end_matches(']').to_owned())
+    });
+    let needed = text
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .filter_map(|line| {
+            let start = line.find("[")? + 1;
+            let end = line.rfind(']')?;
+            Some(line[start..end].to_owned())
+        })
+        .collect();
+    Ok((interpreter, needed))
 }
 
 fn write_entry(

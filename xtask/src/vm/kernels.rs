@@ -1,15 +1,14 @@
-//! The kernel matrix: Debian's own kernel packages, fetched with apt into a cache.
-//!
-//! Each suite gets an apt state of its own (sources, lists, package cache) under the cache, so
-//! the machine's own sources stay as they are and a suite's metapackage
-//! (`linux-image-cloud-amd64`) has exactly one candidate: the newest build of that line.
+//! The kernel matrix: Debian's own kernel packages, fetched with apt (`vm/apt.rs`) into a
+//! cache.
 use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+
+use super::{apt::Apt, arch::Arch};
 
 /// What a kernel of the matrix is expected to do with shmtrace.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -23,6 +22,7 @@ pub enum Expect {
 pub struct Kernel {
     /// Short name, for `--kernel` and the report.
     pub name: &'static str,
+    pub arch: Arch,
     /// Debian suite whose archive has the package.
     pub suite: &'static str,
     /// The metapackage's flavour: `linux-image-<flavour>`.
@@ -45,13 +45,18 @@ pub enum Ci {
     WithoutPython,
     /// The demo and a `dd` filling /dev/shm: another build of a line tested in full.
     Smoke,
+    /// No tests, only `vm-load`: a guest whose emulation is too slow for CI's budget (arm64
+    /// under TCG), whose tests run on demand (`vm-test --kernel NAME`).
+    Load,
 }
 
-/// Oldest first. The 6.1 and 6.12 lines are those of Debian 12 and 13, and of Amazon Linux
-/// 2023; 5.10 (Debian 11) is below the minimum.
+/// x86-64 then arm64, oldest first. The 6.1 and 6.12 lines are those of Debian 12 and 13, and
+/// of Amazon Linux 2023; 5.10 (Debian 11) is below the minimum. The arm64 kernels are the
+/// same lines built for arm64, as Graviton and Ampere nodes run them.
 pub const MATRIX: &[Kernel] = &[
     Kernel {
         name: "5.10",
+        arch: Arch::X86_64,
         suite: "bullseye",
         flavour: "cloud-amd64",
         who: "Debian 11: below the minimum, refused",
@@ -60,6 +65,7 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.1",
+        arch: Arch::X86_64,
         suite: "bookworm",
         flavour: "cloud-amd64",
         who: "Debian 12; Amazon Linux 2023's first line, COS LTS",
@@ -68,6 +74,7 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.1-rt",
+        arch: Arch::X86_64,
         suite: "bookworm",
         flavour: "rt-amd64",
         who: "Debian 12, PREEMPT_RT build",
@@ -76,6 +83,7 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.12-bpo",
+        arch: Arch::X86_64,
         suite: "bookworm-backports",
         flavour: "cloud-amd64",
         who: "Debian 12 backports",
@@ -84,11 +92,30 @@ pub const MATRIX: &[Kernel] = &[
     },
     Kernel {
         name: "6.12",
+        arch: Arch::X86_64,
         suite: "trixie",
         flavour: "cloud-amd64",
         who: "Debian 13; Amazon Linux 2023's newer line",
         expect: Expect::Works,
         ci: Ci::WithoutPython,
+    },
+    Kernel {
+        name: "6.1-arm64",
+        arch: Arch::Aarch64,
+        suite: "bookworm",
+        flavour: "cloud-arm64",
+        who: "Debian 12 on arm64 (Graviton, Ampere)",
+        expect: Expect::Works,
+        ci: Ci::Load,
+    },
+    Kernel {
+        name: "6.12-arm64",
+        arch: Arch::Aarch64,
+        suite: "trixie",
+        flavour: "cloud-arm64",
+        who: "Debian 13 on arm64; Amazon Linux 2023's newer line on Graviton",
+        expect: Expect::Works,
+        ci: Ci::Smoke,
     },
 ];
 
@@ -127,7 +154,7 @@ pub struct Fetched {
 
 /// The newest build of the kernel's line, downloaded and unpacked unless it already is.
 pub fn fetch(kernel: &Kernel, cache: &Path) -> Result<Fetched> {
-    let apt = Apt::new(cache, kernel.suite)?;
+    let apt = Apt::new(cache, kernel.suite, kernel.arch)?;
     let meta = format!("linux-image-{}", kernel.flavour);
     let package = match apt.update().and_then(|()| apt.dependency_of(&meta)) {
         Ok(package) => {
@@ -145,143 +172,10 @@ pub fn fetch(kernel: &Kernel, cache: &Path) -> Result<Fetched> {
     if !vmlinuz.exists() {
         let debs = cache.join("debs");
         fs::create_dir_all(&debs)?;
-        apt.download(&package, &debs)?;
-        let deb = newest_deb(&debs, &package)?;
+        let deb = apt.download(&package, &debs)?;
         extract_vmlinuz(&deb, &unpacked)?;
     }
     Ok(Fetched { package, vmlinuz })
-}
-
-/// apt, with every path that holds state pointed under the cache.
-struct Apt {
-    dir: PathBuf,
-    options: Vec<String>,
-}
-
-impl Apt {
-    fn new(cache: &Path, suite: &str) -> Result<Apt> {
-        let dir = cache.join("apt").join(suite);
-        for sub in ["lists/partial", "cache/archives/partial"] {
-            fs::create_dir_all(dir.join(sub))?;
-        }
-        let sources = dir.join("sources.list");
-        let mirror = debian_mirror()?;
-        fs::write(
-            &sources,
-            format!(
-                "deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-                 {mirror} {suite} main\n"
-            ),
-        )?;
-        let path = |p: &Path| p.display().to_string();
-        let options = vec![
-            format!("Dir::Etc::sourcelist={}", path(&sources)),
-            "Dir::Etc::sourceparts=/nonexistent".to_owned(),
-            format!("Dir::State::Lists={}", path(&dir.join("lists"))),
-            format!("Dir::Cache={}", path(&dir.join("cache"))),
-            // Only the package lists: no translations, no AppStream metadata.
-            "Acquire::Languages=none".to_owned(),
-            "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false".to_owned(),
-            "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false".to_owned(),
-        ];
-        Ok(Apt { dir, options })
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let mut command = Command::new(program);
-        for option in &self.options {
-            command.arg("-o").arg(option);
-        }
-        command
-    }
-
-    fn update(&self) -> Result<()> {
-        let output = self.command("apt-get").args(["-qq", "update"]).output()?;
-        if !output.status.success() {
-            bail!(
-                "apt-get update for {} failed: {}",
-                self.dir.display(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(())
-    }
-
-    /// The versioned package a metapackage depends on: `linux-image-6.1.0-50-cloud-amd64`.
-    fn dependency_of(&self, meta: &str) -> Result<String> {
-        let output = self.command("apt-cache").args(["depends", meta]).output()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        text.lines()
-            .filter_map(|line| line.trim().strip_prefix("Depends: "))
-            .find(|dep| dep.starts_with("linux-image-"))
-            .map(str::to_owned)
-            .with_context(|| format!("{meta} in {} depends on no kernel", self.dir.display()))
-    }
-
-    fn download(&self, package: &str, into: &Path) -> Result<()> {
-        let status = self
-            .command("apt-get")
-            .args(["-qq", "download", package])
-            .current_dir(into)
-            .status()?;
-        if !status.success() {
-            bail!("apt-get download {package} failed: {status}");
-        }
-        Ok(())
-    }
-}
-
-/// The Debian archive this machine's own apt sources use: other suites of the same archive
-/// serve the matrix's kernels.
-fn debian_mirror() -> Result<String> {
-    let mut texts = Vec::new();
-    texts.extend(fs::read_to_string("/etc/apt/sources.list").ok());
-    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
-        texts.extend(entries.filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()));
-    }
-    texts.iter().find_map(|text| mirror_in(text)).context(
-        "no Debian archive in /etc/apt/sources.list or sources.list.d/ to fetch kernels from",
-    )
-}
-
-/// The first URI of a Debian archive (a path ending in `/debian`) in an apt sources text, in
-/// either format: one-line (`deb URI SUITE ...`) or deb822 (`URIs: URI`).
-fn mirror_in(text: &str) -> Option<String> {
-    text.lines()
-        .filter_map(|line| {
-            let line = line.trim();
-            if let Some(uris) = line.strip_prefix("URIs:") {
-                return uris.split_whitespace().next();
-            }
-            let rest = line.strip_prefix("deb ")?.trim_start();
-            // Options in brackets come first when present.
-            let rest = match rest.strip_prefix('[') {
-                Some(options) => options.split_once(']')?.1,
-                None => rest,
-            };
-            rest.split_whitespace().next()
-        })
-        .find(|uri| uri.trim_end_matches('/').ends_with("/debian"))
-        .map(|uri| uri.trim_end_matches('/').to_owned())
-}
-
-fn newest_deb(dir: &Path, package: &str) -> Result<PathBuf> {
-    let prefix = format!("{package}_");
-    let mut debs: Vec<PathBuf> = fs::read_dir(dir)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
-        })
-        .collect();
-    debs.sort();
-    debs.pop().with_context(|| {
-        format!(
-            "apt-get download left no {package}_*.deb in {}",
-            dir.display()
-        )
-    })
 }
 
 /// Unpacks the package's `boot/vmlinuz-*` as `into/vmlinuz`, through a scratch directory so
@@ -307,29 +201,4 @@ fn extract_vmlinuz(deb: &Path, into: &Path) -> Result<()> {
     fs::rename(&image, into.join("vmlinuz"))?;
     fs::remove_dir_all(&scratch)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_archive_is_found_in_either_sources_format() {
-        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n\
-                      Types: deb\nURIs: http://mirror.example/debian-security\n";
-        assert_eq!(
-            mirror_in(deb822).as_deref(),
-            Some("http://mirror.example/debian")
-        );
-        let one_line = "deb http://other.example/apt cloud main\n\
-                        deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian/ bookworm main\n";
-        assert_eq!(
-            mirror_in(one_line).as_deref(),
-            Some("http://mirror.example/debian")
-        );
-        assert_eq!(
-            mirror_in("deb https://nodes.example/node_20.x nodistro main\n"),
-            None
-        );
-    }
 }

@@ -95,7 +95,14 @@ unsafe fn detacher(keep: &[RawFd], go_read: RawFd) -> ! {
                 libc::close(fd);
             }
         }
-        libc::close_range(highest as u32 + 1, u32::MAX, 0);
+        // The system call (Linux 5.9; shmtrace needs 5.15), not glibc's wrapper, which is
+        // glibc 2.34's: the release binaries run on glibc 2.31 (docs/install.md).
+        libc::syscall(
+            libc::SYS_close_range,
+            highest as libc::c_uint + 1,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        );
         let mut byte = 0u8;
         while libc::read(go_read, (&raw mut byte).cast(), 1) < 0 {}
         libc::_exit(0)

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use shmtrace_common::Syscall;
 
-use super::BpfError;
+use super::{BpfError, arch::Arch};
 
 /// One program's attach point.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,9 +45,15 @@ impl Hook {
 /// The program attached to the `sys_exit_*` tracepoint of every call traced at both ends.
 pub const EXIT_PROGRAM: &str = "sys_exit";
 
-/// Every hook, in attach order: process lifecycle first, so no fork is missed while the
-/// syscall probes attach.
+/// Every hook of this machine's architecture, in attach order.
 pub fn all() -> Vec<Hook> {
+    for_arch(Arch::HOST)
+}
+
+/// Every hook on `arch`, in attach order: process lifecycle first, so no fork is missed while
+/// the syscall probes attach. A traced call the architecture lacks has no hook there; its
+/// program stays in the object, unloaded.
+pub fn for_arch(arch: Arch) -> Vec<Hook> {
     let mut hooks: Vec<Hook> = [
         ("sched", "sched_process_fork"),
         ("sched", "sched_process_exec"),
@@ -63,7 +69,7 @@ pub fn all() -> Vec<Hook> {
         category: "oom",
         name: "mark_victim".to_owned(),
     });
-    for call in Syscall::ALL {
+    for call in Syscall::ALL.into_iter().filter(|call| arch.has(*call)) {
         let exit = format!("sys_exit_{}", call.name());
         if call.traced_at_exit_only() {
             hooks.push(Hook::Tracepoint {
@@ -135,19 +141,22 @@ mod tests {
             .collect()
     }
 
-    /// Runs without root or a kernel: the loader's hook list and the object agree, program by
-    /// program, on names, program types and attach points.
+    /// Runs without root or a kernel: the loader's hook lists of every architecture and the
+    /// object agree, program by program, on names, program types and attach points.
     #[test]
     fn every_program_in_the_object_has_its_hook_and_back() {
         let in_object = programs_in_object();
-        let hooks = all();
         let mut wanted = BTreeSet::new();
-        for hook in &hooks {
-            let section = match hook {
-                Hook::Tracepoint { .. } => "tracepoint".to_owned(),
-                Hook::RawTracepoint { name, .. } => format!("raw_tp/{name}"),
-            };
-            wanted.insert((hook.program().to_owned(), section));
+        for arch in Arch::ALL {
+            let hooks = for_arch(arch);
+            for hook in &hooks {
+                let section = match hook {
+                    Hook::Tracepoint { .. } => "tracepoint".to_owned(),
+                    Hook::RawTracepoint { name, .. } => format!("raw_tp/{name}"),
+                };
+                wanted.insert((hook.program().to_owned(), section));
+            }
+            check_attach_points(arch, &hooks);
         }
         let missing: Vec<_> = wanted.difference(&in_object).collect();
         let unused: Vec<_> = in_object.difference(&wanted).collect();
@@ -157,13 +166,17 @@ mod tests {
         );
         assert!(
             unused.is_empty(),
-            "programs in the object that no hook attaches: {unused:?}"
+            "programs in the object that no hook attaches on any architecture: {unused:?}"
         );
-        // Attach points: each entry program to its own call's tracepoint, the shared exit
-        // program to the exit of every call traced at both ends, an exit-only call's program
-        // to its own exit, nothing to an entry-only call's exit, and no tracepoint twice.
+    }
+
+    /// Attach points: each entry program to its own call's tracepoint, the shared exit program
+    /// to the exit of every call traced at both ends, an exit-only call's program to its own
+    /// exit, nothing to an entry-only call's exit, nothing for a call the architecture lacks,
+    /// and no tracepoint twice.
+    fn check_attach_points(arch: Arch, hooks: &[Hook]) {
         let mut attach_points = BTreeSet::new();
-        for hook in &hooks {
+        for hook in hooks {
             if let Hook::Tracepoint {
                 program,
                 category,
@@ -172,7 +185,7 @@ mod tests {
             {
                 assert!(
                     attach_points.insert((*category, name.clone())),
-                    "{name} twice"
+                    "{name} twice on {arch:?}"
                 );
                 let exit_only = Syscall::ALL.iter().any(|call| {
                     call.traced_at_exit_only() && *name == format!("sys_exit_{}", call.name())
@@ -187,32 +200,43 @@ mod tests {
                 }
             }
         }
+        let calls: Vec<Syscall> = Syscall::ALL
+            .into_iter()
+            .filter(|call| arch.has(*call))
+            .collect();
         for call in Syscall::ALL {
             for phase in ["enter", "exit"] {
                 let name = format!("sys_{phase}_{}", call.name());
-                let wanted = match phase {
-                    "enter" => !call.traced_at_exit_only(),
-                    _ => !call.traced_at_entry_only(),
-                };
+                let wanted = arch.has(call)
+                    && match phase {
+                        "enter" => !call.traced_at_exit_only(),
+                        _ => !call.traced_at_entry_only(),
+                    };
                 assert_eq!(
                     attach_points.contains(&("syscalls", name.clone())),
                     wanted,
-                    "{name}"
+                    "{name} on {arch:?}"
                 );
             }
         }
-        let exit_only = Syscall::ALL
-            .iter()
-            .filter(|call| call.traced_at_exit_only())
-            .count();
-        let entry_only = Syscall::ALL
-            .iter()
-            .filter(|call| call.traced_at_entry_only())
-            .count();
+        let exit_only = calls.iter().filter(|c| c.traced_at_exit_only()).count();
+        let entry_only = calls.iter().filter(|c| c.traced_at_entry_only()).count();
         assert_eq!((exit_only, entry_only), (5, 1));
         assert_eq!(
             attach_points.len(),
-            2 * Syscall::ALL.len() - exit_only - entry_only + 1
+            2 * calls.len() - exit_only - entry_only + 1,
+            "{arch:?}"
         );
+    }
+
+    #[test]
+    fn arm64_has_no_unlink_hook() {
+        let names: Vec<String> = for_arch(Arch::Aarch64)
+            .iter()
+            .map(|hook| hook.describe())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with("/sys_enter_unlink")));
+        assert!(names.iter().any(|n| n.ends_with("/sys_enter_unlinkat")));
+        assert_eq!(for_arch(Arch::X86_64).len(), names.len() + 2);
     }
 }

@@ -2,9 +2,10 @@
 //!
 //! `preflight` checks the machine can run them, `btf` reads the kernel's type information and
 //! `offsets` resolves the kernel struct offsets
-//! they need, `hooks` lists what they attach to, `tracer` loads and attaches them and owns their
+//! they need, `arch` says what differs between architectures, `hooks` lists what they attach to, `tracer` loads and attaches them and owns their
 //! maps, `reader` streams their records. Dropping the [`Tracer`] detaches and unloads
 //! everything: nothing is pinned, so nothing outlives the process.
+mod arch;
 mod btf;
 mod detach;
 mod followed;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use shmtrace_common::KernelOffsets;
 
-use super::{BpfError, btf::KernelBtf};
+use super::{BpfError, arch::Arch, btf::KernelBtf};
 
 /// Resolves every offset the programs need, or names the first one this kernel lacks.
 pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
@@ -40,29 +40,7 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         mm_arg_end: at("mm_struct", "arg_end")?,
         binprm_filename: at("linux_binprm", "filename")?,
         task_in_execve_bit: field_bit_offset(btf, "task_struct", "in_execve").unwrap_or(u32::MAX),
-        regs_arg: syscall_arg_registers(btf)?,
-    })
-}
-
-/// The `pt_regs` registers that carry a system call's six arguments, in order (x86-64's
-/// calling convention for system calls).
-#[cfg(target_arch = "x86_64")]
-const SYSCALL_ARG_REGISTERS: [&str; 6] = ["di", "si", "dx", "r10", "r8", "r9"];
-
-/// Where the syscall argument registers sit in `pt_regs`, in argument order.
-#[cfg(target_arch = "x86_64")]
-fn syscall_arg_registers(btf: &KernelBtf<'_>) -> Result<[u32; 6], BpfError> {
-    let mut at = [0u32; 6];
-    for (slot, register) in at.iter_mut().zip(SYSCALL_ARG_REGISTERS) {
-        *slot = field_offset(btf, "pt_regs", register)?;
-    }
-    Ok(at)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn syscall_arg_registers(_btf: &KernelBtf<'_>) -> Result<[u32; 6], BpfError> {
-    Err(BpfError::MissingField {
-        field: "pt_regs syscall argument registers (known only for x86-64)".to_owned(),
+        regs_arg: Arch::HOST.syscall_arg_registers(btf)?,
     })
 }
 
@@ -165,8 +143,12 @@ mod tests {
             "this kernel has in_execve"
         );
         assert_ne!(off.task_in_execve_bit % 8 + off.task_in_execve_bit / 8, 0);
-        // x86-64's `struct pt_regs`: di, si, dx, r10, r8, r9.
+        // x86-64's `struct pt_regs`: di, si, dx, r10, r8, r9; arm64's: orig_x0, then x1 to x5
+        // of `regs[31]` at the start.
+        #[cfg(target_arch = "x86_64")]
         assert_eq!(off.regs_arg, [112, 104, 96, 56, 72, 64]);
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(off.regs_arg, [272, 8, 16, 24, 32, 40]);
     }
 
     #[test]
