@@ -125,6 +125,13 @@ fn base_image(arch: Arch, shmtrace: &Path) -> Result<Initramfs> {
         for program in TOOLS {
             image.program(Path::new(program))?;
         }
+        // coreutils' sleep at its own path: a test of Ctrl-C waits for its execve by that
+        // path (kernel_signals). Only x86-64 guests run that suite.
+        image.program(Path::new("/usr/bin/sleep"))?;
+        // The host's `sh`, dash, ahead of busybox's on PATH: busybox's runs its own applets
+        // in place of `sleep` and the others, and the tests are written against the host's.
+        image.program(Path::new("/usr/bin/dash"))?;
+        image.symlink("/usr/bin/sh", "dash");
         image
     } else {
         let sysroot = userland::sysroot(arch, &kernels::cache_dir())?;
@@ -496,7 +503,9 @@ pub fn test(args: &VmArgs) -> Result<()> {
         if kernels.iter().any(|k| smoke(k)) && !tests.iter().any(|t| t == SMOKE.0) {
             tests.push(SMOKE.0.to_owned());
         }
-        let needs_python = |t: &String| t == PYTHON_SUITE || t == "kernel_sizing";
+        // kernel_signals runs Python too, for its pseudo-terminal.
+        let needs_python =
+            |t: &String| t == PYTHON_SUITE || t == "kernel_sizing" || t == "kernel_signals";
         if arch.cross_target().is_some() && tests.iter().any(needs_python) {
             // The host's Python is x86-64's; no arm64 Python is unpacked for the guest.
             println!(

@@ -46,6 +46,9 @@ pub fn init_script(arch: Arch, steps: &[Step], env: &[(&str, String)]) -> String
          # Not a tmpfs on /tmp: the programs copied in live at their host paths, and a checkout\n\
          # under /tmp (CI's) would be hidden. The initramfs is writable memory already.\n\
          mount -t tmpfs tmpfs /run\n\
+         # Terminals: a test of Ctrl-C runs shmtrace on a pseudo-terminal.\n\
+         mkdir -p /dev/pts\n\
+         mount -t devpts -o ptmxmode=0666 devpts /dev/pts\n\
          ln -s /proc/self/fd /dev/fd\n\
          hostname shmtrace-vm\n\
          ip link set lo up 2>/dev/null\n",
