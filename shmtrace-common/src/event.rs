@@ -197,6 +197,10 @@ pub mod flags {
     /// it learns whether its namespace is the container's, so that the container's first
     /// processes are not missed.
     pub const HELD: u16 = 1 << 8;
+    /// In the kernel only: a `recvmsg` of a process nothing follows yet, in host-wide mode:
+    /// if it received a /dev/shm descriptor (SCM_RIGHTS, as PyTorch passes them), the process
+    /// becomes followed, so that its calls on that descriptor are seen. Nothing is reported.
+    pub const RECEIVES: u16 = 1 << 9;
 }
 
 /// Who did what, and when. Starts every record.

@@ -72,6 +72,14 @@ pub static FOLLOWED: Array<u64> = Array::with_max_entries(FOLLOWED_WORDS, BPF_F_
 /// `BPF_F_MMAPABLE` (UAPI).
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
+/// One bit per thread id, set while the thread's call waits in `INFLIGHT` for its `sys_exit`:
+/// the exit program of every call traced at both ends tells "nothing stashed" with one array
+/// load, where an `INFLIGHT` lookup is a hash lookup that every process on the host would pay
+/// on every such call in host-wide mode. Thread ids are below `PID_LIMIT` like process ids.
+/// 512 KiB.
+#[map]
+pub static STASHED: Array<u64> = Array::with_max_entries(FOLLOWED_WORDS, 0);
+
 /// Mount namespaces (inode numbers) of traced containers, with the host pid of each one's
 /// first process (0 if unknown).
 #[map]
@@ -106,8 +114,8 @@ pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 #[map]
 pub static INFLIGHT: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 
-/// Per-CPU room, too big for the 512-byte stack, for a path being checked or the head of an
-/// inode being read (`kernel::inode_file`); never both in one step.
+/// Per-CPU room, too big for the 512-byte stack, for the head of an inode being read
+/// (`kernel::inode_file`).
 #[map]
 pub static SCRATCH: PerCpuArray<[u8; PATH_LEN]> = PerCpuArray::with_max_entries(1, 0);
 

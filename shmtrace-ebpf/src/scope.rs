@@ -203,13 +203,28 @@ pub fn has_mappings(tgid: u32) -> bool {
     target_bits(tgid).is_some_and(|bits| bits & MAPPED != 0)
 }
 
-/// Whether the current call's `sys_exit` may find it stashed: not for a process outside
-/// `TARGETS` when only `TARGETS` puts processes in scope (no host-wide mode, no containers,
-/// hence no held processes). Spares every other process on the host an `INFLIGHT` lookup.
+/// Whether the current process's calls on a descriptor (or a mapping) are looked at: those
+/// of `in_scope`, except that in host-wide mode only a followed process's are. In host-wide
+/// mode a process is followed from its first /dev/shm call on (`follow`), and a process that
+/// gets a /dev/shm descriptor without one is followed too: through fork (`inherit`), by
+/// receiving it (`recvmsg.rs`), or by holding it when shmtrace starts (userspace puts it in
+/// `TARGETS`). Every other process on the host, one that holds no /dev/shm descriptor or
+/// mapping, returns here after one array load, before any kernel read.
 #[inline(always)]
-pub fn may_have_stashed(tgid: u32) -> bool {
+pub fn fd_call_scope(tgid: u32) -> Option<u16> {
     let config = CONFIG.load();
-    config.all != 0 || config.match_containers != 0 || may_be_target(tgid)
+    if config.all != 0 && config.match_containers == 0 {
+        return (tgid != config.self_tgid && may_be_target(tgid)).then_some(0);
+    }
+    in_scope(tgid)
+}
+
+/// Whether the current process is one that host-wide mode does not follow yet: its `recvmsg`
+/// is then checked for a /dev/shm descriptor (`flags::RECEIVES`).
+#[inline(always)]
+pub fn receives_unfollowed(tgid: u32) -> bool {
+    let config = CONFIG.load();
+    config.all != 0 && tgid != config.self_tgid && !may_be_target(tgid)
 }
 
 #[inline(always)]

@@ -69,6 +69,67 @@ fn host_wide_mode_sees_untraced_processes_and_ctrl_c_detaches_cleanly() {
     );
 }
 
+/// Host-wide, the probes look only at the calls on descriptors of processes that touched
+/// /dev/shm; these two never open anything there while shmtrace runs, and are still seen: one
+/// held a /dev/shm file before shmtrace started, one is passed a descriptor over a socket.
+#[test]
+fn host_wide_mode_sees_descriptors_held_before_the_start_and_received_over_a_socket() {
+    let _guard = serial();
+    require_root();
+    let mut holder = Command::new(exerciser())
+        .args(["--private-shm", "1m", "hold-then-write"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert!(ready.starts_with("ready"), "{ready}");
+    let holder_pid = holder.id() as u64;
+
+    let tracer = LiveTracer::start(&["--all"]);
+    holder.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(holder.wait().unwrap().success());
+    let receiver = Command::new(exerciser())
+        .args(["--private-shm", "2m", "receive-fd"])
+        .output()
+        .unwrap();
+    assert!(
+        receiver.status.success(),
+        "{}",
+        String::from_utf8_lossy(&receiver.stderr)
+    );
+    let (_, stderr, records) = tracer.stop();
+
+    let held_write = records
+        .iter()
+        .find(|r| r["event"] == "write" && r["pid"] == holder_pid)
+        .unwrap_or_else(|| panic!("no write of the earlier holder: {records:?}\n{stderr}"));
+    assert_eq!(held_write["ret"], 4096, "{held_write}");
+    assert!(
+        held_write.to_string().contains("held_before"),
+        "named from what it held at the start: {held_write}"
+    );
+    // The receiver is the exerciser's parent process: the process that mapped the file is
+    // the one that never opened it.
+    let opener = records
+        .iter()
+        .find(|r| r["event"] == "openat" && r.to_string().contains("/dev/shm/passed"))
+        .unwrap_or_else(|| panic!("no open of the passed file: {records:?}"));
+    let mapped = records
+        .iter()
+        .find(|r| r["event"] == "mmap" && r["pid"] != opener["pid"])
+        .unwrap_or_else(|| panic!("the receiver's mmap was not seen: {records:?}\n{stderr}"));
+    assert!(
+        records
+            .iter()
+            .any(|r| r["event"] == "write" && r["pid"] == mapped["pid"] && r["ret"] == 4096),
+        "the receiver's write was not seen: {records:?}"
+    );
+}
+
 #[test]
 fn lost_events_are_counted_and_reported() {
     let _guard = serial();

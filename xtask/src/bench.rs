@@ -8,6 +8,7 @@
 //!
 //! - `case`: one object size, its timed rounds and each variant's results; `machine`: the
 //!   machine and its load, as the report describes them;
+//! - `bystanders`: what host-wide tracing costs calls that do not concern /dev/shm;
 //! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
 //! - `variants`: how each variant runs it; `reported`: what each tracer reports back;
 //! - `measure`: one process's wall time, CPU, context switches and peak memory;
@@ -16,6 +17,7 @@
 //!   cannot swamp;
 //! - `probes`: BPF run-time statistics per program;
 //! - `stats`, `table`: medians, spreads and the printed tables.
+mod bystanders;
 mod case;
 mod churn;
 mod daemon;
@@ -111,6 +113,13 @@ pub struct BenchArgs {
     /// Only the fork storms (tracer CPU; `--all` and the daemon beside 10k, then 4 × 50k processes).
     #[arg(long)]
     only_fork_storm: bool,
+    /// Only the bystanders: what `--all` and the daemon cost calls that do not concern
+    /// /dev/shm, per program and timed.
+    #[arg(long)]
+    only_bystanders: bool,
+    /// Skip the bystanders.
+    #[arg(long)]
+    no_bystanders: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
@@ -148,6 +157,12 @@ pub struct ChurnArgs {
 
 pub fn churn(args: &ChurnArgs) -> Result<()> {
     churn::run(args)
+}
+
+pub use self::bystanders::BystanderArgs;
+
+pub fn bystander(args: &BystanderArgs) -> Result<()> {
+    bystanders::run_loop(args)
 }
 
 pub fn floor(command: &[String], records: bool) -> Result<()> {
@@ -233,6 +248,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let exe = std::env::current_exe().context("finding the xtask binary")?;
     if args.only_replay {
         return replay_only(args, &setup, &exe, &tag);
+    }
+    if args.only_bystanders {
+        println!("# shmtrace benchmark: bystanders\n");
+        println!("{}\n", machine_description(&setup));
+        let saved = bystanders_section(&setup, &exe, args.quick)?;
+        if let Some(path) = &args.save {
+            fs::write(path, serde_json::to_string_pretty(&saved)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
     }
 
     println!("# shmtrace benchmark\n");
@@ -332,6 +357,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let targets_text = targets::table(&target_rows);
     println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
+    if !args.no_bystanders
+        && !args.only_daemon_idle
+        && !args.only_fork_storm
+        && !INTERRUPTED.load(Ordering::SeqCst)
+    {
+        saved.push(json!({
+            "case": "bystanders",
+            "bystanders": bystanders_section(&setup, &exe, args.quick)?,
+        }));
+    }
     let idle_seconds = match args.only_fork_storm {
         true => 0,
         false => args.daemon_idle.unwrap_or(if args.quick { 20 } else { 60 }),
@@ -361,6 +396,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 /// `--only-replay`: the replay target alone, --rounds times, each a row of the table.
+/// Measures and prints the bystanders' section and its targets; returns what to save.
+fn bystanders_section(setup: &Setup, exe: &Path, quick: bool) -> Result<serde_json::Value> {
+    let (text, rows, saved) = bystanders::measure(setup, exe, quick)?;
+    println!(
+        "{text}\n## Issue 23's targets, measured in this run\n\n{}",
+        targets::table(&rows)
+    );
+    Ok(saved)
+}
+
 fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
     println!("# shmtrace benchmark: replay only\n");
     println!("{}\n", machine_description(setup));

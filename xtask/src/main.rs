@@ -68,6 +68,9 @@ enum Task {
     /// The benchmark's workload (run by `bench`).
     #[command(hide = true)]
     Churn(bench::ChurnArgs),
+    /// The bench's bystander loops: calls that do not concern /dev/shm (run by `bench`).
+    #[command(hide = true)]
+    Bystander(bench::BystanderArgs),
     /// Run a command with empty BPF programs on shmtrace's hooks: the floor of tracing cost.
     #[command(hide = true)]
     Floor {
@@ -100,6 +103,7 @@ fn main() -> Result<()> {
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
+        Task::Bystander(args) => bench::bystander(&args),
         Task::Floor { records, command } => bench::floor(&command, records),
         Task::Storm { processes, tag } => bench::storm(processes, &tag),
         Task::Stamp => {

@@ -36,8 +36,8 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn enter_close(ctx: &TracePointContext) -> Option<()> {
     let (tgid, _) = syscall::ids();
-    // The scope first: every process on the host runs this, and few are traced.
-    let scope_flags = scope::in_scope(tgid)?;
+    // The scope first: every process on the host runs this, and few hold /dev/shm.
+    let scope_flags = scope::fd_call_scope(tgid)?;
     // Before any kernel read: `--failed` drops every close, which cannot fail here.
     if CONFIG.load().failed_only != 0 {
         return None;
@@ -97,8 +97,8 @@ fn exit_fd_call(
     arg_count: usize,
 ) -> Option<()> {
     let (tgid, _) = syscall::ids();
-    // The scope first: every process on the host runs this, and few are traced.
-    let scope_flags = scope::in_scope(tgid)?;
+    // The scope first: every process on the host runs this, and few hold /dev/shm.
+    let scope_flags = scope::fd_call_scope(tgid)?;
     let ret = syscall::exit_ret(ctx);
     // Before any kernel read: `--failed` drops most of these calls.
     if CONFIG.load().failed_only != 0 && ret >= 0 && syscall::is_data_path(call as u16) {
@@ -135,7 +135,7 @@ fn exit_munmap(ctx: &TracePointContext) -> Option<()> {
     if !scope::has_mappings(tgid) {
         return None;
     }
-    let scope_flags = scope::in_scope(tgid)?;
+    let scope_flags = scope::fd_call_scope(tgid)?;
     let off = kernel::offsets();
     let call = Pending {
         syscall: Syscall::Munmap as u16,

@@ -6,7 +6,7 @@ use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::Trace
 use shmtrace_common::{Loss, Syscall, flags};
 
 use super::syscall::{self, PathIs, enter_args};
-use crate::{emit, kernel, scope};
+use crate::{emit, scope};
 
 enter_args! {
     /// `syscalls/sys_enter_openat`:
@@ -66,9 +66,8 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         let a = Openat2Args::read(ctx);
         ([a.dfd, a.filename, 0, 0, 0, a.usize], Some(a.how))
     };
-    let off = kernel::offsets();
     let dfd = args[0] as i32;
-    let path_flags = match syscall::shm_path(dfd, args[1], &off) {
+    let path_flags = match syscall::shm_path(dfd, args[1]) {
         PathIs::Shm(path_flags) => path_flags,
         // Elsewhere, a followed process's open matters only if it runs out of descriptors.
         PathIs::Elsewhere => {

@@ -4,6 +4,11 @@
 //! trainer is out of file descriptors the kernel does not fail the call: it drops the
 //! descriptors and sets `MSG_CTRUNC` in `msg_flags`. That flag is the only trace of an fd-limit
 //! failure, so followed processes' `recvmsg` calls are checked for it on return.
+//!
+//! In host-wide mode, a process nothing follows yet has its `recvmsg` checked on return for a
+//! /dev/shm descriptor received (`flags::RECEIVES`): the trainer that gets its batches this
+//! way may never open /dev/shm itself, and only followed processes' calls on descriptors are
+//! looked at (`scope::fd_call_scope`).
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
@@ -23,15 +28,20 @@ enter_args! {
 #[tracepoint]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = syscall::ids();
-    if let Some(scope_flags) = scope::tracked(tgid) {
-        let args = RecvmsgArgs::read(&ctx);
-        syscall::stash(
-            tid,
-            Syscall::Recvmsg,
-            scope_flags | flags::FD_LIMIT_ONLY,
-            args.fd as i32,
-            args.raw(),
-        );
-    }
+    let call_flags = if let Some(scope_flags) = scope::tracked(tgid) {
+        scope_flags | flags::FD_LIMIT_ONLY
+    } else if scope::receives_unfollowed(tgid) {
+        flags::RECEIVES
+    } else {
+        return 0;
+    };
+    let args = RecvmsgArgs::read(&ctx);
+    syscall::stash(
+        tid,
+        Syscall::Recvmsg,
+        call_flags,
+        args.fd as i32,
+        args.raw(),
+    );
     0
 }

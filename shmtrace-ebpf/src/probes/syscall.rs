@@ -10,10 +10,15 @@
 //! `write`, `mmap`, `munmap`) are traced at their exit only, with arguments read from the
 //! registers saved at entry ([`args_at_exit`]): nothing at entry needs seeing before the call
 //! runs, and an entry tracepoint costs every process on the host on every such call.
+use core::intrinsics::{AtomicOrdering, atomic_and, atomic_or};
+
 use aya_ebpf::{
     EbpfContext,
     cty::c_void,
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_probe_read_user_str},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        generated::{self, bpf_probe_read_user_str},
+    },
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -23,9 +28,10 @@ use shmtrace_common::{
 
 use crate::{
     emit, kernel,
-    maps::{CONFIG, INFLIGHT, Pending, SCRATCH, SHM_DEVS},
+    maps::{CONFIG, INFLIGHT, Pending, SHM_DEVS, STASHED},
     scope,
 };
+use shmtrace_common::targets::followed_bit;
 
 /// Every syscall tracepoint record starts with the same fields:
 /// ```text
@@ -109,6 +115,30 @@ pub fn ids() -> (u32, u32) {
     ((pid_tgid >> 32) as u32, pid_tgid as u32)
 }
 
+/// `tid`'s word of `STASHED`, and its bit there.
+#[inline(always)]
+fn stashed_word(tid: u32) -> Option<(*mut u64, u64)> {
+    let (index, bit) = followed_bit(tid);
+    Some((STASHED.get_ptr_mut(index)?, bit))
+}
+
+/// Takes the thread's "stashed" mark: whether a call of its waits in `INFLIGHT`.
+#[inline(always)]
+fn take_stashed(tid: u32) -> bool {
+    let Some((word, bit)) = stashed_word(tid) else {
+        return false;
+    };
+    // A volatile load, as for `FOLLOWED` (scope.rs); the bit is cleared only when set, so the
+    // common case stays one load.
+    // SAFETY: a live, 8-byte aligned array element.
+    if unsafe { word.read_volatile() } & bit == 0 {
+        return false;
+    }
+    // SAFETY: as above; other threads' bits in the word change concurrently, hence atomic.
+    unsafe { atomic_and::<u64, u64, { AtomicOrdering::Relaxed }>(word, !bit) };
+    true
+}
+
 /// Remembers the call until its `sys_exit`.
 #[inline(always)]
 pub fn stash(tid: u32, syscall: Syscall, flags: u16, fd: i32, args: [u64; 6]) {
@@ -125,6 +155,11 @@ pub fn stash(tid: u32, syscall: Syscall, flags: u16, fd: i32, args: [u64; 6]) {
         unsafe { *slot = pending };
     } else if INFLIGHT.insert(tid, pending, 0).is_err() {
         emit::count(Loss::Pending);
+        return;
+    }
+    if let Some((word, bit)) = stashed_word(tid) {
+        // SAFETY: as in `take_stashed`.
+        unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(word, bit) };
     }
 }
 
@@ -137,12 +172,15 @@ pub fn forget_thread(tid: u32) {
     }
 }
 
-/// The file behind `fd` as it is now, if it is on a /dev/shm.
+/// The file behind `fd` as it is now, if it is on a /dev/shm. Its file system is checked
+/// before the rest of its inode is read: most descriptors of a process that holds /dev/shm
+/// files are elsewhere (its logs, sockets), and reading the inode's head costs more than the
+/// check.
 #[inline(always)]
 pub fn shm_fd(fd: i32, off: &KernelOffsets) -> Option<FileRef> {
-    let file = kernel::inode_file(kernel::fd_inode(fd, off)?, off)?;
-    SHM_DEVS.get_ptr(file.dev)?;
-    Some(file)
+    let inode = kernel::fd_inode(fd, off)?;
+    SHM_DEVS.get_ptr(kernel::inode_dev(inode, off)?)?;
+    kernel::inode_file(inode, off)
 }
 
 /// What a path argument says about a call.
@@ -156,18 +194,48 @@ pub enum PathIs {
     Unread,
 }
 
+/// Bytes of a path read to judge it: "/dev/shm/" and one more, and the NUL. A longer path
+/// is cut short there, which says all that is needed (`len` is then `PREFIX_READ`).
+const PREFIX_READ: u32 = SHM_PREFIX.len() as u32 + 2;
+
+/// Reads the first bytes of the path at `path` into `buf`, as `bpf_probe_read_user_str` of
+/// `PREFIX_READ` bytes would: returns its length with the NUL, or `PREFIX_READ` if it is
+/// longer, or a negative error. A fixed-size read costs less than the string helper, which
+/// is left for a path that ends near the end of its page, where 16 bytes cannot be read.
+#[inline(always)]
+fn path_prefix(path: u64, buf: &mut [u8; 16]) -> i64 {
+    // SAFETY: a user pointer, read into a buffer of the size given; a bad one is an error.
+    let failed = unsafe {
+        generated::bpf_probe_read_user(buf.as_mut_ptr() as *mut c_void, 16, path as *const c_void)
+    };
+    if failed != 0 {
+        // SAFETY: as above; the helper stops at PREFIX_READ bytes, within the buffer.
+        return unsafe {
+            bpf_probe_read_user_str(
+                buf.as_mut_ptr() as *mut c_void,
+                PREFIX_READ,
+                path as *const c_void,
+            )
+        };
+    }
+    let mut i = 0;
+    while i < PREFIX_READ as usize {
+        if buf[i] == 0 {
+            return i as i64 + 1;
+        }
+        i += 1;
+    }
+    PREFIX_READ as i64
+}
+
 /// Whether a path argument names something in /dev/shm: an absolute `/dev/shm/...` path, or a
 /// relative one resolved from a directory (`dfd`, or the working directory) on a /dev/shm file
-/// system.
+/// system. Only the path's first bytes are read, and the kernel's offsets only for a relative
+/// path: every open on the host passes here in host-wide mode.
 #[inline(always)]
-pub fn shm_path(dfd: i32, path: u64, off: &KernelOffsets) -> PathIs {
-    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
-        return PathIs::Elsewhere;
-    };
-    // SAFETY: a per-CPU buffer of PATH_LEN bytes; the helper stops at its end.
-    let len = unsafe {
-        bpf_probe_read_user_str(buf as *mut c_void, PATH_LEN as u32, path as *const c_void)
-    };
+pub fn shm_path(dfd: i32, path: u64) -> PathIs {
+    let mut buf = [0u8; 16];
+    let len = path_prefix(path, &mut buf);
     if len <= 0 {
         // NULL is the caller's mistake (the call fails with EFAULT).
         return if path == 0 {
@@ -176,8 +244,6 @@ pub fn shm_path(dfd: i32, path: u64, off: &KernelOffsets) -> PathIs {
             PathIs::Unread
         };
     }
-    // SAFETY: the buffer is initialised up to `len` bytes, and `len` is at least 1.
-    let buf = unsafe { &*buf };
     if buf[0] == b'/' {
         // "/dev/shm" itself: only its file system matters (for names relative to it later).
         let mut i = 0;
@@ -195,10 +261,11 @@ pub fn shm_path(dfd: i32, path: u64, off: &KernelOffsets) -> PathIs {
         }
         return PathIs::Shm(0);
     }
+    let off = kernel::offsets();
     let dir_dev = if dfd == AT_FDCWD {
-        kernel::cwd_dev(off)
+        kernel::cwd_dev(&off)
     } else {
-        kernel::fd_inode(dfd, off).and_then(|inode| kernel::inode_dev(inode, off))
+        kernel::fd_inode(dfd, &off).and_then(|inode| kernel::inode_dev(inode, &off))
     };
     match dir_dev {
         Some(dev) if SHM_DEVS.get_ptr(dev).is_some() => PathIs::Shm(flags::RELATIVE_TO_SHM),
@@ -229,6 +296,86 @@ fn dropped_descriptors(pending: &Pending, ret: i64) -> Option<u32> {
             }
         };
     (msg_flags & MSG_CTRUNC != 0).then_some(msg_flags)
+}
+
+/// Offset of `msg_control` in `struct user_msghdr` (UAPI, 64-bit); `msg_controllen` follows.
+const MSGHDR_CONTROL: u64 = 32;
+/// `SOL_SOCKET` and `SCM_RIGHTS` (UAPI).
+const SOL_SOCKET: i32 = 1;
+const SCM_RIGHTS: i32 = 1;
+/// `struct cmsghdr`'s size: `cmsg_len` (8 bytes), `cmsg_level`, `cmsg_type`.
+const CMSG_HEADER: u64 = 16;
+/// Descriptors of a message looked at; a message with more is taken to hold a /dev/shm one.
+const RECEIVED_CHECKED: u64 = 4;
+/// Control messages looked at before giving up, taking the process to have received one.
+const CMSGS_CHECKED: usize = 2;
+
+/// `struct cmsghdr`'s head (UAPI).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CmsgHeader {
+    len: u64,
+    level: i32,
+    kind: i32,
+}
+
+/// Whether a successful `recvmsg` passed the process a descriptor on a /dev/shm file system:
+/// its control data (`msg_control`, `msg_controllen` as the call left them) is walked for an
+/// `SCM_RIGHTS` message, whose first descriptors are looked up. Where it cannot tell (an
+/// unreadable header, more descriptors or messages than it looks at), it says yes: following
+/// a process that needs it not costs that process a little, missing one loses its calls.
+#[inline(always)]
+fn received_shm_descriptor(pending: &Pending, ret: i64) -> bool {
+    if ret < 0 {
+        return false;
+    }
+    let msg = pending.args[1];
+    // SAFETY: user pointers; a bad one is an error, not a fault.
+    let Ok(control) = (unsafe { bpf_probe_read_user((msg + MSGHDR_CONTROL) as *const [u64; 2]) })
+    else {
+        return true;
+    };
+    let (mut at, end) = (control[0], control[0].wrapping_add(control[1]));
+    if control[1] < CMSG_HEADER {
+        return false;
+    }
+    let off = kernel::offsets();
+    let mut i = 0;
+    while i < CMSGS_CHECKED {
+        if at.wrapping_add(CMSG_HEADER) > end {
+            return false;
+        }
+        // SAFETY: as above.
+        let Ok(header) = (unsafe { bpf_probe_read_user(at as *const CmsgHeader) }) else {
+            return true;
+        };
+        if header.len < CMSG_HEADER {
+            return false;
+        }
+        if header.level == SOL_SOCKET && header.kind == SCM_RIGHTS {
+            let count = (header.len - CMSG_HEADER) / 4;
+            if count > RECEIVED_CHECKED {
+                return true;
+            }
+            // SAFETY: as above; the kernel wrote `count` descriptors after the header.
+            let Ok(fds) = (unsafe { bpf_probe_read_user((at + CMSG_HEADER) as *const [i32; 4]) })
+            else {
+                return true;
+            };
+            let mut j = 0;
+            while j < RECEIVED_CHECKED as usize {
+                if (j as u64) < count && shm_fd(fds[j], &off).is_some() {
+                    return true;
+                }
+                j += 1;
+            }
+            return false;
+        }
+        // The next message starts at the next 8-byte boundary (`CMSG_ALIGN`).
+        at = at.wrapping_add((header.len + 7) & !7);
+        i += 1;
+    }
+    true
 }
 
 /// A failed call, or one reported only because it failed (a `recvmsg` that dropped
@@ -276,7 +423,7 @@ pub fn sys_exit(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn on_exit(ctx: &TracePointContext) {
     let (tgid, tid) = ids();
-    if !scope::may_have_stashed(tgid) {
+    if !take_stashed(tid) {
         return;
     }
     let Some(slot) = INFLIGHT.get_ptr_mut(tid) else {
@@ -298,6 +445,12 @@ fn on_exit(ctx: &TracePointContext) {
     }
     if pending.flags & flags::SHM_DIRECTORY != 0 {
         learn_directory(ret, &kernel::offsets());
+        return;
+    }
+    if pending.flags & flags::RECEIVES != 0 {
+        if received_shm_descriptor(&pending, ret) {
+            scope::follow(tgid);
+        }
         return;
     }
     if pending.flags & flags::FD_LIMIT_ONLY != 0 {
@@ -372,14 +525,13 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
     } else {
         pending.args[1]
     };
-    let off = kernel::offsets();
     let dfd = if index == 0 {
         AT_FDCWD
     } else {
         pending.args[0] as i32
     };
     let kept = pending.flags & !flags::PATH_AT_EXIT;
-    match shm_path(dfd, path, &off) {
+    match shm_path(dfd, path) {
         PathIs::Shm(path_flags) => {
             pending.flags = kept | path_flags;
             true

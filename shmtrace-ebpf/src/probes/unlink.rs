@@ -3,7 +3,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
 use super::syscall::{self, AT_FDCWD, PathIs, enter_args};
-use crate::{kernel, scope};
+use crate::scope;
 
 enter_args! {
     /// `syscalls/sys_enter_unlink`:
@@ -47,8 +47,7 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         let a = UnlinkatArgs::read(ctx);
         (a.dfd as i32, a.pathname, a.raw())
     };
-    let off = kernel::offsets();
-    let path_flags = match syscall::shm_path(dfd, path, &off) {
+    let path_flags = match syscall::shm_path(dfd, path) {
         PathIs::Shm(path_flags) => path_flags,
         PathIs::Elsewhere => return None,
         PathIs::Unread => flags::PATH_AT_EXIT,

@@ -76,7 +76,9 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
         btf_path: args.kernel_btf.clone(),
     };
     let mut tracer = Tracer::load(&options)?;
-    target::register_shm_devs(&mut tracer, true)?;
+    let shm_devs = target::register_shm_devs(&mut tracer, true)?;
+    // Followed from the start; what they hold is not named (the daemon keeps no seed).
+    target::register_shm_holders(&mut tracer, &shm_devs)?;
     // The event loop runs on this thread; the HTTP server and the surveys of the runtimes on
     // a worker of their own, so that a scrape is answered while the loop is busy (and
     // /healthz can say that the loop is stuck).

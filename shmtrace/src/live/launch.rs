@@ -131,7 +131,11 @@ pub fn run(
     make_pipeline: impl FnOnce(&[ContainerInfo]) -> Result<Pipeline>,
 ) -> Result<Outcome> {
     let mut tracer = Tracer::load(options)?;
-    target::register_shm_devs(&mut tracer, options.all)?;
+    let shm_devs = target::register_shm_devs(&mut tracer, options.all)?;
+    let holders = match options.all {
+        true => target::register_shm_holders(&mut tracer, &shm_devs)?,
+        false => Vec::new(),
+    };
 
     // Fork the command before any thread exists (the async runtime starts below).
     let paused = match &what {
@@ -198,9 +202,15 @@ pub fn run(
         .flat_map(|(_, containers)| containers.iter().map(Container::info))
         .collect();
     let mut pipeline = make_pipeline(&infos)?;
+    // What the processes that hold /dev/shm already hold, named, as for --pid below.
+    let now = boot_ns()?;
+    for pid in holders {
+        if let Some(snapshot) = proc_scan::snapshot(pid) {
+            pipeline.seed(&snapshot, now)?;
+        }
+    }
     let mut pids = Vec::new();
     if let What::Pids(roots) = &what {
-        let now = boot_ns()?;
         for pid in target::register_pids(&mut tracer, roots)? {
             if let Some(snapshot) = proc_scan::snapshot(pid) {
                 pipeline.seed(&snapshot, now)?;

@@ -1,6 +1,6 @@
 //! What /proc says about processes that existed before shmtrace started: their /dev/shm
 //! descriptors and mappings, their children, and which file systems are mounted on /dev/shm.
-use std::{collections::HashSet, fs, path::Path};
+use std::{collections::HashSet, fs, os::unix::fs::MetadataExt, path::Path};
 
 use crate::{
     event::{InodeId, escape},
@@ -78,6 +78,56 @@ pub fn shm_devs_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Processes that hold a descriptor or a mapping on one of the file systems `devs` (those
+/// mounted on /dev/shm), but `except`. Host-wide tracing follows them from its start, as it
+/// follows a process from its first /dev/shm call: the probes look only at followed
+/// processes' calls on descriptors.
+pub fn shm_holders(devs: &HashSet<u32>, except: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != except && (holds_shm_fd(*pid, devs) || maps_shm(*pid, devs)))
+        .collect()
+}
+
+fn holds_shm_fd(pid: u32, devs: &HashSet<u32>) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        // Sockets, pipes and anonymous inodes link to names like "socket:[N]": only a path
+        // can be a /dev/shm file, and stat through the link is what costs.
+        fs::read_link(fd.path()).is_ok_and(|target| target.is_absolute())
+            && fs::metadata(fd.path())
+                .is_ok_and(|meta| devs.contains(&kernel_dev_from_stat(meta.dev())))
+    })
+}
+
+fn maps_shm(pid: u32, devs: &HashSet<u32>) -> bool {
+    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    // "start-end perms offset major:minor inode path"
+    maps.lines().any(|line| {
+        line.split_whitespace()
+            .nth(3)
+            .and_then(parse_hex_majmin)
+            .is_some_and(|dev| devs.contains(&dev))
+    })
+}
+
+/// `00:1a` (hexadecimal, as /proc/PID/maps writes it) to a kernel `dev_t`.
+fn parse_hex_majmin(text: &str) -> Option<u32> {
+    let (major, minor) = text.split_once(':')?;
+    Some(kernel_dev(
+        u64::from_str_radix(major, 16).ok()?,
+        u64::from_str_radix(minor, 16).ok()?,
+    ))
+}
+
 /// When a process started (`CLOCK_BOOTTIME` ns, as the probes stamp records), from
 /// /proc/PID/stat, to the clock tick.
 pub fn start_ns(pid: u32) -> Option<u64> {
@@ -125,7 +175,6 @@ pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
             let Ok(meta) = fs::metadata(format!("/proc/{pid}/fd/{}", fd.fd)) else {
                 continue;
             };
-            use std::os::unix::fs::MetadataExt;
             snapshot.fds.push(SnapshotFd {
                 fd: fd.fd,
                 inode: InodeId {

@@ -55,6 +55,8 @@ fn main() {
         "threads" => threads(rest),
         "leader-exits-first" => leader_exits_first(),
         "wait-then" => wait_then(rest),
+        "hold-then-write" => hold_then_write(),
+        "receive-fd" => receive_fd(),
         "exit" => exit(rest.first().and_then(|c| c.parse().ok()).unwrap_or(0)),
         _ => usage(),
     }
@@ -398,6 +400,140 @@ fn leader_exits_first() {
 }
 
 /// Reads a line from stdin (the test attaches in between), then runs the named scenario.
+/// Opens a /dev/shm file, says `ready PID`, and after a byte on stdin writes 4 KiB to it:
+/// a process that held /dev/shm before shmtrace started.
+fn hold_then_write() {
+    let fd = open("/dev/shm/held_before", CREATE);
+    println!("ready {}", std::process::id());
+    let mut byte = [0u8; 1];
+    let _ = std::io::stdin().read(&mut byte);
+    // SAFETY: a write from a local buffer to our own descriptor, then an unlink of a literal.
+    unsafe {
+        check(
+            libc::write(fd, [7u8; 4096].as_ptr().cast(), 4096) as i64,
+            "write held_before",
+        );
+        libc::unlink(resident(c"/dev/shm/held_before"));
+        libc::close(fd);
+    }
+}
+
+/// A child creates a 1 MiB /dev/shm file, removes its name and passes its descriptor over a
+/// socket (SCM_RIGHTS), as PyTorch's DataLoader workers do; this process, which never opens
+/// anything in /dev/shm, receives it, maps it and writes to it.
+fn receive_fd() {
+    let mut pair = [0; 2];
+    // SAFETY: socketpair fills the array.
+    check(
+        unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, pair.as_mut_ptr()) } as i64,
+        "socketpair",
+    );
+    // SAFETY: the child only makes plain calls and exits.
+    match unsafe { fork() }.expect("fork") {
+        ForkResult::Child => {
+            let fd = open("/dev/shm/passed", CREATE);
+            // SAFETY: calls on our own descriptors; the message carries one descriptor.
+            unsafe {
+                libc::ftruncate(fd, 1 << 20);
+                libc::unlink(resident(c"/dev/shm/passed"));
+                send_fd(pair[1], fd);
+                libc::_exit(0);
+            }
+        }
+        ForkResult::Parent { child } => {
+            // SAFETY: as below.
+            let fd = unsafe { receive_one_fd(pair[0]) };
+            waitpid(child, None).expect("waitpid");
+            // SAFETY: maps and writes within the 1 MiB file we were passed.
+            unsafe {
+                let addr = libc::mmap(
+                    std::ptr::null_mut(),
+                    1 << 20,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                );
+                if addr == libc::MAP_FAILED {
+                    eprintln!("mmap: {}", std::io::Error::last_os_error());
+                    exit(1);
+                }
+                *(addr as *mut u8) = 1;
+                check(
+                    libc::write(fd, [3u8; 4096].as_ptr().cast(), 4096) as i64,
+                    "write passed",
+                );
+                libc::munmap(addr, 1 << 20);
+                libc::close(fd);
+            }
+            println!("received {fd}");
+        }
+    }
+}
+
+/// Room for one `cmsghdr` carrying one descriptor, aligned as the kernel wants it.
+#[repr(C, align(8))]
+struct OneFdControl([u8; 24]);
+
+/// Sends `fd` over socket `socket`, with one byte of data.
+///
+/// # Safety
+/// `socket` and `fd` are open descriptors.
+unsafe fn send_fd(socket: RawFd, fd: RawFd) {
+    let mut data = [b'x'];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = OneFdControl([0; 24]);
+    // SAFETY: msghdr is plain data; the fields that matter are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    // SAFETY: CMSG_* compute within the control buffer set above.
+    unsafe {
+        msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(4) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<i32>(), fd);
+        check(libc::sendmsg(socket, &msg, 0) as i64, "sendmsg");
+    }
+}
+
+/// Receives one descriptor sent by [`send_fd`].
+///
+/// # Safety
+/// `socket` is an open descriptor.
+unsafe fn receive_one_fd(socket: RawFd) -> RawFd {
+    let mut data = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = OneFdControl([0; 24]);
+    // SAFETY: as in `send_fd`.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = control.0.len();
+    // SAFETY: the kernel fills the buffers set above.
+    unsafe {
+        if check(libc::recvmsg(socket, &mut msg, 0) as i64, "recvmsg") < 0 {
+            exit(1);
+        }
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        if header.is_null() || (*header).cmsg_type != libc::SCM_RIGHTS {
+            eprintln!("recvmsg: no descriptor came");
+            exit(1);
+        }
+        std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<i32>())
+    }
+}
+
 fn wait_then(args: &[String]) {
     println!("ready {}", std::process::id());
     let mut byte = [0u8; 1];

@@ -200,7 +200,7 @@ impl Timed {
 }
 
 /// Turns on run-time statistics for as long as the returned descriptor is open.
-fn enable_stats() -> Result<OwnedFd> {
+pub(super) fn enable_stats() -> Result<OwnedFd> {
     const BPF_ENABLE_STATS: libc::c_long = 32;
     const BPF_STATS_RUN_TIME: u32 = 0;
     let attr = [BPF_STATS_RUN_TIME, 0u32];
@@ -221,7 +221,7 @@ fn enable_stats() -> Result<OwnedFd> {
 }
 
 /// `prog_id -> (run_time_ns, run_cnt)` for every BPF program `pid` holds.
-fn snapshot(pid: u32) -> Result<BTreeMap<u64, (u64, u64)>> {
+pub(super) fn snapshot(pid: u32) -> Result<BTreeMap<u64, (u64, u64)>> {
     let mut programs = BTreeMap::new();
     for entry in fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
         if !fs::read_link(entry.path()).is_ok_and(|t| t.as_os_str() == "anon_inode:bpf-prog") {
@@ -252,7 +252,7 @@ fn snapshot(pid: u32) -> Result<BTreeMap<u64, (u64, u64)>> {
 
 /// Program names by id, from bpftool (the kernel's fdinfo has ids only): without them, the
 /// table could not tell entry probes from exit probes.
-fn program_names() -> Result<BTreeMap<u64, String>> {
+pub(super) fn program_names() -> Result<BTreeMap<u64, String>> {
     let out = Command::new("bpftool")
         .args(["prog", "show", "--json"])
         .output()

@@ -32,7 +32,7 @@ pub struct Row {
 }
 
 impl Row {
-    fn new(target: &str, measured: String, met: Option<bool>) -> Row {
+    pub(super) fn new(target: &str, measured: String, met: Option<bool>) -> Row {
         Row {
             target: target.to_owned(),
             measured,

@@ -2,7 +2,7 @@
 //! process on the host. Each target registers itself with the probes before tracing starts.
 mod command;
 
-use std::{fs, os::unix::fs::MetadataExt};
+use std::{collections::HashSet, fs, os::unix::fs::MetadataExt};
 
 use anyhow::{Result, bail};
 
@@ -66,17 +66,30 @@ pub fn register_pids(tracer: &mut Tracer, roots: &[u32]) -> Result<Vec<u32>> {
 }
 
 /// Declares the /dev/shm file systems shmtrace can see now: this namespace's, and with
-/// `every_namespace`, those of every container on the host.
-pub fn register_shm_devs(tracer: &mut Tracer, every_namespace: bool) -> Result<()> {
+/// `every_namespace`, those of every container on the host. Returns them.
+pub fn register_shm_devs(tracer: &mut Tracer, every_namespace: bool) -> Result<HashSet<u32>> {
+    let mut devs = HashSet::new();
     if let Ok(meta) = fs::metadata("/dev/shm") {
-        tracer.add_shm_dev(kernel_ids::kernel_dev_from_stat(meta.dev()))?;
+        devs.insert(kernel_ids::kernel_dev_from_stat(meta.dev()));
     }
     if every_namespace {
-        for dev in proc_scan::shm_devs() {
-            tracer.add_shm_dev(dev)?;
-        }
+        devs.extend(proc_scan::shm_devs());
     }
-    Ok(())
+    for dev in &devs {
+        tracer.add_shm_dev(*dev)?;
+    }
+    Ok(devs)
+}
+
+/// Host-wide tracing: follows every process that holds a descriptor or mapping on one of
+/// `devs` now, as the probes follow one from its first /dev/shm call (see
+/// `scope::fd_call_scope` in the probes). Returns them.
+pub fn register_shm_holders(tracer: &mut Tracer, devs: &HashSet<u32>) -> Result<Vec<u32>> {
+    let holders = proc_scan::shm_holders(devs, std::process::id());
+    for pid in &holders {
+        tracer.add_target(*pid)?;
+    }
+    Ok(holders)
 }
 
 #[cfg(test)]
