@@ -120,6 +120,10 @@ pub struct BenchArgs {
     /// Skip the bystanders.
     #[arg(long)]
     no_bystanders: bool,
+    /// Only start-up and teardown, after a pause and back to back (--rounds runs of each)
+    /// [default: 15, or 5 with --quick].
+    #[arg(long)]
+    only_startup: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
@@ -248,6 +252,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let exe = std::env::current_exe().context("finding the xtask binary")?;
     if args.only_replay {
         return replay_only(args, &setup, &exe, &tag);
+    }
+    if args.only_startup {
+        let runs = args.rounds.unwrap_or(if args.quick { 5 } else { 15 });
+        let rows = targets::startup(&setup, &exe, runs);
+        println!("## Start-up and teardown\n\n{}", targets::table(&rows));
+        return Ok(());
     }
     if args.only_bystanders {
         println!("# shmtrace benchmark: bystanders\n");
