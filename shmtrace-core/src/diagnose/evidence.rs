@@ -151,20 +151,15 @@ impl Diagnoser {
     }
 }
 
-/// Pages the live objects on /dev/shm `dev` hold: a mapped object counts by its size, as its
-/// pages may have been written through the mapping; others by their allocated pages, as a file
-/// that was only ftruncated holds nothing.
+/// Pages the live objects on /dev/shm `dev` hold ([`crate::model::ShmObject::held`]): an
+/// object mapped since its pages were counted counts by its size, as pages written through a
+/// mapping show in no system call; others by their pages, as a file only ftruncated holds
+/// nothing.
 fn held_on(dev: u32, world: &World) -> u64 {
     world
         .live_objects()
         .filter(|o| o.inode.dev == dev)
-        .map(|o| {
-            if o.mappings > 0 {
-                o.allocated.max(o.size.max(0) as u64)
-            } else {
-                o.allocated
-            }
-        })
+        .map(|o| o.held())
         .sum()
 }
 

@@ -20,7 +20,7 @@ use std::{
     },
 };
 
-pub use summary::Summary;
+pub use summary::{Remaining, Summary};
 
 use crate::{
     clock::{Clock, Rfc3339Cache},

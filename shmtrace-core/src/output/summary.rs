@@ -10,6 +10,19 @@ use crate::{
     size::human,
 };
 
+/// An object still present when tracing stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Remaining {
+    pub name: String,
+    /// Memory it holds: pages, not its nominal size (a file sized by `ftruncate` and never
+    /// written holds nothing).
+    pub bytes: u64,
+    /// Its size (`i_size`).
+    pub size: u64,
+    /// Still named in /dev/shm.
+    pub linked: bool,
+}
+
 /// Totals of a trace, taken when tracing stops.
 #[derive(Clone, Debug)]
 pub struct Summary {
@@ -22,8 +35,8 @@ pub struct Summary {
     pub objects_created: u64,
     pub objects_freed: u64,
     pub peak_bytes: u64,
-    /// Objects still present: (name, bytes held, still named in /dev/shm).
-    pub remaining: Vec<(String, u64, bool)>,
+    /// Objects still present, those holding the most memory first.
+    pub remaining: Vec<Remaining>,
     /// The trace stops before its end (a recording cut short or damaged): `remaining` is what
     /// was held where it stops, as calls after that are not in it.
     pub cut: bool,
@@ -42,17 +55,16 @@ impl Summary {
         diagnoses: &[Diagnosis],
     ) -> Summary {
         let totals = world.totals();
-        let mut remaining: Vec<(String, u64, bool)> = world
+        let mut remaining: Vec<Remaining> = world
             .live_objects()
-            .map(|o| {
-                (
-                    o.display_name(),
-                    o.footprint().0,
-                    o.state() == ObjectState::Linked,
-                )
+            .map(|o| Remaining {
+                name: o.display_name(),
+                bytes: o.held(),
+                size: o.size.max(0) as u64,
+                linked: o.state() == ObjectState::Linked,
             })
             .collect();
-        remaining.sort();
+        remaining.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
         let mut recommendations: Vec<(String, u32, Recommendation)> = Vec::new();
         for d in diagnoses {
             let Some(r) = &d.recommendation else { continue };
@@ -144,31 +156,56 @@ impl Summary {
         if let Some(warning) = self.uncertain() {
             lines.push(format!("shmtrace: warning: {warning}"));
         }
-        if !self.remaining.is_empty() {
+        let holding = self.remaining.iter().filter(|r| r.bytes > 0).count();
+        if holding > 0 {
             lines.push(if self.cut {
                 format!(
-                    "shmtrace: {} objects held memory where the trace stops (it was cut short: \
-                     the calls after that, which may have freed them, are not in it):",
-                    self.remaining.len()
+                    "shmtrace: {holding} objects held memory where the trace stops (it was cut \
+                     short: the calls after that, which may have freed them, are not in it):"
                 )
             } else {
                 format!(
-                    "shmtrace: {} objects still hold memory (left behind, or still in use):",
-                    self.remaining.len()
+                    "shmtrace: {holding} objects still hold memory (left behind, or still in use):"
                 )
             });
         }
-        for (name, bytes, linked) in self.remaining.iter().take(10) {
-            let state = match (*linked, self.cut) {
-                (true, false) => "still in /dev/shm",
-                (false, false) => "unlinked, still open or mapped",
-                (true, true) => "in /dev/shm",
-                (false, true) => "unlinked, open or mapped",
-            };
-            lines.push(format!("    {name} ({}, {state})", human(*bytes)));
+        let state = |linked: bool| match (linked, self.cut) {
+            (true, false) => "still in /dev/shm",
+            (false, false) => "unlinked, still open or mapped",
+            (true, true) => "in /dev/shm",
+            (false, true) => "unlinked, open or mapped",
+        };
+        let holders = self.remaining.iter().filter(|r| r.bytes > 0);
+        for r in holders.clone().take(10) {
+            lines.push(format!(
+                "    {} ({}, {})",
+                r.name,
+                human(r.bytes),
+                state(r.linked)
+            ));
         }
-        if self.remaining.len() > 10 {
-            lines.push(format!("    ... and {} more", self.remaining.len() - 10));
+        if holding > 10 {
+            lines.push(format!("    ... and {} more", holding - 10));
+        }
+        // Named, but holding nothing: sized and never written. Listed apart, so that a
+        // nominal size is not taken for memory held.
+        let empty: Vec<&Remaining> = self.remaining.iter().filter(|r| r.bytes == 0).collect();
+        if !empty.is_empty() {
+            lines.push(format!(
+                "shmtrace: {} objects remain that hold no memory (sized, never written):",
+                empty.len()
+            ));
+            for r in empty.iter().take(10) {
+                lines.push(format!(
+                    "    {} (0 B of {}, {})",
+                    r.name,
+                    human(r.size),
+                    state(r.linked)
+                ));
+            }
+            if empty.len() > 10 {
+                lines.push(format!("    ... and {} more", empty.len() - 10));
+            }
         }
         for (place, pid, r) in &self.recommendations {
             lines.push(format!(
@@ -207,8 +244,8 @@ impl Summary {
             "objects_freed": self.objects_freed,
             "peak_bytes": self.peak_bytes,
             "cut": self.cut,
-            "remaining": self.remaining.iter().map(|(name, bytes, linked)| json!({
-                "path": name, "bytes": bytes, "linked": linked,
+            "remaining": self.remaining.iter().map(|r| json!({
+                "path": r.name, "bytes": r.bytes, "size": r.size, "linked": r.linked,
             })).collect::<Vec<_>>(),
             "roles": self.table.iter().map(|(place, role, s)| json!({
                 "place": place, "role": role, "processes": s.processes,
