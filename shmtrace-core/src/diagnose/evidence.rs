@@ -147,6 +147,10 @@ impl Diagnoser {
             held: dev.map(|dev| held_on(dev, world)).unwrap_or(0),
             peers: dev.map(|dev| peers_of(pid, dev, world)).unwrap_or(0),
             leftovers,
+            others: match (cause, dev) {
+                (Cause::ShmFull, Some(dev)) => self.others_on(dev, world),
+                _ => Vec::new(),
+            },
         }
     }
 }

@@ -174,6 +174,10 @@ impl Diagnoser {
             (Some(l), Cause::ShmFull) if l.enough_without => Cause::Leftovers,
             _ => cause,
         };
+        let others = failures
+            .first()
+            .filter(|f| matches!(f.cause, Cause::ShmFull))
+            .and_then(|f| self.others(f.dev?, &f.others, container.as_ref()));
         let started_by = container
             .as_ref()
             .map(|c| c.started_by.clone())
@@ -286,6 +290,7 @@ impl Diagnoser {
             recommendation,
             explanation: explain(cause),
             leftovers,
+            others,
             program_alternatives,
             lost_events: self.lost_events,
         }

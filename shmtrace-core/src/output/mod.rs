@@ -10,6 +10,7 @@ pub mod human;
 pub mod json;
 #[cfg(test)]
 mod json_tests;
+mod others;
 mod summary;
 
 use std::{

@@ -23,6 +23,19 @@ pub struct Remaining {
     pub linked: bool,
 }
 
+/// The size advised for one /dev/shm.
+#[derive(Clone, Debug)]
+pub struct Advice {
+    /// The places (containers) whose failures asked for it, comma-separated.
+    pub place: String,
+    pub pid: u32,
+    pub recommendation: Recommendation,
+    /// The container whose /dev/shm it is, when the ones that failed joined it.
+    pub owner: Option<String>,
+    /// The /dev/shm file system, when known.
+    dev: Option<u32>,
+}
+
 /// Totals of a trace, taken when tracing stops.
 #[derive(Clone, Debug)]
 pub struct Summary {
@@ -42,8 +55,9 @@ pub struct Summary {
     pub cut: bool,
     /// Per place and role.
     pub table: Vec<(String, RoleKind, RoleStats)>,
-    /// The largest size recommended per place, with the pid it was diagnosed for.
-    pub recommendations: Vec<(String, u32, Recommendation)>,
+    /// The largest size recommended per /dev/shm (one shared by several containers is one),
+    /// with the pid it was diagnosed for.
+    pub recommendations: Vec<Advice>,
 }
 
 impl Summary {
@@ -65,16 +79,33 @@ impl Summary {
             })
             .collect();
         remaining.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
-        let mut recommendations: Vec<(String, u32, Recommendation)> = Vec::new();
+        let mut recommendations: Vec<Advice> = Vec::new();
         for d in diagnoses {
             let Some(r) = &d.recommendation else { continue };
+            let dev = d.failures.first().and_then(|f| f.dev);
+            let owner = d.others.as_ref().and_then(|o| o.owner.clone());
+            // One /dev/shm, however many containers share it and fail in it.
             match recommendations
                 .iter_mut()
-                .find(|(place, _, _)| *place == d.place)
+                .find(|a| a.place == d.place || (dev.is_some() && a.dev == dev))
             {
-                Some(existing) if existing.2.min_bytes >= r.min_bytes => {}
-                Some(existing) => *existing = (d.place.clone(), d.pid, r.clone()),
-                None => recommendations.push((d.place.clone(), d.pid, r.clone())),
+                Some(existing) => {
+                    if !existing.place.split(", ").any(|p| p == d.place) {
+                        existing.place = format!("{}, {}", existing.place, d.place);
+                    }
+                    if existing.recommendation.min_bytes < r.min_bytes {
+                        existing.pid = d.pid;
+                        existing.recommendation = r.clone();
+                    }
+                    existing.owner = existing.owner.take().or(owner);
+                }
+                None => recommendations.push(Advice {
+                    place: d.place.clone(),
+                    pid: d.pid,
+                    recommendation: r.clone(),
+                    owner,
+                    dev,
+                }),
             }
         }
         Summary {
@@ -192,26 +223,33 @@ impl Summary {
         let empty: Vec<&Remaining> = self.remaining.iter().filter(|r| r.bytes == 0).collect();
         if !empty.is_empty() {
             lines.push(format!(
-                "shmtrace: {} objects remain that hold no memory (sized, never written):",
+                "shmtrace: {} objects remain that hold no memory (empty, or sized and never \
+                 written):",
                 empty.len()
             ));
             for r in empty.iter().take(10) {
-                lines.push(format!(
-                    "    {} (0 B of {}, {})",
-                    r.name,
-                    human(r.size),
-                    state(r.linked)
-                ));
+                let held = match r.size {
+                    0 => "empty".to_owned(),
+                    size => format!("0 B of {}", human(size)),
+                };
+                lines.push(format!("    {} ({held}, {})", r.name, state(r.linked)));
             }
             if empty.len() > 10 {
                 lines.push(format!("    ... and {} more", empty.len() - 10));
             }
         }
-        for (place, pid, r) in &self.recommendations {
+        for a in &self.recommendations {
+            let on = a
+                .owner
+                .as_ref()
+                .map(|owner| format!(" on container {owner}, whose /dev/shm it is"))
+                .unwrap_or_default();
             lines.push(format!(
-                "shmtrace: {place}: give /dev/shm at least {} ({}); see the diagnosis of pid {pid}",
-                human(r.min_bytes),
-                r.docker
+                "shmtrace: {}: give /dev/shm at least {} ({}{on}); see the diagnosis of pid {}",
+                a.place,
+                human(a.recommendation.min_bytes),
+                a.recommendation.docker,
+                a.pid
             ));
         }
         lines
@@ -251,9 +289,10 @@ impl Summary {
                 "place": place, "role": role, "processes": s.processes,
                 "peak_bytes": s.peak_bytes, "failures": s.failures, "deaths": s.deaths,
             })).collect::<Vec<_>>(),
-            "recommendations": self.recommendations.iter().map(|(place, pid, r)| json!({
-                "place": place, "pid": pid, "min_bytes": r.min_bytes, "docker": r.docker,
-                "compose": r.compose, "kubernetes": r.kubernetes,
+            "recommendations": self.recommendations.iter().map(|a| json!({
+                "place": a.place, "pid": a.pid, "min_bytes": a.recommendation.min_bytes,
+                "docker": a.recommendation.docker, "compose": a.recommendation.compose,
+                "kubernetes": a.recommendation.kubernetes, "owner": a.owner,
             })).collect::<Vec<_>>(),
         })
     }

@@ -1,0 +1,143 @@
+//! Two real Docker containers sharing one /dev/shm: `holder` (`--ipc=shareable`) keeps a
+//! 40 MiB file open there with a sleeping process, and `writer` (`--ipc=container:holder`)
+//! fails to allocate 40 MiB more. Only the writer is traced. Its diagnosis must name what
+//! holds the rest (the holder's file with its pages, the process that has it open, its
+//! container), say that the two share one /dev/shm and how, and advise a size that works when
+//! applied to the container whose /dev/shm it is: both recreated with it, the writer succeeds.
+use serde_json::Value;
+use shmtrace_tests::{
+    diagnosis::{diagnoses, summary},
+    docker::{Container, require_docker, wait_for},
+    live::LiveTracer,
+    require_root,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// The holder's script: fill 40 MiB, say so, and keep the file open while sleeping.
+const HOLD: &str = "dd if=/dev/zero of=/dev/shm/cache bs=1M count=40 2>/dev/null && \
+     touch /work/up && exec sleep 600 < /dev/shm/cache";
+
+/// The writer's: wait for the go, then ask for 40 MiB at once, as posix_fallocate does.
+const WRITE: &str = "while [ ! -e /work/go ]; do sleep 0.05; done; /usr/bin/python3 -c \
+     'import os; fd = os.open(\"/dev/shm/more\", os.O_CREAT | os.O_RDWR, 0o600); \
+     os.posix_fallocate(fd, 0, 40 << 20)'";
+
+fn run_holder(shm_size: &str) -> Container {
+    let holder = Container::run(
+        "shared-holder",
+        &["--ipc=shareable", &format!("--shm-size={shm_size}")],
+        HOLD,
+    );
+    wait_for(&holder.work.join("up"));
+    holder
+}
+
+fn run_writer(holder: &Container, shm_size: &str) -> Container {
+    Container::run(
+        "shared-writer",
+        &[
+            &format!("--ipc=container:{}", holder.name),
+            &format!("--shm-size={shm_size}"),
+        ],
+        WRITE,
+    )
+}
+
+#[test]
+fn the_diagnosis_names_the_other_container_its_process_and_file_and_the_size_works() {
+    require_root();
+    require_docker();
+    let holder = run_holder("64m");
+    let writer = run_writer(&holder, "64m");
+    let mut tracer = LiveTracer::start(&["--container", &writer.name]);
+    writer.signal("go");
+    assert_eq!(writer.wait(), 1, "the writer fails for lack of room");
+    tracer.wait_for_line("shmtrace: container");
+    let (_, log, records) = tracer.stop();
+    let dump = || {
+        let mut lines: Vec<String> = records.iter().map(Value::to_string).collect();
+        lines.push(log.clone());
+        lines.join("\n")
+    };
+    let d = diagnoses(&records)
+        .into_iter()
+        .find(|d| d["comm"] == "python3")
+        .unwrap_or_else(|| panic!("no diagnosis of the writer:\n{}", dump()));
+    assert_eq!(d["cause"], "shm_full", "{d}");
+    assert_eq!(d["failures"][0]["syscall"], "fallocate", "{d}");
+
+    // What holds the rest: the holder's file, by its pages, open by its sleeping process.
+    let others = &d["others"];
+    assert_eq!(others["bytes"], 40 * MIB, "{d}");
+    let files = others["files"].as_array().expect("others' files");
+    assert_eq!(files.len(), 1, "{d}");
+    assert_eq!(files[0]["path"], "/dev/shm/cache", "{d}");
+    assert_eq!(files[0]["bytes"], 40 * MIB, "{d}");
+    let holders = files[0]["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{d}");
+    assert_eq!(holders[0]["comm"], "sleep", "{d}");
+    assert_eq!(holders[0]["pid"], holder.pid(), "{d}");
+    assert_eq!(holders[0]["container"], holder.name.as_str(), "{d}");
+    assert_eq!(holders[0]["open"], true, "{d}");
+
+    // Who shares it, and how; whose it is, so the size is set there.
+    let shared: Vec<(String, String)> = others["shared_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["container"].as_str().unwrap().to_owned(),
+                s["ipc"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        shared.contains(&(holder.name.clone(), "private (shareable)".to_owned())),
+        "{d}"
+    );
+    assert!(
+        shared.contains(&(
+            writer.name.clone(),
+            format!("shared with container {}", holder.name)
+        )),
+        "{d}"
+    );
+    assert_eq!(others["owner"], holder.name.as_str(), "{d}");
+    let text = d["text"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        text.contains(&format!(
+            "/dev/shm/cache (40.0 MiB), open by pid {} sleep in container {}",
+            holder.pid(),
+            holder.name
+        )),
+        "{text}"
+    );
+
+    // One /dev/shm, one piece of advice, naming the container to set it on.
+    let advice = summary(&records)["recommendations"].as_array().unwrap();
+    assert_eq!(advice.len(), 1, "{}", dump());
+    assert_eq!(advice[0]["owner"], holder.name.as_str(), "{}", dump());
+    let size = d["recommendation"]["min_bytes"].as_u64().unwrap();
+    assert!(size >= 80 * MIB, "both files must fit: {d}");
+
+    // Applied: both recreated with the advised size, the writer now fits beside the holder.
+    drop(writer);
+    drop(holder);
+    let shm_size = format!("{size}b");
+    let holder = run_holder(&shm_size);
+    let writer = run_writer(&holder, &shm_size);
+    writer.signal("go");
+    assert_eq!(
+        writer.wait(),
+        0,
+        "the writer still fails with --shm-size={shm_size}"
+    );
+}
