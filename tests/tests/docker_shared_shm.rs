@@ -5,11 +5,15 @@
 //! container), say that the two share one /dev/shm and how, and advise a size that works when
 //! applied to the container whose /dev/shm it is: both recreated with it, the writer succeeds.
 use serde_json::Value;
+use std::time::Duration;
+
 use shmtrace_tests::{
     diagnosis::{diagnoses, summary},
     docker::{Container, require_docker, wait_for},
     live::LiveTracer,
-    require_root,
+    read_json_lines,
+    recording::{Recorder, replay},
+    require_root, tempdir,
 };
 
 const MIB: u64 = 1 << 20;
@@ -140,4 +144,51 @@ fn the_diagnosis_names_the_other_container_its_process_and_file_and_the_size_wor
         0,
         "the writer still fails with --shm-size={shm_size}"
     );
+}
+
+/// Recorded, the same scenario replays to the same account of the others: what the machine
+/// showed at the failure is in the file, as nothing of it can be asked again.
+#[test]
+fn a_recording_keeps_what_the_others_held() {
+    require_root();
+    require_docker();
+    let holder = run_holder("64m");
+    let writer = run_writer(&holder, "64m");
+    let dir = tempdir();
+    let file = dir.join("trace.shmtrace");
+    let live = dir.join("live.jsonl");
+    let recorder = Recorder::start(
+        &[
+            "--container",
+            &writer.name,
+            "--json",
+            "-o",
+            file.to_str().unwrap(),
+        ],
+        &live,
+        "shmtrace: tracing container",
+    );
+    writer.signal("go");
+    assert_eq!(writer.wait(), 1);
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, stderr) = recorder.interrupt();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    let live = read_json_lines(&live);
+    let replayed = replay("report", &file, &[]);
+    replayed.assert_ok();
+    let others = |records: &[Value]| -> Value {
+        diagnoses(records)
+            .into_iter()
+            .find(|d| d["comm"] == "python3")
+            .map(|d| d["others"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let seen = others(&live);
+    assert_eq!(seen["files"][0]["path"], "/dev/shm/cache", "{stderr}");
+    assert_eq!(
+        seen["files"][0]["holders"][0]["container"],
+        holder.name.as_str()
+    );
+    assert_eq!(others(&replayed.records), seen, "{}", replayed.stderr());
+    let _ = std::fs::remove_dir_all(dir);
 }
