@@ -109,6 +109,11 @@ fn the_diagnosis_names_the_other_container_its_process_and_file_and_the_size_wor
         "{d}"
     );
     assert_eq!(others["owner"], holder.name.as_str(), "{d}");
+    assert_eq!(
+        d["container"]["ipc"],
+        format!("shared with container {}", holder.name),
+        "named, not numbered: {d}"
+    );
     let text = d["text"]
         .as_array()
         .unwrap()

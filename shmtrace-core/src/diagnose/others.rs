@@ -53,7 +53,7 @@ pub struct Sharer {
 }
 
 /// How `ipc` words begin for a container that joins another's /dev/shm.
-const JOINS: &str = "shared with container ";
+pub(super) const JOINS: &str = "shared with container ";
 
 /// Most files named; the rest are counted.
 pub const MAX_FILES: usize = 10;
@@ -74,20 +74,20 @@ impl Diagnoser {
             .collect()
     }
 
-    /// A container's `ipc` words, with the container it joins named rather than numbered
-    /// when it is known (Docker reports the id a name stood for).
-    fn ipc_words(&self, ipc: &str) -> String {
-        let text = crate::event::escape::text(ipc);
-        let Some(joined) = text.strip_prefix(JOINS) else {
-            return text;
-        };
-        match self
-            .containers
+    /// The known container whose /dev/shm one with these `ipc` words joined (Docker
+    /// reports the id the name stood for, which `ipc` shortens).
+    pub(super) fn joined(&self, ipc: &str) -> Option<&ContainerInfo> {
+        let joined = ipc.strip_prefix(JOINS).filter(|j| !j.is_empty())?;
+        self.containers
             .values()
-            .find(|c| !joined.is_empty() && c.id.starts_with(joined))
-        {
+            .find(|c| c.id.starts_with(joined) || c.name == joined)
+    }
+
+    /// A container's `ipc` words for people (escaped), the container it joins named.
+    fn ipc_words(&self, ipc: &str) -> String {
+        match self.joined(ipc) {
             Some(owner) => format!("{JOINS}{}", owner.label()),
-            None => text,
+            None => crate::event::escape::text(ipc),
         }
     }
 

@@ -148,7 +148,13 @@ impl Diagnoser {
         };
         let process = world.process(pid);
         let role = self.roles.of(pid);
-        let container = self.containers.get(&mntns).cloned();
+        let container = self.containers.get(&mntns).cloned().map(|mut c| {
+            // Named, not numbered, when the container whose /dev/shm it joined is known.
+            if let Some(owner) = self.joined(&c.ipc) {
+                c.ipc = format!("{}{}", super::others::JOINS, owner.name);
+            }
+            c
+        });
         let title = process.and_then(|p| p.title.clone());
         let program = failures
             .iter()
