@@ -191,7 +191,10 @@ pub fn list_shm_files(pid: u32) -> Result<(u32, Vec<ShmFile>), ShmError> {
         what: "readdir",
         errno: Errno::from_raw(error.raw_os_error().unwrap_or(0)),
     })?;
+    // Bounded: a container may fill its /dev/shm with millions of empty files.
+    const MAX_ENTRIES: usize = 1 << 16;
     let files = entries
+        .take(MAX_ENTRIES)
         .filter_map(Result::ok)
         .filter_map(|entry| {
             let meta = fs::symlink_metadata(entry.path()).ok()?;
