@@ -23,9 +23,15 @@ const HOLD: &str = "dd if=/dev/zero of=/dev/shm/cache bs=1M count=40 2>/dev/null
      touch /work/up && exec sleep 600 < /dev/shm/cache";
 
 /// The writer's: wait for the go, then ask for 40 MiB at once, as posix_fallocate does.
-const WRITE: &str = "while [ ! -e /work/go ]; do sleep 0.05; done; /usr/bin/python3 -c \
+const FALLOCATE: &str = "while [ ! -e /work/go ]; do sleep 0.05; done; /usr/bin/python3 -c \
      'import os; fd = os.open(\"/dev/shm/more\", os.O_CREAT | os.O_RDWR, 0o600); \
      os.posix_fallocate(fd, 0, 40 << 20)'";
+
+/// Or size 40 MiB with ftruncate and fill it through a mapping, which dies of SIGBUS when the
+/// pages run out (PyTorch <= 2.9's way, multiprocessing.shared_memory's).
+const MAP_AND_FILL: &str = "while [ ! -e /work/go ]; do sleep 0.05; done; /usr/bin/python3 -c \
+     'import os, mmap; fd = os.open(\"/dev/shm/more\", os.O_CREAT | os.O_RDWR, 0o600); \
+     os.ftruncate(fd, 40 << 20); m = mmap.mmap(fd, 40 << 20); m[:] = bytes(40 << 20)'";
 
 fn run_holder(shm_size: &str) -> Container {
     let holder = Container::run(
@@ -37,26 +43,41 @@ fn run_holder(shm_size: &str) -> Container {
     holder
 }
 
-fn run_writer(holder: &Container, shm_size: &str) -> Container {
+fn run_writer(holder: &Container, shm_size: &str, script: &str) -> Container {
     Container::run(
         "shared-writer",
         &[
             &format!("--ipc=container:{}", holder.name),
             &format!("--shm-size={shm_size}"),
         ],
-        WRITE,
+        script,
     )
 }
 
 #[test]
 fn the_diagnosis_names_the_other_container_its_process_and_file_and_the_size_works() {
+    shared(FALLOCATE, 1, "fallocate");
+}
+
+#[test]
+fn the_same_when_the_writer_dies_of_sigbus_filling_a_mapping() {
+    shared(MAP_AND_FILL, 128 + libc::SIGBUS as i64, "SIGBUS");
+}
+
+/// Runs `script` as the writer beside the holder, traced; checks the diagnosis (its first
+/// failure `failed`: a system call or a signal) and applies its advice.
+fn shared(script: &str, exit_code: i64, failed: &str) {
     require_root();
     require_docker();
     let holder = run_holder("64m");
-    let writer = run_writer(&holder, "64m");
+    let writer = run_writer(&holder, "64m", script);
     let mut tracer = LiveTracer::start(&["--container", &writer.name]);
     writer.signal("go");
-    assert_eq!(writer.wait(), 1, "the writer fails for lack of room");
+    assert_eq!(
+        writer.wait(),
+        exit_code,
+        "the writer fails for lack of room"
+    );
     tracer.wait_for_line("shmtrace: container");
     let (_, log, records) = tracer.stop();
     let dump = || {
@@ -69,7 +90,11 @@ fn the_diagnosis_names_the_other_container_its_process_and_file_and_the_size_wor
         .find(|d| d["comm"] == "python3")
         .unwrap_or_else(|| panic!("no diagnosis of the writer:\n{}", dump()));
     assert_eq!(d["cause"], "shm_full", "{d}");
-    assert_eq!(d["failures"][0]["syscall"], "fallocate", "{d}");
+    let first = &d["failures"][0];
+    assert!(
+        first["syscall"] == failed || first["signal"] == failed,
+        "{d}"
+    );
 
     // What holds the rest: the holder's file, by its pages, open by its sleeping process.
     let others = &d["others"];
@@ -142,7 +167,7 @@ fn the_diagnosis_names_the_other_container_its_process_and_file_and_the_size_wor
     drop(holder);
     let shm_size = format!("{size}b");
     let holder = run_holder(&shm_size);
-    let writer = run_writer(&holder, &shm_size);
+    let writer = run_writer(&holder, &shm_size, script);
     writer.signal("go");
     assert_eq!(
         writer.wait(),
@@ -158,7 +183,7 @@ fn a_recording_keeps_what_the_others_held() {
     require_root();
     require_docker();
     let holder = run_holder("64m");
-    let writer = run_writer(&holder, "64m");
+    let writer = run_writer(&holder, "64m", FALLOCATE);
     let dir = tempdir();
     let file = dir.join("trace.shmtrace");
     let live = dir.join("live.jsonl");

@@ -231,7 +231,15 @@ impl Diagnoser {
                                 _ => beyond,
                             }
                         })
-                        .unwrap_or(0),
+                        .unwrap_or(0)
+                        // What the others' files held, page by page as the machine showed
+                        // them: more than the estimate when a traced object counted by its
+                        // size (a mapping being filled at a SIGBUS) holds fewer pages. Not
+                        // with a DataLoader, whose batches the trainer holds untraced.
+                        .max(match (&dataloader, &others) {
+                            (None, Some(o)) => o.bytes,
+                            _ => 0,
+                        }),
                     burst,
                     growth,
                     dataloader,
