@@ -277,11 +277,21 @@ pub fn assert_summary(records: &[Value]) {
             .filter_map(|o| o["recommendation"]["min_bytes"].as_u64())
             .max()
             .unwrap();
+        // One piece of advice per /dev/shm: places that share one are listed together, and
+        // get the largest size any of them needs.
         let r = recommendations
             .iter()
-            .find(|r| r["place"] == *place)
+            .find(|r| {
+                r["place"]
+                    .as_str()
+                    .is_some_and(|p| p.split(", ").any(|one| Some(one) == place.as_str()))
+            })
             .unwrap_or_else(|| panic!("no recommendation for {place} in the summary: {s}"));
-        assert_eq!(r["min_bytes"], largest, "{s}");
+        if r["place"] == *place {
+            assert_eq!(r["min_bytes"], largest, "{s}");
+        } else {
+            assert!(u64_of(&r["min_bytes"]) >= largest, "{s}");
+        }
         assert!(r["docker"].as_str().unwrap().contains("--shm-size="), "{r}");
         assert!(
             r["kubernetes"].as_str().unwrap().contains("sizeLimit"),

@@ -147,24 +147,23 @@ impl Diagnoser {
             held: dev.map(|dev| held_on(dev, world)).unwrap_or(0),
             peers: dev.map(|dev| peers_of(pid, dev, world)).unwrap_or(0),
             leftovers,
+            others: match (cause, dev) {
+                (Cause::ShmFull, Some(dev)) => self.others_on(dev, world),
+                _ => Vec::new(),
+            },
         }
     }
 }
 
-/// Pages the live objects on /dev/shm `dev` hold: a mapped object counts by its size, as its
-/// pages may have been written through the mapping; others by their allocated pages, as a file
-/// that was only ftruncated holds nothing.
+/// Pages the live objects on /dev/shm `dev` hold ([`crate::model::ShmObject::held`]): an
+/// object mapped since its pages were counted counts by its size, as pages written through a
+/// mapping show in no system call; others by their pages, as a file only ftruncated holds
+/// nothing.
 fn held_on(dev: u32, world: &World) -> u64 {
     world
         .live_objects()
         .filter(|o| o.inode.dev == dev)
-        .map(|o| {
-            if o.mappings > 0 {
-                o.allocated.max(o.size.max(0) as u64)
-            } else {
-                o.allocated
-            }
-        })
+        .map(|o| o.held())
         .sum()
 }
 

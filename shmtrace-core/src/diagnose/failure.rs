@@ -97,6 +97,10 @@ pub struct Failure {
     /// Files on the same /dev/shm that processes now gone left behind, largest first.
     #[serde(skip)]
     pub leftovers: Vec<Leftover>,
+    /// Files on it with pages that no traced process made or holds, as the machine showed
+    /// them at the failure, with who holds them.
+    #[serde(skip)]
+    pub others: Vec<crate::model::HeldFile>,
 }
 
 /// A /dev/shm file still named and holding memory, whose creator is gone and which no traced

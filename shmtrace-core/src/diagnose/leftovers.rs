@@ -19,8 +19,9 @@ pub struct Leftovers {
     pub avoid: Option<&'static str>,
 }
 
-/// Files on `dev` that only dead processes knew: still named, holding memory, open and mapped
-/// by no traced process, made by a process that has ended. Largest first.
+/// Files on `dev` that only dead processes knew: still named, holding memory (pages, not
+/// nominal size: one only sized by `ftruncate` holds none), open and mapped by no traced
+/// process, made by a process that has ended. Largest first.
 pub(super) fn leftovers_on(dev: u32, world: &World) -> Vec<Leftover> {
     let mut files: Vec<Leftover> = world
         .live_objects()
@@ -30,7 +31,7 @@ pub(super) fn leftovers_on(dev: u32, world: &World) -> Vec<Leftover> {
             let ending = creator.exit?;
             Some(Leftover {
                 path: o.display_name(),
-                bytes: o.footprint().1,
+                bytes: o.held(),
                 creator_pid: creator.pid,
                 creator_comm: creator.comm.clone(),
                 creator_ending: ending_words(ending),

@@ -17,6 +17,7 @@ mod failure;
 mod forget;
 pub mod known;
 mod leftovers;
+mod others;
 mod pressure;
 mod recommend;
 pub mod role;
@@ -40,6 +41,7 @@ pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
 pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
+pub use others::{OtherFile, OtherHolder, Others, Sharer};
 pub use recommend::{
     DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
 };
@@ -90,6 +92,9 @@ pub struct Diagnosis {
     pub explanation: Option<String>,
     /// Files of dead processes on the /dev/shm that failed, and what they mean for the size.
     pub leftovers: Option<Leftovers>,
+    /// What others (untraced, maybe in another container) held of the /dev/shm that failed,
+    /// and who shares it.
+    pub others: Option<Others>,
     /// Ways the program itself offers to need less /dev/shm, or none.
     pub program_alternatives: Vec<String>,
     /// Events the kernel could not deliver before this diagnosis: its counts may be short.
@@ -128,6 +133,8 @@ pub struct Diagnoser {
     first_used: HashMap<u32, u64>,
     /// Events lost so far (the caller says): a diagnosis made after losses says so.
     lost_events: u64,
+    /// Per /dev/shm, what held it when it was last full, as the machine showed it.
+    holders: HashMap<u32, crate::model::ShmHolders>,
     /// Rows of the closing table dropped to bound memory ([`Diagnoser::forget`]).
     evicted_groups: u64,
     /// Reused to gather what a process holds after each call, which is most often what it
@@ -193,6 +200,11 @@ impl Diagnoser {
         }
         self.first_used.entry(sample.dev).or_insert(sample.used);
         self.capacity.insert(sample.dev, sample);
+    }
+
+    /// What held a /dev/shm at a failure on it, read from the machine.
+    pub fn holders(&mut self, sample: crate::model::ShmHolders) {
+        self.holders.insert(sample.dev, sample);
     }
 
     /// Roles as of the model's current state.

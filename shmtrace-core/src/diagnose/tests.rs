@@ -565,3 +565,83 @@ fn base_names_are_what_follows_the_last_slash() {
     assert!(!role::is_torch("/dev/shm/x/no_torch_1"));
     assert!(role::is_nccl("nccl-shm"));
 }
+
+/// What the machine showed holding a full /dev/shm: a file of an untraced process in another
+/// container that shares it is named with its pages, its holder and that container; the
+/// traced process's own file is not counted among the others; the container whose /dev/shm
+/// it is, is where the size goes.
+#[test]
+fn files_others_hold_on_a_shared_shm_are_named_with_their_container() {
+    use crate::model::{HeldFile, Holder, ShmHolders};
+    const HOLDER_MNTNS: u32 = 4026532000;
+    let mut run = Run::measured(600 << 10);
+    let container = |name: &str, id: &str, mntns: u32, ipc: &str| ContainerInfo {
+        runtime: "docker".into(),
+        id: id.into(),
+        name: name.into(),
+        ipc: ipc.into(),
+        mntns: Some(mntns),
+        shm_dev: Some(DEV),
+        ..ContainerInfo::default()
+    };
+    let holder_id = "a".repeat(64);
+    run.diagnoser.set_container(container(
+        "holder",
+        &holder_id,
+        HOLDER_MNTNS,
+        "private (shareable)",
+    ));
+    run.diagnoser.set_container(container(
+        "writer",
+        &"b".repeat(64),
+        MNTNS,
+        &format!("shared with container {}", &holder_id[..12]),
+    ));
+    run.exec(500, &["/usr/bin/python3", "writer.py"]);
+    let own = run.create(500, "python3", "/dev/shm/more", 5);
+    let file = |ino: u64, path: &str, bytes: u64, holders: Vec<Holder>| HeldFile {
+        ino,
+        path: path.into(),
+        linked: true,
+        bytes,
+        size: bytes,
+        holders,
+    };
+    run.diagnoser.holders(ShmHolders {
+        dev: DEV,
+        ts_ns: run.ts,
+        files: vec![
+            file(
+                900,
+                "/dev/shm/cache",
+                600 << 10,
+                vec![Holder {
+                    pid: 42,
+                    comm: "sleep".into(),
+                    mntns: HOLDER_MNTNS,
+                    open: true,
+                    mapped: false,
+                }],
+            ),
+            // The traced process's own file: counted as its demand, not as the others'.
+            file(own.ino, "/dev/shm/more", 4096, Vec::new()),
+        ],
+    });
+    run.fallocate_fails(500, "python3", 5, own, 512 << 10);
+    run.exit(500, "python3", 1);
+    let d = run.of(500);
+    assert_eq!(d.cause, Cause::ShmFull, "{d:#?}");
+    let others = d.others.as_ref().expect("others");
+    assert_eq!(others.bytes, 600 << 10);
+    assert_eq!(others.count, 1, "{others:#?}");
+    assert_eq!(others.files[0].path, "/dev/shm/cache");
+    let holder = &others.files[0].holders[0];
+    assert_eq!((holder.pid, holder.place.as_str()), (42, "holder"));
+    assert!(holder.in_container);
+    assert_eq!(others.owner.as_deref(), Some("holder"));
+    assert_eq!(others.shared_by.len(), 2, "{others:#?}");
+    assert_eq!(
+        d.container.as_ref().map(|c| c.ipc.as_str()),
+        Some("shared with container holder")
+    );
+}

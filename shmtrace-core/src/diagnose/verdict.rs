@@ -148,7 +148,13 @@ impl Diagnoser {
         };
         let process = world.process(pid);
         let role = self.roles.of(pid);
-        let container = self.containers.get(&mntns).cloned();
+        let container = self.containers.get(&mntns).cloned().map(|mut c| {
+            // Named, not numbered, when the container whose /dev/shm it joined is known.
+            if let Some(owner) = self.joined(&c.ipc) {
+                c.ipc = format!("{}{}", super::others::JOINS, owner.name);
+            }
+            c
+        });
         let title = process.and_then(|p| p.title.clone());
         let program = failures
             .iter()
@@ -174,6 +180,10 @@ impl Diagnoser {
             (Some(l), Cause::ShmFull) if l.enough_without => Cause::Leftovers,
             _ => cause,
         };
+        let others = failures
+            .first()
+            .filter(|f| matches!(f.cause, Cause::ShmFull))
+            .and_then(|f| self.others(f.dev?, &f.others, container.as_ref()));
         let started_by = container
             .as_ref()
             .map(|c| c.started_by.clone())
@@ -221,7 +231,15 @@ impl Diagnoser {
                                 _ => beyond,
                             }
                         })
-                        .unwrap_or(0),
+                        .unwrap_or(0)
+                        // What the others' files held, page by page as the machine showed
+                        // them: more than the estimate when a traced object counted by its
+                        // size (a mapping being filled at a SIGBUS) holds fewer pages. Not
+                        // with a DataLoader, whose batches the trainer holds untraced.
+                        .max(match (&dataloader, &others) {
+                            (None, Some(o)) => o.bytes,
+                            _ => 0,
+                        }),
                     burst,
                     growth,
                     dataloader,
@@ -286,6 +304,7 @@ impl Diagnoser {
             recommendation,
             explanation: explain(cause),
             leftovers,
+            others,
             program_alternatives,
             lost_events: self.lost_events,
         }

@@ -6,6 +6,7 @@
 //! machine itself, so a recorded trace replays into the same state.
 mod annotation;
 mod container_info;
+mod holders;
 mod object;
 mod process;
 mod snapshot;
@@ -14,6 +15,7 @@ mod world;
 
 pub use annotation::{Annotation, FaultSite};
 pub use container_info::{ContainerInfo, StartedBy, container_label, short_id};
+pub use holders::{HeldFile, Holder, ShmHolders};
 pub use object::{ObjectState, ShmObject};
 pub use process::{Mapping, OpenFd, Process};
 pub use snapshot::{ProcSnapshot, SnapshotFd, SnapshotMapping};

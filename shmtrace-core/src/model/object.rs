@@ -14,6 +14,9 @@ pub struct ShmObject {
     pub size: i64,
     /// Memory it held when last seen (`i_blocks * 512`).
     pub allocated: u64,
+    /// Pages may have been added since `allocated` was counted: it was mapped since (pages
+    /// written through a mapping show in no system call), or found in /proc uncounted.
+    pub uncounted_writes: bool,
     /// Largest size requested for it, including requests that failed.
     pub peak_request: u64,
     /// Its name still exists in /dev/shm.
@@ -47,6 +50,7 @@ impl ShmObject {
             mntns,
             size: 0,
             allocated: 0,
+            uncounted_writes: false,
             peak_request: 0,
             linked: true,
             fds: 0,
@@ -71,6 +75,17 @@ impl ShmObject {
     /// more was allocated), and what it holds now.
     pub fn footprint(&self) -> (u64, u64) {
         (self.allocated.max(self.size.max(0) as u64), self.allocated)
+    }
+
+    /// Memory it holds now, by pages rather than nominal size (a file sized by `ftruncate`
+    /// and never written holds nothing): its pages as last counted, or its size when pages may
+    /// have been written where no count saw them.
+    pub fn held(&self) -> u64 {
+        if self.uncounted_writes {
+            self.footprint().0
+        } else {
+            self.allocated
+        }
     }
 
     /// The name to show: the path, or the inode when no name was ever seen.

@@ -104,6 +104,11 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
             add("", format!("... and {} more", leftovers.files.len() - 10));
         }
     }
+    if let Some(others) = &d.others {
+        for (label, text) in super::others::lines(others) {
+            add(label, text);
+        }
+    }
     match (&d.recommendation, &d.explanation) {
         (Some(r), _) => {
             add(
@@ -126,6 +131,15 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
             forms.sort_by_key(|(kind, _)| Some(*kind) != r.preferred);
             for (i, (_, form)) in forms.into_iter().enumerate() {
                 add(if i == 0 { "fix" } else { "" }, form);
+            }
+            if let Some(owner) = d.others.as_ref().and_then(|o| o.owner.as_ref()) {
+                add(
+                    "on",
+                    format!(
+                        "container {owner}, whose /dev/shm this is: --shm-size given to a \
+                         container that joins it (--ipc=container:{owner}) changes nothing"
+                    ),
+                );
             }
             for alternative in &r.alternatives {
                 add("or", alternative.clone());
@@ -255,6 +269,7 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
             "remove": l.remove,
             "avoid": l.avoid,
         })),
+        "others": d.others.as_ref().map(super::others::json),
         "program_alternatives": d.program_alternatives,
         "lost_events": d.lost_events,
         "text": text(d),
@@ -295,6 +310,7 @@ mod tests {
             recommendation: None,
             explanation: None,
             leftovers: None,
+            others: None,
             program_alternatives: Vec::new(),
             lost_events: 0,
         }

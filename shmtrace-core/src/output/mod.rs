@@ -10,6 +10,7 @@ pub mod human;
 pub mod json;
 #[cfg(test)]
 mod json_tests;
+mod others;
 mod summary;
 
 use std::{
@@ -20,7 +21,7 @@ use std::{
     },
 };
 
-pub use summary::Summary;
+pub use summary::{Remaining, Summary};
 
 use crate::{
     clock::{Clock, Rfc3339Cache},

@@ -10,6 +10,32 @@ use crate::{
     size::human,
 };
 
+/// An object still present when tracing stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Remaining {
+    pub name: String,
+    /// Memory it holds: pages, not its nominal size (a file sized by `ftruncate` and never
+    /// written holds nothing).
+    pub bytes: u64,
+    /// Its size (`i_size`).
+    pub size: u64,
+    /// Still named in /dev/shm.
+    pub linked: bool,
+}
+
+/// The size advised for one /dev/shm.
+#[derive(Clone, Debug)]
+pub struct Advice {
+    /// The places (containers) whose failures asked for it, comma-separated.
+    pub place: String,
+    pub pid: u32,
+    pub recommendation: Recommendation,
+    /// The container whose /dev/shm it is, when the ones that failed joined it.
+    pub owner: Option<String>,
+    /// The /dev/shm file system, when known.
+    dev: Option<u32>,
+}
+
 /// Totals of a trace, taken when tracing stops.
 #[derive(Clone, Debug)]
 pub struct Summary {
@@ -22,15 +48,16 @@ pub struct Summary {
     pub objects_created: u64,
     pub objects_freed: u64,
     pub peak_bytes: u64,
-    /// Objects still present: (name, bytes held, still named in /dev/shm).
-    pub remaining: Vec<(String, u64, bool)>,
+    /// Objects still present, those holding the most memory first.
+    pub remaining: Vec<Remaining>,
     /// The trace stops before its end (a recording cut short or damaged): `remaining` is what
     /// was held where it stops, as calls after that are not in it.
     pub cut: bool,
     /// Per place and role.
     pub table: Vec<(String, RoleKind, RoleStats)>,
-    /// The largest size recommended per place, with the pid it was diagnosed for.
-    pub recommendations: Vec<(String, u32, Recommendation)>,
+    /// The largest size recommended per /dev/shm (one shared by several containers is one),
+    /// with the pid it was diagnosed for.
+    pub recommendations: Vec<Advice>,
 }
 
 impl Summary {
@@ -42,27 +69,43 @@ impl Summary {
         diagnoses: &[Diagnosis],
     ) -> Summary {
         let totals = world.totals();
-        let mut remaining: Vec<(String, u64, bool)> = world
+        let mut remaining: Vec<Remaining> = world
             .live_objects()
-            .map(|o| {
-                (
-                    o.display_name(),
-                    o.footprint().0,
-                    o.state() == ObjectState::Linked,
-                )
+            .map(|o| Remaining {
+                name: o.display_name(),
+                bytes: o.held(),
+                size: o.size.max(0) as u64,
+                linked: o.state() == ObjectState::Linked,
             })
             .collect();
-        remaining.sort();
-        let mut recommendations: Vec<(String, u32, Recommendation)> = Vec::new();
+        remaining.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+        let mut recommendations: Vec<Advice> = Vec::new();
         for d in diagnoses {
             let Some(r) = &d.recommendation else { continue };
+            let dev = d.failures.first().and_then(|f| f.dev);
+            let owner = d.others.as_ref().and_then(|o| o.owner.clone());
+            // One /dev/shm, however many containers share it and fail in it.
             match recommendations
                 .iter_mut()
-                .find(|(place, _, _)| *place == d.place)
+                .find(|a| a.place == d.place || (dev.is_some() && a.dev == dev))
             {
-                Some(existing) if existing.2.min_bytes >= r.min_bytes => {}
-                Some(existing) => *existing = (d.place.clone(), d.pid, r.clone()),
-                None => recommendations.push((d.place.clone(), d.pid, r.clone())),
+                Some(existing) => {
+                    if !existing.place.split(", ").any(|p| p == d.place) {
+                        existing.place = format!("{}, {}", existing.place, d.place);
+                    }
+                    if existing.recommendation.min_bytes < r.min_bytes {
+                        existing.pid = d.pid;
+                        existing.recommendation = r.clone();
+                    }
+                    existing.owner = existing.owner.take().or(owner);
+                }
+                None => recommendations.push(Advice {
+                    place: d.place.clone(),
+                    pid: d.pid,
+                    recommendation: r.clone(),
+                    owner,
+                    dev,
+                }),
             }
         }
         Summary {
@@ -144,37 +187,69 @@ impl Summary {
         if let Some(warning) = self.uncertain() {
             lines.push(format!("shmtrace: warning: {warning}"));
         }
-        if !self.remaining.is_empty() {
+        let holding = self.remaining.iter().filter(|r| r.bytes > 0).count();
+        if holding > 0 {
             lines.push(if self.cut {
                 format!(
-                    "shmtrace: {} objects held memory where the trace stops (it was cut short: \
-                     the calls after that, which may have freed them, are not in it):",
-                    self.remaining.len()
+                    "shmtrace: {holding} objects held memory where the trace stops (it was cut \
+                     short: the calls after that, which may have freed them, are not in it):"
                 )
             } else {
                 format!(
-                    "shmtrace: {} objects still hold memory (left behind, or still in use):",
-                    self.remaining.len()
+                    "shmtrace: {holding} objects still hold memory (left behind, or still in use):"
                 )
             });
         }
-        for (name, bytes, linked) in self.remaining.iter().take(10) {
-            let state = match (*linked, self.cut) {
-                (true, false) => "still in /dev/shm",
-                (false, false) => "unlinked, still open or mapped",
-                (true, true) => "in /dev/shm",
-                (false, true) => "unlinked, open or mapped",
-            };
-            lines.push(format!("    {name} ({}, {state})", human(*bytes)));
-        }
-        if self.remaining.len() > 10 {
-            lines.push(format!("    ... and {} more", self.remaining.len() - 10));
-        }
-        for (place, pid, r) in &self.recommendations {
+        let state = |linked: bool| match (linked, self.cut) {
+            (true, false) => "still in /dev/shm",
+            (false, false) => "unlinked, still open or mapped",
+            (true, true) => "in /dev/shm",
+            (false, true) => "unlinked, open or mapped",
+        };
+        let holders = self.remaining.iter().filter(|r| r.bytes > 0);
+        for r in holders.clone().take(10) {
             lines.push(format!(
-                "shmtrace: {place}: give /dev/shm at least {} ({}); see the diagnosis of pid {pid}",
-                human(r.min_bytes),
-                r.docker
+                "    {} ({}, {})",
+                r.name,
+                human(r.bytes),
+                state(r.linked)
+            ));
+        }
+        if holding > 10 {
+            lines.push(format!("    ... and {} more", holding - 10));
+        }
+        // Named, but holding nothing: sized and never written. Listed apart, so that a
+        // nominal size is not taken for memory held.
+        let empty: Vec<&Remaining> = self.remaining.iter().filter(|r| r.bytes == 0).collect();
+        if !empty.is_empty() {
+            lines.push(format!(
+                "shmtrace: {} objects remain that hold no memory (empty, or sized and never \
+                 written):",
+                empty.len()
+            ));
+            for r in empty.iter().take(10) {
+                let held = match r.size {
+                    0 => "empty".to_owned(),
+                    size => format!("0 B of {}", human(size)),
+                };
+                lines.push(format!("    {} ({held}, {})", r.name, state(r.linked)));
+            }
+            if empty.len() > 10 {
+                lines.push(format!("    ... and {} more", empty.len() - 10));
+            }
+        }
+        for a in &self.recommendations {
+            let on = a
+                .owner
+                .as_ref()
+                .map(|owner| format!(" on container {owner}, whose /dev/shm it is"))
+                .unwrap_or_default();
+            lines.push(format!(
+                "shmtrace: {}: give /dev/shm at least {} ({}{on}); see the diagnosis of pid {}",
+                a.place,
+                human(a.recommendation.min_bytes),
+                a.recommendation.docker,
+                a.pid
             ));
         }
         lines
@@ -207,16 +282,17 @@ impl Summary {
             "objects_freed": self.objects_freed,
             "peak_bytes": self.peak_bytes,
             "cut": self.cut,
-            "remaining": self.remaining.iter().map(|(name, bytes, linked)| json!({
-                "path": name, "bytes": bytes, "linked": linked,
+            "remaining": self.remaining.iter().map(|r| json!({
+                "path": r.name, "bytes": r.bytes, "size": r.size, "linked": r.linked,
             })).collect::<Vec<_>>(),
             "roles": self.table.iter().map(|(place, role, s)| json!({
                 "place": place, "role": role, "processes": s.processes,
                 "peak_bytes": s.peak_bytes, "failures": s.failures, "deaths": s.deaths,
             })).collect::<Vec<_>>(),
-            "recommendations": self.recommendations.iter().map(|(place, pid, r)| json!({
-                "place": place, "pid": pid, "min_bytes": r.min_bytes, "docker": r.docker,
-                "compose": r.compose, "kubernetes": r.kubernetes,
+            "recommendations": self.recommendations.iter().map(|a| json!({
+                "place": a.place, "pid": a.pid, "min_bytes": a.recommendation.min_bytes,
+                "docker": a.recommendation.docker, "compose": a.recommendation.compose,
+                "kubernetes": a.recommendation.kubernetes, "owner": a.owner,
             })).collect::<Vec<_>>(),
         })
     }

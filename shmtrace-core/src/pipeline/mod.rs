@@ -44,6 +44,8 @@ pub struct Pipeline {
     measured: FastMap<u32, u32>,
     /// File systems (`dev_t`) of /dev/shm objects that were measured, or tried once.
     measured_devs: FastSet<u32>,
+    /// When each /dev/shm file system's holders were last looked for (a failure on it).
+    holders_read: FastMap<u32, u64>,
     /// Processes whose title and container pid were read again at their first /dev/shm call,
     /// and at their first failure.
     read_at_call: FastSet<u32>,
@@ -70,6 +72,7 @@ impl Pipeline {
             observer: None,
             measured: FastMap::default(),
             measured_devs: FastSet::default(),
+            holders_read: FastMap::default(),
             read_at_call: FastSet::default(),
             read_at_failure: FastSet::default(),
             lost: LostCounts::default(),
@@ -174,6 +177,7 @@ impl Pipeline {
             }
         }
         self.measure_if_needed(&event, env)?;
+        self.read_holders_if_full(&event, env)?;
         self.reread_title(&event, env)?;
         if let Some(tap) = &mut self.tap {
             tap.kernel(bytes)?;
@@ -218,6 +222,7 @@ impl Pipeline {
         match record {
             UserRecord::Snapshot(snapshot) => self.learn_process(&snapshot.to_model(), ts_ns),
             UserRecord::Capacity(sample) => self.learn_capacity(sample.capacity.at(ts_ns)),
+            UserRecord::Holders(sample) => self.diagnoser.holders(sample.to_model(ts_ns)),
             UserRecord::Lost(counters) => {
                 self.lost = counters.to_counts().0;
                 self.diagnoser.set_lost_events(self.lost.total());
@@ -457,6 +462,55 @@ impl Pipeline {
             ),
             None => Ok(()),
         }
+    }
+
+    /// At a /dev/shm that is full (ENOSPC, or SIGBUS in a mapping of it), asks the machine
+    /// what holds its space, traced or not, so that the diagnosis can name the others who
+    /// share it. At most once a second per file system: a full /dev/shm fails many calls.
+    fn read_holders_if_full(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
+        const EVERY_NS: u64 = 1_000_000_000;
+        if !env.can_measure() {
+            return Ok(());
+        }
+        let (subject, dev) = match &event.body {
+            Body::Call(call) if call.errno() == Some(libc::ENOSPC) => match call.file {
+                Some(file) => (event.pid, file.inode.dev),
+                None => return Ok(()),
+            },
+            Body::Signal(signal) if signal.signo == libc::SIGBUS && signal.addr != 0 => {
+                let Some(mapping) = self
+                    .world
+                    .process(signal.target_pid)
+                    .and_then(|p| p.mapping_at(signal.addr))
+                else {
+                    return Ok(());
+                };
+                (signal.target_pid, mapping.inode.dev)
+            }
+            _ => return Ok(()),
+        };
+        if self
+            .holders_read
+            .get(&dev)
+            .is_some_and(|last| event.ts_ns.saturating_sub(*last) < EVERY_NS)
+        {
+            return Ok(());
+        }
+        self.holders_read.insert(dev, event.ts_ns);
+        let mut pids = vec![subject];
+        let mut others: Vec<u32> = self
+            .world
+            .alive_in(event.mntns)
+            .filter(|pid| *pid != subject)
+            .collect();
+        others.sort_unstable();
+        pids.extend(others);
+        let Some(holders) = env.holders(&pids, dev, event.ts_ns) else {
+            return Ok(());
+        };
+        self.tap_user(event.ts_ns, &UserRecord::Holders((&holders).into()))?;
+        self.diagnoser.holders(holders);
+        Ok(())
     }
 
     /// Measures /dev/shm when a namespace is first seen, when a call first touches an object

@@ -7,7 +7,7 @@ use crate::{
     capacity::Capacity,
     diagnose::{Diagnosis, Role, Roles},
     event::Event,
-    model::{Annotation, ContainerInfo, ProcSnapshot, World},
+    model::{Annotation, ContainerInfo, ProcSnapshot, ShmHolders, World},
     record::{Trigger, UserRecord},
 };
 
@@ -17,6 +17,11 @@ pub trait Environment {
     fn snapshot(&mut self, pid: u32) -> Option<ProcSnapshot>;
     /// The /dev/shm of the first of `pids` that can be reached.
     fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity>;
+    /// What holds the space of /dev/shm file system `dev` now, seen from the first of `pids`
+    /// that can be reached: every file on it with pages, and who has it open or mapped.
+    fn holders(&mut self, _pids: &[u32], _dev: u32, _ts_ns: u64) -> Option<ShmHolders> {
+        None
+    }
     /// Whether [`Environment::measure`] can ever measure anything: when it cannot (a
     /// replay), the pipeline does not gather the pids to ask it about for every event.
     fn can_measure(&self) -> bool {

@@ -39,8 +39,9 @@ pub use reader::{ReadError, Reason, TraceReader};
 pub use redact::RedactError;
 pub use redact::redact_file;
 pub use user::{
-    CapacitySample, Entry, LostCounters, ProcessSnapshot, Record, SnapshotFdRecord,
-    SnapshotMappingRecord, Trigger, TriggerReason, UserRecord, WriterLoss,
+    CapacitySample, Entry, HeldFileRecord, HolderRecord, HoldersSample, LostCounters,
+    ProcessSnapshot, Record, SnapshotFdRecord, SnapshotMappingRecord, Trigger, TriggerReason,
+    UserRecord, WriterLoss,
 };
 pub use writer::no_carry;
 pub use writer::{Rotation, TraceWriter, WriteError, WriterOptions};

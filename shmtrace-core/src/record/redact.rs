@@ -232,6 +232,16 @@ impl Redactor {
                 sample.container = sample.container.as_deref().map(|c| names.container_id(c));
                 UserRecord::Capacity(sample)
             }
+            UserRecord::Holders(sample) => {
+                let mut sample = sample.clone();
+                for file in &mut sample.files {
+                    file.path = names.path(&file.path);
+                    for holder in &mut file.holders {
+                        holder.comm = names.comm(&holder.comm);
+                    }
+                }
+                UserRecord::Holders(sample)
+            }
             UserRecord::Lost(lost) => UserRecord::Lost(lost.clone()),
             UserRecord::WriterLoss(loss) => {
                 let mut loss = loss.clone();

@@ -14,7 +14,7 @@ use super::header::{ContainerDescription, ShmCapacity};
 use crate::event::escape::stored;
 use crate::{
     event::{InodeId, LostCounts},
-    model::{ProcSnapshot, SnapshotFd, SnapshotMapping},
+    model::{HeldFile, Holder, ProcSnapshot, ShmHolders, SnapshotFd, SnapshotMapping},
 };
 
 /// One record of a trace.
@@ -47,6 +47,9 @@ pub enum UserRecord {
     Container(Box<ContainerDescription>),
     /// A /dev/shm file system's use, measured when something failed.
     Capacity(CapacitySample),
+    /// What held the space of a /dev/shm when something failed on it: its files, with the
+    /// processes that had them open or mapped, traced or not.
+    Holders(HoldersSample),
     /// Cumulative counts of kernel records lost to a full ring buffer.
     Lost(LostCounters),
     /// Records shmtrace had but could not write (an I/O error, or the flight recorder's memory
@@ -186,6 +189,97 @@ impl ProcessSnapshot {
                     },
                     path: stored(&m.path),
                     deleted: m.deleted,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `model::ShmHolders`, as stored (its time is the record's).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HoldersSample {
+    pub dev: u32,
+    pub files: Vec<HeldFileRecord>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HeldFileRecord {
+    pub ino: u64,
+    pub path: String,
+    pub linked: bool,
+    pub bytes: u64,
+    pub size: u64,
+    pub holders: Vec<HolderRecord>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HolderRecord {
+    pub pid: u32,
+    pub comm: String,
+    pub mntns: u32,
+    pub open: bool,
+    pub mapped: bool,
+}
+
+impl From<&ShmHolders> for HoldersSample {
+    fn from(h: &ShmHolders) -> HoldersSample {
+        HoldersSample {
+            dev: h.dev,
+            files: h
+                .files
+                .iter()
+                .map(|f| HeldFileRecord {
+                    ino: f.ino,
+                    path: f.path.clone(),
+                    linked: f.linked,
+                    bytes: f.bytes,
+                    size: f.size,
+                    holders: f
+                        .holders
+                        .iter()
+                        .map(|p| HolderRecord {
+                            pid: p.pid,
+                            comm: p.comm.clone(),
+                            mntns: p.mntns,
+                            open: p.open,
+                            mapped: p.mapped,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl HoldersSample {
+    /// The model's form; text checked again, since the file may come from anyone.
+    pub fn to_model(&self, ts_ns: u64) -> ShmHolders {
+        ShmHolders {
+            dev: self.dev,
+            ts_ns,
+            files: self
+                .files
+                .iter()
+                .map(|f| HeldFile {
+                    ino: f.ino,
+                    path: stored(&f.path),
+                    linked: f.linked,
+                    bytes: f.bytes,
+                    size: f.size,
+                    holders: f
+                        .holders
+                        .iter()
+                        .map(|p| Holder {
+                            pid: p.pid,
+                            comm: stored(&p.comm),
+                            mntns: p.mntns,
+                            open: p.open,
+                            mapped: p.mapped,
+                        })
+                        .collect(),
                 })
                 .collect(),
         }

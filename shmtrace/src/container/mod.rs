@@ -34,7 +34,7 @@ use std::{collections::BTreeMap, fmt, path::PathBuf};
 pub use client::Candidate;
 pub use error::ContainerError;
 pub use resolve::{Change, Query, Resolver};
-pub use shm::{ShmInfo, measure_shm};
+pub use shm::{ShmFile, ShmInfo, list_shm_files, measure_shm};
 // What the runtime tests (tests/tests/*_runtimes.rs) reach for beyond what the CLI uses.
 pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
 pub use cri::{channel, proto};
@@ -153,6 +153,10 @@ impl IpcMode {
             IpcMode::Private => "private".into(),
             IpcMode::Shareable => "private (shareable)".into(),
             IpcMode::Host => "the host's (--ipc=host)".into(),
+            // Docker reports the id the name stood for: its short form, as `docker ps` has.
+            IpcMode::Container(other) if cgroup::is_full_id(other) => {
+                format!("shared with container {}", short_id(other))
+            }
             IpcMode::Container(other) => format!("shared with container {}", escape::text(other)),
             IpcMode::PodSandbox { sandbox_id } => {
                 format!("shared by the pod (sandbox {})", short_id(sandbox_id))

@@ -154,6 +154,61 @@ pub fn measure_shm(pid: u32) -> Result<ShmInfo, ShmError> {
     })
 }
 
+/// A file at the top of a container's /dev/shm, as `stat` showed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShmFile {
+    /// Its name as the directory holds it: any bytes (escape before display).
+    pub name: std::ffi::OsString,
+    pub ino: u64,
+    /// Memory it holds: `st_blocks * 512`, not its size.
+    pub bytes: u64,
+    pub size: u64,
+}
+
+/// The device of the /dev/shm of `pid`'s container, and its regular files (not those in
+/// directories below it, nor what symbolic links point to), opened safely inside its root.
+pub fn list_shm_files(pid: u32) -> Result<(u32, Vec<ShmFile>), ShmError> {
+    let root = rootfs::open_root(pid).map_err(|errno| ShmError::Root { pid, errno })?;
+    let shm = rootfs::open_in_root(&root, "/dev/shm").map_err(|errno| match errno {
+        Errno::ENOENT | Errno::ENOTDIR => ShmError::Missing { pid },
+        Errno::ELOOP | Errno::EXDEV => ShmError::MagicLink { pid },
+        errno => ShmError::Sys {
+            pid,
+            what: "openat2",
+            errno,
+        },
+    })?;
+    let stat = fstat(&shm).map_err(|errno| ShmError::Sys {
+        pid,
+        what: "fstat",
+        errno,
+    })?;
+    // Read through our own descriptor of it, so that no path of the container is followed.
+    use std::os::fd::AsRawFd;
+    let dir = format!("/proc/self/fd/{}", shm.as_raw_fd());
+    let entries = fs::read_dir(&dir).map_err(|error| ShmError::Sys {
+        pid,
+        what: "readdir",
+        errno: Errno::from_raw(error.raw_os_error().unwrap_or(0)),
+    })?;
+    // Bounded: a container may fill its /dev/shm with millions of empty files.
+    const MAX_ENTRIES: usize = 1 << 16;
+    let files = entries
+        .take(MAX_ENTRIES)
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let meta = fs::symlink_metadata(entry.path()).ok()?;
+            meta.file_type().is_file().then(|| ShmFile {
+                name: entry.file_name(),
+                ino: meta.ino(),
+                bytes: meta.blocks().saturating_mul(512),
+                size: meta.size(),
+            })
+        })
+        .collect();
+    Ok((kernel_ids::kernel_dev_from_stat(stat.st_dev), files))
+}
+
 /// The device of the host's /dev/shm: that of pid 1's root when shmtrace runs in a container
 /// with the host's pid namespace, else our own.
 pub fn host_shm_dev() -> Option<u32> {

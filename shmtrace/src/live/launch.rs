@@ -241,7 +241,9 @@ pub fn run(
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            Some(Watch::containers(resolver, containers))
+            let mut watch = Watch::containers(resolver, containers);
+            runtime.block_on(watch.name_sharers(&mut pipeline))?;
+            Some(watch)
         }
         (What::All { docker_socket }, _) => Some(Watch::host(resolver(docker_socket.as_deref()))),
         _ => None,

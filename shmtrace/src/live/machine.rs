@@ -7,7 +7,7 @@ use bytes::Bytes;
 use shmtrace_core::{
     capacity::Capacity,
     event::{Body, decode},
-    model::ProcSnapshot,
+    model::{ProcSnapshot, ShmHolders},
     pipeline::Environment,
 };
 
@@ -48,6 +48,10 @@ impl Environment for LiveMachine {
         self.early
             .remove(&pid)
             .or_else(|| super::proc_scan::snapshot(pid))
+    }
+
+    fn holders(&mut self, pids: &[u32], dev: u32, ts_ns: u64) -> Option<ShmHolders> {
+        super::holders::holders(pids, dev, ts_ns)
     }
 
     fn measure(&mut self, pids: &[u32], ts_ns: u64) -> Option<Capacity> {

@@ -13,7 +13,7 @@ use anyhow::Result;
 
 use crate::{
     clock::boot_ns,
-    container::{Change, Container, Resolver},
+    container::{Change, Container, IpcMode, Resolver},
     live::{bpf::Tracer, hold::Hold, proc_scan},
     pipeline::Pipeline,
 };
@@ -23,6 +23,9 @@ pub enum Watch {
     Containers {
         resolver: Resolver,
         followed: Vec<Followed>,
+        /// Containers not followed that share a followed one's /dev/shm, by mount namespace
+        /// (their id): named so that a diagnosis can say who holds the rest of it.
+        sharers: HashMap<u32, String>,
     },
     /// `--all`: every running container, for labels, by mount namespace. Namespace numbers
     /// are reused once a container is gone, so the map is rebuilt from what runs now.
@@ -54,6 +57,7 @@ impl Watch {
                     container,
                 })
                 .collect(),
+            sharers: HashMap::new(),
         }
     }
 
@@ -87,13 +91,16 @@ impl Watch {
         hold: &mut Hold,
     ) -> Result<()> {
         match self {
-            Watch::Containers { resolver, followed } => {
+            Watch::Containers {
+                resolver, followed, ..
+            } => {
                 for one in followed.iter_mut() {
                     follow(resolver, one, tracer, pipeline, hold).await?;
                 }
                 // Every second, as the probes start holding themselves when a followed
                 // container's first process exits.
                 tracer.hold(followed.iter().any(|one| !one.running || one.ending))?;
+                self.name_sharers(pipeline).await?;
             }
             Watch::Host { resolver, labelled } => {
                 let (containers, _problems) = resolver.running().await;
@@ -120,6 +127,58 @@ impl Watch {
         }
         Ok(())
     }
+}
+
+impl Watch {
+    /// Tells the pipeline about the containers that share a followed container's /dev/shm
+    /// (`--ipc=container:`, `--ipc=shareable`, `--ipc=host`, a pod's): they are not traced,
+    /// but what they hold of it is named in a diagnosis, by their names. Only when a followed
+    /// container's /dev/shm can be shared, as it asks every runtime about every container.
+    pub async fn name_sharers(&mut self, pipeline: &mut Pipeline) -> Result<()> {
+        let Watch::Containers {
+            resolver,
+            followed,
+            sharers,
+        } = self
+        else {
+            return Ok(());
+        };
+        let devs: Vec<u32> = followed
+            .iter()
+            .filter(|one| one.running && can_share(&one.container.ipc))
+            .filter_map(|one| one.container.shm.dev())
+            .collect();
+        if devs.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = followed
+            .iter()
+            .map(|one| one.container.id.as_str())
+            .collect();
+        let (containers, _problems) = resolver.running().await;
+        for container in containers.iter().filter(|c| c.state.is_running()) {
+            let (Some(mntns), Some(dev)) = (container.mntns, container.shm.dev()) else {
+                continue;
+            };
+            if !devs.contains(&dev)
+                || ids.contains(&container.id.as_str())
+                || sharers.get(&mntns) == Some(&container.id)
+            {
+                continue;
+            }
+            pipeline.set_container(container.info(), boot_ns()?)?;
+            sharers.insert(mntns, container.id.clone());
+        }
+        Ok(())
+    }
+}
+
+/// Whether others may use a container's /dev/shm too.
+fn can_share(ipc: &IpcMode) -> bool {
+    matches!(
+        ipc,
+        IpcMode::Shareable | IpcMode::Host | IpcMode::Container(_) | IpcMode::PodSandbox { .. }
+    )
 }
 
 async fn follow(

@@ -124,7 +124,9 @@ impl World {
                             offset: call.args[5],
                         });
                         self.adjust_mappings(changes, note);
-                        self.object_entry(inode, event.mntns, event.ts_ns).mappings += 1;
+                        let object = self.object_entry(inode, event.mntns, event.ts_ns);
+                        object.mappings += 1;
+                        object.uncounted_writes = true;
                     }
                     // close releases the descriptor even when it reports an error, except EBADF.
                     // What it releases is what the descriptor holds now: the probes read the

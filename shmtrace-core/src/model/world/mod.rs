@@ -193,6 +193,10 @@ impl World {
             object.fds += 1;
             let allocated = object.allocated;
             self.update_size(fd.inode, fd.size, allocated);
+            // /proc gives no page count: what it holds is known at its next call.
+            if let Some(object) = self.objects.get_mut(&fd.inode) {
+                object.uncounted_writes = true;
+            }
             if !fd.deleted {
                 self.names
                     .insert((snapshot.mntns, fd.path.clone()), fd.inode);
@@ -210,6 +214,7 @@ impl World {
             object.path.get_or_insert_with(|| m.path.as_str().into());
             object.linked = object.linked && !m.deleted;
             object.mappings += 1;
+            object.uncounted_writes = true;
             process.map(Mapping {
                 start: m.start,
                 len: m.len,

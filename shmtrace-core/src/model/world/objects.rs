@@ -15,6 +15,8 @@ impl World {
         let before = object.footprint();
         object.size = size;
         object.allocated = allocated;
+        // The kernel's count is the truth while nothing can write past it unseen.
+        object.uncounted_writes = object.mappings > 0;
         let after = object.footprint();
         self.usage
             .entry(inode.dev)
