@@ -48,7 +48,7 @@ impl Daemon {
     /// it says it bound. (A port chosen here and passed in could be taken by another test in
     /// between, and /healthz then answered by someone else's daemon.)
     pub fn start(args: &[&str]) -> Daemon {
-        Daemon::start_with(shmtrace(), args)
+        Daemon::start_via(shmtrace(), args)
     }
 
     /// As [`Daemon::start`], with its soft and hard open-files limits both `limit` (as after
@@ -59,10 +59,12 @@ impl Daemon {
             .arg(format!("--nofile={limit}:{limit}"))
             .arg("--")
             .arg(crate::shmtrace_bin());
-        Daemon::start_with(crate::command::ShmtraceCommand::from_command(prlimit), args)
+        Daemon::start_via(crate::command::ShmtraceCommand::from_command(prlimit), args)
     }
 
-    fn start_with(mut command: crate::command::ShmtraceCommand, args: &[&str]) -> Daemon {
+    /// As [`Daemon::start`], through `command`: a wrapper that ends up exec'ing shmtrace
+    /// (`prlimit`, `unshare ... sh -c 'exec "$@"'`), given shmtrace's path as its last argument.
+    pub fn start_via(mut command: crate::command::ShmtraceCommand, args: &[&str]) -> Daemon {
         let dir = tempdir();
         let child = command
             .args(["daemon", "--listen", "127.0.0.1:0"])
