@@ -2,24 +2,22 @@
 //! once, so that whoever can reach the port cannot take the descriptors the probes, the
 //! runtimes' sockets and the recordings need (nor the memory each connection's buffers take).
 //!
-//! When every slot is taken, a new connection takes the slot of the connection idle longest,
-//! if that one has been idle (no request begun) for [`EVICT_IDLE_AFTER`]: a flood of held,
-//! silent connections cannot keep the kubelet's `/healthz` probe or a scrape out. Otherwise the
-//! new connection is closed as soon as it is accepted. Both are counted.
+//! When every slot is taken, a new connection takes the slot of the connection idle longest
+//! (whose last request, or whose accept, is oldest), which is closed: a flood of held, silent
+//! connections cannot keep the kubelet's `/healthz` probe or a scrape out, since a client that
+//! means to be served sends its request at once, and is served before a flood of newer
+//! connections reaches it. Only when every slot is answering a request now is the new
+//! connection closed as soon as it is accepted. Both are counted.
 use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use tokio::sync::oneshot;
-
-/// A connection idle this long may lose its slot to a new one when all are taken. A client
-/// that means to be served sends its request at once.
-pub const EVICT_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// What became of a connection just accepted.
 pub enum Admission {
@@ -44,7 +42,8 @@ struct Open {
 }
 
 struct Entry {
-    /// When a request last began on it (or it was accepted), in ms since `epoch`.
+    /// When a request last began on it (or it was accepted), in µs since `epoch`; `SERVING`
+    /// while a request is being answered.
     active: Arc<AtomicU64>,
     /// Closes the connection when its slot is taken.
     evict: Option<oneshot::Sender<()>>,
@@ -69,24 +68,24 @@ impl Connections {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
     }
 
     /// A slot for a connection accepted now, if one can be had.
     pub fn admit(self: &Arc<Connections>) -> Admission {
-        let now = self.now_ms();
+        let now = self.now_us();
         let mut open = self.lock();
         let mut evicted = false;
         if open.slots.len() >= self.max {
-            let idle_ms = EVICT_IDLE_AFTER.as_millis() as u64;
             let oldest = open
                 .slots
                 .iter()
                 .map(|(id, entry)| (entry.active.load(Ordering::Relaxed), *id))
+                .filter(|(active, _)| *active != SERVING)
                 .min();
             match oldest {
-                Some((active, id)) if now.saturating_sub(active) >= idle_ms => {
+                Some((_, id)) => {
                     if let Some(entry) = open.slots.remove(&id)
                         && let Some(evict) = entry.evict
                     {
@@ -95,7 +94,7 @@ impl Connections {
                     }
                     evicted = true;
                 }
-                _ => return Admission::Shed,
+                None => return Admission::Shed,
             }
         }
         let id = open.next_id;
@@ -158,42 +157,61 @@ pub struct Activity {
     epoch: Instant,
 }
 
+/// `Entry::active` while a request is being answered: not to be evicted then.
+const SERVING: u64 = u64::MAX;
+
 impl Activity {
-    pub fn request_began(&self) {
+    /// A request is being answered: its connection keeps its slot until [`Activity::answered`].
+    pub fn serving(&self) {
+        self.active.store(SERVING, Ordering::Relaxed);
+    }
+
+    /// The answer is made: the connection is idle from now.
+    pub fn answered(&self) {
         self.active
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+            .store(self.epoch.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
-    fn a_full_set_sheds_until_a_connection_has_been_idle_then_evicts_the_oldest() {
+    fn a_full_set_evicts_the_connection_idle_longest_and_sheds_only_when_all_are_serving() {
         let connections = Connections::new(2);
         let Admission::Admitted(mut first) = connections.admit() else {
             panic!("a free slot")
         };
-        let Admission::Admitted(second) = connections.admit() else {
+        let Admission::Admitted(mut second) = connections.admit() else {
             panic!("a free slot")
         };
-        assert!(matches!(connections.admit(), Admission::Shed));
-        assert_eq!(connections.open(), 2);
-
-        std::thread::sleep(EVICT_IDLE_AFTER + Duration::from_millis(50));
-        // The second one is busy: the first, idle longest, goes.
-        second.activity().request_began();
-        let mut closed = first.evicted();
+        std::thread::sleep(Duration::from_millis(2));
+        // The first was accepted first, but made a request since: the second goes.
+        first.activity().serving();
+        first.activity().answered();
+        let mut first_closed = first.evicted();
+        let mut second_closed = second.evicted();
         let Admission::Evicted(third) = connections.admit() else {
             panic!("an idle slot to take")
         };
-        assert!(closed.try_recv().is_ok(), "the evicted connection is told");
+        assert!(first_closed.try_recv().is_err(), "the first keeps its slot");
+        assert!(
+            second_closed.try_recv().is_ok(),
+            "the second is told to close"
+        );
         assert_eq!(connections.open(), 2);
-        drop(first);
-        assert_eq!(connections.open(), 2, "its slot is the third's now");
-        drop(third);
         drop(second);
+        assert_eq!(connections.open(), 2, "its slot is the third's now");
+
+        // Both answering a request: the newcomer is shed.
+        first.activity().serving();
+        third.activity().serving();
+        assert!(matches!(connections.admit(), Admission::Shed));
+        drop(third);
+        drop(first);
         assert_eq!(connections.open(), 0);
     }
 }

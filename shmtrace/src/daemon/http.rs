@@ -46,6 +46,9 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// Connections accepted in a row before the connection tasks get the thread.
+const ACCEPTS_BEFORE_YIELD: u32 = 16;
+
 /// Longest a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -75,7 +78,14 @@ pub async fn serve(
     let (at_capacity, idle_evicted) = (shed("at_capacity"), shed("idle_evicted"));
     let open = metrics.http_connections.clone();
     tokio::spawn(async move {
+        let mut accepted: u32 = 0;
         loop {
+            // A flood keeps the listener ready: let the connections just admitted read their
+            // requests before more are accepted that could take their slots.
+            accepted = accepted.wrapping_add(1);
+            if accepted.is_multiple_of(ACCEPTS_BEFORE_YIELD) {
+                tokio::task::yield_now().await;
+            }
             let (stream, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -107,8 +117,9 @@ pub async fn serve(
                 let activity = slot.activity();
                 let evicted = slot.evicted();
                 let handler = service::service_fn(move |request| {
-                    activity.request_began();
+                    activity.serving();
                     let response = respond(&request, &registry, &heartbeat);
+                    activity.answered();
                     async move { Ok::<_, Infallible>(response) }
                 });
                 let connection = http1::Builder::new()

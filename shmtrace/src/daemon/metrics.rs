@@ -213,7 +213,7 @@ impl Metrics {
         registry.register(
             "http_connections_shed",
             "Connections to the metrics port closed because every slot was taken, by kind: \
-             at_capacity (the new one, at once), idle_evicted (an idle one, for the new one)",
+             at_capacity (the new one, at once, when all are answering), idle_evicted (the one idle longest, for the new one)",
             m.http_shed,
         );
         (metrics, registry)
