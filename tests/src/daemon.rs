@@ -48,8 +48,25 @@ impl Daemon {
     /// it says it bound. (A port chosen here and passed in could be taken by another test in
     /// between, and /healthz then answered by someone else's daemon.)
     pub fn start(args: &[&str]) -> Daemon {
+        Daemon::start_via(shmtrace(), args)
+    }
+
+    /// As [`Daemon::start`], with its soft and hard open-files limits both `limit` (as after
+    /// `ulimit -n LIMIT`), through util-linux's `prlimit`, which execs it.
+    pub fn start_with_open_files(limit: u64, args: &[&str]) -> Daemon {
+        let mut prlimit = std::process::Command::new("prlimit");
+        prlimit
+            .arg(format!("--nofile={limit}:{limit}"))
+            .arg("--")
+            .arg(crate::shmtrace_bin());
+        Daemon::start_via(crate::command::ShmtraceCommand::from_command(prlimit), args)
+    }
+
+    /// As [`Daemon::start`], through `command`: a wrapper that ends up exec'ing shmtrace
+    /// (`prlimit`, `unshare ... sh -c 'exec "$@"'`), given shmtrace's path as its last argument.
+    pub fn start_via(mut command: crate::command::ShmtraceCommand, args: &[&str]) -> Daemon {
         let dir = tempdir();
-        let child = shmtrace()
+        let child = command
             .args(["daemon", "--listen", "127.0.0.1:0"])
             .args(args)
             .stdout(std::fs::File::create(dir.join("stdout.jsonl")).unwrap())

@@ -5,6 +5,7 @@ pub mod command;
 pub mod daemon;
 pub mod diagnosis;
 pub mod docker;
+pub mod flood;
 pub mod hardening;
 pub mod live;
 pub mod postgres;

@@ -420,3 +420,50 @@ fn undecodable_headers_are_named_in_words() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_rotated_set_whose_files_go_back_in_time_is_reported() {
+    let _guard = serial();
+    require_root();
+    let dir = tempdir();
+    let base = dir.join("rot.shmtrace");
+    record(&base, &["--max-size", "64K"], &shm_churn(1500));
+    let numbered = |n: u32| dir.join(format!("rot.{n:06}.shmtrace"));
+    assert!(
+        numbered(3).exists(),
+        "the recording made fewer than 4 files"
+    );
+    let as_recorded = run(&["report", base.to_str().unwrap()]);
+    let said = text(&as_recorded.stdout) + &text(&as_recorded.stderr);
+    assert!(!said.contains("back in time"), "{said}");
+    // Files 1 and 3 trade places, each header's number made to match its new name (and its
+    // checksum right again): every number is in order, and time is not.
+    let renumbered = |from: u32, to: u8| {
+        with_header(&std::fs::read(numbered(from)).unwrap(), |header| {
+            let at = cbor_value_of(header, "sequence");
+            assert_eq!(header[at], from as u8, "a small CBOR integer");
+            header[at] = to;
+        })
+    };
+    let (one, three) = (renumbered(1, 3), renumbered(3, 1));
+    std::fs::write(numbered(1), three).unwrap();
+    std::fs::write(numbered(3), one).unwrap();
+    let report = run(&["report", base.to_str().unwrap()]);
+    let said = text(&report.stdout) + &text(&report.stderr);
+    println!(
+        "{}",
+        said.lines()
+            .filter(|l| l.contains("back in time"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let file = |n: u32| numbered(n).display().to_string();
+    assert!(
+        said.contains(&format!("{} starts", file(2)))
+            && said.contains(&format!("before the end of {}", file(1)))
+            && said.contains("go back in time"),
+        "{said}"
+    );
+    assert!(said.contains(&format!("{} starts", file(3))), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -188,5 +188,16 @@ fn the_flight_recorder_writes_one_file_with_the_seconds_before_a_real_failure() 
         diagnosis["failures"][0]["path"],
         "/dev/shm/torch_fallocate_0"
     );
+    // The summary's time is the file's own: the 2 s window and the 1 s tail, not the time
+    // since the first context record it carries (3.5 s before this fix; issue 25, item 10).
+    let seconds = report
+        .of("summary")
+        .last()
+        .and_then(|s| s["seconds"].as_f64())
+        .unwrap_or_else(|| panic!("no summary: {:?}", report.records));
+    assert!(
+        seconds <= 3.05,
+        "the recording covers {seconds:.2} s, more than its window and tail"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

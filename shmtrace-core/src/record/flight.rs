@@ -74,7 +74,13 @@ pub struct FlightStats {
     pub evicted_for_memory: u64,
     /// Context entries not kept because `max_context` was reached.
     pub context_overflow: u64,
+    /// Dump names found taken, and skipped for the next number.
+    pub names_skipped: u64,
 }
+
+/// Most taken names skipped for one dump: beyond, something is making them on purpose, and
+/// the trigger fails (counted by the caller) rather than spin.
+const MAX_NAMES_SKIPPED: u32 = 64;
 
 /// A record held in memory, already encoded as it will be written.
 #[derive(Clone)]
@@ -215,21 +221,16 @@ impl FlightRecorder {
             return Ok(Triggered::Extended(capture.writer.path().to_path_buf()));
         }
 
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        let path = rotation::numbered(&self.base, sequence);
         let window_start = self.window.front().map(|h| h.ts_ns).unwrap_or(ts_ns);
-        let mut header = self.header.clone();
-        header.sequence = sequence;
-        header.flight = Some(FlightInfo {
+        let flight = FlightInfo {
             reason: trigger.reason.as_str().to_owned(),
             trigger_ts_ns: ts_ns,
             window_ns: self.options.window.as_nanos() as u64,
             window_start_ns: window_start,
             tail_ns,
             evicted_for_memory: self.evicted_since_dump,
-        });
-        let mut writer = TraceWriter::create(&path, header, self.options.writer.clone())?;
+        };
+        let (path, mut writer) = self.create_dump(flight)?;
 
         // Context from before the window first, oldest first, then the window itself.
         let first_in_window = self.window.front().map_or(self.next_index, |h| h.index);
@@ -239,11 +240,20 @@ impl FlightRecorder {
             .filter(|h| h.index < first_in_window)
             .collect();
         context.sort_by_key(|h| h.index);
-        for held in context.into_iter().chain(self.window.iter()) {
-            writer.write_frame(held.kind, held.ts_ns, &held.payload)?;
+        let written = context
+            .into_iter()
+            .chain(self.window.iter())
+            .try_for_each(|held| writer.write_frame(held.kind, held.ts_ns, &held.payload))
+            .and_then(|()| writer.write_user(ts_ns, &marker))
+            .and_then(|_| writer.flush(&mut no_carry).map(drop));
+        if let Err(error) = written {
+            // A full disk: what fitted is kept (the writer keeps what it can); a file that
+            // holds nothing but its header explains nothing and goes.
+            if !writer.wrote_records() {
+                writer.discard();
+            }
+            return Err(error);
         }
-        writer.write_user(ts_ns, &marker)?;
-        writer.flush(&mut no_carry)?;
 
         self.evicted_since_dump = 0;
         self.stats.dumps += 1;
@@ -286,6 +296,29 @@ impl FlightRecorder {
     #[cfg(test)]
     pub fn window_size(&self) -> (usize, usize) {
         (self.window.len(), self.window_bytes)
+    }
+
+    /// Creates the next dump file. A name already taken (planted there, or left by another
+    /// run) is skipped, and the next number tried, so that the incident is not lost for it;
+    /// files are created with `O_EXCL | O_NOFOLLOW`, so nothing is written through a link.
+    fn create_dump(&mut self, flight: FlightInfo) -> Result<(PathBuf, TraceWriter), WriteError> {
+        let mut skipped = 0;
+        loop {
+            let sequence = self.next_sequence;
+            self.next_sequence += 1;
+            let path = rotation::numbered(&self.base, sequence);
+            let mut header = self.header.clone();
+            header.sequence = sequence;
+            header.flight = Some(flight.clone());
+            match TraceWriter::create(&path, header, self.options.writer.clone()) {
+                Ok(writer) => return Ok((path, writer)),
+                Err(error) if error.name_taken() && skipped < MAX_NAMES_SKIPPED => {
+                    skipped += 1;
+                    self.stats.names_skipped += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     fn close_capture(&mut self) -> Result<Option<PathBuf>, WriteError> {

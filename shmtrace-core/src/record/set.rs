@@ -28,6 +28,12 @@ pub struct TraceSet {
     gaps: Vec<String>,
     finished: bool,
     skipped: u64,
+    /// The file being read, and the latest record time read from it.
+    current_path: PathBuf,
+    latest_ts: u64,
+    /// Set when a file was left: the file and its latest time, which the next file's first
+    /// record must not come before.
+    left: Option<(PathBuf, u64)>,
 }
 
 impl TraceSet {
@@ -47,7 +53,12 @@ impl TraceSet {
                 .try_clone_to_owned()
                 .map_err(|e| fail(Reason::Io(e)))?;
             let current = TraceReader::from_file(File::from(stdin), path)?;
-            return Ok(TraceSet::starting(current, VecDeque::new(), Vec::new()));
+            return Ok(TraceSet::starting(
+                current,
+                path,
+                VecDeque::new(),
+                Vec::new(),
+            ));
         }
         let all = match std::fs::metadata(path) {
             Ok(metadata) if metadata.is_dir() => return Err(fail(Reason::Directory)),
@@ -70,7 +81,7 @@ impl TraceSet {
         let mut files: VecDeque<PathBuf> = all.into_iter().collect();
         let first = files.pop_front().expect("not empty");
         let current = TraceReader::open(&first)?;
-        let mut set = TraceSet::starting(current, files, ids);
+        let mut set = TraceSet::starting(current, &first, files, ids);
         if !set.files.is_empty() && set.first_header.sequence > 0 {
             set.gaps.push(format!(
                 "the rotated set starts at file {} ({}): the files before it were removed \
@@ -84,10 +95,14 @@ impl TraceSet {
 
     fn starting(
         current: TraceReader<BufReader<File>>,
+        path: &Path,
         files: VecDeque<PathBuf>,
         ids: Vec<FileId>,
     ) -> TraceSet {
         TraceSet {
+            current_path: path.to_path_buf(),
+            latest_ts: 0,
+            left: None,
             files,
             first_header: current.header().clone(),
             current,
@@ -164,6 +179,8 @@ impl TraceSet {
             }
             self.skipped += self.current.skipped();
             self.current = next;
+            let left = std::mem::replace(&mut self.current_path, path);
+            self.left = Some((left, std::mem::take(&mut self.latest_ts)));
             return Ok(true);
         }
     }
@@ -177,13 +194,41 @@ impl TraceSet {
     }
 }
 
+/// How far a file's first record may come before the previous file's latest: records of
+/// different CPUs reach the ring buffer a little out of order.
+const OUT_OF_ORDER_SLACK_NS: u64 = 50_000_000;
+
+impl TraceSet {
+    /// A file of a rotated set whose first record is older than the previous file's latest
+    /// goes back in time: files renumbered, or from another recording under the same id. The
+    /// report still reads them in order, and says so.
+    fn check_order(&mut self, ts_ns: u64) {
+        if let Some((left, latest)) = self.left.take()
+            && ts_ns.saturating_add(OUT_OF_ORDER_SLACK_NS) < latest
+        {
+            self.gaps.push(format!(
+                "{} starts {:.3} s before the end of {}, the file before it: the rotated \
+                 files go back in time (renumbered, or not of one recording?); times, orders and \
+                 durations in this report may be wrong",
+                crate::event::escape::text(&self.current_path.to_string_lossy()),
+                (latest - ts_ns) as f64 / 1e9,
+                crate::event::escape::text(&left.to_string_lossy()),
+            ));
+        }
+        self.latest_ts = self.latest_ts.max(ts_ns);
+    }
+}
+
 impl Iterator for TraceSet {
     type Item = Result<Entry, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         while !self.finished {
             match self.current.next() {
-                Some(Ok(entry)) => return Some(Ok(entry)),
+                Some(Ok(entry)) => {
+                    self.check_order(entry.ts_ns);
+                    return Some(Ok(entry));
+                }
                 Some(Err(error)) => {
                     self.finished = true;
                     return Some(Err(error));

@@ -41,6 +41,25 @@ pub enum WriteError {
 }
 
 impl WriteError {
+    /// Whether the file could not be made because its name is taken (by a file, a link, or
+    /// anything else): a caller free to choose the name may take the next one.
+    pub fn name_taken(&self) -> bool {
+        match self {
+            WriteError::Exists { .. } => true,
+            WriteError::Unsafe(open) => matches!(
+                open,
+                OpenError::Exists { .. }
+                    | OpenError::Symlink { .. }
+                    | OpenError::NotRegular { .. }
+                    | OpenError::HardLinked { .. }
+                    | OpenError::Foreign { .. }
+                    | OpenError::Raced { .. }
+            ),
+            WriteError::Create { source, .. } => source.kind() == io::ErrorKind::AlreadyExists,
+            _ => false,
+        }
+    }
+
     pub(super) fn open(path: &std::path::Path, error: OpenError) -> WriteError {
         match error {
             OpenError::Io { source, .. } => WriteError::Create {

@@ -221,7 +221,13 @@ pub fn replay(mut set: TraceSet, pipeline: &mut Pipeline) -> Result<ExitCode> {
             set.skipped()
         ))?;
     }
-    let seconds = last_ts.saturating_sub(first_ts.unwrap_or(last_ts)) as f64 / 1e9;
+    // A flight recording starts with context from long before its window (the snapshots of
+    // processes older than it): its own time is the window and the tail.
+    let start = match &set.header().flight {
+        Some(flight) => first_ts.map(|first| first.max(flight.window_start_ns)),
+        None => first_ts,
+    };
+    let seconds = last_ts.saturating_sub(start.unwrap_or(last_ts)) as f64 / 1e9;
     pipeline.finish(seconds, last_ts)?;
     match failure {
         Some(error) => bail!("{error}; the report above covers the records before it"),

@@ -17,7 +17,10 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use super::metrics::{Format, encode};
+use super::{
+    connections::{Admission, Connections},
+    metrics::{Format, KindLabels, Metrics, encode},
+};
 
 /// The main loop is unhealthy when it has not run for this long (it runs every 100 ms).
 const STALL: Duration = Duration::from_secs(10);
@@ -43,12 +46,21 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Binds `addr` now (so that a port in use is an error at start), and serves from a task.
-/// Returns the address bound: with port 0, the port the kernel chose.
+/// Connections accepted in a row before the connection tasks get the thread.
+const ACCEPTS_BEFORE_YIELD: u32 = 16;
+
+/// Longest a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds `addr` now (so that a port in use is an error at start), and serves from a task, at
+/// most as many connections at once as `connections` has slots (see `connections`). Returns the address
+/// bound: with port 0, the port the kernel chose.
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
+    metrics: Metrics,
     heartbeat: Heartbeat,
+    connections: Arc<Connections>,
 ) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (is another daemon running? choose another --listen)")
@@ -56,8 +68,24 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .with_context(|| format!("reading the address bound for {addr}"))?;
+    let shed = |kind: &str| {
+        metrics
+            .http_shed
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .clone()
+    };
+    // Every kind's counter exists from the start, so that the first is an increase.
+    let (at_capacity, idle_evicted) = (shed("at_capacity"), shed("idle_evicted"));
+    let open = metrics.http_connections.clone();
     tokio::spawn(async move {
+        let mut accepted: u32 = 0;
         loop {
+            // A flood keeps the listener ready: let the connections just admitted read their
+            // requests before more are accepted that could take their slots.
+            accepted = accepted.wrapping_add(1);
+            if accepted.is_multiple_of(ACCEPTS_BEFORE_YIELD) {
+                tokio::task::yield_now().await;
+            }
             let (stream, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -67,20 +95,46 @@ pub async fn serve(
                     continue;
                 }
             };
+            let mut slot = match connections.admit() {
+                Admission::Admitted(slot) => slot,
+                Admission::Evicted(slot) => {
+                    idle_evicted.inc();
+                    slot
+                }
+                Admission::Shed => {
+                    // Closed at once: no task, no buffers, its descriptor back now.
+                    drop(stream);
+                    at_capacity.inc();
+                    continue;
+                }
+            };
+            open.set(connections.open() as i64);
             let registry = registry.clone();
             let heartbeat = heartbeat.clone();
+            let connections = connections.clone();
+            let open = open.clone();
             tokio::spawn(async move {
+                let activity = slot.activity();
+                let evicted = slot.evicted();
                 let handler = service::service_fn(move |request| {
+                    activity.serving();
                     let response = respond(&request, &registry, &heartbeat);
+                    activity.answered();
                     async move { Ok::<_, Infallible>(response) }
                 });
                 let connection = http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), handler);
-                if let Err(error) = connection.await {
-                    log::debug!("metrics connection: {error}");
+                tokio::select! {
+                    served = connection => if let Err(error) = served {
+                        log::debug!("metrics connection: {error}");
+                    },
+                    // Its slot went to a newer connection: dropping it closes it.
+                    _ = evicted => {}
                 }
+                drop(slot);
+                open.set(connections.open() as i64);
             });
         }
     });

@@ -3,7 +3,7 @@
 use std::{
     cell::RefCell,
     fs,
-    os::unix::fs::{MetadataExt, PermissionsExt},
+    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     rc::Rc,
     time::Duration,
@@ -231,7 +231,31 @@ fn check_dir(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    Ok(())
+    check_writable(dir)
+}
+
+/// Makes and removes a file in `dir`, so that a directory the daemon cannot write (a read-only
+/// file system, a volume mounted read-only) is refused now, not at the first incident.
+fn check_writable(dir: &Path) -> Result<()> {
+    let probe = dir.join(format!(".shmtrace-write-check-{}", std::process::id()));
+    let made = fs::File::options()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(&probe);
+    match made {
+        Ok(_) => {
+            let _ = fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(error) => bail!(
+            "--record-dir {} is not writable ({error}): recordings could not be written there; \
+             give a directory on a writable file system (in a container, a volume not mounted \
+             read-only)",
+            dir.display()
+        ),
+    }
 }
 
 struct Recording {

@@ -105,6 +105,8 @@ pub struct Metrics {
     pub recording_errors: Counter,
     pub state_entries: Family<KindLabels, Gauge>,
     pub state_evictions: Family<KindLabels, Counter>,
+    pub http_connections: Gauge,
+    pub http_shed: Family<KindLabels, Counter>,
 }
 
 impl Metrics {
@@ -202,6 +204,17 @@ impl Metrics {
             "state_evictions",
             "Entries dropped because a bound on the daemon's memory was reached, by kind",
             m.state_evictions,
+        );
+        registry.register(
+            "http_connections",
+            "Connections to the metrics port being served now",
+            m.http_connections,
+        );
+        registry.register(
+            "http_connections_shed",
+            "Connections to the metrics port closed because every slot was taken, by kind: \
+             at_capacity (the new one, at once, when all are answering), idle_evicted (the one idle longest, for the new one)",
+            m.http_shed,
         );
         (metrics, registry)
     }

@@ -3,11 +3,13 @@
 //! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
 //! and incident recordings (`incidents`). `fleet` follows the containers that come and go and
 //! says whose each count is; `observer` feeds it from the pipeline.
+mod connections;
 mod fleet;
 #[cfg(test)]
 mod fleet_tests;
 mod http;
 mod incidents;
+mod limits;
 mod membership;
 mod metrics;
 mod observer;
@@ -28,9 +30,11 @@ use shmtrace_common::Loss;
 use tokio::signal::unix::{SignalKind, signal};
 
 use self::{
+    connections::Connections,
     fleet::Fleet,
     http::Heartbeat,
     incidents::{Incidents, Log},
+    limits::OpenFiles,
     metrics::{KindLabels, Metrics},
     observer::FleetObserver,
 };
@@ -66,6 +70,8 @@ const SURVEY_AT_MOST_EVERY: Duration = Duration::from_millis(250);
 
 pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
+    // First, before the probes' maps and the runtimes' sockets take descriptors.
+    let open_files = OpenFiles::raise().context("reading the open files limit")?;
     let window = positive(args.window, "--window")?;
     let tail = positive(args.tail, "--tail")?;
     let options = TracerOptions {
@@ -92,7 +98,14 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
         let (metrics, registry) = Metrics::new();
         let heartbeat = Heartbeat::default();
         heartbeat.beat();
-        let listening = http::serve(args.listen, Arc::new(registry), heartbeat.clone()).await?;
+        let listening = http::serve(
+            args.listen,
+            Arc::new(registry),
+            metrics.clone(),
+            heartbeat.clone(),
+            Connections::new(open_files.connections()),
+        )
+        .await?;
         let log: Log = Rc::default();
         let mut agent = Agent::new(args, tracer, metrics, log, window, tail)?;
         eprintln!(
@@ -104,6 +117,7 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
                 None => String::new(),
             }
         );
+        eprintln!("shmtrace daemon: {}", open_files.describe());
         agent.run(heartbeat).await
     })?;
     Ok(ExitCode::SUCCESS)

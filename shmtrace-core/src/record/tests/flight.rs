@@ -215,3 +215,33 @@ fn an_exited_process_leaves_the_context() {
     );
     assert_eq!(kernel_ts(&path), [1, 20]);
 }
+
+#[test]
+fn a_name_planted_where_the_next_dump_goes_is_skipped_not_written_through() {
+    use std::os::unix::fs::symlink;
+    let dir = TempDir::new("flight-planted");
+    let base = dir.join("incident.shmtrace");
+    let mut recorder = FlightRecorder::new(&base, test_header(), options(10, 3)).unwrap();
+    recorder.push(S, Record::Kernel(filler(1))).unwrap();
+    // Planted after the recorder started: a file where dump 0 goes, a link where dump 1 goes.
+    std::fs::write(rotation::numbered(&base, 0), b"planted").unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    symlink(&victim, rotation::numbered(&base, 1)).unwrap();
+
+    let started = recorder.trigger(2 * S, enospc(4242)).unwrap();
+    let dump = rotation::numbered(&base, 2);
+    assert_eq!(started, Triggered::Started(dump.clone()));
+    assert_eq!(recorder.stats().names_skipped, 2);
+    recorder.finish().unwrap();
+    assert_eq!(
+        kernel_ts(&dump),
+        vec![1],
+        "the incident is in the next free name"
+    );
+    assert_eq!(
+        std::fs::read(rotation::numbered(&base, 0)).unwrap(),
+        b"planted"
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}

@@ -212,6 +212,17 @@ impl TraceWriter {
         })
     }
 
+    /// Removes the file this writer made, if its name still names it: for a file that could
+    /// hold nothing but its header (a full disk).
+    pub fn discard(self) {
+        remove_if_same(&self.path, &self.file);
+    }
+
+    /// Whether anything beyond the header reached the file.
+    pub fn wrote_records(&self) -> bool {
+        self.file_len > self.header_len
+    }
+
     /// The file being written now.
     pub fn path(&self) -> &Path {
         &self.path
@@ -505,6 +516,15 @@ fn open_options(options: &WriterOptions, create_new: bool) -> OpenOptions {
     if create_new { open.create_new() } else { open }
 }
 
+/// Unlinks `path` if it is still `file` (not a name swapped in meanwhile).
+fn remove_if_same(path: &Path, file: &File) {
+    let ours = file.metadata().map(|m| FileId::of(&m)).ok();
+    let there = std::fs::symlink_metadata(path).map(|m| FileId::of(&m)).ok();
+    if ours.is_some() && ours == there {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// Creates `path` and writes the preamble and header in one write.
 fn open_with_header(
     path: &Path,
@@ -517,6 +537,13 @@ fn open_with_header(
     };
     let mut file = safe_open::create(path, options).map_err(|e| WriteError::open(path, e))?;
     let bytes = format::encode_preamble(header.flags(), &header.to_cbor());
-    file.write_all(&bytes).map_err(create)?;
+    if let Err(error) = file.write_all(&bytes) {
+        // A full disk: no file rather than an empty or headless one. Only a file this call
+        // made is removed (a new one); an old file given as -o was emptied already.
+        if options.create_new {
+            remove_if_same(path, &file);
+        }
+        return Err(create(error));
+    }
     Ok((file, bytes.len() as u64))
 }
