@@ -114,6 +114,11 @@ impl Pipeline {
         &mut self.output
     }
 
+    /// The container of mount namespace `mntns`, as the runtimes told it.
+    pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
+        self.diagnoser.container(mntns)
+    }
+
     /// A container stopped: its mount namespace number may come back for another one.
     pub fn forget_container(&mut self, mntns: u32) {
         self.diagnoser.forget_container(mntns);

@@ -27,7 +27,7 @@ use std::{
 
 pub use super::membership::Member;
 use super::{
-    membership::{member_in, member_of},
+    membership::{anyone_in, member_in, member_of},
     metrics::{ContainerLabels, DeathLabels, FailureLabels, Metrics},
 };
 use crate::{
@@ -126,6 +126,8 @@ pub struct Fleet {
     /// processes'); the tests give their own.
     member_of: fn(u32) -> Option<Member>,
     member_in: fn(u32, u32) -> Option<Member>,
+    /// Whether a process is in a mount namespace (the tests give their own).
+    anyone_in: fn(u32) -> bool,
 }
 
 impl Fleet {
@@ -144,6 +146,7 @@ impl Fleet {
             stopped: HashMap::new(),
             member_of,
             member_in,
+            anyone_in,
         }
     }
 
@@ -161,6 +164,8 @@ impl Fleet {
     ) -> Fleet {
         self.member_of = of_process;
         self.member_in = in_namespace;
+        // The tests' made-up namespaces are alive.
+        self.anyone_in = |_| true;
         self
     }
 
@@ -189,6 +194,11 @@ impl Fleet {
                 self.checked.remove(&old);
             }
         }
+    }
+
+    /// Whether events of `mntns` wait for a survey to say whose they are.
+    pub fn waiting(&self, mntns: u32) -> bool {
+        self.pending.contains_key(&mntns)
     }
 
     pub fn mntns_of(&self, pid: u32) -> Option<u32> {
@@ -471,7 +481,14 @@ impl Fleet {
                 {
                     labels.clone()
                 }
-                (None, _) => ContainerLabels::unknown(),
+                (None, _) => {
+                    // Nobody's, and maybe gone already (its processes ended before their
+                    // cgroup was read): then so is the /dev/shm it had of its own.
+                    if !(self.anyone_in)(mntns) {
+                        ended.push(mntns);
+                    }
+                    ContainerLabels::unknown()
+                }
             };
             for tally in pending.tallies {
                 self.apply(&labels, tally);

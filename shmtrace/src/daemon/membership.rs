@@ -33,3 +33,16 @@ pub fn member_in(pid: u32, mntns: u32) -> Option<Member> {
         .filter(|pid| crate::kernel_ids::mount_namespace(*pid) == Some(mntns))
         .find_map(member_of)
 }
+
+/// Whether any process is in mount namespace `mntns` now. None is: the namespace is gone,
+/// and with it a /dev/shm of its own (a container that started and ended between two
+/// surveys). One pass over /proc, once per namespace that no survey claimed.
+pub fn anyone_in(mntns: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        // Unreadable: assume it is there (forgetting a live /dev/shm would be worse).
+        return true;
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .any(|pid| crate::kernel_ids::mount_namespace(pid) == Some(mntns))
+}

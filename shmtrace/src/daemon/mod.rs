@@ -9,6 +9,7 @@ mod fleet;
 mod fleet_tests;
 mod http;
 mod incidents;
+mod json_lines;
 mod limits;
 mod membership;
 mod metrics;
@@ -34,14 +35,15 @@ use self::{
     fleet::Fleet,
     http::Heartbeat,
     incidents::{Incidents, Log},
+    json_lines::JsonLines,
     limits::OpenFiles,
     metrics::{KindLabels, Metrics},
     observer::FleetObserver,
 };
 use crate::{
-    cli::{ColorWhen, DaemonArgs},
+    cli::DaemonArgs,
     clock::{Clock, boot_ns},
-    commands::{DefaultStream, init_logging, open_output},
+    commands::init_logging,
     container::{Candidate, Container, Resolver, host_shm_dev, measure_shm},
     diagnose::Diagnoser,
     event::LostCounts,
@@ -51,7 +53,7 @@ use crate::{
         target, watch,
     },
     model::{QUIET_LINGER_NS, Retention, World},
-    output::{filter::Filter, json::SCHEMA_VERSION},
+    output::{Format, Output, filter::Filter, json::SCHEMA_VERSION},
     pipeline::{Evicted, Pipeline},
 };
 
@@ -147,6 +149,8 @@ struct Agent {
     metrics: Metrics,
     resolver: Resolver,
     log: Log,
+    /// The pipeline's JSON lines, held while their namespace waits for a survey.
+    json_lines: JsonLines,
     interval: Duration,
     lost: LostCounts,
     /// Runtime problems already logged, so that a runtime that stays down is said once.
@@ -180,13 +184,13 @@ impl Agent {
             host_mntns,
             args.retain,
         )));
-        let output = open_output(
-            None,
-            true,
-            ColorWhen::Never,
-            DefaultStream::Stdout,
+        let json_lines = JsonLines::default();
+        let output = Output::new(
+            Box::new(json_lines.sink()),
+            Format::Json,
             Clock::now().context("reading the clocks")?,
-        )?;
+            false,
+        );
         // Weeks of processes: what ended is forgotten once the diagnoses that may follow it
         // are past (the flight recorder keeps what its recordings need on its own); what
         // ended quietly, at once, as `--all` does: otherwise a node's churn of short lives
@@ -243,6 +247,7 @@ impl Agent {
             metrics,
             resolver,
             log,
+            json_lines,
             interval: args.interval,
             lost: LostCounts::default(),
             problems_logged: Vec::new(),
@@ -324,7 +329,7 @@ impl Agent {
         self.check_lost()?;
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
-        self.write_log()
+        self.write_log_all(true)
     }
 
     fn handle(&mut self, batch: &mut Vec<Bytes>) -> Result<()> {
@@ -470,12 +475,24 @@ impl Agent {
 
     /// The daemon's own JSON lines, after the pipeline's output, whole lines at a time.
     fn write_log(&mut self) -> Result<()> {
+        self.write_log_all(false)
+    }
+
+    /// As [`Agent::write_log`]; `all` also lets the lines held for a survey go (at the end).
+    fn write_log_all(&mut self, all: bool) -> Result<()> {
         self.pipeline.output().flush().context("writing output")?;
+        let mut stdout = std::io::stdout().lock();
+        let pipeline = &self.pipeline;
+        self.json_lines.pass(
+            &self.fleet.borrow(),
+            |mntns| pipeline.container(mntns).cloned(),
+            all,
+            &mut stdout,
+        )?;
         let lines = std::mem::take(&mut *self.log.borrow_mut());
         if lines.is_empty() {
-            return Ok(());
+            return stdout.flush().context("writing output");
         }
-        let mut stdout = std::io::stdout().lock();
         for line in lines {
             writeln!(stdout, "{line}").context("writing output")?;
         }

@@ -1,0 +1,132 @@
+//! `shmtrace daemon` beside real Docker containers that live shorter than a survey of the
+//! runtimes: what they leave in their own /dev/shm is forgotten with them (the analysis' object
+//! count comes back to where it was), and a failure in a container's first moments is named
+//! by its container in the JSON lines, as the metrics name it. Needs root and Docker; fails
+//! loudly without them.
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+use shmtrace_tests::{
+    daemon::{Daemon, sample},
+    docker::{self, Container},
+    require_root, serial,
+};
+
+/// Short-lived containers, and how many run at once.
+const CONTAINERS: usize = 24;
+const AT_ONCE: usize = 8;
+/// Objects the analysis may still hold above its count before them: other tests' files, the
+/// host's. Far below one per container.
+const OBJECTS_SLACK: u64 = 4;
+
+fn signal(daemon: &Daemon, signal: Signal) {
+    nix::sys::signal::kill(Pid::from_raw(daemon.pid() as i32), signal).unwrap();
+}
+
+fn objects(daemon: &Daemon) -> u64 {
+    let text = daemon.metrics();
+    sample(&text, "shmtrace_state_entries", &[("kind", "object")])
+        .unwrap_or_else(|| panic!("no shmtrace_state_entries{{kind=\"object\"}}:\n{text}"))
+        as u64
+}
+
+#[test]
+fn objects_of_removed_containers_private_dev_shm_are_forgotten() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    let daemon = Daemon::start(&["--interval", "1s", "--forget-after", "2s"]);
+    // The gauge is set once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = objects(&daemon);
+
+    // Each leaves a file in its own /dev/shm, unmounted when it is removed. The daemon reads
+    // their records late, as on a busy node: by then their processes are gone, and no cgroup
+    // says whose the namespace was.
+    let image = docker::image();
+    signal(&daemon, Signal::SIGSTOP);
+    for wave in 0..CONTAINERS / AT_ONCE {
+        let children: Vec<_> = (0..AT_ONCE)
+            .map(|i| {
+                Command::new("docker")
+                    .args(["run", "--rm", "--network", "none", image, "sh", "-c"])
+                    .arg(format!("echo left-behind > /dev/shm/left-{wave}-{i}"))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("docker run")
+            })
+            .collect();
+        for child in children {
+            let output = child.wait_with_output().unwrap();
+            assert!(
+                output.status.success(),
+                "docker run: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+
+    signal(&daemon, Signal::SIGCONT);
+    // The gauge, set once a second, says what was before the records were read: it is read
+    // once they have been, and three surveys (a quarter of a second apart, asked for by
+    // the unknown namespaces) have said that nobody claims them.
+    std::thread::sleep(Duration::from_secs(4));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = objects(&daemon);
+    while after > before + OBJECTS_SLACK && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        after = objects(&daemon);
+    }
+    let (_, _, stderr) = daemon.stop();
+    assert!(
+        after <= before + OBJECTS_SLACK,
+        "the daemon still holds {after} /dev/shm objects, {before} before {CONTAINERS} \
+         short-lived containers each left one file in their own /dev/shm (at most \
+         {OBJECTS_SLACK} more allowed): the files of removed containers are not forgotten; \
+         stderr:\n{stderr}"
+    );
+}
+
+#[test]
+fn a_failure_in_a_containers_first_moments_is_named_by_its_container_in_the_json_lines() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    let daemon = Daemon::start(&["--interval", "1s"]);
+    // Fails at once, before any survey can have seen it, and stays up so that one does.
+    let failing = Container::run(
+        "daemon-young-fail",
+        &["--shm-size", "1m"],
+        "dd if=/dev/zero of=/dev/shm/fill bs=2M count=1; sleep 600",
+    );
+    let name = failing.name.clone();
+    daemon.wait_for_metric(Duration::from_secs(30), |l| {
+        l.starts_with("shmtrace_shm_failures_total") && l.contains(&format!("\"{name}\""))
+    });
+    drop(failing);
+    let (_, lines, stderr) = daemon.stop();
+    // dd's failed write, and the diagnosis of its exit.
+    let failed: Vec<_> = lines
+        .iter()
+        .filter(|l| l["comm"] == "dd")
+        .filter(|l| l["errno"] == "ENOSPC" || l["event"] == "diagnosis")
+        .collect();
+    assert!(
+        failed.iter().any(|l| l["event"] == "diagnosis") && failed.len() >= 2,
+        "no JSON line for dd's ENOSPC or no diagnosis of it; lines: {lines:#?}\nstderr: {stderr}"
+    );
+    for line in failed {
+        assert_eq!(
+            line["container"]["name"], name,
+            "dd's failure in container {name}, which failed before a survey saw it, is not \
+             named by it in the JSON lines (the metrics name it): {line}"
+        );
+        if line["event"] == "diagnosis" {
+            assert_eq!(line["place"], name, "{line}");
+        }
+    }
+}
