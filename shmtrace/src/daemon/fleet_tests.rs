@@ -354,3 +354,29 @@ fn a_gone_containers_namespace_ends_even_when_another_took_the_number() {
     let changes = fleet.survey(&[], Instant::now());
     assert_eq!(changes.ended, vec![(NS, None)]);
 }
+
+#[test]
+fn a_namespace_nobody_claims_ends_once_no_process_is_in_it() {
+    let (mut fleet, _registry) = fleet(Duration::from_secs(60));
+    let ours = crate::kernel_ids::mount_namespace(std::process::id()).unwrap();
+    // Pids that do not exist: no cgroup names either namespace. Nobody is in NS; this test
+    // is in its own.
+    for mntns in [NS, ours] {
+        fleet.tally_from(
+            u32::MAX - 1,
+            mntns,
+            failure(),
+            boot_ns().unwrap(),
+            Instant::now(),
+        );
+    }
+    let mut ended = Vec::new();
+    for _ in 0..3 {
+        ended.extend(fleet.survey(&[], Instant::now()).ended);
+    }
+    assert_eq!(
+        ended,
+        vec![(NS, None)],
+        "only the namespace nobody is in ends"
+    );
+}
