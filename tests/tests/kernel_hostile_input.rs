@@ -457,13 +457,17 @@ fn a_rotated_set_whose_files_go_back_in_time_is_reported() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+    // One of the two files after the first swapped one starts before the end of the file before
+    // it: which one, and whether both, depends on how the run's records fell into the files
+    // (in runs here, one warning, for file 2 or for file 3, each about 0.1 s back).
     let file = |n: u32| numbered(n).display().to_string();
+    let warned = |n: u32| {
+        said.contains(&format!("{} starts", file(n)))
+            && said.contains(&format!("before the end of {}", file(n - 1)))
+    };
     assert!(
-        said.contains(&format!("{} starts", file(2)))
-            && said.contains(&format!("before the end of {}", file(1)))
-            && said.contains("go back in time"),
+        said.contains("go back in time") && (warned(2) || warned(3)),
         "{said}"
     );
-    assert!(said.contains(&format!("{} starts", file(3))), "{said}");
     let _ = std::fs::remove_dir_all(dir);
 }
