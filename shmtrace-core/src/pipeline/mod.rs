@@ -494,6 +494,17 @@ impl Pipeline {
             }
             _ => return Ok(()),
         };
+        // A container's private /dev/shm is nobody else's: reading every process's descriptors
+        // and mappings for others would only delay the records after this one, and a process
+        // failing next (a PostgreSQL parallel worker) may exit within milliseconds, taking its
+        // title with it before its records are read.
+        if self
+            .diagnoser
+            .container(event.mntns)
+            .is_some_and(|container| container.ipc == "private")
+        {
+            return Ok(());
+        }
         if self
             .holders_read
             .get(&dev)
