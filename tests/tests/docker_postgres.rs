@@ -84,15 +84,12 @@ fn a_parallel_query_out_of_shm_is_diagnosed_with_role_title_and_both_pids() {
         })
         .collect();
     named.sort_by_key(|d| d["title"].is_null());
-    let d = named
-        .first()
-        .copied()
-        .unwrap_or_else(|| {
-            panic!(
-                "no diagnosis of a process the log names ({logged:?}):\n{}",
-                dump()
-            )
-        });
+    let d = named.first().copied().unwrap_or_else(|| {
+        panic!(
+            "no diagnosis of a process the log names ({logged:?}):\n{}",
+            dump()
+        )
+    });
     assert_eq!(d["cause"], "shm_full", "{d}");
     assert_eq!(d["program"], "PostgreSQL", "{d}");
     assert_ne!(d["pid"], d["container_pid"], "both pids are shown: {d}");
