@@ -13,7 +13,7 @@ use super::{
     header::TraceHeader,
     reader::{ReadError, Reason, TraceReader},
     rotation,
-    user::Entry,
+    user::{Entry, Record},
 };
 use crate::safe_open::FileId;
 
@@ -202,7 +202,15 @@ impl TraceSet {
     /// A file of a rotated set whose first record is older than the previous file's latest
     /// goes back in time: files renumbered, or from another recording under the same id. The
     /// report still reads them in order, and says so.
-    fn check_order(&mut self, ts_ns: u64) {
+    ///
+    /// Only kernel records count: a rotated file opens with the processes carried over, stamped
+    /// when the writer flushed, which is after the kernel records of that flush that follow them
+    /// (one flush can fill several files, and then every file's carry-over has the same stamp).
+    fn check_order(&mut self, entry: &Entry) {
+        if !matches!(entry.record, Record::Kernel(_)) {
+            return;
+        }
+        let ts_ns = entry.ts_ns;
         if let Some((left, latest)) = self.left.take()
             && ts_ns.saturating_add(OUT_OF_ORDER_SLACK_NS) < latest
         {
@@ -226,7 +234,7 @@ impl Iterator for TraceSet {
         while !self.finished {
             match self.current.next() {
                 Some(Ok(entry)) => {
-                    self.check_order(entry.ts_ns);
+                    self.check_order(&entry);
                     return Some(Ok(entry));
                 }
                 Some(Err(error)) => {

@@ -258,6 +258,46 @@ fn rotation_keeps_the_newest_files_each_readable_alone() {
     }
 }
 
+/// Files whose kernel records go back in time are named, and files that do not are not, even
+/// though each file's carried-over processes are stamped when the writer flushed: one flush can
+/// fill several files, stamping all their carry-overs alike and after the records that follow.
+#[test]
+fn going_back_in_time_is_judged_by_kernel_records() {
+    let ms = 1_000_000;
+    let flushed_at = 1000 * ms;
+    let set_of = |starts: [u64; 3]| {
+        let dir = TempDir::new("back-in-time");
+        let base = dir.join("trace.shmtrace");
+        let header = test_header();
+        for (sequence, start) in (0u32..).zip(starts) {
+            let path = rotation::numbered(&base, sequence);
+            let mut header = header.clone();
+            header.sequence = sequence;
+            let mut writer = TraceWriter::create(&path, header, WriterOptions::default()).unwrap();
+            writer.write_user(flushed_at, &snapshot(4242)).unwrap();
+            for i in 0..10 {
+                writer
+                    .write_kernel(&fork((start + i) * ms, 4242, 5000 + i as u32))
+                    .unwrap();
+            }
+            writer.finish(&mut no_carry).unwrap();
+        }
+        let mut set = TraceSet::open(&base).unwrap();
+        let (entries, error) = read_entries(&mut set);
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(entries.len(), 3 * 11, "every record");
+        (set.gaps().to_vec(), dir)
+    };
+    let (in_order, _dir) = set_of([100, 200, 300]);
+    assert!(in_order.is_empty(), "{in_order:?}");
+    let (swapped, _dir) = set_of([100, 300, 200]);
+    assert_eq!(swapped.len(), 1, "{swapped:?}");
+    assert!(
+        swapped[0].contains("000002.shmtrace starts 0.109 s before the end of"),
+        "{swapped:?}"
+    );
+}
+
 #[test]
 fn decoded_bodies_are_what_the_probes_meant() {
     // A guard on the fixtures themselves: they are the kernel layouts the decoder expects.
