@@ -199,7 +199,7 @@ impl TraceSet {
 const OUT_OF_ORDER_SLACK_NS: u64 = 50_000_000;
 
 impl TraceSet {
-    /// A file of a rotated set whose first record is older than the previous file's latest
+    /// A file of a rotated set whose first kernel record is older than the previous file's latest
     /// goes back in time: files renumbered, or from another recording under the same id. The
     /// report still reads them in order, and says so.
     ///
