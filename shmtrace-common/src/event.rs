@@ -89,10 +89,29 @@ pub enum Syscall {
     /// Reported only when it dropped descriptors passed to it (`MSG_CTRUNC`): the receiver is
     /// out of file descriptors.
     Recvmsg = 16,
+    /// `statfs(path, buf)` of a path on a /dev/shm file system, and `fstatfs(fd, buf)` of a
+    /// descriptor of one: what the program saw of its free space. A successful call's record
+    /// carries the answer in its last four arguments ([`statfs_args`]); the first two are the
+    /// call's own.
+    Statfs = 17,
+    Fstatfs = 18,
+}
+
+/// Where a `statfs` or `fstatfs` record carries the call's answer, in
+/// [`SyscallEvent::args`]: fields of `struct statfs`.
+pub mod statfs_args {
+    /// `f_bsize`: the unit of the block counts.
+    pub const BLOCK_SIZE: usize = 2;
+    /// `f_blocks`: the file system's size, in blocks.
+    pub const BLOCKS: usize = 3;
+    /// `f_bavail`: blocks free to an unprivileged writer.
+    pub const AVAILABLE: usize = 4;
+    /// `f_type`: the file system's magic number (`TMPFS_MAGIC` for a tmpfs).
+    pub const MAGIC: usize = 5;
 }
 
 impl Syscall {
-    pub const ALL: [Syscall; 16] = [
+    pub const ALL: [Syscall; 18] = [
         Syscall::Openat,
         Syscall::Openat2,
         Syscall::Ftruncate,
@@ -109,6 +128,8 @@ impl Syscall {
         Syscall::Shmdt,
         Syscall::Shmctl,
         Syscall::Recvmsg,
+        Syscall::Statfs,
+        Syscall::Fstatfs,
     ];
 
     /// Whether the probes trace the call at its exit only, with its arguments read from the
@@ -123,6 +144,8 @@ impl Syscall {
                 | Syscall::Write
                 | Syscall::Mmap
                 | Syscall::Munmap
+                | Syscall::Statfs
+                | Syscall::Fstatfs
         )
     }
 
@@ -154,6 +177,8 @@ impl Syscall {
             Syscall::Shmdt => "shmdt",
             Syscall::Shmctl => "shmctl",
             Syscall::Recvmsg => "recvmsg",
+            Syscall::Statfs => "statfs",
+            Syscall::Fstatfs => "fstatfs",
         }
     }
 }

@@ -129,6 +129,29 @@ fn system_v_failures_and_success() {
     assert_eq!(ctl["shmid"], shmid);
 }
 
+/// What a program saw of /dev/shm's free space: `statfs` of a path in it and `fstatfs` of a
+/// descriptor of it, with the figures `statvfs` users compute; nothing for other file systems.
+#[test]
+fn statfs_of_dev_shm_shows_the_free_space_seen() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "4m", "statfs"]);
+    assert!(trace.output.status.success(), "{}", trace.dump());
+    let statfs = trace.events("statfs");
+    let paths: Vec<&str> = statfs.iter().filter_map(|r| r["path"].as_str()).collect();
+    assert_eq!(paths, ["/dev/shm", "/dev/shm/filled"], "{}", trace.dump());
+    let fstatfs = trace.events("fstatfs");
+    assert_eq!(fstatfs.len(), 2, "{}", trace.dump());
+    assert_eq!(fstatfs[1]["path"], "/dev/shm/filled");
+    for seen in statfs.iter().chain(&fstatfs) {
+        assert_eq!(seen["ret"], 0, "{seen}");
+        assert_eq!(seen["size"], 4 << 20, "{seen}");
+        assert_eq!(seen["free"], 3 << 20, "{seen}");
+        assert_eq!(seen["failure"], false, "{seen}");
+    }
+    assert_eq!(trace.summary()["failed_calls"], 0);
+    assert_eq!(trace.summary()["lost"], 0);
+}
+
 #[test]
 fn follows_forks_to_grandchildren() {
     let _guard = serial();

@@ -135,6 +135,20 @@ impl Call {
         self.syscall == Syscall::Recvmsg && self.args[3] & libc::MSG_CTRUNC as u64 != 0
     }
 
+    /// What a successful `statfs` or `fstatfs` of a /dev/shm file system answered.
+    pub fn space_seen(&self) -> Option<SpaceSeen> {
+        if !matches!(self.syscall, Syscall::Statfs | Syscall::Fstatfs) || self.ret != 0 {
+            return None;
+        }
+        use shmtrace_common::statfs_args::{AVAILABLE, BLOCK_SIZE, BLOCKS, MAGIC};
+        let block = self.args[BLOCK_SIZE];
+        Some(SpaceSeen {
+            size: self.args[BLOCKS].saturating_mul(block),
+            free: self.args[AVAILABLE].saturating_mul(block),
+            tmpfs: self.args[MAGIC] == TMPFS_MAGIC,
+        })
+    }
+
     /// The path as the user would write it: relative names get their /dev/shm directory.
     pub fn display_path(&self) -> Option<String> {
         let path = self.path.as_ref()?;
@@ -144,6 +158,20 @@ impl Call {
             Some(path.clone())
         }
     }
+}
+
+/// `TMPFS_MAGIC` (linux/magic.h): `f_type` of a tmpfs.
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+
+/// What a program saw of a /dev/shm file system's space, asking with `statfs`: the figures
+/// it decides from, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpaceSeen {
+    pub size: u64,
+    /// Free to an unprivileged writer (`f_bavail`), as `statvfs` users compute it.
+    pub free: u64,
+    /// Whether it is a tmpfs; /dev/shm that is a plain directory (`--ipc=none`) is not.
+    pub tmpfs: bool,
 }
 
 /// An inode: which /dev/shm object a descriptor refers to.

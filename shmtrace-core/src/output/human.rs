@@ -254,8 +254,23 @@ fn call_text(call: &Call, note: &Annotation) -> String {
             names::shmctl_command(a[1]),
             addr_text(a[2])
         ),
+        Syscall::Statfs => format!("{}, {}", path_text(call), space_text(call)),
+        Syscall::Fstatfs => format!("{}, {}", fd_text(call.fd, note), space_text(call)),
     };
     format!("{name}({args})")
+}
+
+/// A `statfs` answer as strace shows its buffer, with the figures a program decides from.
+fn space_text(call: &Call) -> String {
+    match call.space_seen() {
+        Some(seen) => format!(
+            "{{size={}, free={}{}}}",
+            human(seen.size),
+            human(seen.free),
+            if seen.tmpfs { "" } else { ", not a tmpfs" }
+        ),
+        None => addr_text(call.args[1]),
+    }
 }
 
 fn result_text(call: &Call) -> String {

@@ -78,6 +78,9 @@ pub struct JsonEvent<'a> {
     pub object_size: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object_bytes: Option<u64>,
+    /// What a `statfs` or `fstatfs` found free (its `size` is the file system's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inode: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -241,6 +244,7 @@ pub fn to_json<'a>(
         prot: None,
         object_size: None,
         object_bytes: None,
+        free: None,
         inode: None,
         dev: None,
         key: None,
@@ -403,6 +407,12 @@ fn fill_call<'a>(
         Syscall::Shmctl => {
             out.shmid = Some(a[0] as i32 as i64);
             out.flags = name(FlagKind::Shmctl, a[1]);
+        }
+        Syscall::Statfs | Syscall::Fstatfs => {
+            if let Some(seen) = call.space_seen() {
+                out.size = Some(seen.size);
+                out.free = Some(seen.free);
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ mod open;
 mod process;
 mod recvmsg;
 mod signal;
+mod statfs;
 mod syscall;
 mod sysv;
 mod unlink;

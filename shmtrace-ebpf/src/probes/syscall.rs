@@ -405,7 +405,10 @@ fn path_arg(call: u16) -> Option<usize> {
         || call == Syscall::Unlinkat as u16
     {
         Some(1)
-    } else if call == Syscall::Unlink as u16 || call == Syscall::MemfdCreate as u16 {
+    } else if call == Syscall::Unlink as u16
+        || call == Syscall::MemfdCreate as u16
+        || call == Syscall::Statfs as u16
+    {
         Some(0)
     } else {
         None

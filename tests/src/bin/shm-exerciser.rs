@@ -46,6 +46,7 @@ fn main() {
         "fork-tree" => fork_tree(),
         "die-by-signal" => die_by_signal(rest),
         "relative" => relative(),
+        "statfs" => statfs(),
         "untouched-path" => untouched_path(),
         "openat2" => openat2(),
         "memfd" => memfd(),
@@ -228,6 +229,40 @@ fn relative() {
         let fd = libc::openat(libc::AT_FDCWD, resident(c"via_cwd"), CREATE, 0o600);
         check(fd as i64, "openat cwd");
         libc::unlink(resident(c"via_cwd"));
+    }
+}
+
+/// Asks for /dev/shm's free space every way glibc's `statvfs` and `fstatvfs` do, after
+/// filling 1 MiB of it: `statfs` of the directory and of a file in it, `fstatfs` of a
+/// descriptor of each; and `statfs` of /tmp, which is not /dev/shm's business.
+fn statfs() {
+    let file = open("/dev/shm/filled", CREATE);
+    let page = [0x22u8; 4096];
+    for _ in 0..256 {
+        // SAFETY: a write from a local buffer to our own descriptor.
+        check(
+            unsafe { libc::write(file, page.as_ptr().cast(), page.len()) } as i64,
+            "write filled",
+        );
+    }
+    // SAFETY: `statfs` fills the buffer it is given; the paths are NUL-terminated literals.
+    unsafe {
+        let mut buf: libc::statfs = std::mem::zeroed();
+        check(
+            libc::statfs(resident(c"/dev/shm"), &mut buf) as i64,
+            "statfs /dev/shm",
+        );
+        check(
+            libc::statfs(resident(c"/dev/shm/filled"), &mut buf) as i64,
+            "statfs file",
+        );
+        check(
+            libc::statfs(resident(c"/tmp"), &mut buf) as i64,
+            "statfs /tmp",
+        );
+        let dir = libc::open(resident(c"/dev/shm"), libc::O_RDONLY | libc::O_DIRECTORY);
+        check(libc::fstatfs(dir, &mut buf) as i64, "fstatfs dir");
+        check(libc::fstatfs(file, &mut buf) as i64, "fstatfs file");
     }
 }
 

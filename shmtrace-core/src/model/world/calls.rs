@@ -174,6 +174,13 @@ impl World {
             | Syscall::Shmat
             | Syscall::Shmdt
             | Syscall::Shmctl => {}
+            // A look at the free space changes nothing; the record names what was asked about.
+            Syscall::Statfs => note.object_path = call.display_path().map(Arc::from),
+            Syscall::Fstatfs => {
+                note.object_path = call
+                    .file
+                    .and_then(|file| self.name_for_fd(event.pid, call.fd, file.inode))
+            }
         }
     }
 
