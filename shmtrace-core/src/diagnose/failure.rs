@@ -58,6 +58,22 @@ pub enum FailureKind {
         file_size: Option<i64>,
     },
     OomKill,
+    /// No call failed: the program looked at /dev/shm's free space (`statvfs`, `fstatvfs`)
+    /// and then, by its own rule, refused or put its shared memory elsewhere.
+    SpaceCheck {
+        /// What it did: `Ray's 200.0 MiB object store went to /tmp/ray instead of /dev/shm`.
+        decided: String,
+        /// The path it asked about, when it named one (a descriptor of /dev/shm names none).
+        path: Option<String>,
+        /// The process that looked (Ray's driver looks for its raylet).
+        looked_by: u32,
+        size: u64,
+        free: u64,
+        /// The /dev/shm size it needs, when its rule is known.
+        need: Option<u64>,
+        /// How `need` follows from the rule.
+        need_basis: Option<String>,
+    },
 }
 
 /// One failure, with the state of /dev/shm at that moment.
@@ -171,6 +187,19 @@ impl FailureKind {
                 }
             },
             FailureKind::OomKill => "chosen by the OOM killer".to_owned(),
+            FailureKind::SpaceCheck {
+                decided,
+                path,
+                looked_by,
+                size,
+                free,
+                ..
+            } => format!(
+                "{decided}: pid {looked_by} saw {} free of {} on {}",
+                human(*free),
+                human(*size),
+                path.as_deref().unwrap_or("/dev/shm")
+            ),
         }
     }
 }

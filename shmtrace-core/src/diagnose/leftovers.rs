@@ -1,10 +1,7 @@
 //! Files that processes now gone left on a /dev/shm: which, who made them, how much they
 //! hold, whether the /dev/shm would have been big enough without them, and how to remove them.
 use super::{Failure, KnownUser, Leftover};
-use crate::{
-    event::{ExitStatus, names},
-    model::{ContainerInfo, World},
-};
+use crate::model::{ContainerInfo, World};
 
 /// Space held on a /dev/shm by files of processes that are gone.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,20 +31,13 @@ pub(super) fn leftovers_on(dev: u32, world: &World) -> Vec<Leftover> {
                 bytes: o.held(),
                 creator_pid: creator.pid,
                 creator_comm: creator.comm.clone(),
-                creator_ending: ending_words(ending),
+                creator_ending: ending.describe(),
             })
         })
         .filter(|l| l.bytes > 0)
         .collect();
     files.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.path.cmp(&b.path)));
     files
-}
-
-fn ending_words(status: ExitStatus) -> String {
-    match status {
-        ExitStatus::Code(code) => format!("exited with status {code}"),
-        ExitStatus::Signal { signo, .. } => format!("killed by {}", names::signal_name(signo)),
-    }
 }
 
 /// Whether the leftovers alone kept the failing request from fitting, and how to remove them.

@@ -21,6 +21,7 @@ mod others;
 mod pressure;
 mod recommend;
 pub mod role;
+pub mod space_check;
 mod table;
 
 /// The last component of a path, or all of it. `memrchr`: `rsplit('/')`'s general pattern
@@ -137,6 +138,12 @@ pub struct Diagnoser {
     holders: HashMap<u32, crate::model::ShmHolders>,
     /// Rows of the closing table dropped to bound memory ([`Diagnoser::forget`]).
     evicted_groups: u64,
+    /// Per process, its latest look at a /dev/shm's free space; per mount namespace, the
+    /// latest look of any process there ([`space_check`]).
+    looks: FastMap<u32, space_check::Look>,
+    looks_by_place: FastMap<u32, space_check::Look>,
+    /// Ray's raylets alive, judged at their end ([`Diagnoser::ray_decision`]).
+    raylets: FastSet<u32>,
     /// Reused to gather what a process holds after each call, which is most often what it
     /// held before ([`Diagnoser::update_held`]).
     held_scratch: FastSet<InodeId>,
@@ -218,6 +225,7 @@ impl Diagnoser {
         self.roles(world);
         if let Body::Call(call) = &event.body {
             self.learn_loader(event.pid, call, note, world);
+            self.learn_space(event, call, note.object_path.as_deref());
             self.learn_requests(call);
             if matches!(
                 call.syscall,
@@ -245,8 +253,18 @@ impl Diagnoser {
             self.outcomes.entry(pid).or_default().0 += 1;
             self.pending.entry(pid).or_default().push(failure);
         }
+        if let Body::Exec(exec) = &event.body
+            && space_check::needs_whole_command_line(&exec.filename)
+        {
+            self.raylets.insert(event.pid);
+        }
         let mut out = Vec::new();
         if let Body::Exit(status) = &event.body {
+            if self.raylets.remove(&event.pid)
+                && let Some(failure) = self.ray_decision(event.pid, event.ts_ns, world)
+            {
+                self.pending.entry(event.pid).or_default().push(failure);
+            }
             let group = self.group(event.pid, event.mntns);
             self.held_to(event.pid, FastSet::default(), group, world);
             if !status.success() {
@@ -261,6 +279,12 @@ impl Diagnoser {
 
     /// Diagnoses for failures of processes that were still alive when tracing stopped.
     pub fn finish(&mut self, world: &World) -> Vec<Diagnosis> {
+        for pid in std::mem::take(&mut self.raylets) {
+            let ts_ns = world.process(pid).map_or(0, |p| p.last_seen_ns);
+            if let Some(failure) = self.ray_decision(pid, ts_ns, world) {
+                self.pending.entry(pid).or_default().push(failure);
+            }
+        }
         let mut pids: Vec<u32> = self.pending.keys().copied().collect();
         pids.sort();
         pids.into_iter()

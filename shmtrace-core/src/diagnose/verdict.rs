@@ -47,6 +47,18 @@ impl Diagnoser {
             let failed_worker = self
                 .first_failed_worker(pid)
                 .or_else(|| self.first_failed_child(pid, world));
+            if failed_worker.is_none()
+                && let Some(refused) = self.refused_after_look(event, &status.describe())
+            {
+                return Some(self.diagnose(
+                    pid,
+                    event.mntns,
+                    event.ts_ns,
+                    Some(status),
+                    vec![refused],
+                    world,
+                ));
+            }
             let touched_shm = world
                 .process(pid)
                 .is_some_and(|p| !p.opened.is_empty() || role.kind != RoleKind::Other);
@@ -197,58 +209,73 @@ impl Diagnoser {
         let primary = failures.first();
         let capacity = primary.and_then(|f| f.capacity);
         let usage = primary.and_then(|f| f.usage.clone());
-        let recommendation = (cause == Cause::ShmFull).then(|| {
-            let primary = primary.expect("a cause from a failure");
-            let traced = primary.held;
-            let (burst, growth) = self.pressure.at(primary);
-            let dataloader = role
-                .trainer
-                .or((role.kind == RoleKind::Trainer).then_some(pid))
-                .and_then(|t| {
-                    let stats = self.loaders.get(&t)?;
-                    let workers = self.roles.workers_of(t).count() as u32;
-                    (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
-                        workers,
-                        // A failure early in the run shows fewer than a DataLoader queues by
-                        // default.
-                        in_flight: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
-                        batch_bytes: stats.batch_bytes,
-                    })
-                });
-            recommend::recommend(
-                &Demand {
-                    traced,
-                    others: capacity
-                        .map(|c| {
-                            let beyond = c.used.saturating_sub(traced);
-                            // A DataLoader's batches reach the trainer through descriptors
-                            // passed untraced, so the model misses some of their pages: there,
-                            // use beyond the traced objects is the batches' own, which the
-                            // DataLoader figure counts already; others' is at most what was
-                            // there before.
-                            match (&dataloader, self.first_used.get(&c.dev)) {
-                                (Some(_), Some(first)) => beyond.min(*first),
-                                _ => beyond,
-                            }
-                        })
-                        .unwrap_or(0)
-                        // What the others' files held, page by page as the machine showed
-                        // them: more than the estimate when a traced object counted by its
-                        // size (a mapping being filled at a SIGBUS) holds fewer pages. Not
-                        // with a DataLoader, whose batches the trainer holds untraced.
-                        .max(match (&dataloader, &others) {
-                            (None, Some(o)) => o.bytes,
-                            _ => 0,
-                        }),
-                    burst,
-                    growth,
-                    dataloader,
-                    capacity: capacity.map(|c| c.size),
-                },
-                self.nccl_seen,
-                &started_by,
-            )
+        let looked = primary.and_then(|f| match &f.kind {
+            FailureKind::SpaceCheck {
+                need, need_basis, ..
+            } => Some(need.zip(need_basis.clone())),
+            _ => None,
         });
+        let recommendation = match looked.clone() {
+            // A program that decided from the free space it saw: its own rule says what it
+            // needs, or nothing does.
+            Some(need) => need.map(|(need, basis)| recommend::advise(need, &basis, &started_by)),
+            None => (cause == Cause::ShmFull).then(|| {
+                let primary = primary.expect("a cause from a failure");
+                let traced = primary.held;
+                let (burst, growth) = self.pressure.at(primary);
+                let dataloader = role
+                    .trainer
+                    .or((role.kind == RoleKind::Trainer).then_some(pid))
+                    .and_then(|t| {
+                        let stats = self.loaders.get(&t)?;
+                        let workers = self.roles.workers_of(t).count() as u32;
+                        (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
+                            workers,
+                            // A failure early in the run shows fewer than a DataLoader queues by
+                            // default.
+                            in_flight: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
+                            batch_bytes: stats.batch_bytes,
+                        })
+                    });
+                recommend::recommend(
+                    &Demand {
+                        traced,
+                        others: capacity
+                            .map(|c| {
+                                let beyond = c.used.saturating_sub(traced);
+                                // A DataLoader's batches reach the trainer through descriptors
+                                // passed untraced, so the model misses some of their pages: there,
+                                // use beyond the traced objects is the batches' own, which the
+                                // DataLoader figure counts already; others' is at most what was
+                                // there before.
+                                match (&dataloader, self.first_used.get(&c.dev)) {
+                                    (Some(_), Some(first)) => beyond.min(*first),
+                                    _ => beyond,
+                                }
+                            })
+                            .unwrap_or(0)
+                            // What the others' files held, page by page as the machine showed
+                            // them: more than the estimate when a traced object counted by its
+                            // size (a mapping being filled at a SIGBUS) holds fewer pages. Not
+                            // with a DataLoader, whose batches the trainer holds untraced.
+                            .max(match (&dataloader, &others) {
+                                (None, Some(o)) => o.bytes,
+                                _ => 0,
+                            }),
+                        burst,
+                        growth,
+                        dataloader,
+                        capacity: capacity.map(|c| c.size),
+                    },
+                    self.nccl_seen,
+                    &started_by,
+                )
+            }),
+        };
+        let explanation = match looked {
+            Some(None) => Some(NEED_UNSEEN.to_owned()),
+            _ => explain(cause),
+        };
         let filed_under = first_failure_ns
             .zip(world.process(pid).and_then(|p| p.parent))
             .map(|(ns, parent)| (parent, ns));
@@ -302,7 +329,7 @@ impl Diagnoser {
             capacity,
             usage,
             recommendation,
-            explanation: explain(cause),
+            explanation,
             leftovers,
             others,
             program_alternatives,
@@ -310,6 +337,12 @@ impl Diagnoser {
         }
     }
 }
+
+/// For a process that ended after looking at /dev/shm's free space, when its rule is not known.
+const NEED_UNSEEN: &str = "what it saw of /dev/shm's free space is the likely reason it ended: \
+     programs such as vLLM refuse to start when /dev/shm is small. What it needs is in no call \
+     it made: measure it on a roomy /dev/shm (shmtrace size -- CMD, or shmtrace size \
+     --container NAME with a large --shm-size), and set that";
 
 /// For causes a bigger /dev/shm does not fix: what does.
 fn explain(cause: Cause) -> Option<String> {

@@ -85,6 +85,19 @@ fn is_invisible_control(c: char) -> bool {
         | 0xfeff)
 }
 
+/// `text` cut to at most `max` characters, with an ellipsis when cut.
+pub fn truncate(text: &str, max: usize) -> String {
+    if max == 0 {
+        return String::new();
+    }
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +130,13 @@ mod tests {
     fn stops_at_nul() {
         assert_eq!(c_string(b"python3\0\0garbage"), "python3");
         assert_eq!(c_string(b"full_sixteen_ch!"), "full_sixteen_ch!");
+    }
+
+    #[test]
+    fn truncates_by_characters() {
+        assert_eq!(truncate("abcdef", 6), "abcdef");
+        assert_eq!(truncate("abcdefg", 6), "abcde…");
+        assert_eq!(truncate("ééééééé", 3), "éé…");
+        assert_eq!(truncate("abc", 0), "");
     }
 }

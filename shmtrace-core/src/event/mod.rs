@@ -263,6 +263,14 @@ impl ExitStatus {
         self == ExitStatus::Code(0)
     }
 
+    /// `exited with status 1`, `killed by SIGBUS`.
+    pub fn describe(self) -> String {
+        match self {
+            ExitStatus::Code(code) => format!("exited with status {code}"),
+            ExitStatus::Signal { signo, .. } => format!("killed by {}", names::signal_name(signo)),
+        }
+    }
+
     /// The shell's `$?` for this status.
     pub fn shell_status(self) -> i32 {
         match self {

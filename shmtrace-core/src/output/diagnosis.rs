@@ -11,6 +11,8 @@ use crate::{
 };
 
 pub const TITLE: &str = "━━━ shmtrace diagnosis ━━━";
+/// Characters of a process title the block shows.
+const TITLE_SHOWN: usize = 200;
 
 /// The block's lines after the title, as `(label, text)`; an empty label continues the line
 /// above.
@@ -34,7 +36,8 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
         add("failed", failure.headline());
     }
     if let Some(title) = &d.title {
-        add("title", title.clone());
+        // A raylet's runs to kilobytes; the JSON has it whole.
+        add("title", crate::event::escape::truncate(title, TITLE_SHOWN));
     }
     if let Some((pid, argv)) = &d.trainer {
         let command = if argv.is_empty() {

@@ -18,7 +18,7 @@ use bytes::Bytes;
 
 use crate::{
     capacity::Capacity,
-    diagnose::{Diagnoser, Diagnosis, Role},
+    diagnose::{Diagnoser, Diagnosis, Role, space_check},
     event::{Body, Event, LostCounts, decode},
     model::{ContainerInfo, FastMap, FastSet, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
@@ -190,6 +190,9 @@ impl Pipeline {
         let note = self.world.apply(&event);
         if let Body::Fork { child_pid } = &event.body {
             self.read_young_child(event.pid, *child_pid, env)?;
+        }
+        if let Body::Exec(exec) = &event.body {
+            self.read_whole_command_line(&event, exec, env)?;
         }
         if let Body::Exit(_) = &event.body {
             self.retire_private_shm(event.mntns);
@@ -465,6 +468,25 @@ impl Pipeline {
                 &snapshot,
                 self.world.process(child).map_or(0, |p| p.first_seen_ns),
             ),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads the whole command line of a program whose decisions the diagnosis reads there
+    /// (Ray's raylet: its store's size and directory), when its exec record holds only the
+    /// start of it. After the exec is applied, so that it becomes the process's title; recorded
+    /// like any snapshot.
+    fn read_whole_command_line(
+        &mut self,
+        event: &Event,
+        exec: &crate::event::Exec,
+        env: &mut dyn Environment,
+    ) -> Result<()> {
+        if !exec.argv_truncated || !space_check::needs_whole_command_line(&exec.filename) {
+            return Ok(());
+        }
+        match env.snapshot(event.pid) {
+            Some(snapshot) => self.seed(&snapshot, event.ts_ns),
             None => Ok(()),
         }
     }

@@ -28,19 +28,6 @@ impl fmt::Display for Html<'_> {
     }
 }
 
-/// `text` cut to at most `max` characters, with an ellipsis when cut.
-pub fn truncate(text: &str, max: usize) -> String {
-    if max == 0 {
-        return String::new();
-    }
-    if text.chars().count() <= max {
-        return text.to_owned();
-    }
-    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,13 +41,5 @@ mod tests {
         assert_eq!(Html("torch_1_2_0").to_string(), "torch_1_2_0");
         assert_eq!(Html("café · ünï").to_string(), "café · ünï");
         assert_eq!(Html("").to_string(), "");
-    }
-
-    #[test]
-    fn truncates_by_characters() {
-        assert_eq!(truncate("abcdef", 6), "abcdef");
-        assert_eq!(truncate("abcdefg", 6), "abcde…");
-        assert_eq!(truncate("ééééééé", 3), "éé…");
-        assert_eq!(truncate("abc", 0), "");
     }
 }

@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 
 use super::{
     chart::{LEFT, Scale, WIDTH, time_axis},
-    escape::{Html, truncate},
+    escape::Html,
     timeline::{Lane, Mark, Span, Timeline},
 };
-use crate::size::human;
+use crate::{event::escape::truncate, size::human};
 
 /// Height of one row of bars; a lane has a row per object held at the same time.
 const ROW: f64 = 14.0;

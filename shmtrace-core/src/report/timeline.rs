@@ -428,6 +428,8 @@ impl Timeline {
                 (FailureKind::OomKill, _) => (MarkKind::Oom, "OOM kill".to_owned()),
                 (FailureKind::Call { errno, .. }, _) => (MarkKind::Error, errno.clone()),
                 (FailureKind::Fault { signal, .. }, _) => (MarkKind::Error, signal.clone()),
+                // The diagnoser's conclusion, not a classified event: not met here.
+                (FailureKind::SpaceCheck { .. }, _) => (MarkKind::Error, "space".to_owned()),
             };
             self.marks.push(Mark {
                 ts_ns: event.ts_ns,

@@ -1,0 +1,198 @@
+//! Programs that decide from /dev/shm's free space, with no call failing: they ask (`statvfs`,
+//! `fstatvfs`), then refuse to start (vLLM) or put their shared memory somewhere slower (Ray's
+//! object store falls back to /tmp). What each traced process saw is kept here. A known
+//! program's own rule says what it needed; for any other process, an unsuccessful exit after
+//! a look, with no failure of its own, is blamed on what it saw.
+use super::{
+    Diagnoser, base_name,
+    failure::{Cause, Failure, FailureKind},
+};
+use crate::{
+    event::{Call, Event, SpaceSeen},
+    model::World,
+    size::human,
+};
+
+/// One look at a /dev/shm's free space.
+#[derive(Clone, Debug)]
+pub(super) struct Look {
+    pid: u32,
+    comm: String,
+    path: Option<String>,
+    seen: SpaceSeen,
+}
+
+/// Ray's raylet as its command line says: its object store of `--object_store_memory` bytes,
+/// kept in `--plasma_directory`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RayStore {
+    pub memory: u64,
+    pub directory: String,
+}
+
+/// Ray's rule, from its sources (`determine_plasma_store_config` in `services.py`,
+/// `store_runner.cc`): the driver puts the store in /dev/shm only when /dev/shm has at least
+/// the store's size free, else in /tmp; and the raylet shrinks a store bigger than 90% of its
+/// directory's free space to that. So /dev/shm needs the store / 0.9 free.
+const RAY_FREE_SHARE_PERCENT: u64 = 90;
+
+impl RayStore {
+    /// From a raylet's whole command line (its arguments are long: the store's come after the
+    /// first kilobyte, beyond what an exec record holds).
+    pub fn from_command_line(words: &[&str]) -> Option<RayStore> {
+        let value = |flag: &str| {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix(flag)?.strip_prefix('='))
+        };
+        Some(RayStore {
+            memory: value("--object_store_memory")?.parse().ok()?,
+            directory: value("--plasma_directory")?.to_owned(),
+        })
+    }
+
+    /// The free space Ray needs on /dev/shm for this store to stay there, whole.
+    pub fn free_needed(&self) -> u64 {
+        (self.memory * 100).div_ceil(RAY_FREE_SHARE_PERCENT)
+    }
+
+    fn in_dev_shm(&self) -> bool {
+        self.directory == "/dev/shm" || self.directory.starts_with("/dev/shm/")
+    }
+}
+
+/// Whether a program's decisions need its whole command line, when an exec record holds only
+/// the start of it: the pipeline then reads it from /proc (and records it).
+pub fn needs_whole_command_line(filename: &str) -> bool {
+    base_name(filename) == "raylet"
+}
+
+impl Diagnoser {
+    /// Takes in a look at a /dev/shm's free space, and notes Ray's raylets as they start.
+    pub(super) fn learn_space(&mut self, event: &Event, call: &Call, path: Option<&str>) {
+        let Some(seen) = call.space_seen() else {
+            return;
+        };
+        let look = Look {
+            pid: event.pid,
+            comm: event.comm.clone(),
+            path: path.map(str::to_owned),
+            seen,
+        };
+        self.looks_by_place.insert(event.mntns, look.clone());
+        self.looks.insert(event.pid, look);
+    }
+
+    /// A process that looked at /dev/shm's free space and then ended unsuccessfully, with no
+    /// failure of its own: what it saw is the likely reason. What it needed is not in any call.
+    pub(super) fn refused_after_look(&self, event: &Event, ending: &str) -> Option<Failure> {
+        let look = self.looks.get(&event.pid)?;
+        Some(self.space_failure(
+            event.ts_ns,
+            event.pid,
+            look,
+            format!("{ending} with no call failing, after looking at /dev/shm's free space"),
+            None,
+        ))
+    }
+
+    /// Ray's raylet, at its end or at the end of tracing: whether its object store went
+    /// elsewhere or was shrunk for want of /dev/shm, judged by Ray's own rule against the
+    /// latest look at /dev/shm in its place (the driver's, or the raylet's own).
+    pub(super) fn ray_decision(&self, pid: u32, ts_ns: u64, world: &World) -> Option<Failure> {
+        let process = world.process(pid)?;
+        if base_name(process.exe.as_deref()?) != "raylet" {
+            return None;
+        }
+        let command_line = process.title.as_deref().unwrap_or_default();
+        let words: Vec<&str> = command_line.split_whitespace().collect();
+        let store = RayStore::from_command_line(&words).or_else(|| {
+            let argv: Vec<&str> = process.argv.iter().map(String::as_str).collect();
+            RayStore::from_command_line(&argv)
+        })?;
+        let look = self.looks_by_place.get(&process.mntns)?;
+        let needed = store.free_needed();
+        if look.seen.free >= needed && store.in_dev_shm() {
+            return None;
+        }
+        let decided = if store.in_dev_shm() {
+            format!(
+                "Ray's raylet shrank its {} object store to 90% of /dev/shm's free space",
+                human(store.memory)
+            )
+        } else {
+            format!(
+                "Ray's {} object store went to {} instead of /dev/shm (slower)",
+                human(store.memory),
+                store.directory
+            )
+        };
+        let used = look.seen.size.saturating_sub(look.seen.free);
+        let basis = format!(
+            "Ray keeps its {} store in /dev/shm whole only when it is at most {RAY_FREE_SHARE_PERCENT}% of \
+             the free space: {} free, + {} already used when it looked",
+            human(store.memory),
+            human(needed),
+            human(used)
+        );
+        Some(self.space_failure(ts_ns, pid, look, decided, Some((used + needed, basis))))
+    }
+
+    fn space_failure(
+        &self,
+        ts_ns: u64,
+        pid: u32,
+        look: &Look,
+        decided: String,
+        need: Option<(u64, String)>,
+    ) -> Failure {
+        let (need, need_basis) = need.unzip();
+        Failure {
+            ts_ns,
+            pid,
+            tid: pid,
+            comm: look.comm.clone(),
+            cause: Cause::ShmFull,
+            kind: FailureKind::SpaceCheck {
+                decided,
+                path: look.path.clone(),
+                looked_by: look.pid,
+                size: look.seen.size,
+                free: look.seen.free,
+                need,
+                need_basis,
+            },
+            dev: None,
+            usage: None,
+            capacity: None,
+            workers_allocating: 0,
+            unmet: 0,
+            held: 0,
+            peers: 0,
+            leftovers: Vec::new(),
+            others: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RayStore;
+
+    #[test]
+    fn a_raylet_command_line_gives_its_store() {
+        let words = [
+            "/venv/ray/core/src/ray/raylet/raylet",
+            "--node_manager_port=0",
+            "--object_store_memory=209715200",
+            "--plasma_directory=/tmp/ray",
+        ];
+        let store = RayStore::from_command_line(&words).expect("a store");
+        assert_eq!(store.memory, 209_715_200);
+        assert_eq!(store.directory, "/tmp/ray");
+        // 200 MiB / 0.9, rounded up: what Ray's own advice (x 1.1) falls short of.
+        assert_eq!(store.free_needed(), 233_016_889);
+        assert!(!store.in_dev_shm());
+        assert_eq!(RayStore::from_command_line(&words[..3]), None);
+    }
+}
