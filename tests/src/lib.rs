@@ -11,9 +11,11 @@ pub mod live;
 pub mod postgres;
 pub mod prometheus;
 pub mod pytorch;
+pub mod ray;
 pub mod recording;
 pub mod runtimes;
 pub mod sizing;
+pub mod venv;
 pub mod watchdog;
 pub mod workload;
 use std::{

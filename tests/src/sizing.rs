@@ -148,6 +148,8 @@ pub struct Failed {
     pub advised: Option<u64>,
     pub basis: String,
     pub log: String,
+    /// What shmtrace wrote (`--json`).
+    pub records: Vec<Value>,
 }
 
 /// Runs `job` with `shm_bytes` traced by `shmtrace --container`, and reads the advice.
@@ -179,6 +181,7 @@ pub fn advice_after_failure(job: &dyn Job, shm_bytes: u64) -> Failed {
                 .map(Value::to_string)
                 .collect::<Vec<_>>()
                 .join("\n"),
+        records,
     }
 }
 

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::{
     event::{Call, Event, SpaceSeen},
-    model::World,
+    model::{Process, World},
     size::human,
 };
 
@@ -56,7 +56,35 @@ impl RayStore {
         (self.memory * 100).div_ceil(RAY_FREE_SHARE_PERCENT)
     }
 
-    fn in_dev_shm(&self) -> bool {
+    /// The store of a process that is Ray's raylet, from its command line: its title when
+    /// the whole line was read from /proc, else its exec's arguments.
+    pub fn of(process: &Process) -> Option<RayStore> {
+        if base_name(process.exe.as_deref()?) != "raylet" {
+            return None;
+        }
+        let title: Vec<&str> = process
+            .title
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        RayStore::from_command_line(&title).or_else(|| {
+            let argv: Vec<&str> = process.argv.iter().map(String::as_str).collect();
+            RayStore::from_command_line(&argv)
+        })
+    }
+
+    /// Why [`RayStore::free_needed`] is what it is, in words a user can check.
+    pub fn rule_text(&self) -> String {
+        format!(
+            "Ray keeps its {} store in /dev/shm whole only when it is at most \
+             {RAY_FREE_SHARE_PERCENT}% of the free space: {} free",
+            human(self.memory),
+            human(self.free_needed())
+        )
+    }
+
+    pub fn in_dev_shm(&self) -> bool {
         self.directory == "/dev/shm" || self.directory.starts_with("/dev/shm/")
     }
 }
@@ -101,15 +129,7 @@ impl Diagnoser {
     /// latest look at /dev/shm in its place (the driver's, or the raylet's own).
     pub(super) fn ray_decision(&self, pid: u32, ts_ns: u64, world: &World) -> Option<Failure> {
         let process = world.process(pid)?;
-        if base_name(process.exe.as_deref()?) != "raylet" {
-            return None;
-        }
-        let command_line = process.title.as_deref().unwrap_or_default();
-        let words: Vec<&str> = command_line.split_whitespace().collect();
-        let store = RayStore::from_command_line(&words).or_else(|| {
-            let argv: Vec<&str> = process.argv.iter().map(String::as_str).collect();
-            RayStore::from_command_line(&argv)
-        })?;
+        let store = RayStore::of(process)?;
         let look = self.looks_by_place.get(&process.mntns)?;
         let needed = store.free_needed();
         if look.seen.free >= needed && store.in_dev_shm() {
@@ -129,10 +149,8 @@ impl Diagnoser {
         };
         let used = look.seen.size.saturating_sub(look.seen.free);
         let basis = format!(
-            "Ray keeps its {} store in /dev/shm whole only when it is at most {RAY_FREE_SHARE_PERCENT}% of \
-             the free space: {} free, + {} already used when it looked",
-            human(store.memory),
-            human(needed),
+            "{}, + {} already used when it looked",
+            store.rule_text(),
             human(used)
         );
         Some(self.space_failure(ts_ns, pid, look, decided, Some((used + needed, basis))))

@@ -176,6 +176,22 @@ impl Run {
         self.event(pid, comm, Body::Call(call));
     }
 
+    /// `statfs("/dev/shm")` answering `free` of `size` (4 KiB blocks).
+    fn statfs(&mut self, pid: u32, comm: &str, size: u64, free: u64) {
+        const TMPFS_MAGIC: u64 = 0x0102_1994;
+        let call = Call {
+            syscall: Syscall::Statfs,
+            fd: None,
+            ret: 0,
+            args: [0, 0, 4096, size / 4096, free / 4096, TMPFS_MAGIC],
+            file: None,
+            path: Some("/dev/shm".to_owned()),
+            path_truncated: false,
+            relative_to_shm: false,
+        };
+        self.event(pid, comm, Body::Call(call));
+    }
+
     fn exit(&mut self, pid: u32, comm: &str, code: i32) {
         self.event(pid, comm, Body::Exit(ExitStatus::Code(code)));
     }
@@ -644,4 +660,81 @@ fn files_others_hold_on_a_shared_shm_are_named_with_their_container() {
         d.container.as_ref().map(|c| c.ipc.as_str()),
         Some("shared with container holder")
     );
+}
+
+/// A process that looked at /dev/shm's free space and then exited unsuccessfully, with no call
+/// failing: blamed on what it saw, without a size (nothing says what it needed). One that
+/// looked and exited 0 gets nothing.
+#[test]
+fn an_unsuccessful_exit_after_a_look_at_the_free_space_is_blamed_on_it() {
+    let mut run = Run::new();
+    run.exec(300, &["/usr/bin/python3", "serve.py"]);
+    run.statfs(300, "python3", 64 << 20, 60 << 20);
+    run.exit(300, "python3", 1);
+    let d = run.of(300);
+    assert_eq!(d.cause, Cause::ShmFull);
+    assert!(d.recommendation.is_none(), "{d:#?}");
+    assert!(
+        d.explanation
+            .as_deref()
+            .is_some_and(|e| e.contains("shmtrace size")),
+        "{d:#?}"
+    );
+    assert_eq!(
+        d.failures[0].headline(),
+        "exited with status 1 with no call failing, after looking at /dev/shm's free space: \
+         pid 300 saw 60.0 MiB free of 64.0 MiB on /dev/shm"
+    );
+
+    let mut healthy = Run::new();
+    healthy.exec(300, &["/usr/bin/python3", "serve.py"]);
+    healthy.statfs(300, "python3", 64 << 20, 60 << 20);
+    healthy.exit(300, "python3", 0);
+    assert!(healthy.out.is_empty(), "{:#?}", healthy.out);
+}
+
+/// Ray's raylet told to keep a 200 MiB store in /tmp after the driver saw 64 MiB free: the
+/// size is Ray's rule (the store at most 90% of the free space) plus what was used when the
+/// driver looked. A raylet whose store fits in what was seen gets nothing.
+#[test]
+fn a_ray_store_kept_out_of_dev_shm_gets_the_size_of_rays_rule() {
+    let raylet = |directory: &str| {
+        let mut run = Run::new();
+        run.exec(400, &["/usr/bin/python3", "driver.py"]);
+        run.statfs(400, "python3", 256 << 20, 250 << 20);
+        run.fork(400, 401);
+        run.exec(
+            401,
+            &[
+                "/venv/ray/core/src/ray/raylet/raylet",
+                "--object_store_memory=209715200",
+                &format!("--plasma_directory={directory}"),
+            ],
+        );
+        run.event(
+            401,
+            "raylet",
+            Body::Exit(ExitStatus::Signal {
+                signo: libc::SIGTERM,
+                core_dumped: false,
+            }),
+        );
+        run
+    };
+    let fell_back = raylet("/tmp/ray");
+    let d = fell_back.of(401);
+    let recommendation = d.recommendation.as_ref().expect("a size");
+    // 200 MiB / 0.9 + the 6 MiB used, + 20% headroom, rounded up to whole MiB.
+    let need = (200u64 << 20) * 100 / 90 + 1 + (6 << 20);
+    assert_eq!(recommendation.min_bytes, with_headroom(need));
+    assert!(
+        d.failures[0].headline().starts_with(
+            "Ray's 200.0 MiB object store went to /tmp/ray instead of /dev/shm (slower): pid 400 \
+             saw 250.0 MiB free"
+        ),
+        "{d:#?}"
+    );
+
+    let kept = raylet("/dev/shm");
+    assert!(kept.out.is_empty(), "{:#?}", kept.out);
 }

@@ -18,7 +18,7 @@ use crate::{
     capacity::Capacity,
     diagnose::{
         DEFAULT_PREFETCH, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role,
-        with_headroom,
+        space_check::RayStore,
     },
     event::{Body, Event, ExitStatus, InodeId, names},
     model::{Annotation, ShmObject, StartedBy, World},
@@ -50,6 +50,8 @@ struct Shm {
     statfs_peak_ns: u64,
     /// The largest `torch_` object: a DataLoader batch.
     batch_bytes: u64,
+    /// Ray's object store kept here: Ray asks for its size free, not for its pages.
+    ray_store: Option<RayStore>,
 }
 
 /// Object at the peak.
@@ -110,6 +112,12 @@ impl Sizer {
             let shm = self.shms.entry(file.inode.dev).or_default();
             if shm.place.is_empty() {
                 shm.place = place.to_owned();
+            }
+            if shm.ray_store.is_none() {
+                shm.ray_store = world
+                    .process(event.pid)
+                    .and_then(RayStore::of)
+                    .filter(RayStore::in_dev_shm);
             }
             touched = Some(file.inode.dev);
         }
@@ -309,6 +317,14 @@ impl Sizer {
             ),
             _ => (peak, basis),
         };
+        // Ray decides from the free space, so its sparse store's pages say too little.
+        let (need, basis) = match &shm.ray_store {
+            Some(store) if store.free_needed() > need => (
+                store.free_needed(),
+                format!("{basis}; but {}", store.rule_text()),
+            ),
+            _ => (need, basis),
+        };
         let advice = advise(need, &basis, &started_by);
         let dataloader_bound = loader.map(|loader| {
             DataloaderDemand {
@@ -342,7 +358,9 @@ impl Sizer {
                 .collect(),
             live_at_peak: at_peak.iter().take(LIVE_AT_PEAK).cloned().collect(),
             live_at_peak_total: live,
-            with_headroom: with_headroom(peak),
+            // What is advised, floors included: a budget that fits the peak alone would pass a
+            // DataLoader or a Ray store that the advice says needs more.
+            with_headroom: advice.min_bytes,
             dataloader_bound,
             near_full: shm.size.is_some_and(|size| peak * 10 >= size * 9),
             advice,
@@ -418,7 +436,8 @@ pub struct ShmReport {
     pub live_at_peak: Vec<LiveObject>,
     /// How many objects were live at the peak (the list shows the largest).
     pub live_at_peak_total: usize,
-    /// The peak plus headroom, rounded: what `--budget` is checked against.
+    /// The size advised (the need, headroom added, rounded): what `--budget` is checked
+    /// against.
     pub with_headroom: u64,
     /// PyTorch's rule of thumb for the DataLoader seen, for comparison only.
     pub dataloader_bound: Option<u64>,
