@@ -6,8 +6,10 @@ use serde_json::Value;
 use shmtrace_tests::{
     diagnosis::{diagnoses, u64_of},
     ray::RayCluster,
+    recording::{Recorder, replay},
     serial,
-    sizing::{self, MIB, advice_after_failure},
+    sizing::{self, Job, MIB, advice_after_failure},
+    tempdir,
 };
 
 /// Docker's default /dev/shm.
@@ -69,12 +71,39 @@ fn ray_store_that_falls_back_to_tmp_gets_the_size_that_keeps_it_in_dev_shm() {
         "a diagnosis for a Ray that had room:\n{}",
         healthy.log
     );
+    // A recording replays to the same answer: the raylet's whole command line, read from
+    // /proc, is in the file.
+    let recorded = recorded_diagnoses(&job, DOCKER_DEFAULT);
+    assert_eq!(recorded.len(), 1, "{recorded:#?}");
+    assert_eq!(recorded[0]["failures"][0]["need"], failure["need"]);
+    assert_eq!(recorded[0]["recommendation"]["min_bytes"], advised);
+
     let short = needed / MIB * MIB;
     assert!(
         !sizing::works(&job, short),
         "Ray kept its 200 MiB store whole in {} MiB: its rule is not 90% of the free space",
         short / MIB
     );
+}
+
+/// `shmtrace record` of one run of `job`, and the diagnoses `shmtrace report` finds in it.
+fn recorded_diagnoses(job: &RayCluster, shm_bytes: u64) -> Vec<Value> {
+    let dir = tempdir();
+    let file = dir.join("ray.shmtrace");
+    let mut started = job.start(shm_bytes);
+    let file_arg = file.display().to_string();
+    let recorder = Recorder::start(
+        &["-o", &file_arg, "--container", started.container()],
+        &dir.join("stdout"),
+        "shmtrace: tracing",
+    );
+    started.go();
+    let (status, stderr) = recorder.interrupt();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    let replayed = replay("report", &file, &[]);
+    replayed.assert_ok();
+    let _ = std::fs::remove_dir_all(&dir);
+    replayed.of("diagnosis").into_iter().cloned().collect()
 }
 
 /// A store over 10 GB, which Ray refuses to put in /tmp: the driver exits 1 after looking at
