@@ -76,6 +76,16 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
         Duration::from_secs(15),
     );
     assert_eq!(value(&used[0]), (1u64 << 20) as f64, "{used:?}");
+    // Which /dev/shm it is, as the container's own mount table says (`major:minor`): what
+    // containers sharing one have in common, to count it once.
+    assert_eq!(
+        used[0]["metric"]["shm"],
+        shm_device(failing.pid()),
+        "{used:?}"
+    );
+    // The node's use counts the failing container's /dev/shm; the bystander has none in it.
+    let node = prometheus.wait_for("shmtrace_node_shm_used_bytes", Duration::from_secs(15));
+    assert_eq!(value(&node[0]), (1u64 << 20) as f64, "{node:?}");
     let recommended = prometheus.wait_for(
         &format!(r#"shmtrace_recommended_shm_bytes{{container="{name}"}}"#),
         Duration::from_secs(15),
@@ -219,4 +229,15 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
         !bpf.assert_released().is_empty(),
         "the daemon held no BPF object"
     );
+}
+
+/// The device (`major:minor`) of the file system on /dev/shm in process `pid`'s mount table.
+fn shm_device(pid: u32) -> String {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    table
+        .lines()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .find(|fields| fields.get(4) == Some(&"/dev/shm"))
+        .and_then(|fields| fields.get(2).map(|dev| (*dev).to_owned()))
+        .unwrap_or_else(|| panic!("no /dev/shm in {pid}'s mounts:\n{table}"))
 }

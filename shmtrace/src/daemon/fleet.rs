@@ -28,7 +28,7 @@ use std::{
 pub use super::membership::Member;
 use super::{
     membership::{anyone_in, member_in, member_of},
-    metrics::{ContainerLabels, DeathLabels, FailureLabels, Metrics},
+    metrics::{ContainerLabels, DeathLabels, FailureLabels, Metrics, ShmLabels},
 };
 use crate::{
     capacity::Capacity,
@@ -86,6 +86,8 @@ struct Tracked {
     start_ns: Option<u64>,
     mntns: Option<u32>,
     shm_dev: Option<u32>,
+    /// Its /dev/shm series as last set: they change with the /dev/shm it sees.
+    shm_series: Option<ShmLabels>,
     /// Has series (touched /dev/shm).
     touched: bool,
     peak: u64,
@@ -122,6 +124,8 @@ pub struct Fleet {
     checked: HashSet<u32>,
     /// Names the runtimes list for stopped containers (by id), of namespaces still waiting.
     stopped: HashMap<String, ContainerLabels>,
+    /// Each /dev/shm's use as last measured, for the node's figure (a shared one once).
+    used_by_dev: HashMap<u32, u64>,
     /// How a process's container is found (its cgroup), and a namespace's (any of its
     /// processes'); the tests give their own.
     member_of: fn(u32) -> Option<Member>,
@@ -144,6 +148,7 @@ impl Fleet {
             survey_wanted: false,
             checked: HashSet::new(),
             stopped: HashMap::new(),
+            used_by_dev: HashMap::new(),
             member_of,
             member_in,
             anyone_in,
@@ -329,28 +334,55 @@ impl Fleet {
         }
     }
 
-    /// A /dev/shm was measured: size, use, and the high-water mark.
+    /// A /dev/shm was measured: size, use, and the high-water mark, for each container that
+    /// sees it; and the node's use, in which it counts once.
     pub fn measured(&mut self, sample: &Capacity) {
+        let mut seen = false;
         for (labels, tracked) in &mut self.by_labels {
             if tracked.shm_dev == Some(sample.dev)
                 && tracked.gone_since.is_none()
                 && tracked.touched
             {
+                seen = true;
                 tracked.peak = tracked.peak.max(sample.used);
+                let series = ShmLabels::new(labels, sample.dev);
+                if let Some(old) = tracked.shm_series.take()
+                    && old != series
+                {
+                    self.metrics.retire_shm(&old);
+                }
                 self.metrics
                     .shm_size
-                    .get_or_create(labels)
+                    .get_or_create(&series)
                     .set(clamp(sample.size));
                 self.metrics
                     .shm_used
-                    .get_or_create(labels)
+                    .get_or_create(&series)
                     .set(clamp(sample.used));
                 self.metrics
                     .shm_peak
-                    .get_or_create(labels)
+                    .get_or_create(&series)
                     .set(clamp(tracked.peak));
+                tracked.shm_series = Some(series);
             }
         }
+        if seen {
+            self.used_by_dev.insert(sample.dev, sample.used);
+        }
+        self.count_node_shm();
+    }
+
+    /// The node's /dev/shm use: each file system a running container with series sees, once.
+    fn count_node_shm(&mut self) {
+        let live: HashSet<u32> = self
+            .by_labels
+            .values()
+            .filter(|t| t.touched && t.gone_since.is_none())
+            .filter_map(|t| t.shm_dev)
+            .collect();
+        self.used_by_dev.retain(|dev, _| live.contains(dev));
+        let used: u64 = self.used_by_dev.values().sum();
+        self.metrics.node_shm_used.set(clamp(used));
     }
 
     /// Containers whose /dev/shm should be measured now: running ones that have series.
@@ -377,6 +409,7 @@ impl Fleet {
                 start_ns: None,
                 mntns: None,
                 shm_dev: None,
+                shm_series: None,
                 touched: false,
                 peak: 0,
                 gone_since: None,
@@ -439,10 +472,15 @@ impl Fleet {
             if let Some(tracked) = self.by_labels.remove(&labels)
                 && tracked.touched
             {
-                self.metrics
-                    .retire(&labels, &tracked.failures, &tracked.roles);
+                self.metrics.retire(
+                    &labels,
+                    tracked.shm_series.as_ref(),
+                    &tracked.failures,
+                    &tracked.roles,
+                );
             }
         }
+        self.count_node_shm();
 
         // Namespaces that waited for this survey: claimed now, or nobody's.
         for pending in self.pending.values_mut() {
@@ -532,6 +570,7 @@ impl Fleet {
                 start_ns: None,
                 mntns: None,
                 shm_dev: None,
+                shm_series: None,
                 touched: false,
                 peak: 0,
                 gone_since: Some(now),

@@ -380,3 +380,55 @@ fn a_namespace_nobody_claims_ends_once_no_process_is_in_it() {
         "only the namespace nobody is in ends"
     );
 }
+
+/// Two containers sharing one /dev/shm (`--ipc=container:`) each show it, labelled with the
+/// same `shm`; the node's use counts it once, beside a third container's own.
+#[test]
+fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
+    let (mut fleet, registry) = fleet(Duration::from_millis(200));
+    let me = std::process::id();
+    let mut other = container("other", NS + 2, me);
+    other.id = "3".repeat(64);
+    other.shm.measured = other.shm.measured.map(|m| Capacity { dev: 51, ..m });
+    let mut sidecar = container("sidecar", NS + 1, me);
+    sidecar.id = "2".repeat(64);
+    fleet.survey(
+        &[container("trainer", NS, me), sidecar, other.clone()],
+        Instant::now(),
+    );
+    for ns in [NS, NS + 1, NS + 2] {
+        fleet.tally_in(ns, Tally::Touch, boot_ns().unwrap(), Instant::now());
+    }
+    for (dev, used) in [(50, 40 << 20), (51, 8 << 20)] {
+        fleet.measured(&Capacity {
+            dev,
+            size: 64 << 20,
+            used,
+            ts_ns: 0,
+        });
+    }
+    let text = text(&registry);
+    for name in ["trainer", "sidecar"] {
+        assert!(
+            text.contains(&format!(
+                r#"shmtrace_shm_used_bytes{{container="{name}",pod="",namespace="",runtime="docker",shm="0:50"}} 41943040"#
+            )),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("shmtrace_node_shm_used_bytes 50331648"),
+        "{text}"
+    );
+
+    // The two sharing it are gone: their series retire, and the node counts the other's alone.
+    fleet.survey(&[other.clone()], Instant::now());
+    std::thread::sleep(Duration::from_millis(250));
+    fleet.survey(&[other], Instant::now());
+    let text = super::fleet_tests::text(&registry);
+    assert!(!text.contains(r#"shm="0:50""#), "{text}");
+    assert!(
+        text.contains("shmtrace_node_shm_used_bytes 8388608"),
+        "{text}"
+    );
+}

@@ -35,6 +35,31 @@ impl ContainerLabels {
     }
 }
 
+/// A container's /dev/shm series: the container, and which /dev/shm it sees (`shm`, the file
+/// system's device, `major:minor`). Containers that share one (`--ipc=container:`,
+/// `--ipc=shareable`, a pod's emptyDir, the host's) have the same `shm`, so that
+/// `max by (instance, shm)` counts it once.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShmLabels {
+    pub container: String,
+    pub pod: String,
+    pub namespace: String,
+    pub runtime: String,
+    pub shm: String,
+}
+
+impl ShmLabels {
+    pub fn new(of: &ContainerLabels, dev: u32) -> ShmLabels {
+        ShmLabels {
+            container: of.container.clone(),
+            pod: of.pod.clone(),
+            namespace: of.namespace.clone(),
+            runtime: of.runtime.clone(),
+            shm: shmtrace_common::KernelDev(dev).to_string(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabels {
     pub container: String,
@@ -87,9 +112,10 @@ pub struct KindLabels {
 /// Every family the daemon exports.
 #[derive(Clone, Default)]
 pub struct Metrics {
-    pub shm_size: Family<ContainerLabels, Gauge>,
-    pub shm_used: Family<ContainerLabels, Gauge>,
-    pub shm_peak: Family<ContainerLabels, Gauge>,
+    pub shm_size: Family<ShmLabels, Gauge>,
+    pub shm_used: Family<ShmLabels, Gauge>,
+    pub shm_peak: Family<ShmLabels, Gauge>,
+    pub node_shm_used: Gauge,
     pub recommended: Family<ContainerLabels, Gauge>,
     pub failures: Family<FailureLabels, Counter>,
     pub sigbus: Family<ContainerLabels, Counter>,
@@ -129,6 +155,12 @@ impl Metrics {
             "shm_peak_bytes",
             "Most bytes seen in use in the container's /dev/shm since it started",
             m.shm_peak,
+        );
+        registry.register(
+            "node_shm_used_bytes",
+            "Bytes in use in the /dev/shm file systems of the followed containers, each counted \
+             once however many containers share it",
+            m.node_shm_used,
         );
         registry.register(
             "recommended_shm_bytes",
@@ -219,21 +251,25 @@ impl Metrics {
         (metrics, registry)
     }
 
+    /// Removes a container's /dev/shm series: it is gone, or sees another /dev/shm now.
+    pub fn retire_shm(&self, shm: &ShmLabels) {
+        for family in [&self.shm_size, &self.shm_used, &self.shm_peak] {
+            family.remove(shm);
+        }
+    }
+
     /// Removes every series of a container that is gone.
     pub fn retire<'a>(
         &self,
         labels: &ContainerLabels,
+        shm: Option<&ShmLabels>,
         failures: impl IntoIterator<Item = &'a (String, String)>,
         roles: impl IntoIterator<Item = &'a String>,
     ) {
-        for family in [
-            &self.shm_size,
-            &self.shm_used,
-            &self.shm_peak,
-            &self.recommended,
-        ] {
-            family.remove(labels);
+        if let Some(shm) = shm {
+            self.retire_shm(shm);
         }
+        self.recommended.remove(labels);
         self.sigbus.remove(labels);
         for (syscall, errno) in failures {
             self.failures
@@ -302,7 +338,8 @@ mod tests {
     fn series_carry_the_container_labels_and_retire_completely() {
         let (metrics, registry) = Metrics::new();
         let labels = trainer();
-        metrics.shm_size.get_or_create(&labels).set(64 << 20);
+        let shm = ShmLabels::new(&labels, (0 << 20) | 50);
+        metrics.shm_size.get_or_create(&shm).set(64 << 20);
         metrics
             .failures
             .get_or_create(&FailureLabels::new(&labels, "fallocate", "ENOSPC"))
@@ -313,7 +350,7 @@ mod tests {
             .inc();
         let text = encode(&registry, Format::OpenMetrics);
         assert!(text.contains(
-            r#"shmtrace_shm_size_bytes{container="trainer",pod="job-0",namespace="ml",runtime="containerd"} 67108864"#
+            r#"shmtrace_shm_size_bytes{container="trainer",pod="job-0",namespace="ml",runtime="containerd",shm="0:50"} 67108864"#
         ), "{text}");
         assert!(text.contains(
             r#"shmtrace_shm_failures_total{container="trainer",pod="job-0",namespace="ml",runtime="containerd",syscall="fallocate",errno="ENOSPC"} 1"#
@@ -321,6 +358,7 @@ mod tests {
 
         metrics.retire(
             &labels,
+            Some(&shm),
             &[("fallocate".to_owned(), "ENOSPC".to_owned())],
             &["dataloader_worker".to_owned()],
         );
