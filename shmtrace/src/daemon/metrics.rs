@@ -338,7 +338,7 @@ mod tests {
     fn series_carry_the_container_labels_and_retire_completely() {
         let (metrics, registry) = Metrics::new();
         let labels = trainer();
-        let shm = ShmLabels::new(&labels, (0 << 20) | 50);
+        let shm = ShmLabels::new(&labels, 50);
         metrics.shm_size.get_or_create(&shm).set(64 << 20);
         metrics
             .failures
