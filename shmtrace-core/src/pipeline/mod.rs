@@ -120,10 +120,13 @@ impl Pipeline {
     }
 
     /// A container stopped: its mount namespace number may come back for another one.
-    pub fn forget_container(&mut self, mntns: u32) {
+    /// Recorded, so that a replay (an incident recording above all) stops naming the number
+    /// after it too.
+    pub fn forget_container(&mut self, mntns: u32, ts_ns: u64) -> Result<()> {
         self.diagnoser.forget_container(mntns);
         // Measured again when another container has the number.
         self.measured.remove(&mntns);
+        self.tap_user(ts_ns, &UserRecord::ContainerEnd { mntns })
     }
 
     pub fn name_other_namespaces(&mut self, label: &str) {
@@ -243,6 +246,7 @@ impl Pipeline {
                 }
                 self.diagnoser.set_container(info);
             }
+            UserRecord::ContainerEnd { mntns } => self.diagnoser.forget_container(*mntns),
             UserRecord::WriterLoss(loss) => self.output.notice(&format!(
                 "the recorder could not write {} records ({}): the trace has a hole here",
                 loss.records,

@@ -272,3 +272,36 @@ fn a_storm_of_processes_is_replayed_without_a_scan_per_process() {
         "{large} process entries visited for 4000 processes"
     );
 }
+
+/// A replay forgets a container at its recorded end, as the live side did: a later failure in
+/// the same namespace number (another container's, once the number is reused) is not put in
+/// it (issue 25: an incident recording named a container that had exited 3 s before).
+#[test]
+fn a_recorded_container_end_stops_naming_its_namespace() {
+    let place_of_failure = |ended: bool| {
+        let mut pipeline = pipeline();
+        let mut machine = Machine {
+            shm: PRIVATE_SHM,
+            gone: false,
+        };
+        let described = crate::record::ContainerDescription {
+            id: "a".repeat(64),
+            name: Some("pgboot".into()),
+            runtime: Some("docker".into()),
+            mntns: Some(NS),
+            ..Default::default()
+        };
+        pipeline
+            .user_record(1, &UserRecord::Container(Box::new(described)))
+            .unwrap();
+        if ended {
+            pipeline
+                .user_record(2, &UserRecord::ContainerEnd { mntns: NS })
+                .unwrap();
+        }
+        fail_and_exit(&mut pipeline, &mut machine, 500);
+        pipeline.diagnoses()[0].place.clone()
+    };
+    assert!(place_of_failure(false).contains("pgboot"));
+    assert!(!place_of_failure(true).contains("pgboot"));
+}

@@ -124,6 +124,8 @@ pub struct FlightRecorder {
     /// Evicted for memory since the last dump.
     evicted_since_dump: u64,
     context: HashMap<ContextKey, Held>,
+    /// The container each mount namespace's context record names, to forget at its end.
+    container_in: HashMap<u32, String>,
     capture: Option<Capture>,
     stats: FlightStats,
 }
@@ -155,6 +157,7 @@ impl FlightRecorder {
             window_bytes: 0,
             evicted_since_dump: 0,
             context: HashMap::new(),
+            container_in: HashMap::new(),
             capture: None,
             stats: FlightStats::default(),
         })
@@ -335,7 +338,18 @@ impl FlightRecorder {
         let (key, forget) = match record {
             Record::User(UserRecord::Snapshot(s)) => (Some(ContextKey::Snapshot(s.pid)), None),
             Record::User(UserRecord::Container(c)) => {
+                if let Some(mntns) = c.mntns {
+                    self.container_in.insert(mntns, c.id.clone());
+                }
                 (Some(ContextKey::Container(c.id.clone())), None)
+            }
+            // A dump after a container's end must not name its namespace number after it:
+            // another container may have the number by then (issue 25).
+            Record::User(UserRecord::ContainerEnd { mntns }) => {
+                if let Some(id) = self.container_in.remove(mntns) {
+                    self.context.remove(&ContextKey::Container(id));
+                }
+                (None, None)
             }
             Record::User(UserRecord::Lost(_)) => (Some(ContextKey::Lost), None),
             Record::User(_) => (None, None),

@@ -243,6 +243,7 @@ impl Redactor {
                 UserRecord::Holders(sample)
             }
             UserRecord::Lost(lost) => UserRecord::Lost(lost.clone()),
+            UserRecord::ContainerEnd { mntns } => UserRecord::ContainerEnd { mntns: *mntns },
             UserRecord::WriterLoss(loss) => {
                 let mut loss = loss.clone();
                 loss.reason = names.text(&loss.reason);

@@ -45,6 +45,12 @@ pub enum UserRecord {
     Snapshot(ProcessSnapshot),
     /// New or changed metadata for a container.
     Container(Box<ContainerDescription>),
+    /// The container of mount namespace `mntns` stopped: from here on the number names it no
+    /// more (another container may get it), so a reader forgets the mapping, as the live side
+    /// did.
+    ContainerEnd {
+        mntns: u32,
+    },
     /// A /dev/shm file system's use, measured when something failed.
     Capacity(CapacitySample),
     /// What held the space of a /dev/shm when something failed on it: its files, with the

@@ -376,8 +376,9 @@ impl Agent {
         }
         self.fleet.borrow_mut().know_stopped(&stopped);
         let changes = self.fleet.borrow_mut().survey(&running, started);
+        let now_ns = crate::clock::boot_ns().unwrap_or(0);
         for mntns in changes.stopped_mntns {
-            self.pipeline.forget_container(mntns);
+            self.pipeline.forget_container(mntns, now_ns)?;
         }
         for (mntns, before) in changes.ended {
             self.pipeline

@@ -109,13 +109,16 @@ impl Watch {
                     .filter(|c| c.state.is_running())
                     .filter_map(|c| Some((c.mntns?, c)))
                     .collect();
-                labelled.retain(|mntns, id| {
-                    let still = running.get(mntns).is_some_and(|c| c.id == *id);
-                    if !still {
-                        pipeline.forget_container(*mntns);
-                    }
-                    still
-                });
+                let gone: Vec<u32> = labelled
+                    .iter()
+                    .filter(|(mntns, id)| running.get(*mntns).is_none_or(|c| c.id != **id))
+                    .map(|(mntns, _)| *mntns)
+                    .collect();
+                let now_ns = boot_ns().unwrap_or(0);
+                for mntns in gone {
+                    labelled.remove(&mntns);
+                    pipeline.forget_container(mntns, now_ns)?;
+                }
                 for (mntns, container) in running {
                     if let std::collections::hash_map::Entry::Vacant(entry) = labelled.entry(mntns)
                     {

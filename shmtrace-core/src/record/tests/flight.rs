@@ -245,3 +245,43 @@ fn a_name_planted_where_the_next_dump_goes_is_skipped_not_written_through() {
     );
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
 }
+
+/// A container that stopped long before the window: a dump names its namespace number no more
+/// (another container may have it now), while a running one's description stays.
+#[test]
+fn a_dump_after_a_containers_end_does_not_name_its_namespace() {
+    let dir = TempDir::new("flight-container-end");
+    let base = dir.join("incident.shmtrace");
+    let mut recorder = FlightRecorder::new(&base, test_header(), options(5, 1)).unwrap();
+    let described = |id: &str, mntns: u32| {
+        UserRecord::Container(Box::new(crate::record::ContainerDescription {
+            id: id.into(),
+            name: Some(format!("name-{id}")),
+            mntns: Some(mntns),
+            ..Default::default()
+        }))
+    };
+    recorder
+        .push(0, Record::User(described("old", 77)))
+        .unwrap();
+    recorder
+        .push(0, Record::User(described("running", 78)))
+        .unwrap();
+    recorder
+        .push(S, Record::User(UserRecord::ContainerEnd { mntns: 77 }))
+        .unwrap();
+    recorder.push(20 * S, Record::Kernel(filler(20))).unwrap();
+    let Triggered::Started(path) = recorder.trigger(20 * S, enospc(2)).unwrap() else {
+        panic!("a new dump")
+    };
+    recorder.finish().unwrap();
+    let (entries, _) = read_all(&path);
+    let named: Vec<&str> = entries
+        .iter()
+        .filter_map(|e| match &e.record {
+            Record::User(UserRecord::Container(c)) => Some(c.id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(named, ["running"]);
+}
