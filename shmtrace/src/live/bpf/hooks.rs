@@ -221,7 +221,7 @@ mod tests {
         }
         let exit_only = calls.iter().filter(|c| c.traced_at_exit_only()).count();
         let entry_only = calls.iter().filter(|c| c.traced_at_entry_only()).count();
-        assert_eq!((exit_only, entry_only), (5, 1));
+        assert_eq!((exit_only, entry_only), (7, 1));
         assert_eq!(
             attach_points.len(),
             2 * calls.len() - exit_only - entry_only + 1,
