@@ -96,8 +96,9 @@ pub struct BenchArgs {
     /// Skip the fork storm, start-up and replay measurements of issue 12's targets.
     #[arg(long)]
     no_targets: bool,
-    /// Only the replay target (record a 4 KiB churn, time `show --json` of it on one core),
-    /// measured --rounds times [default: once].
+    /// Only the replay targets (record a 4 KiB churn, time `show --json` of it on one core,
+    /// measured --rounds times [default: once]; then `report` of a recorded fork storm of 100k
+    /// processes against one of 1M, 10k and 100k with --quick).
     #[arg(long)]
     only_replay: bool,
     /// The shmtrace binary [default: build and use target/release/shmtrace].
@@ -426,6 +427,11 @@ fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
             break;
         }
         rows.extend(targets::replay(setup, exe, tag, replayed));
+        churn::remove_leftovers(tag);
+    }
+    if !INTERRUPTED.load(Ordering::SeqCst) {
+        let storm = if args.quick { 10_000 } else { 100_000 };
+        rows.extend(targets::report_scale(setup, exe, tag, storm));
         churn::remove_leftovers(tag);
     }
     println!("{}", targets::table(&rows));

@@ -80,6 +80,8 @@ impl Diagnoser {
             self.failed_children.remove(pid);
             self.outcomes.remove(pid);
             self.loaders.remove(pid);
+            self.looks.remove(pid);
+            self.raylets.remove(pid);
             if let Some((inodes, group)) = self.held.remove(pid)
                 && let Some(counts) = self.group_now.get_mut(&group)
             {

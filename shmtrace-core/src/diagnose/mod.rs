@@ -167,6 +167,7 @@ impl Diagnoser {
 
     pub fn forget_container(&mut self, mntns: u32) {
         self.containers.remove(&mntns);
+        self.looks_by_place.remove(&mntns);
     }
 
     pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
@@ -273,6 +274,8 @@ impl Diagnoser {
             if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
                 out.push(diagnosis);
             }
+            // Its look counted at its death only; the place keeps the latest for a raylet.
+            self.looks.remove(&event.pid);
         }
         out
     }

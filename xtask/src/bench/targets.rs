@@ -591,6 +591,71 @@ fn startup_rows(setup: &Setup, exe: &Path, runs: u32, back_to_back: bool) -> Vec
 }
 
 /// Records a 4 KiB churn to a file, then times `shmtrace show --json` over it on one core.
+/// Issue 25's target: `report` of a file of `large` processes (each forks, opens a /dev/shm
+/// file and dies: a fork storm, recorded) takes at most 10x the time of one of `small`, for
+/// `large` = 10 x `small`: replay is linear in processes, as live tracing is.
+pub fn report_scale(setup: &Setup, exe: &Path, tag: &str, small: u64) -> Vec<Row> {
+    let large = small * 10;
+    let target = format!(
+        "report of a {}-process trace ≤ 10× that of a {}-process one",
+        count_words(large),
+        count_words(small)
+    );
+    let timed = |processes: u64| -> Result<f64> {
+        let file = setup.scratch.join(format!("storm-{processes}.shmtrace"));
+        let status = Command::new(&setup.shmtrace)
+            .arg("record")
+            .arg("-o")
+            .arg(&file)
+            .arg("--compress")
+            .arg("--")
+            .arg(exe)
+            .args(["storm", "--processes"])
+            .arg(processes.to_string())
+            .args(["--tag", tag])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("running shmtrace record of a fork storm")?;
+        if !status.success() {
+            bail!("shmtrace record failed: {status}");
+        }
+        let started = Instant::now();
+        let status = Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(&setup.shmtrace)
+            .arg("report")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("running taskset -c 0 shmtrace report")?;
+        let seconds = started.elapsed().as_secs_f64();
+        let _ = fs::remove_file(&file);
+        if !status.success() {
+            bail!("shmtrace report failed: {status}");
+        }
+        Ok(seconds)
+    };
+    match timed(small).and_then(|a| Ok((a, timed(large)?))) {
+        Ok((a, b)) => vec![Row::new(
+            &target,
+            format!("{b:.2} s / {a:.2} s = {:.1}×", b / a),
+            Some(b <= 10.0 * a),
+        )],
+        Err(error) => vec![Row::failed(&target, &error)],
+    }
+}
+
+/// `100k`, `1M`.
+fn count_words(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
 pub fn replay(setup: &Setup, exe: &Path, tag: &str, iterations: u64) -> Vec<Row> {
     let target = "replay: decode + JSON ≥ 1M events/s on one core";
     let file = setup.scratch.join("replay.shmtrace");
