@@ -603,23 +603,14 @@ pub fn report_scale(setup: &Setup, exe: &Path, tag: &str, small: u64) -> Vec<Row
     );
     let timed = |processes: u64| -> Result<f64> {
         let file = setup.scratch.join(format!("storm-{processes}.shmtrace"));
-        let status = Command::new(&setup.shmtrace)
-            .arg("record")
-            .arg("-o")
-            .arg(&file)
-            .arg("--compress")
-            .arg("--")
-            .arg(exe)
-            .args(["storm", "--processes"])
-            .arg(processes.to_string())
-            .args(["--tag", tag])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .context("running shmtrace record of a fork storm")?;
-        if !status.success() {
-            bail!("shmtrace record failed: {status}");
-        }
+        let processes_arg = processes.to_string();
+        record(
+            setup,
+            &file,
+            &["--compress"],
+            exe,
+            &["storm", "--processes", &processes_arg, "--tag", tag],
+        )?;
         let started = Instant::now();
         let status = Command::new("taskset")
             .args(["-c", "0"])
@@ -647,6 +638,32 @@ pub fn report_scale(setup: &Setup, exe: &Path, tag: &str, small: u64) -> Vec<Row
     }
 }
 
+/// `shmtrace record -o FILE OPTIONS -- EXE WORKLOAD`, quietly.
+fn record(
+    setup: &Setup,
+    file: &Path,
+    options: &[&str],
+    exe: &Path,
+    workload: &[&str],
+) -> Result<()> {
+    let status = Command::new(&setup.shmtrace)
+        .arg("record")
+        .arg("-o")
+        .arg(file)
+        .args(options)
+        .arg("--")
+        .arg(exe)
+        .args(workload)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("running shmtrace record")?;
+    if !status.success() {
+        bail!("shmtrace record failed: {status}");
+    }
+    Ok(())
+}
+
 /// `100k`, `1M`.
 fn count_words(n: u64) -> String {
     match n {
@@ -660,22 +677,22 @@ pub fn replay(setup: &Setup, exe: &Path, tag: &str, iterations: u64) -> Vec<Row>
     let target = "replay: decode + JSON ≥ 1M events/s on one core";
     let file = setup.scratch.join("replay.shmtrace");
     let result = (|| -> Result<(u64, f64)> {
-        let status = Command::new(&setup.shmtrace)
-            .arg("record")
-            .arg("-o")
-            .arg(&file)
-            .arg("--")
-            .arg(exe)
-            .args(["churn", "--size", "4K", "--iterations"])
-            .arg(iterations.to_string())
-            .args(["--tag", tag])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .context("running shmtrace record")?;
-        if !status.success() {
-            bail!("shmtrace record failed: {status}");
-        }
+        let iterations_arg = iterations.to_string();
+        record(
+            setup,
+            &file,
+            &[],
+            exe,
+            &[
+                "churn",
+                "--size",
+                "4K",
+                "--iterations",
+                &iterations_arg,
+                "--tag",
+                tag,
+            ],
+        )?;
         let show = || {
             let mut show = Command::new("taskset");
             show.args(["-c", "0"])

@@ -41,6 +41,17 @@ fn kernel_ts(path: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// A record at 20 s, a trigger then, and the dump it started, read back.
+fn dump_at_20s(mut recorder: FlightRecorder) -> (PathBuf, Vec<Entry>) {
+    recorder.push(20 * S, Record::Kernel(filler(20))).unwrap();
+    let Triggered::Started(path) = recorder.trigger(20 * S, enospc(2)).unwrap() else {
+        panic!("a new dump")
+    };
+    recorder.finish().unwrap();
+    let (entries, _) = read_all(&path);
+    (path, entries)
+}
+
 #[test]
 fn a_trigger_writes_the_window_then_the_tail_then_waits_for_the_next() {
     let dir = TempDir::new("flight");
@@ -201,12 +212,7 @@ fn an_exited_process_leaves_the_context() {
     recorder
         .push(2 * S, Record::Kernel(exit(2 * S, 4242, 0).into()))
         .unwrap();
-    recorder.push(20 * S, Record::Kernel(filler(20))).unwrap();
-    let Triggered::Started(path) = recorder.trigger(20 * S, enospc(2)).unwrap() else {
-        panic!("a new dump")
-    };
-    recorder.finish().unwrap();
-    let (entries, _) = read_all(&path);
+    let (path, entries) = dump_at_20s(recorder);
     // 4242's snapshot is gone with it; the worker's rename stays.
     assert!(
         !entries
@@ -270,12 +276,7 @@ fn a_dump_after_a_containers_end_does_not_name_its_namespace() {
     recorder
         .push(S, Record::User(UserRecord::ContainerEnd { mntns: 77 }))
         .unwrap();
-    recorder.push(20 * S, Record::Kernel(filler(20))).unwrap();
-    let Triggered::Started(path) = recorder.trigger(20 * S, enospc(2)).unwrap() else {
-        panic!("a new dump")
-    };
-    recorder.finish().unwrap();
-    let (entries, _) = read_all(&path);
+    let (_, entries) = dump_at_20s(recorder);
     let named: Vec<&str> = entries
         .iter()
         .filter_map(|e| match &e.record {
