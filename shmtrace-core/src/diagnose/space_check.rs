@@ -53,7 +53,10 @@ impl RayStore {
 
     /// The free space Ray needs on /dev/shm for this store to stay there, whole.
     pub fn free_needed(&self) -> u64 {
-        (self.memory * 100).div_ceil(RAY_FREE_SHARE_PERCENT)
+        // Saturating: the figure comes from a command line anyone can write.
+        self.memory
+            .saturating_mul(100)
+            .div_ceil(RAY_FREE_SHARE_PERCENT)
     }
 
     /// The store of a process that is Ray's raylet, from its command line: its title when
@@ -96,7 +99,7 @@ pub fn needs_whole_command_line(filename: &str) -> bool {
 }
 
 impl Diagnoser {
-    /// Takes in a look at a /dev/shm's free space, and notes Ray's raylets as they start.
+    /// Takes in a look at a /dev/shm's free space: the process's latest, and its place's.
     pub(super) fn learn_space(&mut self, event: &Event, call: &Call, path: Option<&str>) {
         let Some(seen) = call.space_seen() else {
             return;
@@ -132,7 +135,15 @@ impl Diagnoser {
         let store = RayStore::of(process)?;
         let look = self.looks_by_place.get(&process.mntns)?;
         let needed = store.free_needed();
-        if look.seen.free >= needed && store.in_dev_shm() {
+        // In /dev/shm, the raylet shrinks a store above 90% of the free space. Elsewhere, the
+        // driver chose so when /dev/shm had less free than the store; with more, the user did
+        // (`_plasma_directory`), and /dev/shm's size is not the reason.
+        let short = if store.in_dev_shm() {
+            look.seen.free < needed
+        } else {
+            look.seen.free < store.memory
+        };
+        if !short {
             return None;
         }
         let decided = if store.in_dev_shm() {
@@ -153,7 +164,8 @@ impl Diagnoser {
             store.rule_text(),
             human(used)
         );
-        Some(self.space_failure(ts_ns, pid, look, decided, Some((used + needed, basis))))
+        let need = used.saturating_add(needed);
+        Some(self.space_failure(ts_ns, pid, look, decided, Some((need, basis))))
     }
 
     fn space_failure(
@@ -212,5 +224,10 @@ mod tests {
         assert_eq!(store.free_needed(), 233_016_889);
         assert!(!store.in_dev_shm());
         assert_eq!(RayStore::from_command_line(&words[..3]), None);
+        let hostile = RayStore {
+            memory: u64::MAX,
+            directory: "/dev/shm".into(),
+        };
+        assert_eq!(hostile.free_needed(), u64::MAX.div_ceil(90));
     }
 }

@@ -698,10 +698,11 @@ fn an_unsuccessful_exit_after_a_look_at_the_free_space_is_blamed_on_it() {
 /// driver looked. A raylet whose store fits in what was seen gets nothing.
 #[test]
 fn a_ray_store_kept_out_of_dev_shm_gets_the_size_of_rays_rule() {
-    let raylet = |directory: &str| {
+    // The driver looks at a /dev/shm with 6 MiB used.
+    let raylet = |directory: &str, free: u64| {
         let mut run = Run::new();
         run.exec(400, &["/usr/bin/python3", "driver.py"]);
-        run.statfs(400, "python3", 256 << 20, 250 << 20);
+        run.statfs(400, "python3", free + (6 << 20), free);
         run.fork(400, 401);
         run.exec(
             401,
@@ -721,7 +722,7 @@ fn a_ray_store_kept_out_of_dev_shm_gets_the_size_of_rays_rule() {
         );
         run
     };
-    let fell_back = raylet("/tmp/ray");
+    let fell_back = raylet("/tmp/ray", 64 << 20);
     let d = fell_back.of(401);
     let recommendation = d.recommendation.as_ref().expect("a size");
     // 200 MiB / 0.9 + the 6 MiB used, + 20% headroom, rounded up to whole MiB.
@@ -730,11 +731,40 @@ fn a_ray_store_kept_out_of_dev_shm_gets_the_size_of_rays_rule() {
     assert!(
         d.failures[0].headline().starts_with(
             "Ray's 200.0 MiB object store went to /tmp/ray instead of /dev/shm (slower): pid 400 \
-             saw 250.0 MiB free"
+             saw 64.0 MiB free"
         ),
         "{d:#?}"
     );
 
-    let kept = raylet("/dev/shm");
+    // Kept in /dev/shm with room for Ray's rule: nothing; with less, the raylet shrank it.
+    let kept = raylet("/dev/shm", 223 << 20);
     assert!(kept.out.is_empty(), "{:#?}", kept.out);
+    let shrunk = raylet("/dev/shm", 222 << 20);
+    assert!(
+        shrunk.of(401).failures[0]
+            .headline()
+            .starts_with("Ray's raylet shrank its 200.0 MiB object store"),
+        "{:#?}",
+        shrunk.out
+    );
+}
+
+/// A store the user put in /tmp (`_plasma_directory`) while /dev/shm had room for it: not
+/// /dev/shm's doing, so no diagnosis.
+#[test]
+fn a_ray_store_put_elsewhere_by_choice_is_not_blamed_on_dev_shm() {
+    let mut run = Run::new();
+    run.exec(400, &["/usr/bin/python3", "driver.py"]);
+    run.statfs(400, "python3", 1 << 30, 1 << 30);
+    run.fork(400, 401);
+    run.exec(
+        401,
+        &[
+            "/venv/ray/core/src/ray/raylet/raylet",
+            "--object_store_memory=209715200",
+            "--plasma_directory=/tmp",
+        ],
+    );
+    run.exit(401, "raylet", 0);
+    assert!(run.out.is_empty(), "{:#?}", run.out);
 }
