@@ -2,13 +2,14 @@
 //! program it is, the size to give /dev/shm, and for a process that died of another's failure
 //! (a trainer after its worker), that other's cause.
 use super::{
-    DataloaderDemand, Demand, Diagnoser, Diagnosis, RoleKind,
+    DataloaderDemand, Demand, Diagnoser, Diagnosis, Others, Role, RoleKind,
     failure::{Cause, Failure, FailureKind},
     known,
     leftovers::summarise_leftovers,
     recommend::{self, Recommendation},
 };
 use crate::{
+    capacity::Capacity,
     event::{Event, ExitStatus},
     model::{StartedBy, World},
 };
@@ -141,6 +142,68 @@ impl Diagnoser {
         );
     }
 
+    /// The size for a /dev/shm that was full: what the traced objects and others held, the
+    /// requests failing with it, their growth, and a DataLoader's batches in flight.
+    fn recommend_for_full(
+        &self,
+        pid: u32,
+        role: &Role,
+        primary: &Failure,
+        capacity: Option<Capacity>,
+        others: Option<&Others>,
+        started_by: &StartedBy,
+    ) -> Recommendation {
+        let traced = primary.held;
+        let (burst, growth) = self.pressure.at(primary);
+        let dataloader = role
+            .trainer
+            .or((role.kind == RoleKind::Trainer).then_some(pid))
+            .and_then(|t| {
+                let stats = self.loaders.get(&t)?;
+                let workers = self.roles.workers_of(t).count() as u32;
+                (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
+                    workers,
+                    // A failure early in the run shows fewer than a DataLoader queues by
+                    // default.
+                    in_flight: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
+                    batch_bytes: stats.batch_bytes,
+                })
+            });
+        recommend::recommend(
+            &Demand {
+                traced,
+                others: capacity
+                    .map(|c| {
+                        let beyond = c.used.saturating_sub(traced);
+                        // A DataLoader's batches reach the trainer through descriptors
+                        // passed untraced, so the model misses some of their pages: there,
+                        // use beyond the traced objects is the batches' own, which the
+                        // DataLoader figure counts already; others' is at most what was
+                        // there before.
+                        match (&dataloader, self.first_used.get(&c.dev)) {
+                            (Some(_), Some(first)) => beyond.min(*first),
+                            _ => beyond,
+                        }
+                    })
+                    .unwrap_or(0)
+                    // What the others' files held, page by page as the machine showed
+                    // them: more than the estimate when a traced object counted by its
+                    // size (a mapping being filled at a SIGBUS) holds fewer pages. Not
+                    // with a DataLoader, whose batches the trainer holds untraced.
+                    .max(match (&dataloader, others) {
+                        (None, Some(o)) => o.bytes,
+                        _ => 0,
+                    }),
+                burst,
+                growth,
+                dataloader,
+                capacity: capacity.map(|c| c.size),
+            },
+            self.nccl_seen,
+            started_by,
+        )
+    }
+
     pub(super) fn diagnose(
         &mut self,
         pid: u32,
@@ -221,55 +284,7 @@ impl Diagnoser {
             Some(need) => need.map(|(need, basis)| recommend::advise(need, &basis, &started_by)),
             None => (cause == Cause::ShmFull).then(|| {
                 let primary = primary.expect("a cause from a failure");
-                let traced = primary.held;
-                let (burst, growth) = self.pressure.at(primary);
-                let dataloader = role
-                    .trainer
-                    .or((role.kind == RoleKind::Trainer).then_some(pid))
-                    .and_then(|t| {
-                        let stats = self.loaders.get(&t)?;
-                        let workers = self.roles.workers_of(t).count() as u32;
-                        (stats.batch_bytes > 0 && workers > 0).then(|| DataloaderDemand {
-                            workers,
-                            // A failure early in the run shows fewer than a DataLoader queues by
-                            // default.
-                            in_flight: stats.max_in_flight.max(recommend::DEFAULT_PREFETCH),
-                            batch_bytes: stats.batch_bytes,
-                        })
-                    });
-                recommend::recommend(
-                    &Demand {
-                        traced,
-                        others: capacity
-                            .map(|c| {
-                                let beyond = c.used.saturating_sub(traced);
-                                // A DataLoader's batches reach the trainer through descriptors
-                                // passed untraced, so the model misses some of their pages: there,
-                                // use beyond the traced objects is the batches' own, which the
-                                // DataLoader figure counts already; others' is at most what was
-                                // there before.
-                                match (&dataloader, self.first_used.get(&c.dev)) {
-                                    (Some(_), Some(first)) => beyond.min(*first),
-                                    _ => beyond,
-                                }
-                            })
-                            .unwrap_or(0)
-                            // What the others' files held, page by page as the machine showed
-                            // them: more than the estimate when a traced object counted by its
-                            // size (a mapping being filled at a SIGBUS) holds fewer pages. Not
-                            // with a DataLoader, whose batches the trainer holds untraced.
-                            .max(match (&dataloader, &others) {
-                                (None, Some(o)) => o.bytes,
-                                _ => 0,
-                            }),
-                        burst,
-                        growth,
-                        dataloader,
-                        capacity: capacity.map(|c| c.size),
-                    },
-                    self.nccl_seen,
-                    &started_by,
-                )
+                self.recommend_for_full(pid, &role, primary, capacity, others.as_ref(), &started_by)
             }),
         };
         let explanation = match looked {
