@@ -102,6 +102,19 @@ pub struct Diagnosis {
     pub lost_events: u64,
 }
 
+impl Diagnosis {
+    /// Whether the process died of a full /dev/shm: it ended unsuccessfully, and /dev/shm's
+    /// size is the cause. Not a program that, by its own rule, put its shared memory elsewhere
+    /// and ran on (Ray's raylet): it ended when it was stopped.
+    pub fn died_of_full_shm(&self) -> bool {
+        let ran_on = self
+            .failures
+            .first()
+            .is_some_and(|f| matches!(f.kind, FailureKind::SpaceCheck { need: Some(_), .. }));
+        self.cause == Cause::ShmFull && self.ending.is_some_and(|e| !e.success()) && !ran_on
+    }
+}
+
 #[derive(Default)]
 pub struct Diagnoser {
     roles: Roles,

@@ -673,6 +673,7 @@ fn an_unsuccessful_exit_after_a_look_at_the_free_space_is_blamed_on_it() {
     run.exit(300, "python3", 1);
     let d = run.of(300);
     assert_eq!(d.cause, Cause::ShmFull);
+    assert!(d.died_of_full_shm());
     assert!(d.recommendation.is_none(), "{d:#?}");
     assert!(
         d.explanation
@@ -724,6 +725,8 @@ fn a_ray_store_kept_out_of_dev_shm_gets_the_size_of_rays_rule() {
     };
     let fell_back = raylet("/tmp/ray", 64 << 20);
     let d = fell_back.of(401);
+    // Stopped at the end, after running with its store in /tmp: no death of /dev/shm.
+    assert!(!d.died_of_full_shm(), "{d:#?}");
     let recommendation = d.recommendation.as_ref().expect("a size");
     // 200 MiB / 0.9 + the 6 MiB used, + 20% headroom, rounded up to whole MiB.
     let need = (200u64 << 20) * 100 / 90 + 1 + (6 << 20);

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::{
     capacity::Capacity,
-    diagnose::{Cause, Diagnosis, Role, Roles},
+    diagnose::{Diagnosis, Role, Roles},
     event::{Body, Event, names},
     model::{Annotation, ContainerInfo, World},
     pipeline::Observer,
@@ -46,7 +46,7 @@ impl Observer for FleetObserver {
 
     fn diagnosis(&mut self, diagnosis: &Diagnosis) {
         let mut tallies = Vec::new();
-        if diagnosis.ending.is_some() && diagnosis.cause == Cause::ShmFull {
+        if diagnosis.died_of_full_shm() {
             tallies.push(Tally::Death {
                 role: role_name(diagnosis),
             });
