@@ -75,13 +75,19 @@ fn rotation_keeps_the_newest_files_each_readable_alone_and_in_order_together() {
     );
 
     let mut each = Vec::new();
-    for (_, file) in &files {
+    for (i, (_, file)) in files.iter().enumerate() {
         assert!(std::fs::metadata(file).unwrap().len() <= 64 << 10);
         let show = replay("show", file, &[]);
         show.assert_ok();
         assert!(!show.stderr().contains("ends early"), "{}", show.stderr());
         let numbers = burst_numbers(&show.records);
-        assert!(!numbers.is_empty(), "{} holds no burst", file.display());
+        // The newest may start after the burst's last open (with only its closes, unlinks
+        // and exits), when a file boundary falls there; the set's end below checks it.
+        assert!(
+            !numbers.is_empty() || i == files.len() - 1,
+            "{} holds no burst",
+            file.display()
+        );
         assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
         let report = replay("report", file, &[]);
         report.assert_ok();
