@@ -226,6 +226,9 @@ pub mod flags {
     /// if it received a /dev/shm descriptor (SCM_RIGHTS, as PyTorch passes them), the process
     /// becomes followed, so that its calls on that descriptor are seen. Nothing is reported.
     pub const RECEIVES: u16 = 1 << 9;
+    /// A signal's target has mapped a /dev/shm file (itself, or a parent before the fork), as
+    /// the probes knew it: a SIGBUS the kernel raised in it is counted in `TALLIES`.
+    pub const TARGET_MAPS_SHM: u16 = 1 << 10;
 }
 
 /// Who did what, and when. Starts every record.

@@ -10,6 +10,7 @@ pub mod dev;
 pub mod event;
 pub mod layout;
 pub mod loss;
+pub mod tally;
 pub mod targets;
 
 pub use config::{Config, KernelOffsets};
@@ -17,3 +18,4 @@ pub use dev::KernelDev;
 pub use event::*;
 pub use layout::LAYOUT_HASH;
 pub use loss::Loss;
+pub use tally::TallyKey;

@@ -18,18 +18,22 @@ pub enum Loss {
     UserRead,
     /// The table of calls awaiting their return was full: the call was not recorded.
     Pending,
+    /// The table of failures counted in the kernel (`TALLIES`) was full: a failure or SIGBUS
+    /// whose record is also lost is missing from the daemon's figures.
+    Tally,
 }
 
 impl Loss {
     /// Size of the `LOST` counter array.
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 21;
 
     /// Every reason that is not a full ring buffer.
-    pub const READS: [Loss; 4] = [
+    pub const READS: [Loss; 5] = [
         Loss::PathRead,
         Loss::KernelRead,
         Loss::UserRead,
         Loss::Pending,
+        Loss::Tally,
     ];
 
     /// The counter's index: a record kind's number for a full ring, 16 and up otherwise.
@@ -41,6 +45,7 @@ impl Loss {
             Loss::KernelRead => 17,
             Loss::UserRead => 18,
             Loss::Pending => 19,
+            Loss::Tally => 20,
         }
     }
 
@@ -50,6 +55,7 @@ impl Loss {
             17 => Loss::KernelRead,
             18 => Loss::UserRead,
             19 => Loss::Pending,
+            20 => Loss::Tally,
             other => Loss::RingFull(EventKind::try_from(u16::try_from(other).ok()?).ok()?),
         })
     }
@@ -66,7 +72,7 @@ mod tests {
 
     #[test]
     fn indexes_round_trip_and_stay_in_range() {
-        let all: [Loss; 12] = [
+        let all: [Loss; 13] = [
             Loss::RingFull(EventKind::Syscall),
             Loss::RingFull(EventKind::Path),
             Loss::RingFull(EventKind::Signal),
@@ -79,6 +85,7 @@ mod tests {
             Loss::KernelRead,
             Loss::UserRead,
             Loss::Pending,
+            Loss::Tally,
         ];
         for loss in all {
             assert!(loss.index() < Loss::COUNT);

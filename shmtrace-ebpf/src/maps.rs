@@ -4,7 +4,10 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use shmtrace_common::{Config, FileRef, KernelOffsets, Loss, PATH_LEN, targets::FOLLOWED_WORDS};
+use shmtrace_common::{
+    Config, FileRef, KernelOffsets, Loss, PATH_LEN, TallyKey, tally::TALLIES_ENTRIES,
+    targets::FOLLOWED_WORDS,
+};
 
 #[unsafe(no_mangle)]
 pub static CONFIG: Global<Config> = Global::new(Config {
@@ -56,6 +59,11 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 /// kind), and reads that failed.
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
+
+/// Failures and SIGBUS by mount namespace, counted whether or not their records fit in
+/// `EVENTS` (`tally`). A full map is counted (`Loss::Tally`).
+#[map]
+pub static TALLIES: HashMap<TallyKey, u64> = HashMap::with_max_entries(TALLIES_ENTRIES, 0);
 
 /// Traced processes (thread-group ids), with `shmtrace_common::targets` bits. Reached through
 /// `scope`, which keeps `FOLLOWED` in step.

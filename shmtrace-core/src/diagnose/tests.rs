@@ -519,6 +519,7 @@ fn a_child_its_parent_kills_is_not_diagnosed() {
             target_pid: 401,
             target_tid: 401,
             target_comm: "chromium".into(),
+            target_maps_shm: false,
         }),
     );
     run.event(
@@ -549,6 +550,7 @@ fn a_process_first_met_through_the_kill_that_ends_it_is_ended_by_its_sender() {
             target_pid: 600,
             target_tid: 600,
             target_comm: "sleep".into(),
+            target_maps_shm: false,
         }),
     );
     run.event(

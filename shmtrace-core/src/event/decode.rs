@@ -64,6 +64,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 target_pid: raw.target_pid,
                 target_tid: raw.target_tid,
                 target_comm: escape::c_string(&raw.target_comm),
+                target_maps_shm: raw.header.flags & flags::TARGET_MAPS_SHM != 0,
             })
         }
         EventKind::Fork => {

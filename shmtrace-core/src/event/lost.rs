@@ -43,6 +43,7 @@ impl LostCounts {
                 Loss::KernelRead => "kernel_read",
                 Loss::UserRead => "argument_read",
                 Loss::Pending => "pending_full",
+                Loss::Tally => "tally_full",
             };
             let slot = reasons.entry(key).or_default();
             *slot = slot.saturating_add(count);
@@ -80,6 +81,7 @@ pub fn describe_loss(loss: Loss) -> String {
         Loss::KernelRead => "kernel field reads failed".into(),
         Loss::UserRead => "argument reads failed".into(),
         Loss::Pending => "calls not followed (pending-call table full)".into(),
+        Loss::Tally => "failures not counted in the kernel (its table full)".into(),
     }
 }
 

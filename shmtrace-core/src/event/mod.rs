@@ -218,6 +218,8 @@ pub struct Signal {
     pub target_pid: u32,
     pub target_tid: u32,
     pub target_comm: String,
+    /// The target had mapped /dev/shm, as the probes knew it (`flags::TARGET_MAPS_SHM`).
+    pub target_maps_shm: bool,
 }
 
 impl Signal {
@@ -355,6 +357,7 @@ mod tests {
                 target_pid: 11,
                 target_tid: 11,
                 target_comm: "child".into(),
+                target_maps_shm: false,
             }),
         };
         assert!(!signal(libc::SIGKILL, 0, 0).is_failure());

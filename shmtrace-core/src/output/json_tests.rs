@@ -209,6 +209,7 @@ fn signals_and_process_events_read_as_the_schema_says() {
         target_pid: 100,
         target_tid: 102,
         target_comm: "python3".to_owned(),
+        target_maps_shm: false,
     }));
     let fault = Annotation {
         fault: Some(FaultSite {
@@ -242,6 +243,7 @@ fn signals_and_process_events_read_as_the_schema_says() {
         target_pid: 200,
         target_tid: 200,
         target_comm: "worker".to_owned(),
+        target_maps_shm: false,
     }));
     let by_parent = Annotation {
         killed_by: Some(100),

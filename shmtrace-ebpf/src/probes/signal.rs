@@ -12,11 +12,14 @@
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use shmtrace_common::{EventKind, SignalEvent, flags};
 
-use crate::{emit, kernel, maps::CONFIG, scope};
+use crate::{emit, kernel, maps::CONFIG, scope, tally};
 
 const SIGKILL: i32 = 9;
 const SIGBUS: i32 = 7;
 const SIGSEGV: i32 = 11;
+/// `si_code` of a SIGBUS for an access the file cannot back: past its end, or a page a full
+/// tmpfs could not allocate.
+const BUS_ADRERR: i32 = 2;
 
 #[raw_tracepoint(tracepoint = "signal_generate")]
 pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
@@ -48,6 +51,12 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         header_flags = flags::HELD;
     }
     let (errno, code, addr) = kernel::siginfo_fault(info);
+    if scope::has_mappings(target_pid) {
+        header_flags |= flags::TARGET_MAPS_SHM;
+        if signo == SIGBUS && code == BUS_ADRERR {
+            tally::sigbus(&off);
+        }
+    }
     let event = SignalEvent {
         header: emit::header(EventKind::Signal, header_flags, &off),
         signo,

@@ -29,7 +29,7 @@ use shmtrace_common::{
 use crate::{
     emit, kernel,
     maps::{CONFIG, INFLIGHT, Pending, SHM_DEVS, STASHED},
-    scope,
+    scope, tally,
 };
 use shmtrace_common::targets::followed_bit;
 
@@ -476,6 +476,9 @@ pub fn report(pending: &Pending, ret: i64, tgid: u32, off: &KernelOffsets) {
     let config = CONFIG.load();
     if config.failed_only != 0 && ret >= 0 && is_data_path(pending.syscall) {
         return;
+    }
+    if ret < 0 || pending.flags & flags::FD_LIMIT_ONLY != 0 {
+        tally::failure(pending.syscall, ret, off);
     }
     if config.all != 0 {
         scope::follow(tgid);

@@ -41,11 +41,16 @@ use crate::{
 pub enum Tally {
     /// A /dev/shm call: the container has series from now on.
     Touch,
+    /// `count` failed calls (more than one when the kernel counted failures whose records
+    /// were lost: `unseen`).
     Failure {
         syscall: String,
         errno: String,
+        count: u64,
     },
-    Sigbus,
+    Sigbus {
+        count: u64,
+    },
     Death {
         role: String,
     },
@@ -586,7 +591,7 @@ impl Fleet {
         if let Some(tracked) = tracked {
             tracked.touched = true;
             match &tally {
-                Tally::Failure { syscall, errno } => {
+                Tally::Failure { syscall, errno, .. } => {
                     tracked.failures.insert((syscall.clone(), errno.clone()));
                 }
                 Tally::Death { role } => {
@@ -598,13 +603,17 @@ impl Fleet {
         let m = &self.metrics;
         match tally {
             Tally::Touch => {}
-            Tally::Failure { syscall, errno } => {
+            Tally::Failure {
+                syscall,
+                errno,
+                count,
+            } => {
                 m.failures
                     .get_or_create(&FailureLabels::new(labels, &syscall, &errno))
-                    .inc();
+                    .inc_by(count);
             }
-            Tally::Sigbus => {
-                m.sigbus.get_or_create(labels).inc();
+            Tally::Sigbus { count } => {
+                m.sigbus.get_or_create(labels).inc_by(count);
             }
             Tally::Death { role } => {
                 m.deaths

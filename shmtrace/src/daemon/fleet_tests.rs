@@ -52,6 +52,7 @@ fn failure() -> Tally {
     Tally::Failure {
         syscall: "fallocate".into(),
         errno: "ENOSPC".into(),
+        count: 1,
     }
 }
 

@@ -122,6 +122,7 @@ pub struct Metrics {
     pub deaths: Family<DeathLabels, Counter>,
     pub events: Counter,
     pub lost: Family<KindLabels, Counter>,
+    pub unrecorded: Family<KindLabels, Counter>,
     pub malformed: Counter,
     pub probe_errors: Family<KindLabels, Counter>,
     pub containers: Gauge,
@@ -191,6 +192,12 @@ impl Metrics {
             "events_lost",
             "Records the probes dropped because the ring buffer was full, by kind",
             m.lost,
+        );
+        registry.register(
+            "unrecorded",
+            "Failures and SIGBUS the probes counted whose records were lost, by kind (failure, \
+             sigbus); the failure and SIGBUS counts include them",
+            m.unrecorded,
         );
         registry.register(
             "records_malformed",

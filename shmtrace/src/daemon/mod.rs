@@ -14,6 +14,7 @@ mod limits;
 mod membership;
 mod metrics;
 mod observer;
+mod unseen;
 
 use std::{
     cell::RefCell,
@@ -27,18 +28,19 @@ use std::{
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use serde_json::json;
-use shmtrace_common::Loss;
+use shmtrace_common::{Loss, TallyKey};
 use tokio::signal::unix::{SignalKind, signal};
 
 use self::{
     connections::Connections,
-    fleet::Fleet,
+    fleet::{Fleet, Tally},
     http::Heartbeat,
     incidents::{Incidents, Log},
     json_lines::JsonLines,
     limits::OpenFiles,
     metrics::{KindLabels, Metrics},
     observer::FleetObserver,
+    unseen::Unseen,
 };
 use crate::{
     cli::DaemonArgs,
@@ -153,6 +155,11 @@ struct Agent {
     json_lines: JsonLines,
     interval: Duration,
     lost: LostCounts,
+    /// Failures and SIGBUS counted in the kernel, against the records read.
+    unseen: Rc<RefCell<Unseen>>,
+    /// When the kernel's counts were last read (`CLOCK_BOOTTIME` ns): what is found missing
+    /// at the next reading happened before.
+    counts_read_ns: u64,
     /// Runtime problems already logged, so that a runtime that stays down is said once.
     problems_logged: Vec<String>,
     started: Instant,
@@ -202,16 +209,18 @@ impl Agent {
             max_processes: MAX_PROCESSES,
             max_objects: MAX_OBJECTS,
         };
-        let mut pipeline = Pipeline::new(
+        let pipeline = Pipeline::new(
             World::new().with_retention(retention),
             Diagnoser::new(host_mntns),
             output,
             Filter::failed_only(),
         )
-        .bounded(MAX_DIAGNOSES)
-        .with_observer(Box::new(FleetObserver {
+        .bounded(MAX_DIAGNOSES);
+        let unseen = Rc::new(RefCell::new(Unseen::default()));
+        let mut pipeline = pipeline.with_observer(Box::new(FleetObserver {
             fleet: fleet.clone(),
             metrics: metrics.clone(),
+            unseen: unseen.clone(),
         }));
         if let Some(dir) = &args.record_dir {
             let incidents = Incidents::open(
@@ -250,6 +259,8 @@ impl Agent {
             json_lines,
             interval: args.interval,
             lost: LostCounts::default(),
+            unseen,
+            counts_read_ns: 0,
             problems_logged: Vec::new(),
             started: Instant::now(),
             evicted: Evicted::default(),
@@ -295,6 +306,7 @@ impl Agent {
                     if last_lost.elapsed() >= LOST_EVERY {
                         last_lost = Instant::now();
                         self.check_lost()?;
+                        self.count_unseen()?;
                         self.forget()?;
                     }
                     let wanted = self.fleet.borrow_mut().take_survey_wanted();
@@ -327,6 +339,13 @@ impl Agent {
         }
         self.handle(&mut batch)?;
         self.check_lost()?;
+        // The last reading's records have all been read now: it is compared at once.
+        self.count_unseen()?;
+        while reader.drain(&mut batch) {
+            self.handle(&mut batch)?;
+        }
+        self.handle(&mut batch)?;
+        self.count_unseen()?;
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
         self.write_log_all(true)
@@ -381,6 +400,7 @@ impl Agent {
             self.pipeline.forget_container(mntns, now_ns)?;
         }
         for (mntns, before) in changes.ended {
+            self.unseen.borrow_mut().ended(mntns);
             self.pipeline
                 .retire_namespace(mntns, self.host_shm_dev, before);
         }
@@ -413,6 +433,7 @@ impl Agent {
             ("summary_diagnosis", state.summary_diagnoses),
             ("role", state.roles),
             ("container", followed),
+            ("tally", self.unseen.borrow().entries()),
         ] {
             self.metrics
                 .state_entries
@@ -461,6 +482,39 @@ impl Agent {
         self.pipeline.lost(total, boot_ns()?)
     }
 
+    /// Counts the failures and SIGBUS that the kernel counted and whose records were lost,
+    /// for the container of their namespace, so that the metrics' counts stay exact.
+    fn count_unseen(&mut self) -> Result<()> {
+        let reading = match self.tracer.tallies() {
+            Ok(reading) => reading,
+            Err(error) => {
+                self.probe_error("tally_counters", error.to_string());
+                return Ok(());
+            }
+        };
+        let before_ns = self.counts_read_ns;
+        self.counts_read_ns = boot_ns()?;
+        let found = self.unseen.borrow_mut().reconcile(reading);
+        let now = Instant::now();
+        for (key, count) in found.unseen {
+            let (kind, tally) = match unseen_tally(key, count) {
+                Some(found) => found,
+                None => continue,
+            };
+            self.metrics
+                .unrecorded
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .inc_by(count);
+            self.fleet
+                .borrow_mut()
+                .tally_in(key.mntns, tally, before_ns, now);
+        }
+        if let Err(error) = self.tracer.forget_tallies(&found.forget) {
+            self.probe_error("tally_counters", error.to_string());
+        }
+        Ok(())
+    }
+
     fn probe_error(&mut self, kind: &str, error: String) {
         self.metrics
             .probe_errors
@@ -501,6 +555,27 @@ impl Agent {
     }
 }
 
+/// What a count of the kernel's is, as the metrics say it, and its kind for
+/// `shmtrace_unrecorded_total`.
+fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
+    if key.what == TallyKey::SIGBUS {
+        return Some(("sigbus", Tally::Sigbus { count }));
+    }
+    let syscall = shmtrace_common::Syscall::try_from(key.what).ok()?;
+    let errno = match key.errno {
+        0 => "MSG_CTRUNC".to_owned(),
+        errno => crate::event::names::errno_name(i32::from(errno)),
+    };
+    Some((
+        "failure",
+        Tally::Failure {
+            syscall: syscall.name().to_owned(),
+            errno,
+            count,
+        },
+    ))
+}
+
 fn loss_labels(loss: Loss) -> KindLabels {
     let kind = match loss {
         Loss::RingFull(kind) => format!("{kind:?}").to_lowercase(),
@@ -508,6 +583,7 @@ fn loss_labels(loss: Loss) -> KindLabels {
         Loss::KernelRead => "kernel_read".to_owned(),
         Loss::UserRead => "argument_read".to_owned(),
         Loss::Pending => "pending_calls_full".to_owned(),
+        Loss::Tally => "tally_full".to_owned(),
     };
     KindLabels { kind }
 }

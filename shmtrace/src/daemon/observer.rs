@@ -4,9 +4,12 @@ use std::{cell::RefCell, rc::Rc, time::Instant};
 
 use anyhow::Result;
 
+use shmtrace_common::TallyKey;
+
 use super::{
     fleet::{Fleet, Tally},
     metrics::Metrics,
+    unseen::Unseen,
 };
 use crate::{
     capacity::Capacity,
@@ -19,6 +22,8 @@ use crate::{
 pub struct FleetObserver {
     pub fleet: Rc<RefCell<Fleet>>,
     pub metrics: Metrics,
+    /// The records of what the kernel counts, for the figures to add what never came.
+    pub unseen: Rc<RefCell<Unseen>>,
 }
 
 impl Observer for FleetObserver {
@@ -27,6 +32,9 @@ impl Observer for FleetObserver {
         let mut fleet = self.fleet.borrow_mut();
         let now = Instant::now();
         fleet.saw_process(event.pid, event.mntns);
+        if let Some(key) = tally_key(event) {
+            self.unseen.borrow_mut().saw(key);
+        }
         for tally in tallies(event, note) {
             fleet.tally_from(event.pid, event.mntns, tally, event.ts_ns, now);
         }
@@ -85,6 +93,7 @@ fn tallies(event: &Event, note: &Annotation) -> Vec<Tally> {
                     .errno()
                     .map(names::errno_name)
                     .unwrap_or_else(|| "MSG_CTRUNC".to_owned()),
+                count: 1,
             },
         ],
         // Using /dev/shm: an object made, sized, mapped or removed. Opening or closing the
@@ -96,11 +105,35 @@ fn tallies(event: &Event, note: &Annotation) -> Vec<Tally> {
         {
             vec![Tally::Touch]
         }
-        Body::Signal(signal) if signal.signo == libc::SIGBUS && note.fault.is_some() => {
-            vec![Tally::Touch, Tally::Sigbus]
+        Body::Signal(signal) if counted_sigbus(signal) => {
+            vec![Tally::Touch, Tally::Sigbus { count: 1 }]
         }
         _ => Vec::new(),
     }
+}
+
+/// A SIGBUS the kernel raised for an access the file could not back, in a process that had
+/// mapped /dev/shm: what `shmtrace_sigbus_total` counts, and the kernel with it, so that one
+/// whose record was lost is counted as well. Judged by the probes, not by the analysis,
+/// which may not know the mapping when its record was lost too.
+fn counted_sigbus(signal: &crate::event::Signal) -> bool {
+    const BUS_ADRERR: i32 = 2;
+    signal.signo == libc::SIGBUS && signal.code == BUS_ADRERR && signal.target_maps_shm
+}
+
+/// What the kernel counted this record as (`shmtrace_ebpf::tally`): a failed call by its
+/// errno (0 for descriptors dropped), a SIGBUS as [`counted_sigbus`] says.
+fn tally_key(event: &Event) -> Option<TallyKey> {
+    let (what, errno) = match &event.body {
+        Body::Call(call) if call.failed() => (call.syscall as u16, (-call.ret).max(0) as u16),
+        Body::Signal(signal) if counted_sigbus(signal) => (TallyKey::SIGBUS, 0),
+        _ => return None,
+    };
+    Some(TallyKey {
+        mntns: event.mntns,
+        what,
+        errno,
+    })
 }
 
 /// The call acted on a directory (the close of `ls`'s descriptor of /dev/shm shows no path).

@@ -40,6 +40,7 @@ fn main() {
     match scenario.as_str() {
         "fallocate-enospc" => fallocate_enospc(),
         "write-enospc" => write_enospc(),
+        "failures" => failures(rest),
         "sigbus" => sigbus(),
         "sigbus-when-told" => sigbus_when_told(rest),
         "shmget" => shmget(),
@@ -121,6 +122,28 @@ fn write_enospc() {
             "write sem",
         )
     };
+}
+
+/// Fills /dev/shm, then `count` more writes of a page, which fail with ENOSPC: prints how many
+/// calls failed in all (the fill's last write too), which a tracer must have counted.
+fn failures(args: &[String]) {
+    let count: usize = args.first().and_then(|c| c.parse().ok()).unwrap_or(1000);
+    let filler = open("/dev/shm/filler", CREATE);
+    let page = [0x11u8; 4096];
+    let mut failed = 0;
+    let mut write = || {
+        // SAFETY: a write from a local buffer to our own descriptor.
+        let written = unsafe { libc::write(filler, page.as_ptr().cast(), page.len()) };
+        if written < 0 {
+            failed += 1;
+        }
+        written
+    };
+    while write() > 0 {}
+    for _ in 0..count {
+        write();
+    }
+    println!("failed {failed}");
 }
 
 /// PyTorch <= 2.9: ftruncate 2 MiB (sparse), mmap, fill: SIGBUS past 1 MiB.

@@ -8,7 +8,10 @@ use aya::{
         RawTracePoint, TracePoint, raw_trace_point::RawTracePointLink, trace_point::TracePointLink,
     },
 };
-use shmtrace_common::{Config, Loss, targets::TRACKED};
+use shmtrace_common::{
+    Config, Loss, TallyKey,
+    targets::{MAPPED, TRACKED},
+};
 use shmtrace_core::event::LostCounts;
 
 use crate::kernel_ids;
@@ -70,6 +73,7 @@ pub struct Tracer {
     own_mntns: u32,
     shm_devs: HashMap<MapData, u32, u32>,
     lost: PerCpuArray<MapData, u64>,
+    tallies: HashMap<MapData, TallyKey, u64>,
     _ebpf: Ebpf,
 }
 
@@ -144,6 +148,7 @@ impl Tracer {
             own_mntns,
             shm_devs: take_map(&mut ebpf, "SHM_DEVS", HashMap::try_from)?,
             lost: take_map(&mut ebpf, "LOST", PerCpuArray::try_from)?,
+            tallies: take_map(&mut ebpf, "TALLIES", HashMap::try_from)?,
             _ebpf: ebpf,
         })
     }
@@ -161,8 +166,18 @@ impl Tracer {
     /// and the insertion left a slot for a dead pid, which must not look absent from `TARGETS`
     /// (a set bit only costs a lookup).
     pub fn add_target(&mut self, pid: u32) -> Result<(), BpfError> {
+        self.add_target_with(pid, TRACKED)
+    }
+
+    /// As [`Tracer::add_target`], for a process that holds /dev/shm when shmtrace starts: it
+    /// may have it mapped, so its `munmap`s and faults are its own (`targets::MAPPED`).
+    pub fn add_holder(&mut self, pid: u32) -> Result<(), BpfError> {
+        self.add_target_with(pid, TRACKED | MAPPED)
+    }
+
+    fn add_target_with(&mut self, pid: u32, bits: u32) -> Result<(), BpfError> {
         self.followed.set(pid);
-        let inserted = match self.targets.insert(pid, TRACKED, BPF_NOEXIST) {
+        let inserted = match self.targets.insert(pid, bits, BPF_NOEXIST) {
             Err(aya::maps::MapError::SyscallError(error))
                 if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
             {
@@ -237,6 +252,28 @@ impl Tracer {
             counts.add(loss, per_cpu.iter().sum());
         }
         Ok(counts)
+    }
+
+    /// The failures and SIGBUS the probes counted so far, records or not (`tally`).
+    pub fn tallies(&self) -> Result<Vec<(TallyKey, u64)>, BpfError> {
+        self.tallies
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| map_error("TALLIES", e))
+    }
+
+    /// Drops the counts of a mount namespace whose container has ended, so that the number's
+    /// next owner starts from zero and the map holds only the living.
+    pub fn forget_tallies(&mut self, keys: &[TallyKey]) -> Result<(), BpfError> {
+        for key in keys {
+            match self.tallies.remove(key) {
+                Ok(()) => {}
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(error) => return Err(map_error("TALLIES", error)),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -87,7 +87,7 @@ pub fn register_shm_devs(tracer: &mut Tracer, every_namespace: bool) -> Result<H
 pub fn register_shm_holders(tracer: &mut Tracer, devs: &HashSet<u32>) -> Result<Vec<u32>> {
     let holders = proc_scan::shm_holders(devs, std::process::id());
     for pid in &holders {
-        tracer.add_target(*pid)?;
+        tracer.add_holder(*pid)?;
     }
     Ok(holders)
 }

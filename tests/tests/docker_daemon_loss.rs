@@ -1,0 +1,111 @@
+//! `shmtrace daemon` while its ring buffer overflows: a real Docker container's failed writes
+//! and SIGBUS, made while the daemon reads nothing (stopped, as a starved agent on a busy node
+//! is), are most of them lost as records, and the metrics still count every one of them,
+//! because the probes count them in the kernel as well. Needs root and Docker; fails loudly
+//! without them.
+use std::time::{Duration, Instant};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+use shmtrace_tests::{
+    daemon::{Daemon, sample},
+    docker::{self, Container},
+    require_root, serial,
+};
+
+/// Failed writes after the fill: far more records than the smallest ring buffer holds.
+const FAILED_WRITES: usize = 3000;
+const SIGBUS_DEATHS: usize = 3;
+/// SIGBUS faults per death: the exerciser's Rust runtime handles the first (its stack-overflow
+/// handler, which finds no guard page hit, restores the default and returns), and the access
+/// faults again (`shmtrace --json -- shm-exerciser sigbus` shows both).
+const FAULTS_PER_DEATH: usize = 2;
+const SIGBUS_FAULTS: f64 = (SIGBUS_DEATHS * FAULTS_PER_DEATH) as f64;
+
+fn signal(daemon: &Daemon, signal: Signal) {
+    nix::sys::signal::kill(Pid::from_raw(daemon.pid() as i32), signal).unwrap();
+}
+
+/// The sum of every sample of `name` whose labels include all of `labels`.
+fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn failures_and_sigbus_whose_records_were_lost_are_still_counted_exactly() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    // The smallest ring buffer: about 30 records.
+    let daemon = Daemon::start(&["--interval", "1s", "--buffer-size", "4K"]);
+    signal(&daemon, Signal::SIGSTOP);
+    let container = Container::run(
+        "daemon-loss",
+        &["--shm-size", "1m"],
+        &format!(
+            "/x/shm-exerciser failures {FAILED_WRITES} > /work/failures.out; \
+             for i in $(seq {SIGBUS_DEATHS}); do /x/shm-exerciser sigbus; rm /dev/shm/psm_sigbus; done; \
+             touch /work/done; sleep 600"
+        ),
+    );
+    docker::wait_for(&container.work.join("done"));
+    signal(&daemon, Signal::SIGCONT);
+    let printed = std::fs::read_to_string(container.work.join("failures.out")).unwrap();
+    let failed: f64 = printed
+        .trim()
+        .strip_prefix("failed ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the exerciser printed {printed:?}"));
+    assert!(failed > FAILED_WRITES as f64, "{printed}");
+
+    let name = container.name.clone();
+    let name = name.as_str();
+    let of_it = [
+        ("container", name),
+        ("syscall", "write"),
+        ("errno", "ENOSPC"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = daemon.metrics();
+        let counted = total(&text, "shmtrace_shm_failures_total", &of_it);
+        let sigbus = total(&text, "shmtrace_sigbus_total", &[("container", name)]);
+        if (counted == failed && sigbus == SIGBUS_FAULTS) || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    drop(container);
+    let (_, _, stderr) = daemon.stop();
+    let lost = total(&text, "shmtrace_events_lost_total", &[]);
+    assert!(
+        lost > 0.0,
+        "no record was lost, so this test proves nothing: raise FAILED_WRITES\n{text}"
+    );
+    assert_eq!(
+        total(&text, "shmtrace_shm_failures_total", &of_it),
+        failed,
+        "the container's write()s failed {failed} times, and the metrics say otherwise while \
+         {lost} records were lost\n{text}\nstderr: {stderr}"
+    );
+    assert_eq!(
+        total(&text, "shmtrace_sigbus_total", &[("container", name)]),
+        SIGBUS_FAULTS,
+        "{SIGBUS_DEATHS} processes died of SIGBUS in the container, {FAULTS_PER_DEATH} faults \
+         each\n{text}\nstderr: {stderr}"
+    );
+    let unrecorded = sample(&text, "shmtrace_unrecorded_total", &[("kind", "failure")]);
+    assert!(
+        unrecorded.is_some_and(|n| n > 0.0 && n <= failed),
+        "shmtrace_unrecorded_total{{kind=\"failure\"}} should count the failures whose records \
+         were lost: {unrecorded:?}\n{text}"
+    );
+}
