@@ -46,16 +46,23 @@ fn failures_and_sigbus_whose_records_were_lost_are_still_counted_exactly() {
     let _serial = serial();
     // The smallest ring buffer: about 30 records.
     let daemon = Daemon::start(&["--interval", "1s", "--buffer-size", "4K"]);
-    signal(&daemon, Signal::SIGSTOP);
+    // The daemon reads the fill as it happens, then stops reading: the failed writes, the
+    // SIGBUS and the processes' exits are made while it reads nothing.
     let container = Container::run(
         "daemon-loss",
         &["--shm-size", "1m"],
         &format!(
-            "/x/shm-exerciser failures {FAILED_WRITES} > /work/failures.out; \
+            "/x/shm-exerciser failures {FAILED_WRITES} /work > /work/failures.out; \
              for i in $(seq {SIGBUS_DEATHS}); do /x/shm-exerciser sigbus; rm /dev/shm/psm_sigbus; done; \
              touch /work/done; sleep 600"
         ),
     );
+    docker::wait_for(&container.work.join("filled"));
+    daemon.wait_for_metric(Duration::from_secs(30), |l| {
+        l.starts_with("shmtrace_shm_failures_total") && l.contains(&container.name)
+    });
+    signal(&daemon, Signal::SIGSTOP);
+    container.signal("go");
     docker::wait_for(&container.work.join("done"));
     signal(&daemon, Signal::SIGCONT);
     let printed = std::fs::read_to_string(container.work.join("failures.out")).unwrap();
@@ -84,7 +91,7 @@ fn failures_and_sigbus_whose_records_were_lost_are_still_counted_exactly() {
         std::thread::sleep(Duration::from_millis(500));
     };
     drop(container);
-    let (_, _, stderr) = daemon.stop();
+    let (_, lines, stderr) = daemon.stop();
     let lost = total(&text, "shmtrace_events_lost_total", &[]);
     assert!(
         lost > 0.0,
@@ -101,6 +108,19 @@ fn failures_and_sigbus_whose_records_were_lost_are_still_counted_exactly() {
         SIGBUS_FAULTS,
         "{SIGBUS_DEATHS} processes died of SIGBUS in the container, {FAULTS_PER_DEATH} faults \
          each\n{text}\nstderr: {stderr}"
+    );
+    // The summary at stop counts every loss of the run, at least what was scraped before.
+    let summary = lines
+        .iter()
+        .rfind(|l| l["event"] == "summary")
+        .unwrap_or_else(|| panic!("no summary at stop; lines: {lines:#?}"));
+    let summarised = summary["lost_by_reason"]["ring_full"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(
+        summarised >= lost,
+        "the summary at stop says {summarised} records were lost to a full ring buffer, the \
+         metrics said {lost} before: {summary}"
     );
     let unrecorded = sample(&text, "shmtrace_unrecorded_total", &[("kind", "failure")]);
     assert!(

@@ -55,6 +55,8 @@ pub struct Pipeline {
     /// Most diagnoses kept for the summary ([`Pipeline::bounded`]); `None` keeps all.
     max_diagnoses: Option<usize>,
     evicted_diagnoses: u64,
+    /// Processes forgotten as gone without an exit record (`retention`).
+    vanished: u64,
     /// See [`Pipeline::trace_was_cut`].
     cut: bool,
 }
@@ -79,6 +81,7 @@ impl Pipeline {
             malformed: 0,
             max_diagnoses: None,
             evicted_diagnoses: 0,
+            vanished: 0,
             cut: false,
         }
     }

@@ -27,6 +27,8 @@ pub struct Evicted {
     pub objects: u64,
     pub summary_diagnoses: u64,
     pub table_rows: u64,
+    /// Processes forgotten because they were gone with no exit record ([`Pipeline::forget_vanished`]).
+    pub vanished: u64,
 }
 
 impl Pipeline {
@@ -60,14 +62,39 @@ impl Pipeline {
             due.sort_unstable();
             due.dedup();
         }
-        self.diagnoser.tally_forgotten(&due, &self.world);
-        self.world.forget(&due);
-        self.diagnoser.forget(&due);
-        for pid in &due {
+        self.forget_processes(&due);
+        Ok(())
+    }
+
+    /// Processes the model thinks alive, with when each was first and last seen (boot time),
+    /// for the caller to look for in /proc after records were lost.
+    pub fn live_processes(&self) -> Vec<(u32, u64, u64)> {
+        self.world.live_processes()
+    }
+
+    /// `pids` are gone, and their exit records were lost (the caller checked /proc): what
+    /// failed in them is diagnosed now, and they are forgotten, counted as vanished. Without
+    /// this, a process whose exit was lost holds its descriptors and mappings in the model
+    /// until the cap on processes drops it.
+    pub fn forget_vanished(&mut self, pids: &[u32]) -> Result<()> {
+        for pid in pids {
+            if let Some(diagnosis) = self.diagnoser.diagnose_now(*pid, &self.world) {
+                self.show_diagnosis(diagnosis)?;
+            }
+        }
+        self.forget_processes(pids);
+        self.vanished += pids.len() as u64;
+        Ok(())
+    }
+
+    fn forget_processes(&mut self, pids: &[u32]) {
+        self.diagnoser.tally_forgotten(pids, &self.world);
+        self.world.forget(pids);
+        self.diagnoser.forget(pids);
+        for pid in pids {
             self.read_at_call.remove(pid);
             self.read_at_failure.remove(pid);
         }
-        Ok(())
     }
 
     /// The container of mount namespace `mntns` is gone, with the /dev/shm it had of its
@@ -99,6 +126,7 @@ impl Pipeline {
                 objects: evictions.objects,
                 summary_diagnoses: self.evicted_diagnoses,
                 table_rows: remembered.evicted_table_rows,
+                vanished: self.vanished,
             },
         }
     }

@@ -204,3 +204,41 @@ fn an_unbounded_pipeline_keeps_every_process_and_diagnosis() {
     assert_eq!(pipeline.diagnoses().len(), 100);
     assert_eq!(state.evicted, Evicted::default());
 }
+
+#[test]
+fn processes_whose_exit_records_were_lost_are_forgotten_once_found_gone() {
+    let diagnosed = Rc::new(Cell::new(0));
+    let world = World::new().with_retention(Retention {
+        linger_ns: 1000 * MS,
+        quiet_linger_ns: 1000 * MS,
+        max_processes: MAX_PROCESSES,
+        max_objects: MAX_OBJECTS,
+    });
+    let mut pipeline = pipeline(world, &diagnosed).bounded(MAX_DIAGNOSES);
+    // Ten processes that hold a descriptor and whose exits never came, five of them failing.
+    let mut ts = MS;
+    for n in 0..10u32 {
+        let records = short_life(2 + n, ts, n % 2 == 0);
+        for record in &records[..3] {
+            pipeline.kernel_record(record, &mut Recorded).unwrap();
+        }
+        ts += 10 * MS;
+    }
+    // Pruning alone keeps them: they hold their files, as far as the model knows.
+    pipeline.prune(ts + 10_000 * MS).unwrap();
+    let live: Vec<u32> = pipeline
+        .live_processes()
+        .into_iter()
+        .map(|(pid, _, _)| pid)
+        .filter(|pid| *pid != 1)
+        .collect();
+    assert_eq!(live.len(), 10, "{live:?}");
+    let before = pipeline.state().processes;
+
+    pipeline.forget_vanished(&live).unwrap();
+    let state = pipeline.state();
+    assert_eq!(state.processes, before - 10, "{state:?}");
+    assert_eq!(state.evicted.vanished, 10, "{state:?}");
+    // The failures in them were diagnosed before they went.
+    assert_eq!(diagnosed.get(), 5);
+}

@@ -160,6 +160,11 @@ struct Agent {
     /// When the kernel's counts were last read (`CLOCK_BOOTTIME` ns): what is found missing
     /// at the next reading happened before.
     counts_read_ns: u64,
+    /// Losses counted, and when, at the last look for vanished processes.
+    lost_at_vanish_check: u64,
+    vanish_checked: Instant,
+    /// A gone process was seen too recently to be forgotten at the last look.
+    vanish_check_owed: bool,
     /// Runtime problems already logged, so that a runtime that stays down is said once.
     problems_logged: Vec<String>,
     started: Instant,
@@ -261,6 +266,9 @@ impl Agent {
             lost: LostCounts::default(),
             unseen,
             counts_read_ns: 0,
+            lost_at_vanish_check: 0,
+            vanish_checked: Instant::now(),
+            vanish_check_owed: false,
             problems_logged: Vec::new(),
             started: Instant::now(),
             evicted: Evicted::default(),
@@ -424,6 +432,7 @@ impl Agent {
     /// its bounds dropped.
     fn forget(&mut self) -> Result<()> {
         self.pipeline.prune(boot_ns()?)?;
+        self.forget_vanished()?;
         let state = self.pipeline.state();
         let followed = self.fleet.borrow().followed();
         for (kind, entries) in [
@@ -449,6 +458,7 @@ impl Agent {
                 now.summary_diagnoses - before.summary_diagnoses,
             ),
             ("table_row", now.table_rows - before.table_rows),
+            ("vanished_process", now.vanished - before.vanished),
         ] {
             // Every kind's counter exists from the start, so that a first eviction is an
             // increase Prometheus sees.
@@ -459,6 +469,40 @@ impl Agent {
         }
         self.evicted = now;
         Ok(())
+    }
+
+    /// After records were lost (and every so often), looks in /proc for the processes the
+    /// analysis thinks alive: one that is gone, its exit record lost, is forgotten (counted
+    /// in `shmtrace_state_evictions_total{kind="vanished_process"}`), so that the state
+    /// built from lost records does not grow.
+    fn forget_vanished(&mut self) -> Result<()> {
+        let lost = self.lost.total();
+        if lost == self.lost_at_vanish_check
+            && !self.vanish_check_owed
+            && self.vanish_checked.elapsed() < VANISH_CHECK_EVERY
+        {
+            return Ok(());
+        }
+        self.lost_at_vanish_check = lost;
+        self.vanish_checked = Instant::now();
+        self.vanish_check_owed = false;
+        let now_ns = boot_ns()?;
+        let mut gone = Vec::new();
+        for (pid, first_seen_ns, last_seen_ns) in self.pipeline.live_processes() {
+            if still_there(pid, first_seen_ns) {
+                continue;
+            }
+            if last_seen_ns.saturating_add(QUIET_BEFORE_VANISHED_NS) < now_ns {
+                gone.push(pid);
+            } else {
+                // Its exit record may still be on its way: looked at again next time.
+                self.vanish_check_owed = true;
+            }
+        }
+        if gone.is_empty() {
+            return Ok(());
+        }
+        self.pipeline.forget_vanished(&gone)
     }
 
     fn check_lost(&mut self) -> Result<()> {
@@ -574,6 +618,21 @@ fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
             count,
         },
     ))
+}
+
+/// How often the analysis' live processes are looked for in /proc when nothing was lost.
+const VANISH_CHECK_EVERY: Duration = Duration::from_secs(30);
+/// How long a process must have been silent to be looked for: its exit record, if it has one,
+/// has been read by then.
+const QUIET_BEFORE_VANISHED_NS: u64 = 2_000_000_000;
+/// Clock ticks' worth of slack between a process's start in /proc and its first record.
+const START_SLACK_NS: u64 = 20_000_000;
+
+/// Whether the process first seen at `first_seen_ns` is still there: its pid is, and was not
+/// taken by a process that started after.
+fn still_there(pid: u32, first_seen_ns: u64) -> bool {
+    crate::live::proc_scan::start_ns(pid)
+        .is_some_and(|start| start <= first_seen_ns.saturating_add(START_SLACK_NS))
 }
 
 fn loss_labels(loss: Loss) -> KindLabels {

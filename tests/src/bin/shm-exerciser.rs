@@ -125,9 +125,12 @@ fn write_enospc() {
 }
 
 /// Fills /dev/shm, then `count` more writes of a page, which fail with ENOSPC: prints how many
-/// calls failed in all (the fill's last write too), which a tracer must have counted.
+/// calls failed in all (the fill's last write too), which a tracer must have counted. Given a
+/// directory, it creates DIR/filled once full and waits for DIR/go before the `count` writes
+/// (a tracer can stop reading in between).
 fn failures(args: &[String]) {
     let count: usize = args.first().and_then(|c| c.parse().ok()).unwrap_or(1000);
+    let wait_in = args.get(1).map(std::path::PathBuf::from);
     let filler = open("/dev/shm/filler", CREATE);
     let page = [0x11u8; 4096];
     let mut failed = 0;
@@ -140,6 +143,12 @@ fn failures(args: &[String]) {
         written
     };
     while write() > 0 {}
+    if let Some(dir) = &wait_in {
+        std::fs::write(dir.join("filled"), b"").expect("writing DIR/filled");
+        while !dir.join("go").exists() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
     for _ in 0..count {
         write();
     }

@@ -93,6 +93,15 @@ impl World {
             .unwrap_or_default()
     }
 
+    /// Processes with no exit seen, and when each was first and last seen (boot time).
+    pub fn live_processes(&self) -> Vec<(u32, u64, u64)> {
+        self.processes
+            .values()
+            .filter(|p| p.exit.is_none())
+            .map(|p| (p.pid, p.first_seen_ns, p.last_seen_ns))
+            .collect()
+    }
+
     pub fn process_count(&self) -> usize {
         self.processes.len()
     }
