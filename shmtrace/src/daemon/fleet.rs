@@ -122,6 +122,12 @@ pub struct Fleet {
     by_labels: HashMap<ContainerLabels, Tracked>,
     by_mntns: HashMap<u32, ContainerLabels>,
     pending: HashMap<u32, Pending>,
+    /// Waiting counts of a namespace number's earlier owner, set apart when a process of
+    /// another container counted there: the next survey says whose they are.
+    superseded: Vec<(u32, Pending)>,
+    /// Namespaces whose claimer was found gone, or elsewhere, by a process's cgroup: for the
+    /// caller to tell the pipeline ([`Fleet::take_stale`]).
+    stale: Vec<u32>,
     pid_mntns: HashMap<u32, u32>,
     exited: VecDeque<u32>,
     survey_wanted: bool,
@@ -148,6 +154,8 @@ impl Fleet {
             by_labels: HashMap::new(),
             by_mntns: HashMap::new(),
             pending: HashMap::new(),
+            superseded: Vec::new(),
+            stale: Vec::new(),
             pid_mntns: HashMap::new(),
             exited: VecDeque::new(),
             survey_wanted: false,
@@ -206,6 +214,11 @@ impl Fleet {
         }
     }
 
+    /// Namespaces no longer their last claimer's, found since the last call.
+    pub fn take_stale(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.stale)
+    }
+
     /// Whether events of `mntns` wait for a survey to say whose they are.
     pub fn waiting(&self, mntns: u32) -> bool {
         self.pending.contains_key(&mntns)
@@ -252,8 +265,10 @@ impl Fleet {
                     .as_ref()
                     .is_some_and(|m| claimer.is_none_or(|t| t.id != m.id))
             {
-                // The next survey says whose it is.
+                // The next survey says whose it is; meanwhile the pipeline (its recordings,
+                // its JSON lines) must not name the gone one either.
                 self.by_mntns.remove(&mntns);
+                self.stale.push(mntns);
             }
         }
         if let Some(labels) = self.by_mntns.get(&mntns).cloned() {
@@ -278,6 +293,30 @@ impl Fleet {
         if !self.pending.contains_key(&mntns) && member.is_none() {
             let (of_process, in_namespace) = (self.member_of, self.member_in);
             member = pid.and_then(|pid| of_process(pid).or_else(|| in_namespace(pid, mntns)));
+        }
+        // The number has a new owner while the last one's counts still wait (containers that
+        // come and go between two surveys reuse it): those go apart, to the one they were of.
+        if let Some(pid) = pid
+            && let Some(waiting) = self.pending.get(&mntns)
+            && waiting.member.is_some()
+            && self.checked.insert(pid)
+            && let Some(now_member) = (self.member_of)(pid)
+            && waiting
+                .member
+                .as_ref()
+                .is_some_and(|m| m.id != now_member.id)
+        {
+            let old = self.pending.remove(&mntns).expect("just seen");
+            if self.superseded.len() < MAX_PENDING_NAMESPACES {
+                self.superseded.push((mntns, old));
+            } else if let Some(gone) = &old.member {
+                // Beyond the bound, they go to the container's short id at once.
+                let labels = self.gone_member(gone, now);
+                for tally in old.tallies {
+                    self.apply(&labels, tally);
+                }
+            }
+            member = Some(now_member);
         }
         let pending = self.pending.entry(mntns).or_insert_with(|| Pending {
             since: now,
@@ -320,6 +359,7 @@ impl Fleet {
         let waiting: HashSet<&str> = self
             .pending
             .values()
+            .chain(self.superseded.iter().map(|(_, p)| p))
             .filter_map(|p| p.member.as_ref())
             .map(|m| m.id.as_str())
             .collect();
@@ -486,6 +526,29 @@ impl Fleet {
             }
         }
         self.count_node_shm();
+
+        // Counts of a namespace's earlier owner: its own, claimed or gone.
+        for (mntns, pending) in std::mem::take(&mut self.superseded) {
+            let member = pending
+                .member
+                .as_ref()
+                .expect("superseded only with a member");
+            let running = self
+                .by_labels
+                .iter()
+                .find(|(_, t)| t.id == member.id && t.gone_since.is_none())
+                .map(|(l, _)| l.clone());
+            let labels = match running {
+                Some(labels) => labels,
+                None => {
+                    ended.push(mntns);
+                    self.gone_member(member, now)
+                }
+            };
+            for tally in pending.tallies {
+                self.apply(&labels, tally);
+            }
+        }
 
         // Namespaces that waited for this survey: claimed now, or nobody's.
         for pending in self.pending.values_mut() {

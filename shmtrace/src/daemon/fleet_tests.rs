@@ -23,7 +23,7 @@ fn container(name: &str, mntns: u32, pid: u32) -> Container {
     Container {
         runtime: Runtime::Docker,
         found_by: FoundBy::CgroupScan,
-        id: format!("{:0>64}", name.len()),
+        id: format!("{:0<64}", name.len()),
         name: name.into(),
         image: None,
         pod: None,
@@ -299,6 +299,31 @@ fn a_namespace_number_recycled_between_two_surveys_is_not_credited_to_the_gone_c
         "{text}"
     );
     assert!(!text.contains(r#"container="crashed""#), "{text}");
+}
+
+#[test]
+fn containers_that_reuse_a_namespace_number_between_surveys_keep_their_own_counts() {
+    let (fleet, registry) = fleet(Duration::from_secs(60));
+    let mut fleet = fleet.with_lookup(cgroups, |_, _| None);
+    // "crashed" fails twice and is removed; "newcomer" takes its number and fails once; no
+    // survey saw either running.
+    fleet.tally_from(7001, NS, failure(), boot_ns().unwrap(), Instant::now());
+    fleet.tally_from(7001, NS, failure(), boot_ns().unwrap(), Instant::now());
+    fleet.tally_from(7002, NS, failure(), boot_ns().unwrap(), Instant::now());
+    for _ in 0..3 {
+        fleet.know_stopped(&[]);
+        fleet.survey(&[], Instant::now());
+    }
+    let text = text(&registry);
+    for (name, count) in [("crashed", 2), ("newcomer", 1)] {
+        let short = &container(name, 0, 0).id[..12];
+        assert!(
+            text.contains(&format!(
+                r#"shmtrace_shm_failures_total{{container="{short}",pod="",namespace="",runtime="docker",syscall="fallocate",errno="ENOSPC"}} {count}"#
+            )),
+            "{name}'s {count} failures:\n{text}"
+        );
+    }
 }
 
 #[test]

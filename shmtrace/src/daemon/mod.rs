@@ -375,6 +375,12 @@ impl Agent {
             {
                 self.metrics.malformed.inc();
             }
+            // A namespace number taken by another container, found by a process's cgroup:
+            // what follows in the recordings is not the gone container's.
+            let stale = self.fleet.borrow_mut().take_stale();
+            for mntns in stale {
+                self.pipeline.forget_container(mntns, boot_ns()?)?;
+            }
         }
         self.write_log()
     }
