@@ -2,7 +2,8 @@
 //! trace, with three sinks of its own: metrics (`metrics`, served by `http`), JSON lines on
 //! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
 //! and incident recordings (`incidents`). `fleet` follows the containers that come and go and
-//! says whose each count is; `observer` feeds it from the pipeline.
+//! says whose each count is; `observer` feeds it from the pipeline; `unseen` adds the failures
+//! the kernel counted whose records were lost.
 mod connections;
 mod fleet;
 #[cfg(test)]
