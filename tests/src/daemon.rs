@@ -172,13 +172,26 @@ impl Daemon {
 
 /// The value of the first sample of `name` whose labels include every `label="value"` given.
 pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples(text, name, labels).next()
+}
+
+/// The sum of every sample of `name` whose labels include every `label="value"` given.
+pub fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(text, name, labels).sum()
+}
+
+fn samples<'a>(
+    text: &'a str,
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = f64> + 'a {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| {
+        .filter(move |l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(move |l| {
             labels
                 .iter()
                 .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
         })
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
 }

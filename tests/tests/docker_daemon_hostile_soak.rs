@@ -17,7 +17,7 @@ use std::{
 };
 
 use shmtrace_tests::{
-    daemon::{Daemon, http_get},
+    daemon::{Daemon, http_get, total},
     docker::{self, Container},
     flood::Flood,
     recording::{replay, rfc3339_seconds, wall_now_ns},
@@ -88,21 +88,6 @@ fn mount_namespace(pid: u32) -> u32 {
         .trim_end_matches(']')
         .parse()
         .unwrap_or_else(|_| panic!("{text}"))
-}
-
-/// The sum of the samples of `name` with `container="NAME"`, by container.
-fn by_container(text: &str, name: &str) -> HashMap<String, f64> {
-    let mut sums = HashMap::new();
-    for line in text.lines().filter(|l| l.starts_with(name)) {
-        let Some(start) = line.find("container=\"") else {
-            continue;
-        };
-        let rest = &line[start + 11..];
-        let Some(end) = rest.find('"') else { continue };
-        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        *sums.entry(rest[..end].to_owned()).or_default() += value;
-    }
-    sums
 }
 
 #[test]
@@ -187,10 +172,17 @@ fn hostile_neighbours_and_recycled_namespaces_leave_recordings_and_counts_right(
     let deadline = Instant::now() + Duration::from_secs(60);
     let (counted, text) = loop {
         let text = daemon.metrics();
-        let counted = by_container(&text, "shmtrace_shm_failures_total");
-        let all = ran
+        let counted: HashMap<&str, f64> = ran
             .iter()
-            .all(|r| counted.get(&r.name).copied() == Some(r.failed));
+            .map(|r| {
+                let of_it = [("container", r.name.as_str())];
+                (
+                    r.name.as_str(),
+                    total(&text, "shmtrace_shm_failures_total", &of_it),
+                )
+            })
+            .collect();
+        let all = ran.iter().all(|r| counted[r.name.as_str()] == r.failed);
         if all || Instant::now() > deadline {
             break (counted, text);
         }
@@ -215,13 +207,13 @@ fn hostile_neighbours_and_recycled_namespaces_leave_recordings_and_counts_right(
     );
     let wrong: Vec<String> = ran
         .iter()
-        .filter(|r| counted.get(&r.name).copied() != Some(r.failed))
+        .filter(|r| counted[r.name.as_str()] != r.failed)
         .map(|r| {
             format!(
-                "{}: made {}, counted {:?}",
+                "{}: made {}, counted {}",
                 r.name,
                 r.failed,
-                counted.get(&r.name)
+                counted[r.name.as_str()]
             )
         })
         .collect();

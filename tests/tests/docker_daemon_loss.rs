@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use nix::{sys::signal::Signal, unistd::Pid};
 use shmtrace_tests::{
-    daemon::{Daemon, sample},
+    daemon::{Daemon, sample, total},
     docker::{self, Container},
     require_root, serial,
 };
@@ -23,20 +23,6 @@ const SIGBUS_FAULTS: f64 = (SIGBUS_DEATHS * FAULTS_PER_DEATH) as f64;
 
 fn signal(daemon: &Daemon, signal: Signal) {
     nix::sys::signal::kill(Pid::from_raw(daemon.pid() as i32), signal).unwrap();
-}
-
-/// The sum of every sample of `name` whose labels include all of `labels`.
-fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[test]

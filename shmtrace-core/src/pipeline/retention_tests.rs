@@ -132,16 +132,21 @@ const MAX_PROCESSES: usize = 500;
 const MAX_OBJECTS: usize = 300;
 const MAX_DIAGNOSES: usize = 50;
 
-#[test]
-fn a_bounded_pipeline_holds_what_its_caps_allow_over_a_long_stream() {
-    let diagnosed = Rc::new(Cell::new(0));
+/// A pipeline bounded as the daemon's is, with the caps above and a one-second linger.
+fn bounded_pipeline(diagnosed: &Rc<Cell<usize>>) -> Pipeline {
     let world = World::new().with_retention(Retention {
         linger_ns: 1000 * MS,
         quiet_linger_ns: 1000 * MS,
         max_processes: MAX_PROCESSES,
         max_objects: MAX_OBJECTS,
     });
-    let mut pipeline = pipeline(world, &diagnosed).bounded(MAX_DIAGNOSES);
+    pipeline(world, diagnosed).bounded(MAX_DIAGNOSES)
+}
+
+#[test]
+fn a_bounded_pipeline_holds_what_its_caps_allow_over_a_long_stream() {
+    let diagnosed = Rc::new(Cell::new(0));
+    let mut pipeline = bounded_pipeline(&diagnosed);
     let mut largest = State::default();
     let mut ts = MS;
     let mut failing = 0;
@@ -208,13 +213,7 @@ fn an_unbounded_pipeline_keeps_every_process_and_diagnosis() {
 #[test]
 fn processes_whose_exit_records_were_lost_are_forgotten_once_found_gone() {
     let diagnosed = Rc::new(Cell::new(0));
-    let world = World::new().with_retention(Retention {
-        linger_ns: 1000 * MS,
-        quiet_linger_ns: 1000 * MS,
-        max_processes: MAX_PROCESSES,
-        max_objects: MAX_OBJECTS,
-    });
-    let mut pipeline = pipeline(world, &diagnosed).bounded(MAX_DIAGNOSES);
+    let mut pipeline = bounded_pipeline(&diagnosed);
     // Ten processes that hold a descriptor and whose exits never came, five of them failing.
     let mut ts = MS;
     for n in 0..10u32 {
