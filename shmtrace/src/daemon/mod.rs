@@ -215,15 +215,15 @@ impl Agent {
             max_processes: MAX_PROCESSES,
             max_objects: MAX_OBJECTS,
         };
-        let pipeline = Pipeline::new(
+        let unseen = Rc::new(RefCell::new(Unseen::default()));
+        let mut pipeline = Pipeline::new(
             World::new().with_retention(retention),
             Diagnoser::new(host_mntns),
             output,
             Filter::failed_only(),
         )
-        .bounded(MAX_DIAGNOSES);
-        let unseen = Rc::new(RefCell::new(Unseen::default()));
-        let mut pipeline = pipeline.with_observer(Box::new(FleetObserver {
+        .bounded(MAX_DIAGNOSES)
+        .with_observer(Box::new(FleetObserver {
             fleet: fleet.clone(),
             metrics: metrics.clone(),
             unseen: unseen.clone(),
@@ -343,21 +343,24 @@ impl Agent {
                 _ = terminate.recv() => break,
             }
         }
-        while reader.drain(&mut batch) {
-            self.handle(&mut batch)?;
-        }
-        self.handle(&mut batch)?;
+        self.read_all(&mut reader, &mut batch)?;
         self.check_lost()?;
-        // The last reading's records have all been read now: it is compared at once.
+        // The kernel's counts are read once more, and compared once everything written up to
+        // then has been read too.
         self.count_unseen()?;
-        while reader.drain(&mut batch) {
-            self.handle(&mut batch)?;
-        }
-        self.handle(&mut batch)?;
+        self.read_all(&mut reader, &mut batch)?;
         self.count_unseen()?;
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
         self.write_log_all(true)
+    }
+
+    /// Reads and handles everything the ring buffer holds now.
+    fn read_all(&mut self, reader: &mut EventReader, batch: &mut Vec<Bytes>) -> Result<()> {
+        while reader.drain(batch) {
+            self.handle(batch)?;
+        }
+        self.handle(batch)
     }
 
     fn handle(&mut self, batch: &mut Vec<Bytes>) -> Result<()> {
