@@ -28,6 +28,9 @@ pub struct KernelOffsets {
     pub task_tgid: u32,
     pub task_comm: u32,
     pub task_exit_code: u32,
+    /// `task_struct.real_parent`: whose child the process is, for a death that follows a
+    /// child's.
+    pub task_real_parent: u32,
     pub task_signal: u32,
     /// `signal_struct.live.counter`: the process's threads not yet exiting.
     pub signal_live: u32,

@@ -229,6 +229,12 @@ pub mod flags {
     /// A signal's target has mapped a /dev/shm file (itself, or a parent before the fork), as
     /// the probes knew it: a SIGBUS the kernel raised in it is counted in `TALLIES`.
     pub const TARGET_MAPS_SHM: u16 = 1 << 10;
+    /// An exit the probes count as a death of a full /dev/shm (`TallyKey::DEATH`): the process
+    /// ended unsuccessfully after a call of its own on /dev/shm failed with ENOSPC or it took
+    /// a SIGBUS in a /dev/shm mapping; or after a child of its did so, or after it looked at a
+    /// /dev/shm's free space, and then not ended by SIGTERM, SIGINT or SIGHUP, nor by another
+    /// process's SIGKILL (it was stopped on purpose).
+    pub const SHM_DEATH: u16 = 1 << 11;
 }
 
 /// Who did what, and when. Starts every record.

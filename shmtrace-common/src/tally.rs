@@ -1,8 +1,8 @@
-//! Failures and SIGBUS counted in the kernel (the `TALLIES` map), by mount namespace: what the
+//! Failures, SIGBUS and deaths counted in the kernel (the `TALLIES` map), by mount namespace: what the
 //! daemon's metrics count stays exact when the records themselves are dropped, for it adds
 //! what the kernel counted and no record brought.
 
-/// What a count is of: a failed call (its `Syscall` and errno), or a SIGBUS.
+/// What a count is of: a failed call (its `Syscall` and errno), a SIGBUS, or a death.
 ///
 /// `mntns` is the calling task's mount namespace, as in the record's header. A `recvmsg` that
 /// dropped the descriptors sent to it has errno 0 (it returned no error).
@@ -18,6 +18,8 @@ pub struct TallyKey {
 impl TallyKey {
     /// `what` of a SIGBUS sent to a traced process (the record's `signo`).
     pub const SIGBUS: u16 = u16::MAX;
+    /// `what` of a death of a full /dev/shm (`flags::SHM_DEATH`).
+    pub const DEATH: u16 = u16::MAX - 1;
 }
 
 /// Entries of `TALLIES`: distinct (namespace, call, errno) at once. The daemon deletes a

@@ -73,6 +73,12 @@ pub fn task_tgid(task: u64, off: &KernelOffsets) -> Option<u32> {
     read::<u32>(task, off.task_tgid)
 }
 
+/// The thread-group id of the task's parent (its real one, not a tracer).
+#[inline(always)]
+pub fn task_real_parent_tgid(task: u64, off: &KernelOffsets) -> Option<u32> {
+    task_tgid(read::<u64>(task, off.task_real_parent)?, off)
+}
+
 #[inline(always)]
 pub fn task_exit_code(task: u64, off: &KernelOffsets) -> Option<i32> {
     read::<i32>(task, off.task_exit_code)

@@ -24,6 +24,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     task_tgid: 0,
     task_comm: 0,
     task_exit_code: 0,
+    task_real_parent: 0,
     task_signal: 0,
     signal_live: 0,
     task_nsproxy: 0,
@@ -64,6 +65,13 @@ pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0
 /// `EVENTS` (`tally`). A full map is counted (`Loss::Tally`).
 #[map]
 pub static TALLIES: HashMap<TallyKey, u64> = HashMap::with_max_entries(TALLIES_ENTRIES, 0);
+
+/// Processes (thread-group ids) that failed on a full /dev/shm, or whose child did, with
+/// `tally::failed` bits: at their exit, whether it is a death to count (`tally::ended`).
+/// Written only at such failures, and emptied at every exit. A full map is counted
+/// (`Loss::Tally`).
+#[map]
+pub static FAILED: HashMap<u32, u64> = HashMap::with_max_entries(16_384, 0);
 
 /// Traced processes (thread-group ids), with `shmtrace_common::targets` bits. Reached through
 /// `scope`, which keeps `FOLLOWED` in step.

@@ -1,6 +1,6 @@
-//! `shmtrace daemon` while its ring buffer overflows: a real Docker container's failed writes
-//! and SIGBUS, made while the daemon reads nothing (stopped, as a starved agent on a busy node
-//! is), are most of them lost as records, and the metrics still count every one of them,
+//! `shmtrace daemon` while its ring buffer overflows: a real Docker container's failed writes,
+//! SIGBUS and deaths, made while the daemon reads nothing (stopped, as a starved agent on a busy
+//! node is), are most of them lost as records, and the metrics still count every one of them,
 //! because the probes count them in the kernel as well. Needs root and Docker; fails loudly
 //! without them.
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ fn signal(daemon: &Daemon, signal: Signal) {
 }
 
 #[test]
-fn failures_and_sigbus_whose_records_were_lost_are_still_counted_exactly() {
+fn failures_sigbus_and_deaths_whose_records_were_lost_are_still_counted_exactly() {
     require_root();
     docker::require_docker();
     let _serial = serial();
@@ -71,7 +71,14 @@ fn failures_and_sigbus_whose_records_were_lost_are_still_counted_exactly() {
         let text = daemon.metrics();
         let counted = total(&text, "shmtrace_shm_failures_total", &of_it);
         let sigbus = total(&text, "shmtrace_sigbus_total", &[("container", name)]);
-        if (counted == failed && sigbus == SIGBUS_FAULTS) || Instant::now() > deadline {
+        let deaths = total(
+            &text,
+            "shmtrace_process_deaths_total",
+            &[("container", name)],
+        );
+        if (counted == failed && sigbus == SIGBUS_FAULTS && deaths == SIGBUS_DEATHS as f64)
+            || Instant::now() > deadline
+        {
             break text;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -94,6 +101,22 @@ fn failures_and_sigbus_whose_records_were_lost_are_still_counted_exactly() {
         SIGBUS_FAULTS,
         "{SIGBUS_DEATHS} processes died of SIGBUS in the container, {FAULTS_PER_DEATH} faults \
          each\n{text}\nstderr: {stderr}"
+    );
+    // Only the processes killed by SIGBUS died: the one whose writes failed exited 0, and the
+    // shell that started them all was still running.
+    assert_eq!(
+        total(
+            &text,
+            "shmtrace_process_deaths_total",
+            &[("container", name)]
+        ),
+        SIGBUS_DEATHS as f64,
+        "{SIGBUS_DEATHS} processes died of SIGBUS in the container\n{text}\nstderr: {stderr}"
+    );
+    let unrecorded_deaths = sample(&text, "shmtrace_unrecorded_total", &[("kind", "death")]);
+    assert!(
+        unrecorded_deaths.is_some_and(|n| n > 0.0),
+        "no death's record was lost, so the death count proves nothing: {unrecorded_deaths:?}\n{text}"
     );
     // The summary at stop counts every loss of the run, at least what was scraped before.
     let summary = lines

@@ -1,6 +1,8 @@
 //! Each probe path, triggered by real system calls and seen through the real binary's JSON.
 use serde_json::Value;
-use shmtrace_tests::{UNLINK, serial, trace_exerciser};
+use shmtrace_tests::{
+    UNLINK, exerciser, read_json_lines, require_root, serial, shmtrace, tempdir, trace_exerciser,
+};
 
 fn errno(record: &Value) -> Option<&str> {
     record["errno"].as_str()
@@ -190,6 +192,62 @@ fn exit_by_signal() {
     let exit = &trace.events("exit")[0];
     assert_eq!(exit["signal"], "SIGSEGV");
     assert_eq!(trace.summary()["deaths_by_signal"], 1);
+}
+
+/// The probes judge each exit (`shm_death`, what the daemon's death count counts, kept in the
+/// kernel too): a process killed by a SIGBUS in its /dev/shm mapping died of it, and so did the
+/// shell that then exited 3; not a process whose writes failed but that exited 0, one that
+/// failed nothing, nor a shell whose child failed and that was then stopped by SIGTERM.
+#[test]
+fn exits_are_judged_deaths_of_a_full_dev_shm_by_what_failed_before() {
+    let _guard = serial();
+    require_root();
+    let ex = exerciser().display().to_string();
+    let script = format!(
+        "{ex} --private-shm 1m sigbus; {ex} --private-shm 1m failures 3; sh -c 'exit 1'; \
+         sh -c '{ex} --private-shm 1m failures 3; kill -TERM $$'; exit 3"
+    );
+    let dir = tempdir();
+    let out = dir.join("trace.jsonl");
+    let output = shmtrace()
+        .args(["--json", "-o"])
+        .arg(&out)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .expect("running shmtrace");
+    let records = read_json_lines(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    // Each process by its last command line (a shell's holds the commands it runs).
+    let argv_of = |pid: &Value| -> String {
+        records
+            .iter()
+            .rfind(|r| r["event"] == "exec" && &r["pid"] == pid)
+            .map(|r| r["argv"].to_string())
+            .unwrap_or_default()
+    };
+    let judged: Vec<(String, bool)> = records
+        .iter()
+        .filter(|r| r["event"] == "exit")
+        .map(|r| {
+            let death = r["shm_death"]
+                .as_bool()
+                .unwrap_or_else(|| panic!("an exit without shm_death: {r}"));
+            (argv_of(&r["pid"]), death)
+        })
+        .collect();
+    let deaths_of = |part: &str| -> Vec<bool> {
+        judged
+            .iter()
+            .filter(|(argv, _)| argv.contains(part))
+            .map(|(_, death)| *death)
+            .collect()
+    };
+    assert_eq!(deaths_of("\"sigbus\""), [true], "{judged:#?}");
+    assert_eq!(deaths_of("\"failures\""), [false, false], "{judged:#?}");
+    assert_eq!(deaths_of("\"exit 1\""), [false], "{judged:#?}");
+    assert_eq!(deaths_of("kill -TERM $$\"]"), [false], "{judged:#?}");
+    assert_eq!(deaths_of("exit 3\"]"), [true], "{judged:#?}");
 }
 
 #[test]

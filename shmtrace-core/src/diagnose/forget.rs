@@ -173,7 +173,7 @@ mod tests {
         for (i, pid) in [11, 12, 13].into_iter().enumerate() {
             worker(&mut world, pid, 100 * i as u64);
         }
-        let exit = Body::Exit(ExitStatus::Code(0));
+        let exit = Body::Exit(ExitStatus::Code(0).into());
         world.apply(&event(1000, 11, "pt_data_worker", exit.clone()));
         world.apply(&event(1001, 12, "pt_data_worker", exit));
         roles.update(&world);

@@ -52,7 +52,7 @@ use verdict::Diagnosed;
 
 use crate::{
     capacity::Capacity,
-    event::{Body, Event, ExitStatus, InodeId, Syscall},
+    event::{Body, Event, Exit, ExitStatus, InodeId, Syscall},
     model::{Annotation, ContainerInfo, FastMap, FastSet, ShmUsage, World},
 };
 
@@ -100,19 +100,6 @@ pub struct Diagnosis {
     pub program_alternatives: Vec<String>,
     /// Events the kernel could not deliver before this diagnosis: its counts may be short.
     pub lost_events: u64,
-}
-
-impl Diagnosis {
-    /// Whether the process died of a full /dev/shm: it ended unsuccessfully, and /dev/shm's
-    /// size is the cause. Not a program that, by its own rule, put its shared memory elsewhere
-    /// and ran on (Ray's raylet): it ended when it was stopped.
-    pub fn died_of_full_shm(&self) -> bool {
-        let ran_on = self
-            .failures
-            .first()
-            .is_some_and(|f| matches!(f.kind, FailureKind::SpaceCheck { need: Some(_), .. }));
-        self.cause == Cause::ShmFull && self.ending.is_some_and(|e| !e.success()) && !ran_on
-    }
 }
 
 #[derive(Default)]
@@ -273,7 +260,7 @@ impl Diagnoser {
             self.raylets.insert(event.pid);
         }
         let mut out = Vec::new();
-        if let Body::Exit(status) = &event.body {
+        if let Body::Exit(Exit { status, .. }) = &event.body {
             if self.raylets.remove(&event.pid)
                 && let Some(failure) = self.ray_decision(event.pid, event.ts_ns, world)
             {

@@ -9,7 +9,7 @@ use shmtrace_common::{
 };
 use zerocopy::FromBytes;
 
-use super::{Body, Call, Event, Exec, ExitStatus, FileRef, InodeId, Signal, escape};
+use super::{Body, Call, Event, Exec, Exit, ExitStatus, FileRef, InodeId, Signal, escape};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -84,7 +84,10 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Exit => {
             let raw: ExitEvent = read(bytes, "exit event")?;
-            Body::Exit(ExitStatus::from_raw(raw.exit_code))
+            Body::Exit(Exit {
+                status: ExitStatus::from_raw(raw.exit_code),
+                shm_death: raw.header.flags & flags::SHM_DEATH != 0,
+            })
         }
         EventKind::Rename => {
             let raw: RenameEvent = read(bytes, "rename event")?;

@@ -40,7 +40,7 @@ pub enum Body {
         child_pid: u32,
     },
     Exec(Exec),
-    Exit(ExitStatus),
+    Exit(Exit),
     /// A task renamed itself (or was renamed): DataLoader workers become `pt_data_worker`.
     Rename {
         pid: u32,
@@ -69,7 +69,7 @@ impl Event {
                         || (signal.signo == libc::SIGKILL && signal.target_pid != self.pid))
             }
             Body::Oom { .. } => true,
-            Body::Exit(status) => !status.success(),
+            Body::Exit(exit) => !exit.status.success(),
             Body::Fork { .. } | Body::Exec(_) | Body::Rename { .. } => false,
         }
     }
@@ -238,6 +238,24 @@ pub struct Exec {
     pub filename: String,
     pub argv: Vec<String>,
     pub argv_truncated: bool,
+}
+
+/// A process's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub status: ExitStatus,
+    /// The probes counted it as a death of a full /dev/shm (`flags::SHM_DEATH` says when).
+    pub shm_death: bool,
+}
+
+impl From<ExitStatus> for Exit {
+    /// An end the probes did not count as a death of a full /dev/shm.
+    fn from(status: ExitStatus) -> Exit {
+        Exit {
+            status,
+            shm_death: false,
+        }
+    }
 }
 
 /// How a process ended.

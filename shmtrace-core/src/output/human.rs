@@ -11,7 +11,7 @@ use crate::{clock::Clock, size::human};
 use crate::{
     diagnose::Role,
     event::{
-        Body, Call, Event, ExitStatus, Signal, Syscall,
+        Body, Call, Event, Exit, ExitStatus, Signal, Syscall,
         names::{self, errno_description, errno_name},
     },
     model::Annotation,
@@ -96,7 +96,7 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
                 Severity::Quiet,
             )
         }
-        Body::Exit(status) => {
+        Body::Exit(Exit { status, .. }) => {
             let mut text = match status {
                 ExitStatus::Code(code) => format!("+++ exited with {code} +++"),
                 ExitStatus::Signal { signo, core_dumped } => format!(

@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::{
     diagnose::{Role, RoleKind},
     event::{
-        Body, Call, Event, ExitStatus, Syscall,
+        Body, Call, Event, Exit, ExitStatus, Syscall,
         names::{self, errno_name},
     },
     model::Annotation,
@@ -99,6 +99,8 @@ pub struct JsonEvent<'a> {
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub core_dumped: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shm_death: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filename: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -254,6 +256,7 @@ pub fn to_json<'a>(
         child_pid: None,
         exit_code: None,
         core_dumped: None,
+        shm_death: None,
         filename: None,
         argv: None,
         new_comm: None,
@@ -298,8 +301,9 @@ pub fn to_json<'a>(
             out.filename = Some(&exec.filename);
             out.argv = Some(&exec.argv);
         }
-        Body::Exit(status) => {
+        Body::Exit(Exit { status, shm_death }) => {
             out.event = "exit";
+            out.shm_death = Some(*shm_death);
             match status {
                 ExitStatus::Code(code) => out.exit_code = Some(*code),
                 ExitStatus::Signal { signo, core_dumped } => {

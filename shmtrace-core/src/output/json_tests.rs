@@ -11,7 +11,7 @@ use super::{
 };
 use crate::{
     diagnose::{Role, RoleKind},
-    event::{Body, Call, Event, Exec, ExitStatus, FileRef, InodeId, Signal, Syscall, escape},
+    event::{Body, Call, Event, Exec, Exit, ExitStatus, FileRef, InodeId, Signal, Syscall, escape},
     model::{Annotation, ContainerInfo, FaultSite},
 };
 
@@ -283,8 +283,10 @@ fn signals_and_process_events_read_as_the_schema_says() {
             ),
         ),
         (
-            Body::Exit(ExitStatus::Code(1)),
-            format!(r#"{head}"event":"exit",{common}"failure":true,"exit_code":1,{tail}"#),
+            Body::Exit(ExitStatus::Code(1).into()),
+            format!(
+                r#"{head}"event":"exit",{common}"failure":true,"exit_code":1,"shm_death":false,{tail}"#
+            ),
         ),
         (
             Body::Rename {
@@ -306,17 +308,20 @@ fn signals_and_process_events_read_as_the_schema_says() {
     }
 
     // A death by a signal: `signal` is set among the fields every event has, and core_dumped
-    // appears (also when false).
+    // appears (also when false), as shm_death does.
     for core_dumped in [true, false] {
-        let died = event(Body::Exit(ExitStatus::Signal {
-            signo: libc::SIGBUS,
-            core_dumped,
+        let died = event(Body::Exit(Exit {
+            status: ExitStatus::Signal {
+                signo: libc::SIGBUS,
+                core_dumped,
+            },
+            shm_death: core_dumped,
         }));
         let common = common.replace(r#""signal":null"#, r#""signal":"SIGBUS""#);
         assert_eq!(
             line(&died, &Annotation::default()),
             format!(
-                r#"{head}"event":"exit",{common}"failure":true,"core_dumped":{core_dumped},{tail}"#
+                r#"{head}"event":"exit",{common}"failure":true,"core_dumped":{core_dumped},"shm_death":{core_dumped},{tail}"#
             ) + "\n"
         );
     }

@@ -3,7 +3,7 @@
 use crate::{
     capacity::Capacity,
     diagnose::{Role, RoleKind},
-    event::{Body, Event},
+    event::{Body, Event, Exit},
     model::Annotation,
     record::{self, Trigger, TriggerReason, UserRecord},
 };
@@ -38,7 +38,7 @@ pub(super) fn trigger(event: &Event, note: &Annotation, role: &Role) -> Option<T
                     .unwrap_or_default()
             ),
         ),
-        Body::Exit(status)
+        Body::Exit(Exit { status, .. })
             if !status.success()
                 && (role.kind == RoleKind::DataloaderWorker
                     || matches!(status, crate::event::ExitStatus::Signal { .. })) =>

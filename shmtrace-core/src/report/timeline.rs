@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     capacity::Capacity,
     diagnose::{self, Cause, Diagnosis, FailureKind, Role, Roles},
-    event::{Body, Event, ExitStatus, InodeId, Syscall, names},
+    event::{Body, Event, Exit, ExitStatus, InodeId, Syscall, names},
     model::{Annotation, ContainerInfo, World},
 };
 
@@ -440,7 +440,7 @@ impl Timeline {
                 dev,
             });
         }
-        if let Body::Exit(status) = &event.body {
+        if let Body::Exit(Exit { status, .. }) = &event.body {
             let (kind, short) = match status {
                 ExitStatus::Signal { signo, .. } => (
                     MarkKind::Killed,
@@ -546,7 +546,7 @@ mod tests {
             );
             // What the next call's resize looks through.
             most_visited = most_visited.max(timeline.open.len());
-            let exit = Body::Exit(ExitStatus::Code(0));
+            let exit = Body::Exit(ExitStatus::Code(0).into());
             feed(&mut world, &mut timeline, event(ts + 2, child, exit));
         }
         assert!(

@@ -18,7 +18,7 @@ use shmtrace_common::{
 };
 
 use super::syscall::{self, ids};
-use crate::{emit, kernel, scope};
+use crate::{emit, kernel, scope, tally};
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
@@ -138,14 +138,21 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     if !kernel::current_group_dead(&off).unwrap_or(tgid == tid) {
         return None; // other threads live on: the process ends with the last
     }
-    let flags = scope::tracked(tgid)?;
+    let exit_code = kernel::task_exit_code(task, &off).unwrap_or(0);
+    // Before the scope check: a process that failed is counted even if nothing follows it
+    // any longer, and its mark must not outlive it.
+    let died = tally::ended(tgid, task, exit_code, &off);
+    let mut flags = scope::tracked(tgid)?;
     scope::remove_target(tgid);
     if flags & header_flags::HELD == 0 {
         scope::container_ending(tgid, task, &off);
     }
+    if died {
+        flags |= header_flags::SHM_DEATH;
+    }
     let event = ExitEvent {
         header: emit::header(EventKind::Exit, flags, &off),
-        exit_code: kernel::task_exit_code(task, &off).unwrap_or(0),
+        exit_code,
         _pad: 0,
     };
     emit::send(EventKind::Exit, &event, true);

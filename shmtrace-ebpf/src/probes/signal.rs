@@ -12,6 +12,7 @@
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use shmtrace_common::{EventKind, SignalEvent, flags};
 
+use super::syscall::ids;
 use crate::{emit, kernel, maps::CONFIG, scope, tally};
 
 const SIGKILL: i32 = 9;
@@ -38,6 +39,9 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let result: i32 = ctx.arg(4);
     let off = kernel::offsets();
     let target_pid = kernel::task_tgid(target, &off)?;
+    if signo == SIGKILL && ids().0 != target_pid {
+        tally::killed(target_pid);
+    }
     // Host-wide mode reports every SIGBUS: it is the /dev/shm failure mode.
     let host_wide = CONFIG.load().all != 0 && signo == SIGBUS;
     let current = kernel::current_task();
@@ -54,9 +58,10 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     if scope::has_mappings(target_pid) {
         header_flags |= flags::TARGET_MAPS_SHM;
         if signo == SIGBUS && code == BUS_ADRERR {
-            tally::sigbus(&off);
+            tally::sigbus(target_pid, &off);
         }
     }
+
     let event = SignalEvent {
         header: emit::header(EventKind::Signal, header_flags, &off),
         signo,

@@ -9,7 +9,7 @@ use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::Trace
 use shmtrace_common::{Loss, Syscall, flags, statfs_args};
 
 use super::syscall::{self, AT_FDCWD, PathIs};
-use crate::{emit, kernel, maps::Pending, scope};
+use crate::{emit, kernel, maps::Pending, scope, tally};
 
 /// `statfs(path, buf)`.
 #[tracepoint]
@@ -64,6 +64,7 @@ fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         args[statfs_args::BLOCKS] = head[2];
         args[statfs_args::AVAILABLE] = head[4];
         args[statfs_args::MAGIC] = head[0];
+        tally::looked(tgid);
     }
     let call = Pending {
         syscall: call as u16,

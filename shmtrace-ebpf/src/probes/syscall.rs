@@ -478,7 +478,7 @@ pub fn report(pending: &Pending, ret: i64, tgid: u32, off: &KernelOffsets) {
         return;
     }
     if ret < 0 || pending.flags & flags::FD_LIMIT_ONLY != 0 {
-        tally::failure(pending.syscall, ret, off);
+        tally::failure(pending.syscall, ret, tgid, off);
     }
     if config.all != 0 {
         scope::follow(tgid);

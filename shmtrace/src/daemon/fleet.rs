@@ -51,8 +51,11 @@ pub enum Tally {
     Sigbus {
         count: u64,
     },
+    /// Deaths of a full /dev/shm, as the probes count them (`flags::SHM_DEATH`); `role` is
+    /// `unknown` for those whose records were lost.
     Death {
         role: String,
+        count: u64,
     },
     Recommended(u64),
 }
@@ -657,7 +660,7 @@ impl Fleet {
                 Tally::Failure { syscall, errno, .. } => {
                     tracked.failures.insert((syscall.clone(), errno.clone()));
                 }
-                Tally::Death { role } => {
+                Tally::Death { role, .. } => {
                     tracked.roles.insert(role.clone());
                 }
                 _ => {}
@@ -678,10 +681,10 @@ impl Fleet {
             Tally::Sigbus { count } => {
                 m.sigbus.get_or_create(labels).inc_by(count);
             }
-            Tally::Death { role } => {
+            Tally::Death { role, count } => {
                 m.deaths
                     .get_or_create(&DeathLabels::new(labels, &role))
-                    .inc();
+                    .inc_by(count);
             }
             Tally::Recommended(bytes) => {
                 let gauge = m.recommended.get_or_create(labels);

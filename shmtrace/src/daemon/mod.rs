@@ -612,8 +612,19 @@ impl Agent {
 /// What a count of the kernel's is, as the metrics say it, and its kind for
 /// `shmtrace_unrecorded_total`.
 fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
-    if key.what == TallyKey::SIGBUS {
-        return Some(("sigbus", Tally::Sigbus { count }));
+    match key.what {
+        TallyKey::SIGBUS => return Some(("sigbus", Tally::Sigbus { count })),
+        // Who died is in the records that were lost.
+        TallyKey::DEATH => {
+            return Some((
+                "death",
+                Tally::Death {
+                    role: "unknown".to_owned(),
+                    count,
+                },
+            ));
+        }
+        _ => {}
     }
     let syscall = shmtrace_common::Syscall::try_from(key.what).ok()?;
     let errno = match key.errno {

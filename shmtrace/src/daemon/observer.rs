@@ -27,7 +27,7 @@ pub struct FleetObserver {
 }
 
 impl Observer for FleetObserver {
-    fn event(&mut self, event: &Event, note: &Annotation, _: &Role, _: &str, _: &World) {
+    fn event(&mut self, event: &Event, note: &Annotation, role: &Role, _: &str, _: &World) {
         self.metrics.events.inc();
         let mut fleet = self.fleet.borrow_mut();
         let now = Instant::now();
@@ -35,7 +35,7 @@ impl Observer for FleetObserver {
         if let Some(key) = tally_key(event) {
             self.unseen.borrow_mut().saw(key);
         }
-        for tally in tallies(event, note) {
+        for tally in tallies(event, note, role) {
             fleet.tally_from(event.pid, event.mntns, tally, event.ts_ns, now);
         }
         if let Body::Exit(_) = event.body {
@@ -53,26 +53,21 @@ impl Observer for FleetObserver {
     fn container(&mut self, _: &ContainerInfo) {}
 
     fn diagnosis(&mut self, diagnosis: &Diagnosis) {
-        let mut tallies = Vec::new();
-        if diagnosis.died_of_full_shm() {
-            tallies.push(Tally::Death {
-                role: role_name(diagnosis),
-            });
-        }
-        if let Some(recommendation) = &diagnosis.recommendation {
-            tallies.push(Tally::Recommended(recommendation.min_bytes));
-        }
+        // Deaths are counted from the exits the probes judged (`tallies`), which stay exact
+        // when records are lost; a diagnosis brings the advice.
+        let Some(recommendation) = &diagnosis.recommendation else {
+            return;
+        };
+        let tally = Tally::Recommended(recommendation.min_bytes);
         let mut fleet = self.fleet.borrow_mut();
-        for tally in tallies {
-            let unplaced = match &diagnosis.container {
-                Some(container) => fleet.tally_for_id(&container.id, tally),
-                None => Err(tally),
-            };
-            if let Err(tally) = unplaced {
-                match fleet.mntns_of(diagnosis.pid) {
-                    Some(mntns) => fleet.tally_in(mntns, tally, diagnosis.ts_ns, Instant::now()),
-                    None => log::debug!("diagnosis of pid {} not placed", diagnosis.pid),
-                }
+        let unplaced = match &diagnosis.container {
+            Some(container) => fleet.tally_for_id(&container.id, tally),
+            None => Err(tally),
+        };
+        if let Err(tally) = unplaced {
+            match fleet.mntns_of(diagnosis.pid) {
+                Some(mntns) => fleet.tally_in(mntns, tally, diagnosis.ts_ns, Instant::now()),
+                None => log::debug!("diagnosis of pid {} not placed", diagnosis.pid),
             }
         }
     }
@@ -83,8 +78,15 @@ impl Observer for FleetObserver {
 }
 
 /// What one event counts.
-fn tallies(event: &Event, note: &Annotation) -> Vec<Tally> {
+fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
     match &event.body {
+        Body::Exit(exit) if exit.shm_death => vec![
+            Tally::Touch,
+            Tally::Death {
+                role: role_name(role),
+                count: 1,
+            },
+        ],
         Body::Call(call) if call.failed() => vec![
             Tally::Touch,
             Tally::Failure {
@@ -122,11 +124,13 @@ fn counted_sigbus(signal: &crate::event::Signal) -> bool {
 }
 
 /// What the kernel counted this record as (`shmtrace_ebpf::tally`): a failed call by its
-/// errno (0 for descriptors dropped), a SIGBUS as [`counted_sigbus`] says.
+/// errno (0 for descriptors dropped), a SIGBUS as [`counted_sigbus`] says, a death as the
+/// exit's `shm_death` says.
 fn tally_key(event: &Event) -> Option<TallyKey> {
     let (what, errno) = match &event.body {
         Body::Call(call) if call.failed() => (call.syscall as u16, (-call.ret).max(0) as u16),
         Body::Signal(signal) if counted_sigbus(signal) => (TallyKey::SIGBUS, 0),
+        Body::Exit(exit) if exit.shm_death => (TallyKey::DEATH, 0),
         _ => return None,
     };
     Some(TallyKey {
@@ -147,8 +151,8 @@ fn is_object(path: &str) -> bool {
     !matches!(path.trim_end_matches('/'), "/dev/shm" | "")
 }
 
-fn role_name(diagnosis: &Diagnosis) -> String {
-    serde_json::to_value(diagnosis.role.kind)
+fn role_name(role: &Role) -> String {
+    serde_json::to_value(role.kind)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_else(|| "other".to_owned())
@@ -198,8 +202,47 @@ mod tests {
     #[test]
     fn closing_the_dev_shm_directory_is_no_use_of_it_and_closing_a_file_is() {
         let (event, note) = close(libc::S_IFDIR | 0o1777);
-        assert_eq!(tallies(&event, &note), Vec::new());
+        assert_eq!(tallies(&event, &note, &Role::OTHER), Vec::new());
         let (event, note) = close(libc::S_IFREG | 0o600);
-        assert_eq!(tallies(&event, &note), vec![Tally::Touch]);
+        assert_eq!(tallies(&event, &note, &Role::OTHER), vec![Tally::Touch]);
+    }
+
+    #[test]
+    fn an_exit_counts_as_a_death_as_the_probes_judged_it_and_by_the_role_it_had() {
+        let (mut event, note) = close(libc::S_IFREG | 0o600);
+        let worker = Role {
+            kind: crate::diagnose::RoleKind::DataloaderWorker,
+            worker_index: Some(0),
+            trainer: Some(1),
+        };
+        let status = crate::event::ExitStatus::Signal {
+            signo: libc::SIGBUS,
+            core_dumped: false,
+        };
+        event.body = Body::Exit(status.into());
+        assert_eq!(tallies(&event, &note, &worker), Vec::new());
+        assert_eq!(tally_key(&event), None);
+        event.body = Body::Exit(crate::event::Exit {
+            status,
+            shm_death: true,
+        });
+        assert_eq!(
+            tallies(&event, &note, &worker),
+            vec![
+                Tally::Touch,
+                Tally::Death {
+                    role: "dataloader_worker".into(),
+                    count: 1
+                }
+            ]
+        );
+        assert_eq!(
+            tally_key(&event),
+            Some(TallyKey {
+                mntns: 3,
+                what: TallyKey::DEATH,
+                errno: 0
+            })
+        );
     }
 }

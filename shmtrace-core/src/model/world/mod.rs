@@ -14,7 +14,7 @@ use super::{
     Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject,
     ShmUsage, Totals, process::MAX_NAMES,
 };
-use crate::event::{Body, Event, ExitStatus, InodeId};
+use crate::event::{Body, Event, Exit, ExitStatus, InodeId};
 
 #[derive(Debug, Default)]
 pub struct World {
@@ -308,7 +308,7 @@ impl World {
                 };
                 self.release(released.0, released.1, &mut note);
             }
-            Body::Exit(status) => {
+            Body::Exit(Exit { status, .. }) => {
                 if matches!(status, ExitStatus::Signal { .. }) {
                     self.totals.deaths_by_signal += 1;
                 }

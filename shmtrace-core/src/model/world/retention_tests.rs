@@ -33,7 +33,7 @@ fn short_life(world: &mut World, ts: u64, pid: u32, leave: bool) {
         pid,
         call(Syscall::Close, u64::from(pid), None, [3, 0, 0, 0, 0, 0]),
     ));
-    world.apply(&event(ts + 4, pid, Body::Exit(ExitStatus::Code(0))));
+    world.apply(&event(ts + 4, pid, Body::Exit(ExitStatus::Code(0).into())));
 }
 
 fn retention(max_processes: usize, max_objects: usize) -> Retention {
@@ -222,10 +222,18 @@ fn a_process_that_ended_quietly_goes_after_the_short_linger_unless_it_still_matt
         call.file = None;
     }
     world.apply(&event(SECOND + 1, 4, refused));
-    world.apply(&event(SECOND + 2, 4, Body::Exit(ExitStatus::Code(1))));
+    world.apply(&event(
+        SECOND + 2,
+        4,
+        Body::Exit(ExitStatus::Code(1).into()),
+    ));
     world.apply(&event(SECOND, 1, Body::Fork { child_pid: 5 }));
     world.apply(&event(SECOND + 1, 5, Body::Fork { child_pid: 6 }));
-    world.apply(&event(SECOND + 2, 5, Body::Exit(ExitStatus::Code(0))));
+    world.apply(&event(
+        SECOND + 2,
+        5,
+        Body::Exit(ExitStatus::Code(0).into()),
+    ));
     // 7 ends quietly too, but the caller still needs it (a diagnosis names it).
     short_life(&mut world, SECOND, 7, false);
     assert!(

@@ -16,6 +16,7 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         task_tgid: at("task_struct", "tgid")?,
         task_comm: at("task_struct", "comm")?,
         task_exit_code: at("task_struct", "exit_code")?,
+        task_real_parent: at("task_struct", "real_parent")?,
         task_signal: at("task_struct", "signal")?,
         signal_live: at("signal_struct", "live.counter")?,
         task_nsproxy: at("task_struct", "nsproxy")?,
