@@ -247,7 +247,9 @@ fn exits_are_judged_deaths_of_a_full_dev_shm_by_what_failed_before() {
     assert_eq!(deaths_of("\"failures\""), [false, false], "{judged:#?}");
     assert_eq!(deaths_of("\"exit 1\""), [false], "{judged:#?}");
     assert_eq!(deaths_of("kill -TERM $$\"]"), [false], "{judged:#?}");
-    assert_eq!(deaths_of("exit 3\"]"), [true], "{judged:#?}");
+    // The outer shell by the script's start: an exec record's argv is cut short, and how far
+    // the script's end reaches depends on the length of the checkout's path.
+    assert_eq!(deaths_of(" sigbus; "), [true], "{judged:#?}");
 }
 
 #[test]
