@@ -6,8 +6,11 @@
 //! wait. So at the end short-lived `shmtrace-detach` processes take over the last references
 //! to the attachments and let the kernel release them, while shmtrace itself exits at once.
 //! They hold nothing else: no terminal, pipe or file of shmtrace's, so whoever reads
-//! shmtrace's output sees it end when shmtrace ends.
+//! shmtrace's output sees it end when shmtrace ends. They step aside while a later run
+//! attaches (`attaching`).
 use std::{fs, os::fd::RawFd};
+
+use super::attaching;
 
 /// Hands the attachments (`perf_event` and `bpf_link` descriptors) to background processes
 /// that close them after this process has closed its own copies. `Some(handover)` when it
@@ -67,7 +70,8 @@ const DETACHERS: usize = 8;
 /// The forked child: forks the detachers (so that nobody has to reap the ones doing the slow
 /// work, and shmtrace waits only for this one) and exits. Detacher `n` keeps every
 /// [`DETACHERS`]th attachment from the `n`th and the pipe, closes every other descriptor,
-/// waits for the pipe's end, and exits, which releases its attachments.
+/// waits for the pipe's end, then closes its attachments, which releases them, one at a time,
+/// holding each while a later run attaches (`attaching`), and exits.
 ///
 /// # Safety
 /// Only right in a child just forked from a multithreaded process: it makes async-signal-safe
@@ -105,6 +109,20 @@ unsafe fn detacher(keep: &[RawFd], go_read: RawFd) -> ! {
         );
         let mut byte = 0u8;
         while libc::read(go_read, (&raw mut byte).cast(), 1) < 0 {}
+        // One at a time, each after any run that is attaching now has done so (`attaching`).
+        let mut waits_left =
+            attaching::HOLD_AT_MOST.as_millis() / attaching::LOOK_EVERY.as_millis();
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: attaching::LOOK_EVERY.as_nanos() as libc::c_long,
+        };
+        for &fd in keep.iter().filter(|&&fd| mine(fd)) {
+            while waits_left > 0 && attaching::someone_attaching() {
+                libc::nanosleep(&pause, std::ptr::null_mut());
+                waits_left -= 1;
+            }
+            libc::close(fd);
+        }
         libc::_exit(0)
     }
 }

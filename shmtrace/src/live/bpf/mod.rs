@@ -3,9 +3,11 @@
 //! `preflight` checks the machine can run them, `btf` reads the kernel's type information and
 //! `offsets` resolves the kernel struct offsets
 //! they need, `arch` says what differs between architectures, `hooks` lists what they attach to, `tracer` loads and attaches them and owns their
-//! maps, `reader` streams their records. Dropping the [`Tracer`] detaches and unloads
+//! maps, `reader` streams their records, `detach` lets them go in the background, and
+//! `attaching` keeps an earlier run's release out of a new run's way. Dropping the [`Tracer`] detaches and unloads
 //! everything: nothing is pinned, so nothing outlives the process.
 mod arch;
+mod attaching;
 mod btf;
 mod detach;
 mod followed;

@@ -17,7 +17,7 @@ use shmtrace_core::event::LostCounts;
 use crate::kernel_ids;
 
 use super::{
-    BpfError, EBPF_OBJECT, KERNEL_BTF, detach,
+    BpfError, EBPF_OBJECT, KERNEL_BTF, attaching, detach,
     followed::FollowedBitmap,
     hooks::{self, Hook},
     offsets, preflight,
@@ -108,6 +108,9 @@ impl Tracer {
             self_tgid: std::process::id(),
             wakeup_bytes: size / 4,
         };
+        // From before the programs load: releases of earlier runs already under way end
+        // while the verifier works.
+        let announcement = attaching::announce();
         let mut ebpf = loader
             .override_global("CONFIG", &config, true)
             .override_global("OFFSETS", &kernel_offsets, true)
@@ -119,6 +122,7 @@ impl Tracer {
         for hook in &hooks {
             links.push(attach(&mut ebpf, hook)?);
         }
+        drop(announcement);
 
         let mut hold_outside: Array<MapData, u32> =
             take_map(&mut ebpf, "HOLD_OUTSIDE", Array::try_from)?;
