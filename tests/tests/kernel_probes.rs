@@ -1,7 +1,8 @@
 //! Each probe path, triggered by real system calls and seen through the real binary's JSON.
 use serde_json::Value;
 use shmtrace_tests::{
-    UNLINK, exerciser, read_json_lines, require_root, serial, shmtrace, tempdir, trace_exerciser,
+    UNLINK, exerciser, live::LiveTracer, read_json_lines, require_root, scaled, serial, shmtrace,
+    tempdir, trace_exerciser,
 };
 
 fn errno(record: &Value) -> Option<&str> {
@@ -378,4 +379,100 @@ fn hostile_names_are_escaped() {
         "{text}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The container filter in the kernel, on any kernel the matrix boots (no container runtime
+/// there): a container made by hand the way runtimes make one (its own mount namespace with a
+/// 1 MiB /dev/shm, in a cgroup v2 named as Docker's cgroupfs driver names it), which shmtrace
+/// finds by the cgroup scan because no runtime answers, beside a process that fails the same
+/// way in a namespace of its own outside the cgroup. Only the container's failure is reported,
+/// and it is attributed to the container. Real Docker, Podman and containerd containers are
+/// traced in the `docker_*`, `podman_*` and `containerd_*` tests on the host.
+#[test]
+fn the_container_filter_follows_a_containers_namespace_and_cgroup_alone() {
+    let _guard = serial();
+    require_root();
+    let cgroup2 = cgroup2_mount().expect(
+        "no cgroup2 file system is mounted: the container filter's test puts its container in \
+         one (mount -t cgroup2 none /sys/fs/cgroup)",
+    );
+    let id: String = format!(
+        "{:016x}",
+        u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    )
+    .repeat(4)
+    .chars()
+    .take(64)
+    .collect();
+    let cgroup = cgroup2.join("docker").join(&id);
+    std::fs::create_dir_all(&cgroup).expect("making the container's cgroup");
+    let dir = tempdir();
+    let ex = exerciser().display().to_string();
+    // Each waits for `go`, in a mount namespace of its own with a 1 MiB /dev/shm; the container's
+    // shell joins the cgroup first.
+    let start = |name: &str, join: Option<&std::path::Path>| {
+        let join = join
+            .map(|cg| format!("echo $$ > {}/cgroup.procs && ", cg.display()))
+            .unwrap_or_default();
+        let script = format!(
+            "{join}mount -t tmpfs -o size=1m tmpfs /dev/shm && touch {ready} && \
+             while [ ! -e {go} ]; do sleep 0.05; done; {ex} fallocate-enospc; exit 0",
+            ready = dir.join(format!("{name}.ready")).display(),
+            go = dir.join("go").display(),
+        );
+        std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .spawn()
+            .expect("starting a process in a mount namespace of its own (util-linux unshare)")
+    };
+    let mut container = start("container", Some(&cgroup));
+    let mut outsider = start("outsider", None);
+    let deadline = std::time::Instant::now() + scaled(std::time::Duration::from_secs(20));
+    while !(dir.join("container.ready").exists() && dir.join("outsider.ready").exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the processes never got ready"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // No runtime answers at that socket, so shmtrace scans /proc/*/cgroup for the id.
+    let tracer = LiveTracer::start(&[
+        "--container-id",
+        &id,
+        "--docker-socket",
+        "/nonexistent/docker.sock",
+    ]);
+    std::fs::write(dir.join("go"), "").unwrap();
+    let outsider_pid = outsider.id();
+    assert!(container.wait().unwrap().success());
+    assert!(outsider.wait().unwrap().success());
+    tracer.wait_for_record(|r| r["event"] == "fallocate" && r["errno"] == "ENOSPC");
+    let (_, log, records) = tracer.stop();
+    let _ = std::fs::remove_dir(&cgroup);
+    let _ = std::fs::remove_dir(cgroup2.join("docker"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let failures: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "fallocate" && r["errno"] == "ENOSPC")
+        .collect();
+    assert_eq!(failures.len(), 1, "{records:#?}\n{log}");
+    assert_eq!(failures[0]["container"]["id"], id.as_str(), "{log}");
+    // Both failed alike; only the container's is there, and nothing of the outsider's shell.
+    assert!(
+        !records
+            .iter()
+            .any(|r| r["pid"].as_u64() == Some(u64::from(outsider_pid))),
+        "{records:#?}"
+    );
+}
+
+/// Where a cgroup2 file system is mounted (`/sys/fs/cgroup` on a pure cgroup v2 host,
+/// `/sys/fs/cgroup/unified` on a hybrid one).
+fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        let mount_point = before.split_whitespace().nth(4)?;
+        (after.split_whitespace().next()? == "cgroup2").then(|| mount_point.into())
+    })
 }

@@ -1,7 +1,9 @@
 //! `cargo xtask dist`: release artifacts, in `target/dist/`, that install the way users install
 //! tools: a binary per architecture that runs on glibc 2.31 or newer (Debian 11, Ubuntu 20.04,
-//! RHEL 9 and everything since), and a wheel per architecture, `manylinux_2_31`, holding only
-//! that binary, which `pip install` (or `pipx`, `uv tool install`) puts on PATH.
+//! RHEL 9 and everything since); a wheel per architecture, `manylinux_2_31`, holding only
+//! that binary, which `pip install` (or `pipx`, `uv tool install`) puts on PATH; and the node
+//! agent's image, a root file system per architecture for `deploy/image/Dockerfile`
+//! (`dist/image.rs`).
 //!
 //! Each architecture takes one release build: maturin (`deploy/python/pyproject.toml`, its
 //! `bin` bindings) builds the crate with zig as the linker against glibc 2.31's symbol
@@ -9,9 +11,11 @@
 //! cross-links arm64 alike), packs the wheel and checks it as auditwheel would; the binary is
 //! then copied out beside it. maturin and zig come from PyPI, into a venv under `target/`.
 //!
-//! `--check` proves the claims: no symbol newer than GLIBC_2.31 in either binary; the x86-64
-//! wheel pip-installed into a fresh venv runs `shmtrace demo`; and the x86-64 binary runs
-//! `shmtrace demo` inside a Debian 11 root file system (glibc 2.31) made with debootstrap.
+//! `--check` proves the claims (`dist/check.rs`): no symbol newer than GLIBC_2.31 in either
+//! binary, and the x86-64 artifacts installed and run as users would.
+mod check;
+mod image;
+
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -20,26 +24,33 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{root, run};
+use crate::{root, run, vm::Arch};
 
 /// The oldest glibc the binaries run on: Debian 11's.
 const GLIBC_FLOOR: (u32, u32) = (2, 31);
 
-/// What is built, by Rust target and the wheel's platform tag's architecture.
-const TARGETS: [(&str, &str); 2] = [
-    ("x86_64-unknown-linux-gnu", "x86_64"),
-    ("aarch64-unknown-linux-gnu", "aarch64"),
-];
+/// What is built.
+const ARCHES: [Arch; 2] = [Arch::X86_64, Arch::Aarch64];
 
 #[derive(clap::Args)]
 pub struct DistArgs {
     /// Only these architectures (comma-separated: x86_64, aarch64; default: both).
     #[arg(long, value_delimiter = ',')]
     arch: Vec<String>,
-    /// Then check the glibc claim and install the x86-64 wheel and binary as users would (root:
-    /// the demo loads the probes; debootstrap needs the network the first time).
+    /// Then check the glibc claim, install the x86-64 wheel and binary as users would, and
+    /// build the images and run the x86-64 one beside a failing container (root: the demo
+    /// loads the probes; debootstrap needs the network the first time; Docker).
     #[arg(long)]
     check: bool,
+}
+
+/// One architecture's artifacts.
+pub struct Built {
+    pub arch: Arch,
+    pub binary: PathBuf,
+    pub wheel: PathBuf,
+    /// The newest `GLIBC_` symbol version the binary requires.
+    pub newest_glibc: (u32, u32),
 }
 
 fn target_dir() -> PathBuf {
@@ -48,62 +59,90 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
+/// Where `cargo xtask dist` writes: the binaries and wheels, and the image's build context.
+pub fn dist_dir() -> PathBuf {
+    target_dir().join("dist")
+}
+
 pub fn run_dist(args: &DistArgs) -> Result<()> {
-    let out = target_dir().join("dist");
+    let out = dist_dir();
     fs::create_dir_all(&out)?;
     let tools = tools()?;
     let version = workspace_version()?;
     let mut built = Vec::new();
-    for (triple, arch) in TARGETS {
-        if !args.arch.is_empty() && !args.arch.iter().any(|a| a == arch) {
+    for arch in ARCHES {
+        if !args.arch.is_empty() && !args.arch.iter().any(|a| a == arch.gnu()) {
             continue;
         }
-        // A wheel of an older build must not pass for this one.
-        for stale in wheels(&out, arch)? {
-            fs::remove_file(stale)?;
-        }
-        run(tools
-            .command("maturin")
-            .current_dir(root().join("deploy/python"))
-            .args(["build", "--release", "--zig", "--target", triple])
-            .args(["--compatibility", "manylinux_2_31", "--out"])
-            .arg(&out))
-        .with_context(|| format!("building the {arch} wheel"))?;
-        let wheel = wheels(&out, arch)?
-            .pop()
-            .with_context(|| format!("maturin left no {arch} wheel in {}", out.display()))?;
-        let binary = out.join(format!("shmtrace-{version}-{triple}"));
-        fs::copy(target_dir().join(triple).join("release/shmtrace"), &binary)?;
-        let newest = newest_glibc(&binary)?;
+        let one = build(&tools, &out, &version, arch)?;
+        let tar = image::write(&out, arch, &one.binary)?;
         println!(
-            "{}: needs GLIBC_{}.{} at most\n{}",
-            binary.display(),
-            newest.0,
-            newest.1,
-            wheel.display()
+            "{}: needs GLIBC_{}.{} at most\n{}\n{}",
+            one.binary.display(),
+            one.newest_glibc.0,
+            one.newest_glibc.1,
+            one.wheel.display(),
+            tar.display()
         );
-        built.push((arch, binary, wheel, newest));
+        built.push(one);
     }
     if args.check {
-        for (arch, binary, _, newest) in &built {
-            if *newest > GLIBC_FLOOR {
+        for one in &built {
+            if one.newest_glibc > GLIBC_FLOOR {
                 bail!(
-                    "{arch}: {} needs GLIBC_{}.{}, newer than {}.{}",
-                    binary.display(),
-                    newest.0,
-                    newest.1,
+                    "{}: {} needs GLIBC_{}.{}, newer than {}.{}",
+                    one.arch.gnu(),
+                    one.binary.display(),
+                    one.newest_glibc.0,
+                    one.newest_glibc.1,
                     GLIBC_FLOOR.0,
                     GLIBC_FLOOR.1
                 );
             }
+            image::build(&out, one.arch, &image_tag(&version, one.arch))?;
         }
-        let Some((_, binary, wheel, _)) = built.iter().find(|(arch, ..)| *arch == "x86_64") else {
+        let Some(x86) = built.iter().find(|one| one.arch == Arch::X86_64) else {
             bail!("--check installs the x86-64 artifacts: build them too");
         };
-        check_wheel(wheel, &out.join("check"))?;
-        check_bullseye(binary, &out.join("check"))?;
+        check::wheel(&x86.wheel, &out.join("check"))?;
+        check::bullseye(&x86.binary, &out.join("check"))?;
+        check::image_runs(&image_tag(&version, Arch::X86_64))?;
     }
     Ok(())
+}
+
+/// The local tag `--check` gives an architecture's image.
+fn image_tag(version: &str, arch: Arch) -> String {
+    format!("shmtrace:{version}-{}", arch.oci())
+}
+
+/// One architecture's release build, through maturin: the wheel, and the binary copied out.
+fn build(tools: &Tools, out: &Path, version: &str, arch: Arch) -> Result<Built> {
+    let triple = arch.rust_target();
+    let name = arch.gnu();
+    // A wheel of an older build must not pass for this one.
+    for stale in wheels(out, name)? {
+        fs::remove_file(stale)?;
+    }
+    run(tools
+        .command("maturin")
+        .current_dir(root().join("deploy/python"))
+        .args(["build", "--release", "--zig", "--target", triple])
+        .args(["--compatibility", "manylinux_2_31", "--out"])
+        .arg(out))
+    .with_context(|| format!("building the {name} wheel"))?;
+    let wheel = wheels(out, name)?
+        .pop()
+        .with_context(|| format!("maturin left no {name} wheel in {}", out.display()))?;
+    let binary = out.join(format!("shmtrace-{version}-{triple}"));
+    fs::copy(target_dir().join(triple).join("release/shmtrace"), &binary)?;
+    let newest_glibc = newest_glibc(&binary)?;
+    Ok(Built {
+        arch,
+        binary,
+        wheel,
+        newest_glibc,
+    })
 }
 
 /// maturin and zig from PyPI, in a venv of their own under `target/`, made unless it is there.
@@ -202,141 +241,6 @@ fn glibc_versions(text: &str) -> Vec<(u32, u32)> {
             Some((major, minor))
         })
         .collect()
-}
-
-/// The demo's output explains both of its failures.
-fn judge_demo(output: &std::process::Output, how: &str) -> Result<()> {
-    let text = String::from_utf8_lossy(&output.stdout);
-    let explained = text.contains("ENOSPC (No space left on device)")
-        && text.contains("+++ killed by SIGBUS +++")
-        && text.contains("shmtrace diagnosis");
-    if !output.status.success() || !explained {
-        bail!(
-            "`shmtrace demo` {how} exited with {} without explaining both failures:\n{text}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    println!("`shmtrace demo` {how}: both failures explained");
-    Ok(())
-}
-
-/// `pip install` of the wheel into a fresh venv, then `shmtrace` from that venv's PATH.
-fn check_wheel(wheel: &Path, scratch: &Path) -> Result<()> {
-    let venv = scratch.join("venv");
-    let _ = fs::remove_dir_all(&venv);
-    fs::create_dir_all(scratch)?;
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    run(Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", "--no-index"])
-        .arg(wheel))?;
-    let bin = venv.join("bin");
-    let path = format!(
-        "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        bin.display()
-    );
-    let output = Command::new("shmtrace")
-        .args(["demo", "--color", "never"])
-        .env("PATH", &path)
-        .output()
-        .context("running shmtrace from the venv's PATH")?;
-    judge_demo(&output, &format!("from a venv with {}", wheel.display()))
-}
-
-/// The binary in a Debian 11 root file system, whose glibc is 2.31: made once with
-/// debootstrap, then entered with chroot and the kernel's file systems mounted inside.
-fn check_bullseye(binary: &Path, scratch: &Path) -> Result<()> {
-    let rootfs = scratch.join("bullseye");
-    // Written once debootstrap has finished: a broken run leaves a tree that looks whole.
-    let made = scratch.join("bullseye.made");
-    if !made.exists() {
-        let _ = fs::remove_dir_all(&rootfs);
-        run(Command::new("debootstrap")
-            .args(["--variant=minbase", "bullseye"])
-            .arg(&rootfs)
-            .arg(crate::vm::debian_mirror()?))
-        .context("making a Debian 11 root file system (apt-get install debootstrap)")?;
-        fs::write(&made, "")?;
-    }
-    let glibc = Command::new("chroot")
-        .arg(&rootfs)
-        .args(["ldd", "--version"])
-        .output()?;
-    let glibc = String::from_utf8_lossy(&glibc.stdout);
-    println!(
-        "Debian 11 root file system: {}",
-        glibc.lines().next().unwrap_or("?")
-    );
-    fs::copy(binary, rootfs.join("usr/local/bin/shmtrace"))?;
-    let mounts = Mounts::new(&rootfs)?;
-    let output = Command::new("chroot")
-        .arg(&rootfs)
-        .args(["/usr/local/bin/shmtrace", "demo", "--color", "never"])
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-        .output()?;
-    drop(mounts);
-    judge_demo(&output, "in Debian 11 (chroot)")
-}
-
-/// The root file system as a mount point, with the kernel's file systems the probes need
-/// mounted inside, all unmounted, innermost first, when dropped.
-struct Mounts {
-    mounted: Vec<PathBuf>,
-}
-
-impl Mounts {
-    fn new(rootfs: &Path) -> Result<Mounts> {
-        let mut mounts = Mounts {
-            mounted: Vec::new(),
-        };
-        // The root file system on itself first: the demo makes every mount private from `/`,
-        // which the kernel refuses (EINVAL) unless `/` is a mount point, as it is not in a bare
-        // chroot.
-        run(Command::new("mount").arg("--bind").arg(rootfs).arg(rootfs))?;
-        mounts.mounted.push(rootfs.to_owned());
-        for (what, kind) in [
-            ("/proc", None),
-            ("/sys", None),
-            ("/sys/kernel/tracing", None),
-            ("/sys/fs/bpf", None),
-            ("/dev", None),
-            ("/dev/shm", Some("tmpfs")),
-        ] {
-            let at = rootfs.join(what.trim_start_matches('/'));
-            fs::create_dir_all(&at)?;
-            let mut command = Command::new("mount");
-            match kind {
-                Some(kind) => command.args(["-t", kind, kind]),
-                None => command.args(["--bind", what]),
-            };
-            run(command.arg(&at))?;
-            mounts.mounted.push(at);
-        }
-        Ok(mounts)
-    }
-}
-
-impl Drop for Mounts {
-    fn drop(&mut self) {
-        for at in self.mounted.iter().rev() {
-            // shmtrace's detachers (docs/probes.md, Detaching) live on inside the chroot for
-            // a second or two after it exits, keeping the root busy: wait for them, then let
-            // the kernel finish the unmount itself.
-            let unmounted = (0..10).any(|attempt| {
-                if attempt > 0 {
-                    std::thread::sleep(std::time::Duration::from_millis(500));
-                }
-                Command::new("umount")
-                    .arg(at)
-                    .stderr(std::process::Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            });
-            if !unmounted {
-                let _ = Command::new("umount").arg("--lazy").arg(at).status();
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -26,13 +26,16 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use arch::Arch;
 use guest::Step;
 use initramfs::{Initramfs, Libraries};
 use kernels::{Ci, Expect, Kernel};
 
-/// The machine's own Debian archive, for other tasks that fetch from Debian.
+/// The machine's own Debian archive, for other tasks that fetch from Debian; architectures,
+/// and Debian's packages of any of them unpacked, for the release image (`dist`).
 pub use apt::debian_mirror;
+pub use arch::Arch;
+pub use kernels::cache_dir;
+pub use userland::{libraries_of, unpacked};
 
 use crate::{cargo, root};
 
@@ -75,14 +78,49 @@ fn add_python(image: &mut Initramfs) -> Result<()> {
     image.tree(&root().join("tests/workloads"), &["__pycache__"])
 }
 
+/// Test binaries, each with libtest's filters (a test runs if its name contains any).
+type Selection = &'static [(&'static str, &'static [&'static str])];
+
 /// What `--ci` runs on a kernel of [`Ci::Smoke`]: a user's first two tries.
-const SMOKE: (&str, &[&str]) = (
+const SMOKE: Selection = &[(
     "kernel_cli",
     &[
         "the_demo_explains_both_failures",
         "dd_filling_a_64_mib_shm_shows_the_failed_write",
     ],
-);
+)];
+
+/// What `--ci` runs on a kernel of [`Ci::Probes`]: the smoke test, and a test of each probe:
+/// open and size (`openat`, `fallocate`, `ftruncate`, `write`), map and unmap (`mmap`,
+/// `munmap`, `memfd_create`, `openat2`), unlink and close, System V, SIGBUS, exits (of a
+/// signal, and judged deaths), fork, `statfs`, and the container filter.
+const PROBES: Selection = &[
+    SMOKE[0],
+    (
+        "kernel_probes",
+        &[
+            "fallocate_enospc_on_a_full_tmpfs",
+            "write_enospc_of_a_semaphore",
+            "openat2_memfd_and_partial_munmap",
+            "system_v_failures_and_success",
+            "sigbus_address_maps_back_to_its_file",
+            "exit_by_signal",
+            "exits_are_judged_deaths",
+            "follows_forks_to_grandchildren",
+            "statfs_of_dev_shm_shows_the_free_space_seen",
+            "the_container_filter_follows",
+        ],
+    ),
+];
+
+/// The tests `--ci` picks on a kernel, if it runs a selection rather than whole binaries.
+fn ci_selection(ci: Ci) -> Option<Selection> {
+    match ci {
+        Ci::Smoke => Some(SMOKE),
+        Ci::Probes => Some(PROBES),
+        Ci::Full | Ci::WithoutPython | Ci::Load => None,
+    }
+}
 
 #[derive(clap::Args)]
 pub struct VmArgs {
@@ -135,7 +173,10 @@ fn base_image(arch: Arch, shmtrace: &Path) -> Result<Initramfs> {
         image
     } else {
         let sysroot = userland::sysroot(arch, &kernels::cache_dir())?;
-        let mut image = Initramfs::new(Libraries::Sysroot(sysroot), "aarch64-linux-gnu-objcopy");
+        let mut image = Initramfs::new(
+            Libraries::Sysroot(sysroot, arch),
+            "aarch64-linux-gnu-objcopy",
+        );
         image.sysroot_program(Path::new("/bin/busybox"), "/bin/busybox")?;
         for program in TOOLS {
             // Debian 12's packages still put some of them in /bin.
@@ -481,7 +522,7 @@ pub fn test(args: &VmArgs) -> Result<()> {
     } else {
         args.tests.clone()
     };
-    let smoke = |kernel: &Kernel| args.ci && kernel.ci == Ci::Smoke;
+    let selection = |kernel: &Kernel| ci_selection(kernel.ci).filter(|_| args.ci);
     let selected: Vec<&Kernel> = selected
         .into_iter()
         .filter(|kernel| !(args.ci && kernel.ci == Ci::Load))
@@ -494,14 +535,16 @@ pub fn test(args: &VmArgs) -> Result<()> {
             .copied()
             .filter(|k| k.arch == arch)
             .collect();
-        // Only the smoke test's binary for an architecture whose kernels all run it alone.
-        let mut tests = if kernels.iter().all(|k| smoke(k)) {
+        // Only the selections' binaries for an architecture whose kernels all run a selection.
+        let mut tests = if kernels.iter().all(|k| selection(k).is_some()) {
             Vec::new()
         } else {
             requested.clone()
         };
-        if kernels.iter().any(|k| smoke(k)) && !tests.iter().any(|t| t == SMOKE.0) {
-            tests.push(SMOKE.0.to_owned());
+        for (binary, _) in kernels.iter().filter_map(|k| selection(k)).flatten() {
+            if !tests.iter().any(|t| t == binary) {
+                tests.push((*binary).to_owned());
+            }
         }
         // kernel_signals runs Python too, for its pseudo-terminal.
         let needs_python =
@@ -534,11 +577,12 @@ pub fn test(args: &VmArgs) -> Result<()> {
         for kernel in kernels {
             let mut steps = vec![load_step(&shmtrace)];
             for (name, binary) in &binaries {
-                let filters: Vec<String> = if smoke(kernel) {
-                    if name != SMOKE.0 {
+                let filters: Vec<String> = if let Some(selection) = selection(kernel) {
+                    let Some((_, filters)) = selection.iter().find(|(binary, _)| binary == name)
+                    else {
                         continue;
-                    }
-                    SMOKE.1.iter().map(|f| (*f).to_owned()).collect()
+                    };
+                    filters.iter().map(|f| (*f).to_owned()).collect()
                 } else if !requested.contains(name)
                     || (args.ci && kernel.ci == Ci::WithoutPython && name == PYTHON_SUITE)
                 {

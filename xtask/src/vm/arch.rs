@@ -17,12 +17,44 @@ impl Arch {
         }
     }
 
+    /// The kernel's and GNU's name for it (`uname -m`).
+    pub fn gnu(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// The Rust target of its glibc programs.
+    pub fn rust_target(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64-unknown-linux-gnu",
+            Arch::Aarch64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+
     /// The Rust target the guest's programs are built for, when it is not the host's (the
     /// host is x86-64).
     pub fn cross_target(self) -> Option<&'static str> {
         match self {
             Arch::X86_64 => None,
             Arch::Aarch64 => Some("aarch64-unknown-linux-gnu"),
+        }
+    }
+
+    /// Debian's multiarch directories, where its loader finds libraries with no cache.
+    pub fn library_dirs(self) -> [&'static str; 2] {
+        match self {
+            Arch::X86_64 => ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"],
+            Arch::Aarch64 => ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"],
+        }
+    }
+
+    /// Docker's and the OCI's name for it (`--platform linux/...`, `TARGETARCH`).
+    pub fn oci(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Aarch64 => "arm64",
         }
     }
 

@@ -41,6 +41,8 @@ pub fn init_script(arch: Arch, steps: &[Step], env: &[(&str, String)]) -> String
          mount -t devtmpfs dev /dev\n\
          mount -t tracefs nodev /sys/kernel/tracing\n\
          mount -t bpf bpf /sys/fs/bpf\n\
+         # cgroup v2 alone, as on most nodes: the container filter's test makes a cgroup there.\n\
+         mount -t cgroup2 none /sys/fs/cgroup\n\
          mkdir -p /dev/shm /tmp /run\n\
          mount -t tmpfs -o size=64m tmpfs /dev/shm\n\
          # Not a tmpfs on /tmp: the programs copied in live at their host paths, and a checkout\n\

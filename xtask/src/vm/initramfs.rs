@@ -17,6 +17,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use super::arch::Arch;
+
 enum Entry {
     Dir,
     File { bytes: Vec<u8>, mode: u32 },
@@ -29,7 +31,7 @@ pub enum Libraries {
     Host,
     /// Those of a foreign architecture unpacked in this directory: `ldd` cannot run its
     /// programs, so `readelf` reads what they need.
-    Sysroot(PathBuf),
+    Sysroot(PathBuf, Arch),
 }
 
 /// Files by their path in the guest.
@@ -141,7 +143,7 @@ impl Initramfs {
 
     /// A program of the sysroot, at `guest`, with the libraries it loads.
     pub fn sysroot_program(&mut self, in_root: &Path, guest: impl AsRef<Path>) -> Result<()> {
-        let Libraries::Sysroot(root) = &self.libraries else {
+        let Libraries::Sysroot(root, _) = &self.libraries else {
             bail!("no sysroot to take {} from", in_root.display());
         };
         let host = super::userland::resolve(root, in_root)?;
@@ -153,46 +155,19 @@ impl Initramfs {
     fn libraries_of(&mut self, program: &Path) -> Result<()> {
         match &self.libraries {
             Libraries::Host => self.host_libraries_of(program),
-            Libraries::Sysroot(root) => {
-                let root = root.clone();
-                self.sysroot_libraries_of(&root, program)
+            Libraries::Sysroot(root, arch) => {
+                let (root, arch) = (root.clone(), *arch);
+                self.sysroot_libraries_of(&root, arch, program)
             }
         }
     }
 
     /// What `program` needs, from its ELF headers, found in `root`'s library directories and
-    /// put at the same paths in the guest, where the loader looks without a cache; and so on
-    /// for what those need. A static program needs nothing.
-    fn sysroot_libraries_of(&mut self, root: &Path, program: &Path) -> Result<()> {
-        let mut pending = vec![program.to_owned()];
-        while let Some(elf) = pending.pop() {
-            let (interpreter, needed) = elf_dependencies(&elf)?;
-            if let Some(interpreter) = interpreter {
-                let guest = PathBuf::from(interpreter);
-                if !self.entries.contains_key(&guest) {
-                    let host = super::userland::resolve(root, &guest)?;
-                    self.file(&host, &guest)?;
-                }
-            }
-            for soname in needed {
-                let found = LIBRARY_DIRS.iter().find_map(|dir| {
-                    let guest = Path::new(dir).join(&soname);
-                    super::userland::resolve(root, &guest)
-                        .ok()
-                        .map(|host| (guest, host))
-                });
-                let Some((guest, host)) = found else {
-                    bail!(
-                        "{} needs {soname}, which no package unpacked in {} has \
-                         (add it to vm/userland.rs)",
-                        elf.display(),
-                        root.display()
-                    );
-                };
-                if !self.entries.contains_key(&guest) {
-                    self.file(&host, &guest)?;
-                    pending.push(host);
-                }
+    /// put at the same paths in the guest, where the loader looks without a cache.
+    fn sysroot_libraries_of(&mut self, root: &Path, arch: Arch, program: &Path) -> Result<()> {
+        for (guest, host) in super::userland::libraries_of(root, arch, program)? {
+            if !self.entries.contains_key(&guest) {
+                self.file(&host, &guest)?;
             }
         }
         Ok(())
@@ -250,41 +225,6 @@ impl Initramfs {
         archive.flush()?;
         Ok(())
     }
-}
-
-/// Where Debian's arm64 loader finds libraries with no cache: its multiarch directories.
-const LIBRARY_DIRS: [&str; 2] = ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
-
-/// An ELF file's program interpreter and the sonames it needs, as `readelf` (which reads any
-/// architecture's) shows them.
-fn elf_dependencies(elf: &Path) -> Result<(Option<String>, Vec<String>)> {
-    let output = Command::new("readelf")
-        .args(["--wide", "--program-headers", "--dynamic"])
-        .arg(elf)
-        .output()
-        .context("running readelf (binutils)")?;
-    if !output.status.success() {
-        bail!(
-            "readelf {} failed: {}",
-            elf.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let interpreter = text.lines().find_map(|line| {
-        let rest = line.split("Requesting program interpreter: ").nth(1)?;
-        Some(rest.trim_end_matches(']').to_owned())
-    });
-    let needed = text
-        .lines()
-        .filter(|line| line.contains("(NEEDED)"))
-        .filter_map(|line| {
-            let start = line.find("[")? + 1;
-            let end = line.rfind(']')?;
-            Some(line[start..end].to_owned())
-        })
-        .collect();
-    Ok((interpreter, needed))
 }
 
 fn write_entry(

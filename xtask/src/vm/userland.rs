@@ -1,22 +1,25 @@
-//! The guest's own tools when it is not of the host's architecture: Debian's busybox-static,
-//! bash and util-linux, with the libraries they load, unpacked from their packages into a
-//! directory (a sysroot), never installed.
+//! Debian packages of another architecture or release, unpacked into a directory (a sysroot),
+//! never installed: the guest's own tools when it is not of the host's architecture (Debian's
+//! busybox-static, bash and util-linux, with the libraries they load), and the glibc the
+//! release image carries (`dist/image.rs`). What a program there loads is found from its ELF
+//! headers, as the loader would find it with no cache ([`libraries_of`]).
 //!
-//! The host's x86-64 guests take these from the host itself (`initramfs::Initramfs::program`).
+//! The host's x86-64 guests take their tools from the host itself (`initramfs::Initramfs::program`).
 use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use super::{apt::Apt, arch::Arch};
 
-/// Debian's release the tools come from: they only need to run on every kernel of the matrix.
+/// Debian's release the guest's tools come from: they only need to run on every kernel of the
+/// matrix.
 const SUITE: &str = "bookworm";
 
-/// The packages unpacked: the tools the guest runs and the libraries they name.
+/// The packages unpacked for a guest: the tools it runs and the libraries they name.
 /// `initramfs` fails naming a library none of them has.
 const PACKAGES: &[&str] = &[
     "busybox-static",
@@ -44,17 +47,23 @@ const PACKAGES: &[&str] = &[
     "zlib1g",
 ];
 
-/// The unpacked packages for `arch`, unpacked now unless they already are (with this list).
+/// The guest's tools for `arch`, unpacked now unless they already are (with this list).
 pub fn sysroot(arch: Arch, cache: &Path) -> Result<PathBuf> {
+    unpacked(cache, SUITE, arch, PACKAGES)
+}
+
+/// `packages` of Debian `suite` for `arch`, unpacked into one directory under the cache, now
+/// unless they already are (the same list, from the same suite).
+pub fn unpacked(cache: &Path, suite: &str, arch: Arch, packages: &[&str]) -> Result<PathBuf> {
     let root = cache
         .join("userland")
-        .join(format!("{SUITE}-{}", arch.debian()));
+        .join(format!("{suite}-{}", arch.debian()));
     let stamp = root.join(".packages");
-    let wanted = PACKAGES.join("\n");
+    let wanted = packages.join("\n");
     if fs::read_to_string(&stamp).is_ok_and(|text| text == wanted) {
         return Ok(root);
     }
-    let apt = Apt::new(cache, SUITE, arch)?;
+    let apt = Apt::new(cache, suite, arch)?;
     apt.update()?;
     let debs = cache.join("debs");
     fs::create_dir_all(&debs)?;
@@ -64,16 +73,84 @@ pub fn sysroot(arch: Arch, cache: &Path) -> Result<PathBuf> {
     let scratch = PathBuf::from(scratch);
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch)?;
-    for package in PACKAGES {
+    for package in packages {
         let deb = apt
             .download(package, &debs)
-            .with_context(|| format!("fetching {package} for {}", arch.debian()))?;
+            .with_context(|| format!("fetching {package} of {suite} for {}", arch.debian()))?;
         crate::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&scratch))?;
     }
     fs::write(scratch.join(".packages"), &wanted)?;
     let _ = fs::remove_dir_all(&root);
     fs::rename(&scratch, &root)?;
     Ok(root)
+}
+
+/// Every shared library `program` loads, the loader included, and what those load in turn,
+/// found in `root` (a sysroot of `arch`) where Debian's loader looks with no cache: each as
+/// (its path on the target, the file in `root`). A static program loads nothing.
+pub fn libraries_of(root: &Path, arch: Arch, program: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let mut found: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut pending = vec![program.to_owned()];
+    while let Some(elf) = pending.pop() {
+        let (interpreter, needed) = elf_dependencies(&elf)?;
+        if let Some(interpreter) = interpreter {
+            let target = PathBuf::from(interpreter);
+            if !found.iter().any(|(t, _)| *t == target) {
+                let host = resolve(root, &target)?;
+                found.push((target, host));
+            }
+        }
+        for soname in needed {
+            let located = arch.library_dirs().iter().find_map(|dir| {
+                let target = Path::new(dir).join(&soname);
+                resolve(root, &target).ok().map(|host| (target, host))
+            });
+            let Some((target, host)) = located else {
+                bail!(
+                    "{} needs {soname}, which no package unpacked in {} has",
+                    elf.display(),
+                    root.display()
+                );
+            };
+            if !found.iter().any(|(t, _)| *t == target) {
+                pending.push(host.clone());
+                found.push((target, host));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// An ELF file's program interpreter and the sonames it needs, as `readelf` (which reads any
+/// architecture's) shows them.
+fn elf_dependencies(elf: &Path) -> Result<(Option<String>, Vec<String>)> {
+    let output = Command::new("readelf")
+        .args(["--wide", "--program-headers", "--dynamic"])
+        .arg(elf)
+        .output()
+        .context("running readelf (binutils)")?;
+    if !output.status.success() {
+        bail!(
+            "readelf {} failed: {}",
+            elf.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let interpreter = text.lines().find_map(|line| {
+        let rest = line.split("Requesting program interpreter: ").nth(1)?;
+        Some(rest.trim_end_matches(']').to_owned())
+    });
+    let needed = text
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .filter_map(|line| {
+            let start = line.find('[')? + 1;
+            let end = line.rfind(']')?;
+            Some(line[start..end].to_owned())
+        })
+        .collect();
+    Ok((interpreter, needed))
 }
 
 /// `path` inside `root`, with every symbolic link on the way followed inside `root` too (an
