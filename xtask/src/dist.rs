@@ -74,15 +74,15 @@ pub fn run_dist(args: &DistArgs) -> Result<()> {
         if !args.arch.is_empty() && !args.arch.iter().any(|a| a == arch.gnu()) {
             continue;
         }
-        let one = build(&tools, &out, &version, arch)?;
-        let tar = image::write(&out, arch, &one.binary)?;
+        let one = build(&tools, &out, arch)?;
+        let image = image::write(&out, &version, arch, &one.binary)?;
         println!(
             "{}: needs GLIBC_{}.{} at most\n{}\n{}",
             one.binary.display(),
             one.newest_glibc.0,
             one.newest_glibc.1,
             one.wheel.display(),
-            tar.display()
+            image.display()
         );
         built.push(one);
     }
@@ -99,25 +99,40 @@ pub fn run_dist(args: &DistArgs) -> Result<()> {
                     GLIBC_FLOOR.1
                 );
             }
-            image::build(&out, one.arch, &image_tag(&version, one.arch))?;
+            image::load(&out, &version, one.arch)?;
         }
         let Some(x86) = built.iter().find(|one| one.arch == Arch::X86_64) else {
             bail!("--check installs the x86-64 artifacts: build them too");
         };
         check::wheel(&x86.wheel, &out.join("check"))?;
         check::bullseye(&x86.binary, &out.join("check"))?;
-        check::image_runs(&image_tag(&version, Arch::X86_64))?;
+        check::image_runs(&image::tag(&version, Arch::X86_64))?;
     }
     Ok(())
 }
 
-/// The local tag `--check` gives an architecture's image.
-fn image_tag(version: &str, arch: Arch) -> String {
-    format!("shmtrace:{version}-{}", arch.oci())
+/// The release binary of `arch` that `cargo xtask dist` writes.
+pub fn binary(arch: Arch) -> Result<PathBuf> {
+    Ok(dist_dir().join(format!(
+        "shmtrace-{}-{}",
+        workspace_version()?,
+        arch.rust_target()
+    )))
 }
 
+/// The root file system of `arch`'s image that `cargo xtask dist` writes, which must be there.
+pub fn image_root(arch: Arch) -> Result<PathBuf> {
+    let tar = image::root_tar(&dist_dir(), arch);
+    if !tar.exists() {
+        bail!("{} is missing: run `cargo xtask dist` first", tar.display());
+    }
+    Ok(tar)
+}
+
+pub use image::BINARY_IN_IMAGE;
+
 /// One architecture's release build, through maturin: the wheel, and the binary copied out.
-fn build(tools: &Tools, out: &Path, version: &str, arch: Arch) -> Result<Built> {
+fn build(tools: &Tools, out: &Path, arch: Arch) -> Result<Built> {
     let triple = arch.rust_target();
     let name = arch.gnu();
     // A wheel of an older build must not pass for this one.
@@ -134,7 +149,7 @@ fn build(tools: &Tools, out: &Path, version: &str, arch: Arch) -> Result<Built> 
     let wheel = wheels(out, name)?
         .pop()
         .with_context(|| format!("maturin left no {name} wheel in {}", out.display()))?;
-    let binary = out.join(format!("shmtrace-{version}-{triple}"));
+    let binary = binary(arch)?;
     fs::copy(target_dir().join(triple).join("release/shmtrace"), &binary)?;
     let newest_glibc = newest_glibc(&binary)?;
     Ok(Built {

@@ -137,6 +137,11 @@ pub struct VmArgs {
     /// `vm-test`: only tests whose names contain this (libtest's filter).
     #[arg(long)]
     filter: Option<String>,
+    /// Run the release binaries `cargo xtask dist` wrote (target/dist/) in the guests instead
+    /// of a debug build, and in arm64 guests the demo from the arm64 image's root file system
+    /// too: the artifacts users install, on every kernel.
+    #[arg(long)]
+    dist: bool,
     /// Minutes a guest may run before it counts as hung.
     #[arg(long, default_value_t = 40)]
     timeout_minutes: u64,
@@ -247,6 +252,22 @@ fn guest_cargo(arch: Arch, subcommand: &str) -> Command {
     command
 }
 
+/// The shmtrace binary the guests of `arch` run: the release binary of `cargo xtask dist`
+/// with `--dist`, else a debug build, as the tests run it on the host.
+fn guest_shmtrace(arch: Arch, args: &VmArgs) -> Result<PathBuf> {
+    if !args.dist {
+        return build_shmtrace(arch);
+    }
+    let binary = crate::dist::binary(arch)?;
+    if !binary.exists() {
+        bail!(
+            "{} is missing: run `cargo xtask dist` first",
+            binary.display()
+        );
+    }
+    Ok(binary)
+}
+
 /// `cargo build` of the debug shmtrace binary, as the tests run it.
 fn build_shmtrace(arch: Arch) -> Result<PathBuf> {
     crate::run(guest_cargo(arch, "build").args([
@@ -343,6 +364,43 @@ fn load_step(shmtrace: &Path) -> Step {
     }
 }
 
+/// Where an arm64 guest holds the image's root file system.
+const IMAGE_ROOT: &str = "/image";
+
+/// The demo from the image's root file system, entered with chroot, with the kernel's file
+/// systems bound inside and the root a mount point of its own (the demo makes every mount
+/// private, which the kernel refuses for a root that is not one).
+fn image_demo_step() -> Step {
+    let script = format!(
+        "set -e; mount --bind {IMAGE_ROOT} {IMAGE_ROOT}; \
+         for d in proc sys dev; do mount --rbind /$d {IMAGE_ROOT}/$d; done; \
+         chroot {IMAGE_ROOT} {} demo --color never",
+        crate::dist::BINARY_IN_IMAGE
+    );
+    Step::Command {
+        name: IMAGE_DEMO.to_owned(),
+        argv: vec!["sh".into(), "-c".into(), script],
+    }
+}
+
+const IMAGE_DEMO: &str = "image-demo";
+
+/// What the image's demo says, as failures: it must explain both of its failures.
+fn judge_image_demo(step: &guest::StepResult) -> Vec<String> {
+    let explained = step.output.contains("ENOSPC (No space left on device)")
+        && step.output.contains("+++ killed by SIGBUS +++")
+        && step.output.contains("shmtrace diagnosis");
+    if step.status == Some(0) && explained {
+        return Vec::new();
+    }
+    vec![format!(
+        "{IMAGE_DEMO}: the demo from the image's root file system exited with {:?} without \
+         explaining both failures:\n{}",
+        step.status,
+        tail(&step.output, 40)
+    )]
+}
+
 /// What the load step's result says, as failures.
 fn judge_load(kernel: &Kernel, release: &str, step: &guest::StepResult) -> Vec<String> {
     let output = step.output.trim();
@@ -414,8 +472,12 @@ fn outcome_of(kernel: &'static Kernel, boot: &guest::Boot, package: String) -> O
         return outcome;
     }
     for step in &boot.steps {
-        if step.name == "load" {
-            let failures = judge_load(kernel, &release, step);
+        if step.name == "load" || step.name == IMAGE_DEMO {
+            let failures = if step.name == IMAGE_DEMO {
+                judge_image_demo(step)
+            } else {
+                judge_load(kernel, &release, step)
+            };
             outcome.passed += usize::from(failures.is_empty());
             outcome.failed.extend(failures);
             continue;
@@ -502,7 +564,7 @@ pub fn load(args: &VmArgs) -> Result<()> {
     let selected = kernels::select(&args.kernel)?;
     let mut outcomes = Vec::new();
     for arch in arches(&selected) {
-        let shmtrace = build_shmtrace(arch)?;
+        let shmtrace = guest_shmtrace(arch, args)?;
         let mut image = base_image(arch, &shmtrace)?;
         let env = guest_env(&shmtrace);
         let steps = [load_step(&shmtrace)];
@@ -562,9 +624,14 @@ pub fn test(args: &VmArgs) -> Result<()> {
             );
             tests.retain(|t| !needs_python(t));
         }
-        let shmtrace = build_shmtrace(arch)?;
+        let shmtrace = guest_shmtrace(arch, args)?;
         let binaries = build_tests(arch, &tests)?;
         let mut image = base_image(arch, &shmtrace)?;
+        // The image's root file system, where the host cannot run it.
+        let image_demo = args.dist && arch.cross_target().is_some();
+        if image_demo {
+            image.unpacked_tar(&crate::dist::image_root(arch)?, Path::new(IMAGE_ROOT))?;
+        }
         // The scenario program the tests run, next to their binaries' directory.
         image.built_program(&arch.debug_dir(&target_dir()).join("shm-exerciser"))?;
         for (_, binary) in &binaries {
@@ -576,6 +643,9 @@ pub fn test(args: &VmArgs) -> Result<()> {
         let env = guest_env(&shmtrace);
         for kernel in kernels {
             let mut steps = vec![load_step(&shmtrace)];
+            if image_demo && kernel.expect == Expect::Works {
+                steps.push(image_demo_step());
+            }
             for (name, binary) in &binaries {
                 let filters: Vec<String> = if let Some(selection) = selection(kernel) {
                     let Some((_, filters)) = selection.iter().find(|(binary, _)| binary == name)

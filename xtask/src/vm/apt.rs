@@ -43,9 +43,14 @@ impl Apt {
                 arch.debian()
             ),
         )?;
+        // An empty dpkg status of its own: nothing counts as installed, so the candidate is
+        // the suite's own version even where the host has a newer one (its libc6, say).
+        let status = dir.join("status");
+        fs::write(&status, "")?;
         let path = |p: &Path| p.display().to_string();
         let mut options = vec![
             format!("Dir::Etc::sourcelist={}", path(&sources)),
+            format!("Dir::State::status={}", path(&status)),
             "Dir::Etc::sourceparts=/nonexistent".to_owned(),
             format!("Dir::State::Lists={}", path(&dir.join("lists"))),
             format!("Dir::Cache={}", path(&dir.join("cache"))),

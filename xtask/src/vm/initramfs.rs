@@ -118,6 +118,49 @@ impl Initramfs {
         Ok(())
     }
 
+    /// Every file, directory and symbolic link of a tar file, under `guest` (a root file
+    /// system to enter with chroot).
+    pub fn unpacked_tar(&mut self, tar: &Path, guest: &Path) -> Result<()> {
+        let scratch = std::env::temp_dir().join(format!(
+            "shmtrace-vm-untar-{}-{}",
+            std::process::id(),
+            self.entries.len()
+        ));
+        let _ = fs::remove_dir_all(&scratch);
+        fs::create_dir_all(&scratch)?;
+        let unpacked = Command::new("tar")
+            .arg("--extract")
+            .arg("--file")
+            .arg(tar)
+            .arg("--directory")
+            .arg(&scratch)
+            .status()
+            .context("running tar")?;
+        if !unpacked.success() {
+            bail!("unpacking {} failed: {unpacked}", tar.display());
+        }
+        let result = self.copy_tree(&scratch, guest);
+        let _ = fs::remove_dir_all(&scratch);
+        result
+    }
+
+    fn copy_tree(&mut self, host: &Path, guest: &Path) -> Result<()> {
+        self.dir(guest);
+        for entry in fs::read_dir(host)? {
+            let path = entry?.path();
+            let at = guest.join(path.file_name().context("an entry with a name")?);
+            let kind = fs::symlink_metadata(&path)?.file_type();
+            if kind.is_symlink() {
+                self.symlink(&at, &fs::read_link(&path)?.to_string_lossy());
+            } else if kind.is_dir() {
+                self.copy_tree(&path, &at)?;
+            } else {
+                self.file(&path, &at)?;
+            }
+        }
+        Ok(())
+    }
+
     /// A program this workspace built, without its debug information (a debug test binary is
     /// ten times larger with it), at the same path in the guest.
     pub fn built_program(&mut self, host: &Path) -> Result<()> {
