@@ -95,6 +95,10 @@ pub enum Syscall {
     /// call's own.
     Statfs = 17,
     Fstatfs = 18,
+    /// `open(path, flags, mode)`, x86-64's older call, which musl (Alpine's libc) makes where
+    /// glibc makes `openat`. Recorded as `openat(AT_FDCWD, path, flags, mode)` is: its args are
+    /// `[AT_FDCWD, path, flags, mode, 0, 0]`.
+    Open = 19,
 }
 
 /// Where a `statfs` or `fstatfs` record carries the call's answer, in
@@ -111,7 +115,7 @@ pub mod statfs_args {
 }
 
 impl Syscall {
-    pub const ALL: [Syscall; 18] = [
+    pub const ALL: [Syscall; 19] = [
         Syscall::Openat,
         Syscall::Openat2,
         Syscall::Ftruncate,
@@ -130,6 +134,7 @@ impl Syscall {
         Syscall::Recvmsg,
         Syscall::Statfs,
         Syscall::Fstatfs,
+        Syscall::Open,
     ];
 
     /// Whether the probes trace the call at its exit only, with its arguments read from the
@@ -179,7 +184,14 @@ impl Syscall {
             Syscall::Recvmsg => "recvmsg",
             Syscall::Statfs => "statfs",
             Syscall::Fstatfs => "fstatfs",
+            Syscall::Open => "open",
         }
+    }
+
+    /// Whether the call opens a path (`open`, `openat`, `openat2`), whose args all hold
+    /// `[dirfd, path, flags, mode, ...]`.
+    pub const fn opens_a_path(self) -> bool {
+        matches!(self, Syscall::Openat | Syscall::Openat2 | Syscall::Open)
     }
 }
 

@@ -314,6 +314,38 @@ fn openat2_memfd_and_partial_munmap() {
     assert_eq!(trace.events("exit")[0]["freed"][0], "/dev/shm/unmapped");
 }
 
+/// musl, Alpine's libc, opens and `shm_open`s with `open(2)` on x86-64, not `openat(2)`: the
+/// open is reported with its path and flags, what follows names the file, and host-wide the
+/// process is followed from that open, so its `ftruncate` is seen at all. (arm64 has no
+/// `open`.)
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn open_of_musl_is_traced_like_openat() {
+    let _guard = serial();
+    let trace = trace_exerciser(&[], &["--private-shm", "1m", "open-syscall"]);
+    let open = &trace.events("open")[0];
+    assert_eq!(open["path"], "/dev/shm/musl_open_0", "{}", trace.dump());
+    assert_eq!(open["flags"], "O_RDWR|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC");
+    assert!(open["ret"].as_i64().unwrap() >= 0);
+    let ftruncate = &trace.events("ftruncate")[0];
+    assert_eq!(
+        ftruncate["path"],
+        "/dev/shm/musl_open_0",
+        "{}",
+        trace.dump()
+    );
+
+    let tracer = LiveTracer::start(&["--all"]);
+    let status = std::process::Command::new(exerciser())
+        .args(["--private-shm", "1m", "open-syscall"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tracer.wait_for_record(|r| r["event"] == "ftruncate" && r["path"] == "/dev/shm/musl_open_0");
+    let (status, log, _) = tracer.stop();
+    assert_eq!(status.code(), Some(130), "{log}");
+}
+
 /// A process whose main thread leaves first (as with `pthread_exit`) lives on in its other
 /// threads: it
 /// stays traced, and its one exit is its last thread's.

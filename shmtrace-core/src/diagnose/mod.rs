@@ -232,6 +232,7 @@ impl Diagnoser {
                 call.syscall,
                 Syscall::Openat
                     | Syscall::Openat2
+                    | Syscall::Open
                     | Syscall::Ftruncate
                     | Syscall::Fallocate
                     | Syscall::Write

@@ -116,10 +116,10 @@ impl Call {
             // Chromium calls memfd_create("", invalid flags) to learn what the kernel
             // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
             (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),
-            (Syscall::Openat | Syscall::Openat2, libc::ENOENT) if !creates => {
+            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::ENOENT) if !creates => {
                 Some("an existence check")
             }
-            (Syscall::Openat | Syscall::Openat2, libc::EEXIST) => {
+            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::EEXIST) => {
                 Some("a name already taken (programs retry with another)")
             }
             (Syscall::Unlink | Syscall::Unlinkat, libc::ENOENT) => Some("already removed"),

@@ -52,6 +52,13 @@ fn push_flags(out: &mut String, mut value: u64, names: &[(u64, &str)]) {
 }
 
 /// `O_RDWR|O_CREAT|O_EXCL|O_CLOEXEC`.
+/// The kernel's `O_LARGEFILE`. libc's is 0 on 64-bit targets, where glibc never passes it;
+/// musl does (`open(2)` on x86-64, Alpine's programs), and the kernel shows it.
+#[cfg(not(target_arch = "aarch64"))]
+const KERNEL_O_LARGEFILE: u64 = 0o100000;
+#[cfg(target_arch = "aarch64")]
+const KERNEL_O_LARGEFILE: u64 = 0o400000;
+
 pub fn open_flags(flags: u64) -> String {
     let access = match flags & libc::O_ACCMODE as u64 {
         0 => "O_RDONLY",
@@ -69,7 +76,7 @@ pub fn open_flags(flags: u64) -> String {
         (libc::O_NONBLOCK as u64, "O_NONBLOCK"),
         (libc::O_DSYNC as u64, "O_DSYNC"),
         (libc::O_DIRECT as u64, "O_DIRECT"),
-        (libc::O_LARGEFILE as u64, "O_LARGEFILE"),
+        (KERNEL_O_LARGEFILE, "O_LARGEFILE"),
         (libc::O_TMPFILE as u64, "O_TMPFILE"),
         (libc::O_DIRECTORY as u64, "O_DIRECTORY"),
         (libc::O_NOFOLLOW as u64, "O_NOFOLLOW"),
@@ -243,6 +250,12 @@ mod tests {
             "O_RDWR|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC"
         );
         assert_eq!(open_flags(0), "O_RDONLY");
+        // musl's shm_open on x86-64, as strace shows it.
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            open_flags(0o2_504_102),
+            "O_RDWR|O_CREAT|O_NONBLOCK|O_LARGEFILE|O_NOFOLLOW|O_CLOEXEC"
+        );
     }
 
     #[test]

@@ -198,6 +198,13 @@ fn call_text(call: &Call, note: &Annotation) -> String {
             names::open_flags(a[2]),
             a[3]
         ),
+        // Recorded as openat(AT_FDCWD, ...) would be; shown as strace shows it.
+        Syscall::Open => format!(
+            "{}, {}, 0{:o}",
+            path_text(call),
+            names::open_flags(a[2]),
+            a[3]
+        ),
         Syscall::Openat2 => format!(
             "{}, {}, {{flags={}, mode=0{:o}, resolve={:#x}}}",
             dirfd_text(a[0]),

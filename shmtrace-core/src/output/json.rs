@@ -350,7 +350,7 @@ fn fill_call<'a>(
     }
     // The flags' names this call shows, made first, then borrowed.
     let flags: &[(FlagKind, u64)] = match call.syscall {
-        Syscall::Openat | Syscall::Openat2 => &[(FlagKind::Open, a[2])],
+        Syscall::Openat | Syscall::Openat2 | Syscall::Open => &[(FlagKind::Open, a[2])],
         Syscall::Fallocate => &[(FlagKind::Fallocate, a[1])],
         Syscall::Mmap => &[(FlagKind::Prot, a[2]), (FlagKind::Map, a[3])],
         Syscall::Shmget => &[(FlagKind::Shmget, a[2])],
@@ -365,7 +365,7 @@ fn fill_call<'a>(
     let flag_names: &'a FlagNames = flag_names;
     let name = |kind, value| Some(Cow::Borrowed(flag_names.get(kind, value)));
     match call.syscall {
-        Syscall::Openat | Syscall::Openat2 => {
+        Syscall::Openat | Syscall::Openat2 | Syscall::Open => {
             out.flags = name(FlagKind::Open, a[2]);
             out.mode = Some(octal_mode(a[3]));
         }

@@ -165,6 +165,7 @@ impl Timeline {
                     call.syscall,
                     Syscall::Openat
                         | Syscall::Openat2
+                        | Syscall::Open
                         | Syscall::Mmap
                         | Syscall::Munmap
                         | Syscall::Close

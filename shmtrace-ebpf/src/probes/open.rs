@@ -1,7 +1,9 @@
-//! `openat` and `openat2` on /dev/shm paths.
+//! `openat`, `openat2` and `open` on /dev/shm paths.
 //!
-//! Both are stashed as `[dfd, filename, flags, mode, resolve, usize]`, so userspace reads flags
-//! and mode from the same place whichever call it was.
+//! All are stashed as `[dfd, filename, flags, mode, resolve, usize]`, so userspace reads flags
+//! and mode from the same place whichever call it was; `open`'s `dfd` is `AT_FDCWD`, as for
+//! `openat` of the same path. `open` is x86-64's older call, which musl (Alpine's libc) makes
+//! for `open()` and `shm_open()`; arm64 has only `openat`.
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Loss, Syscall, flags};
 
@@ -30,6 +32,16 @@ enter_args! {
     Openat2Args { dfd, filename, how, usize }
 }
 
+enter_args! {
+    /// `syscalls/sys_enter_open` (x86-64):
+    /// ```text
+    /// field:const char * filename;    offset:16; size:8; signed:0;
+    /// field:int flags;                offset:24; size:8; signed:0;
+    /// field:umode_t mode;             offset:32; size:8; signed:0;
+    /// ```
+    OpenArgs { filename, flags, mode }
+}
+
 /// `struct open_how` (UAPI).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -51,9 +63,15 @@ pub fn sys_enter_openat2(ctx: TracePointContext) -> u32 {
     0
 }
 
+#[tracepoint]
+pub fn sys_enter_open(ctx: TracePointContext) -> u32 {
+    let _ = enter(&ctx, Syscall::Open);
+    0
+}
+
 /// Stashes an in-scope process's open of a /dev/shm path (or, for a followed process, any
-/// open, for the descriptor limit). openat2's flags and mode, from its `struct open_how`, go
-/// where openat has them.
+/// open, for the descriptor limit). openat2's flags and mode, from its `struct open_how`, and
+/// open's, go where openat has them.
 #[inline(always)]
 fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let (tgid, tid) = syscall::ids();
@@ -62,6 +80,10 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let (mut args, how) = if call == Syscall::Openat {
         let a = OpenatArgs::read(ctx);
         ([a.dfd, a.filename, a.flags, a.mode, 0, 0], None)
+    } else if call == Syscall::Open {
+        let a = OpenArgs::read(ctx);
+        let at_cwd = syscall::AT_FDCWD as i64 as u64;
+        ([at_cwd, a.filename, a.flags, a.mode, 0, 0], None)
     } else {
         let a = Openat2Args::read(ctx);
         ([a.dfd, a.filename, 0, 0, 0, a.usize], Some(a.how))

@@ -402,6 +402,7 @@ pub fn is_data_path(call: u16) -> bool {
 fn path_arg(call: u16) -> Option<usize> {
     if call == Syscall::Openat as u16
         || call == Syscall::Openat2 as u16
+        || call == Syscall::Open as u16
         || call == Syscall::Unlinkat as u16
     {
         Some(1)
@@ -546,7 +547,8 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
         // runs out of descriptors.
         PathIs::Elsewhere => {
             let opens = pending.syscall == Syscall::Openat as u16
-                || pending.syscall == Syscall::Openat2 as u16;
+                || pending.syscall == Syscall::Openat2 as u16
+                || pending.syscall == Syscall::Open as u16;
             if opens && scope::tracked(tgid).is_some() {
                 pending.flags = kept | flags::FD_LIMIT_ONLY;
                 true
@@ -598,6 +600,7 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
     let mut file = emit::no_file();
     let opens = pending.syscall == Syscall::Openat as u16
         || pending.syscall == Syscall::Openat2 as u16
+        || pending.syscall == Syscall::Open as u16
         || pending.syscall == Syscall::MemfdCreate as u16;
     if opens && ret >= 0 {
         fd = ret as i32;

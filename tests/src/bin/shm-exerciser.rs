@@ -60,6 +60,7 @@ fn main() {
         "hold-then-write" => hold_then_write(),
         "receive-fd" => receive_fd(),
         "exit" => exit(rest.first().and_then(|c| c.parse().ok()).unwrap_or(0)),
+        "open-syscall" => open_syscall(),
         _ => usage(),
     }
 }
@@ -368,6 +369,33 @@ fn memfd() {
             "memfd",
         )
     };
+}
+
+/// What musl's `shm_open` does on x86-64 (Alpine's PostgreSQL, say): `open(2)`, not
+/// `openat(2)`, then ftruncate of 64 KiB, close, unlink. x86-64 only: newer architectures have
+/// no `open`.
+fn open_syscall() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a NUL-terminated literal path; calls on our own fresh descriptor.
+    unsafe {
+        let fd = check(
+            libc::syscall(
+                libc::SYS_open,
+                resident(c"/dev/shm/musl_open_0"),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600,
+            ),
+            "open",
+        ) as i32;
+        check(libc::ftruncate(fd, 65536) as i64, "ftruncate");
+        libc::close(fd);
+        libc::unlink(resident(c"/dev/shm/musl_open_0"));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        eprintln!("open-syscall: this architecture has no open(2)");
+        exit(2)
+    }
 }
 
 /// Maps four pages and unmaps the middle two.

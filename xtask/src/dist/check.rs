@@ -183,9 +183,7 @@ pub fn image_runs(tag: &str) -> Result<()> {
         .args(["--read-only", "--cap-drop=ALL"])
         // The DaemonSet adds BPF and PERFMON, which Debian 12's Docker (20.10) cannot name;
         // SYS_ADMIN holds what they grant.
-        .args(
-            ["SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"].map(|c| format!("--cap-add={c}")),
-        )
+        .args(["SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"].map(|c| format!("--cap-add={c}")))
         // Only where this machine has it to give: some sandboxes' root lacks it, and runc
         // then fails to start the container.
         .args(host_has_capability(CAP_SYS_RESOURCE).then_some("--cap-add=SYS_RESOURCE"))

@@ -141,7 +141,13 @@ fn dockerfile_settings() -> Result<(serde_json::Value, serde_json::Value)> {
 /// `dir`'s contents as a tar file, owned by root, in a stable order.
 fn tar(dir: &Path, out: &Path) -> Result<()> {
     run(Command::new("tar")
-        .args(["--create", "--numeric-owner", "--owner=0", "--group=0", "--sort=name"])
+        .args([
+            "--create",
+            "--numeric-owner",
+            "--owner=0",
+            "--group=0",
+            "--sort=name",
+        ])
         .arg("--file")
         .arg(out)
         .arg("--directory")
@@ -161,7 +167,9 @@ fn hex_sha256(bytes: &[u8]) -> String {
 /// builder, as a user with Docker would, and checks it makes the same layer.
 pub fn load(dist: &Path, version: &str, arch: Arch) -> Result<()> {
     let tag = tag(version, arch);
-    let _ = Command::new("docker").args(["image", "rm", "--force", &tag]).output();
+    let _ = Command::new("docker")
+        .args(["image", "rm", "--force", &tag])
+        .output();
     let loaded = Command::new("docker")
         .args(["load", "--quiet", "--input"])
         .arg(archive(dist, version, arch))
@@ -193,7 +201,9 @@ pub fn load(dist: &Path, version: &str, arch: Arch) -> Result<()> {
         // layer of an ADD itself.
         let settings = |line: &str| line.rsplit_once(' ').map(|(s, _)| s.to_owned());
         let (from_dockerfile, files) = (inspect(&built)?, files_of(&built));
-        let _ = Command::new("docker").args(["image", "rm", &built]).output();
+        let _ = Command::new("docker")
+            .args(["image", "rm", &built])
+            .output();
         if settings(&from_dockerfile) != settings(&made) || files? != files_of(&tag)? {
             bail!("deploy/image/Dockerfile made another image than the archive's {tag}");
         }
@@ -221,7 +231,12 @@ fn files_of(tag: &str) -> Result<Vec<String>> {
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             // mode, owner, size, date, time, path...
-            Some(format!("{} {} {}", fields.first()?, fields.get(2)?, fields.get(5..)?.join(" ")))
+            Some(format!(
+                "{} {} {}",
+                fields.first()?,
+                fields.get(2)?,
+                fields.get(5..)?.join(" ")
+            ))
         })
         .collect();
     files.sort();

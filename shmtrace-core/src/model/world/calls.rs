@@ -20,7 +20,7 @@ impl World {
         }
         let ok = !call.failed();
         match call.syscall {
-            Syscall::Openat | Syscall::Openat2 => {
+            Syscall::Openat | Syscall::Openat2 | Syscall::Open => {
                 let path = call.display_path();
                 let shared: Option<Arc<str>> = path.as_deref().map(Arc::from);
                 note.object_path = shared.clone();

@@ -230,13 +230,24 @@ mod tests {
     }
 
     #[test]
-    fn arm64_has_no_unlink_hook() {
+    fn arm64_has_no_unlink_or_open_hook() {
         let names: Vec<String> = for_arch(Arch::Aarch64)
             .iter()
             .map(|hook| hook.describe())
             .collect();
-        assert!(!names.iter().any(|n| n.ends_with("/sys_enter_unlink")));
-        assert!(names.iter().any(|n| n.ends_with("/sys_enter_unlinkat")));
-        assert_eq!(for_arch(Arch::X86_64).len(), names.len() + 2);
+        for old in ["unlink", "open"] {
+            assert!(
+                !names
+                    .iter()
+                    .any(|n| n.ends_with(&format!("/sys_enter_{old}")))
+            );
+            assert!(
+                names
+                    .iter()
+                    .any(|n| n.ends_with(&format!("/sys_enter_{old}at")))
+            );
+        }
+        // Each has an entry and an exit hook on x86-64.
+        assert_eq!(for_arch(Arch::X86_64).len(), names.len() + 4);
     }
 }
