@@ -23,8 +23,11 @@ const NAME: &[u8] = b"shmtrace-attaching";
 /// hundred milliseconds; the bound is for a name held by someone else.
 pub const HOLD_AT_MOST: Duration = Duration::from_secs(3);
 
+/// How long detachers wait before their first release: a loop's next run starts within it.
+pub const FIRST_RELEASE_AFTER: Duration = Duration::from_millis(250);
+
 /// How often a waiting detacher looks again.
-pub const LOOK_EVERY: Duration = Duration::from_millis(5);
+pub const LOOK_EVERY: Duration = Duration::from_millis(25);
 
 /// Held while this run loads and attaches its programs; dropping it ends the announcement.
 pub struct Announcement {

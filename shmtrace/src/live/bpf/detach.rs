@@ -109,13 +109,18 @@ unsafe fn detacher(keep: &[RawFd], go_read: RawFd) -> ! {
         );
         let mut byte = 0u8;
         while libc::read(go_read, (&raw mut byte).cast(), 1) < 0 {}
-        // One at a time, each after any run that is attaching now has done so (`attaching`).
+        // One at a time, each after any run that is attaching now has done so (`attaching`);
+        // and none before a moment has passed, so that the next run of a loop or a script,
+        // started at once, finds no release under way.
         let mut waits_left =
             attaching::HOLD_AT_MOST.as_millis() / attaching::LOOK_EVERY.as_millis();
         let pause = libc::timespec {
             tv_sec: 0,
             tv_nsec: attaching::LOOK_EVERY.as_nanos() as libc::c_long,
         };
+        for _ in 0..attaching::FIRST_RELEASE_AFTER.as_millis() / attaching::LOOK_EVERY.as_millis() {
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
         for &fd in keep.iter().filter(|&&fd| mine(fd)) {
             while waits_left > 0 && attaching::someone_attaching() {
                 libc::nanosleep(&pause, std::ptr::null_mut());

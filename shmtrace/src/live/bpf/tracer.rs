@@ -87,6 +87,9 @@ impl Tracer {
         if size < 4096 || !size.is_power_of_two() {
             return Err(BpfError::BadBufferSize(size));
         }
+        // From before the kernel's BTF is read and the programs load: releases of earlier
+        // runs already under way end meanwhile.
+        let announcement = attaching::announce();
         // aya's loader reads and parses the kernel's BTF as it is made, for CO-RE relocations
         // and BTF-typed programs. The programs have neither (they read kernel structs at
         // offsets resolved below), so that parse is dropped at once; made first, it is never
@@ -108,9 +111,6 @@ impl Tracer {
             self_tgid: std::process::id(),
             wakeup_bytes: size / 4,
         };
-        // From before the programs load: releases of earlier runs already under way end
-        // while the verifier works.
-        let announcement = attaching::announce();
         let mut ebpf = loader
             .override_global("CONFIG", &config, true)
             .override_global("OFFSETS", &kernel_offsets, true)
