@@ -2,8 +2,7 @@
 //! tools: a binary per architecture that runs on glibc 2.31 or newer (Debian 11, Ubuntu 20.04,
 //! RHEL 9 and everything since); a wheel per architecture, `manylinux_2_31`, holding only
 //! that binary, which `pip install` (or `pipx`, `uv tool install`) puts on PATH; and the node
-//! agent's image, a root file system per architecture for `deploy/image/Dockerfile`
-//! (`dist/image.rs`).
+//! agent's container image per architecture (`dist/image.rs`).
 //!
 //! Each architecture takes one release build: maturin (`deploy/python/pyproject.toml`, its
 //! `bin` bindings) builds the crate with zig as the linker against glibc 2.31's symbol
@@ -45,12 +44,12 @@ pub struct DistArgs {
 }
 
 /// One architecture's artifacts.
-pub struct Built {
-    pub arch: Arch,
-    pub binary: PathBuf,
-    pub wheel: PathBuf,
+struct Built {
+    arch: Arch,
+    binary: PathBuf,
+    wheel: PathBuf,
     /// The newest `GLIBC_` symbol version the binary requires.
-    pub newest_glibc: (u32, u32),
+    newest_glibc: (u32, u32),
 }
 
 fn target_dir() -> PathBuf {
