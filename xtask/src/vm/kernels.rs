@@ -48,8 +48,9 @@ pub enum Ci {
     /// The smoke test and a test of each probe (`vm::PROBES`): an architecture whose
     /// emulation is too slow for the whole suite within CI's time (arm64 under TCG).
     Probes,
-    /// No tests, only `vm-load`: a guest whose emulation is too slow for CI's budget (arm64
-    /// under TCG), whose tests run on demand (`vm-test --kernel NAME`).
+    /// No tests, only the load step every guest runs first: a guest whose emulation is too
+    /// slow for more within CI's budget (the second arm64 line under TCG), whose tests run on
+    /// demand (`vm-test --kernel NAME`).
     Load,
 }
 
