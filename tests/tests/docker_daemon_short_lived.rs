@@ -1,8 +1,9 @@
 //! `shmtrace daemon` beside real Docker containers that live shorter than a survey of the
 //! runtimes: what they leave in their own /dev/shm is forgotten with them (the analysis' object
 //! count comes back to where it was), and a failure in a container's first moments is named
-//! by its container in the JSON lines, as the metrics name it. Needs root and Docker; fails
-//! loudly without them.
+//! by its container in the JSON lines, as the metrics name it, as is one in a container that
+//! `docker run --rm` removes as soon as it fails. Needs root and Docker; fails loudly without
+//! them.
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -129,4 +130,66 @@ fn a_failure_in_a_containers_first_moments_is_named_by_its_container_in_the_json
             assert_eq!(line["place"], name, "{line}");
         }
     }
+}
+
+/// `docker run --rm` removes a container as soon as its main process ends, before the daemon
+/// has read the records of its failure; a survey saw it while it paused. Its failure is counted
+/// under its name whether the failing `dd` is its main process (busybox's `sh -c` execs the
+/// last command) or a child of a shell that ends just after it.
+#[test]
+fn a_failure_of_a_container_removed_as_it_ends_is_counted_under_its_name() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    let daemon = Daemon::start(&["--interval", "1s"]);
+    let image = docker::image();
+    let fill = "dd if=/dev/zero of=/dev/shm/fill bs=1M count=4";
+    let runs: Vec<_> = [
+        ("daemon-rm-main", format!("sleep 3; {fill}")),
+        (
+            "daemon-rm-child",
+            format!("sleep 3; {fill} || {{ echo failed; exit 1; }}"),
+        ),
+    ]
+    .into_iter()
+    .map(|(prefix, script)| {
+        let name = Container::name_for(prefix);
+        let child = Command::new("docker")
+            .args(["run", "--rm", "--name", &name, "--network", "none"])
+            .args(["--shm-size", "1m", image, "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("docker run");
+        (name, child)
+    })
+    .collect();
+    let mut names = Vec::new();
+    for (name, child) in runs {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            !output.status.success(),
+            "dd filled 4 MiB of {name}'s 1 MiB /dev/shm without failing"
+        );
+        names.push(name);
+    }
+    for name in &names {
+        // Three surveys at most, a second apart, and the tick that counts.
+        daemon.wait_for_metric(Duration::from_secs(30), |l| {
+            l.starts_with("shmtrace_shm_failures_total")
+                && l.contains(&format!("container=\"{name}\""))
+                && l.contains("errno=\"ENOSPC\"")
+        });
+    }
+    let (_, lines, stderr) = daemon.stop();
+    // The exec'd dd's container was claimed when its records were read: its lines name it.
+    let main = &names[0];
+    let named = lines
+        .iter()
+        .filter(|l| l["comm"] == "dd" && l["errno"] == "ENOSPC")
+        .any(|l| l["container"]["name"] == main.as_str());
+    assert!(
+        named,
+        "no JSON line of dd's ENOSPC names {main}; lines: {lines:#?}\nstderr: {stderr}"
+    );
 }

@@ -19,7 +19,10 @@
 //! to count in a claimed namespace is checked against the claimer's id by its cgroup too, and a
 //! container that claims a number is credited with what waited there only if it is the one the
 //! cgroup named (or, where no cgroup named one, if its main process started before the first
-//! event waiting there).
+//! event waiting there). A claimer whose main process is gone by the time its events are read
+//! keeps them if that process's exit is still ahead in the stream (it acted, then ended);
+//! otherwise they wait, and are the claimer's after all if nobody else claims the number and
+//! nobody is left in the namespace (`docker run --rm` removes a container before a survey).
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     time::{Duration, Instant},
@@ -83,6 +86,15 @@ struct Pending {
     tallies: Vec<Tally>,
     /// The container the first process to count there is in, by its cgroup.
     member: Option<Member>,
+    /// The container a survey last saw in the namespace, when its events were set to wait
+    /// because its main process had gone: theirs, if nobody else turns up there.
+    former: Option<Former>,
+}
+
+/// A container that claimed a namespace number until its main process was found gone.
+struct Former {
+    labels: ContainerLabels,
+    id: String,
 }
 
 /// A series' container.
@@ -249,6 +261,7 @@ impl Fleet {
             return;
         }
         let mut member = None;
+        let mut former = None;
         if self.checked.len() >= CHECKED_REMEMBERED {
             self.checked.clear();
         }
@@ -257,9 +270,17 @@ impl Fleet {
         {
             let claimer = self.by_labels.get(labels);
             // Its main process gone, or elsewhere: the number is not the claimer's any more.
-            let here = claimer
-                .and_then(|t| t.pid)
-                .is_some_and(|main| crate::kernel_ids::mount_namespace(main) == Some(mntns));
+            // Unless the main process acted here and its exit is still ahead in the stream: it
+            // ended after this event (`dd` exec'd as a container's main process fails and
+            // exits before its records are read), so at this event the number was still its.
+            let here = claimer.and_then(|t| t.pid).is_some_and(|main| {
+                match crate::kernel_ids::mount_namespace(main) {
+                    Some(now) => now == mntns,
+                    None => {
+                        self.pid_mntns.get(&main) == Some(&mntns) && !self.exited.contains(&main)
+                    }
+                }
+            });
             if here {
                 member = (self.member_of)(pid);
             }
@@ -270,6 +291,10 @@ impl Fleet {
             {
                 // The next survey says whose it is; meanwhile the pipeline (its recordings,
                 // its JSON lines) must not name the gone one either.
+                former = claimer.map(|t| Former {
+                    labels: labels.clone(),
+                    id: t.id.clone(),
+                });
                 self.by_mntns.remove(&mntns);
                 self.stale.push(mntns);
             }
@@ -327,6 +352,7 @@ impl Fleet {
             first_ts_ns: ts_ns,
             tallies: Vec::new(),
             member,
+            former,
         });
         pending.first_ts_ns = pending.first_ts_ns.min(ts_ns);
         if pending.tallies.len() >= MAX_PENDING_PER_NAMESPACE {
@@ -593,10 +619,17 @@ impl Fleet {
                 (None, _) => {
                     // Nobody's, and maybe gone already (its processes ended before their
                     // cgroup was read): then so is the /dev/shm it had of its own.
-                    if !(self.anyone_in)(mntns) {
+                    let empty = !(self.anyone_in)(mntns);
+                    if empty {
                         ended.push(mntns);
                     }
-                    ContainerLabels::unknown()
+                    match pending.former {
+                        // The container seen there last, whose processes all ended (a
+                        // wrapper script's child failed, then the script exited, and
+                        // `docker run --rm` removed the container before a survey).
+                        Some(former) if empty => self.follow_gone(former.labels, &former.id, now),
+                        _ => ContainerLabels::unknown(),
+                    }
                 }
             };
             for tally in pending.tallies {
@@ -633,10 +666,16 @@ impl Fleet {
                 runtime: member.runtime.as_str().to_owned(),
                 ..ContainerLabels::default()
             });
+        self.follow_gone(labels, &member.id, now)
+    }
+
+    /// Follows a gone container (runtime id `id`) as gone from `now`, unless it is followed
+    /// already, so that its series retire after `--retain`.
+    fn follow_gone(&mut self, labels: ContainerLabels, id: &str, now: Instant) -> ContainerLabels {
         self.by_labels
             .entry(labels.clone())
             .or_insert_with(|| Tracked {
-                id: member.id.clone(),
+                id: id.to_owned(),
                 pid: None,
                 start_ns: None,
                 mntns: None,

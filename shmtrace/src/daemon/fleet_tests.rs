@@ -458,3 +458,92 @@ fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
         "{text}"
     );
 }
+
+#[test]
+fn a_main_process_that_failed_and_exited_before_its_records_were_read_is_its_containers() {
+    // `sh -c 'sleep 3; dd ...'`: busybox's sh execs dd, which fails and exits in a
+    // millisecond, before the daemon reads its records; `docker run --rm` then removes the
+    // container, so no later survey can name it.
+    const GONE_MAIN: u32 = u32::MAX - 1;
+    let (fleet, registry) = fleet(Duration::from_secs(60));
+    let mut fleet = fleet.with_lookup(|_| None, |_, _| None);
+    fleet.survey(&[container("oneshot", NS, GONE_MAIN)], Instant::now());
+    fleet.saw_process(GONE_MAIN, NS);
+    fleet.tally_from(GONE_MAIN, NS, failure(), boot_ns().unwrap(), Instant::now());
+    fleet.process_exited(GONE_MAIN);
+    assert!(fleet.take_stale().is_empty(), "its namespace is still its");
+    let text = text(&registry);
+    assert!(
+        text.contains(r#"shmtrace_shm_failures_total{container="oneshot",pod="",namespace="",runtime="docker",syscall="fallocate",errno="ENOSPC"} 1"#),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_namespace_whose_main_process_exit_was_read_already_waits_for_a_survey() {
+    const GONE_MAIN: u32 = u32::MAX - 1;
+    let (fleet, registry) = fleet(Duration::from_secs(60));
+    let mut fleet = fleet.with_lookup(|_| None, |_, _| None);
+    fleet.survey(&[container("ended", NS, GONE_MAIN)], Instant::now());
+    fleet.saw_process(GONE_MAIN, NS);
+    fleet.process_exited(GONE_MAIN);
+    // A process of whoever has the number now.
+    fleet.saw_process(7003, NS);
+    fleet.tally_from(7003, NS, failure(), boot_ns().unwrap(), Instant::now());
+    assert_eq!(fleet.take_stale(), vec![NS]);
+    assert!(!text(&registry).contains("ENOSPC"), "counted too early");
+}
+
+#[test]
+fn a_gone_wrapper_scripts_container_is_credited_with_its_childs_failure() {
+    // `sh -c 'dd ...; echo done'`: dd (not the main process) fails, then sh exits and
+    // `docker run --rm` removes the container, all before the daemon reads dd's records.
+    // Neither process is there to name the container by its cgroup.
+    const GONE_MAIN: u32 = u32::MAX - 1;
+    const GONE_CHILD: u32 = u32::MAX - 2;
+    let (mut fleet, registry) = fleet(Duration::from_secs(60));
+    fleet.survey(&[container("wrapper", NS, GONE_MAIN)], Instant::now());
+    fleet.saw_process(GONE_CHILD, NS);
+    fleet.tally_from(
+        GONE_CHILD,
+        NS,
+        failure(),
+        boot_ns().unwrap(),
+        Instant::now(),
+    );
+    assert_eq!(fleet.take_stale(), vec![NS], "its main process is gone");
+    for _ in 0..3 {
+        fleet.know_stopped(&[]);
+        fleet.survey(&[], Instant::now());
+    }
+    let text = text(&registry);
+    assert!(
+        text.contains(r#"shmtrace_shm_failures_total{container="wrapper",pod="",namespace="",runtime="docker",syscall="fallocate",errno="ENOSPC"} 1"#),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_gone_containers_namespace_number_someone_else_is_in_is_not_credited_to_it() {
+    // The survey's container is gone and a process in no container has its number (this
+    // test's own namespace stands for it): that process's failure is nobody's.
+    const GONE_MAIN: u32 = u32::MAX - 1;
+    let ours = crate::kernel_ids::mount_namespace(std::process::id()).unwrap();
+    let (mut fleet, registry) = fleet(Duration::from_secs(60));
+    fleet.survey(&[container("ended", ours, GONE_MAIN)], Instant::now());
+    fleet.saw_process(u32::MAX - 2, ours);
+    fleet.tally_from(
+        u32::MAX - 2,
+        ours,
+        failure(),
+        boot_ns().unwrap(),
+        Instant::now(),
+    );
+    for _ in 0..3 {
+        fleet.know_stopped(&[]);
+        fleet.survey(&[], Instant::now());
+    }
+    let text = text(&registry);
+    assert!(!text.contains(r#"container="ended""#), "{text}");
+    assert!(text.contains(r#"runtime="unknown""#), "{text}");
+}
