@@ -104,6 +104,11 @@ pub fn run_dist(args: &DistArgs) -> Result<()> {
             bail!("--check installs the x86-64 artifacts: build them too");
         };
         check::wheel(&x86.wheel, &out.join("check"))?;
+        for one in built.iter().filter(|one| one.arch != Arch::X86_64) {
+            let platform = format!("manylinux_2_31_{}", one.arch.gnu());
+            let pip = tools.venv.join("bin/pip");
+            check::foreign_wheel(&pip, &one.wheel, &one.binary, &platform, &out.join("check"))?;
+        }
         check::bullseye(&x86.binary, &out.join("check"))?;
         check::image_runs(&image::tag(&version, Arch::X86_64))?;
     }

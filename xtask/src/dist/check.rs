@@ -1,6 +1,7 @@
 //! `cargo xtask dist --check`: the release artifacts installed and run as users would run
 //! them, each judged by what it did.
-//! - the x86-64 wheel, `pip install`ed into a fresh venv: `shmtrace demo` from its PATH;
+//! - the x86-64 wheel, `pip install`ed into a fresh venv: `shmtrace demo` from its PATH; the
+//!   arm64 wheel installed by pip as for arm64 (`--platform`), holding the arm64 binary;
 //! - the x86-64 binary inside Debian 11's root file system (glibc 2.31): `shmtrace demo`;
 //! - the x86-64 image, run as the DaemonSet runs it beside a real container that fills its
 //!   /dev/shm: its metrics must count that container's failure, by name.
@@ -58,6 +59,41 @@ pub fn wheel(wheel: &Path, scratch: &Path) -> Result<()> {
         .output()
         .context("running shmtrace from the venv's PATH")?;
     judge_demo(&output, &format!("from a venv with {}", wheel.display()))
+}
+
+/// A wheel of another architecture, which cannot run here, installed as pip installs it on
+/// that architecture (`--platform` with its manylinux tag, into a directory of its own): pip
+/// must take it, and put there, on the `bin` path, exactly the release binary.
+pub fn foreign_wheel(
+    pip: &Path,
+    wheel: &Path,
+    binary: &Path,
+    platform: &str,
+    scratch: &Path,
+) -> Result<()> {
+    let target = scratch.join(format!("pip-{platform}"));
+    let _ = fs::remove_dir_all(&target);
+    fs::create_dir_all(scratch)?;
+    run(Command::new(pip)
+        .args(["install", "--quiet", "--no-index", "--no-deps"])
+        .args(["--only-binary=:all:", "--platform", platform, "--target"])
+        .arg(&target)
+        .arg(wheel))
+    .with_context(|| format!("pip refused {} for {platform}", wheel.display()))?;
+    let installed = target.join("bin/shmtrace");
+    if fs::read(&installed).ok() != Some(fs::read(binary)?) {
+        bail!(
+            "pip installed {} from {}, not the release binary {}",
+            installed.display(),
+            wheel.display(),
+            binary.display()
+        );
+    }
+    println!(
+        "pip installs {} for {platform}: the release binary on its bin path",
+        wheel.display()
+    );
+    Ok(())
 }
 
 /// The binary in a Debian 11 root file system, whose glibc is 2.31: made once with
