@@ -397,14 +397,19 @@ pub fn is_data_path(call: u16) -> bool {
         || call == Syscall::Shmctl as u16
 }
 
+/// `open`, `openat` and `openat2`, stashed alike (`[dfd, path, flags, mode, ...]`): as
+/// [`Syscall::opens_a_path`], by number.
+#[inline(always)]
+fn opens_a_path(call: u16) -> bool {
+    call == Syscall::Openat as u16
+        || call == Syscall::Openat2 as u16
+        || call == Syscall::Open as u16
+}
+
 /// The argument holding the path, for calls that name one.
 #[inline(always)]
 fn path_arg(call: u16) -> Option<usize> {
-    if call == Syscall::Openat as u16
-        || call == Syscall::Openat2 as u16
-        || call == Syscall::Open as u16
-        || call == Syscall::Unlinkat as u16
-    {
+    if opens_a_path(call) || call == Syscall::Unlinkat as u16 {
         Some(1)
     } else if call == Syscall::Unlink as u16
         || call == Syscall::MemfdCreate as u16
@@ -546,10 +551,7 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
         // As at sys_enter: an open elsewhere matters only to a followed process, and only if it
         // runs out of descriptors.
         PathIs::Elsewhere => {
-            let opens = pending.syscall == Syscall::Openat as u16
-                || pending.syscall == Syscall::Openat2 as u16
-                || pending.syscall == Syscall::Open as u16;
-            if opens && scope::tracked(tgid).is_some() {
+            if opens_a_path(pending.syscall) && scope::tracked(tgid).is_some() {
                 pending.flags = kept | flags::FD_LIMIT_ONLY;
                 true
             } else {
@@ -598,10 +600,7 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
     let mut header_flags = pending.flags;
     let mut fd = pending.fd;
     let mut file = emit::no_file();
-    let opens = pending.syscall == Syscall::Openat as u16
-        || pending.syscall == Syscall::Openat2 as u16
-        || pending.syscall == Syscall::Open as u16
-        || pending.syscall == Syscall::MemfdCreate as u16;
+    let opens = opens_a_path(pending.syscall) || pending.syscall == Syscall::MemfdCreate as u16;
     if opens && ret >= 0 {
         fd = ret as i32;
         if let Some(inode) = kernel::fd_inode(fd, off)
