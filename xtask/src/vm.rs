@@ -475,12 +475,13 @@ fn outcome_of(kernel: &'static Kernel, boot: &guest::Boot, package: String) -> O
         return outcome;
     }
     for step in &boot.steps {
-        if step.name == "load" || step.name == IMAGE_DEMO {
-            let failures = if step.name == IMAGE_DEMO {
-                judge_image_demo(step)
-            } else {
-                judge_load(kernel, &release, step)
-            };
+        // The steps that are not test binaries, each judged by what it printed.
+        let judged = match step.name.as_str() {
+            "load" => Some(judge_load(kernel, &release, step)),
+            IMAGE_DEMO => Some(judge_image_demo(step)),
+            _ => None,
+        };
+        if let Some(failures) = judged {
             outcome.passed += usize::from(failures.is_empty());
             outcome.failed.extend(failures);
             continue;
