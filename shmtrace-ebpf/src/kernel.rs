@@ -9,7 +9,7 @@ use aya_ebpf::{
     cty::c_void,
     helpers::{bpf_get_current_task, generated},
 };
-use shmtrace_common::{FileRef, KernelOffsets, Loss, PATH_LEN};
+use shmtrace_common::{EMBEDDED_FDS, FileRef, KernelOffsets, Loss, PATH_LEN};
 
 use crate::{
     emit,
@@ -21,9 +21,16 @@ use crate::{
 /// lie in the first 160 bytes of the kernels known.
 const INODE_HEAD: u32 = PATH_LEN as u32;
 
+/// The kernel's offsets, as the loader set them. Read field by field where used, never copied
+/// whole: a copy of the struct (as `Global::load` makes) is a load and a spill of every field
+/// in every program, used or not. The global's address is hidden from the compiler, which
+/// would otherwise read the fields as the zeros the object was built with.
 #[inline(always)]
-pub fn offsets() -> KernelOffsets {
-    OFFSETS.load()
+pub fn offsets() -> &'static KernelOffsets {
+    let global = &raw const OFFSETS as *const KernelOffsets;
+    // SAFETY: `Global<T>` is a transparent wrapper of an initialised `T`, which the loader
+    // overrides and the kernel then freezes.
+    unsafe { &*core::hint::black_box(global) }
 }
 
 #[inline(always)]
@@ -192,26 +199,172 @@ pub fn current_group_dead(off: &KernelOffsets) -> Option<bool> {
     }
 }
 
-/// `struct inode *` behind the current task's descriptor `fd`.
+/// A file the probes reached: through typed pointers from the current task, read with plain
+/// loads, or at an address, read with `bpf_probe_read_kernel`.
+#[derive(Clone, Copy)]
+pub enum FileAt {
+    /// A `struct file *` the verifier knows the type of.
+    Typed(*const u8),
+    /// The address of a `struct file`.
+    Raw(u64),
+}
+
+/// The current task's file behind descriptor `fd`.
+///
+/// Until a process opens more than [`EMBEDDED_FDS`] files its descriptor table is the one its
+/// `files_struct` holds, `fd_array`, and slot `fd` is a typed load: no helper call at all,
+/// which is what lets every `open` on the host be judged by the file it made. The verifier
+/// takes a typed load only at a constant offset, so the slot's address is built from one add
+/// per bit of `fd` ([`embedded_slot`]), which gives each of the 64 descriptors a path of its
+/// own. A grown table is read at its address: the verifier does not type what `fdtable.fd`
+/// points to.
 #[inline(always)]
-pub fn fd_inode(fd: i32, off: &KernelOffsets) -> Option<u64> {
+pub fn fd_file(fd: i32, off: &KernelOffsets) -> Option<FileAt> {
     if fd < 0 {
         return None;
     }
-    // SAFETY: typed pointers down to the descriptor array, whose elements are read below.
-    let (max_fds, fd_array) = unsafe {
+    let fd = fd as u32;
+    // SAFETY: typed pointers down to the descriptor table; `fd_array`'s slots are typed
+    // `struct file *`, read at constant offsets within it.
+    unsafe {
         let files = pointer_field(current_btf(), off.task_files)?;
         let fdt = pointer_field(files, off.files_fdt)?;
-        (
-            field::<u32>(fdt, off.fdtable_max_fds),
-            field::<u64>(fdt, off.fdtable_fd),
-        )
-    };
-    if fd as u32 >= max_fds || fd_array == 0 {
-        return None;
+        let max_fds: u32 = field(fdt, off.fdtable_max_fds);
+        if fd >= max_fds {
+            return None;
+        }
+        if max_fds <= EMBEDDED_FDS {
+            let file: *const u8 = field(embedded_slot(files, fd, off), 0);
+            return (!file.is_null()).then_some(FileAt::Typed(file));
+        }
+        let slots: u64 = field(fdt, off.fdtable_fd);
+        read_ptr(slots, fd * 8).map(FileAt::Raw)
     }
-    let file = read_ptr(fd_array, (fd as u32) * 8)?;
-    read_ptr(file, off.file_inode)
+}
+
+/// The address of `files_struct.fd_array[fd]`, for `fd` below [`EMBEDDED_FDS`], as a typed
+/// pointer with a constant offset on each path: one add of `8 << k` for each bit `k` of `fd`.
+/// The adds are read from `OFFSETS` (`fd_slot_steps`), which the verifier knows as constants
+/// and the compiler does not: it would fold constants into `fd * 8`, a variable offset.
+///
+/// # Safety
+/// `files` must be the typed pointer to a `files_struct`.
+#[inline(always)]
+unsafe fn embedded_slot(files: *const u8, fd: u32, off: &KernelOffsets) -> *const u8 {
+    // SAFETY: offsets within `files_struct.fd_array`, as the caller promises.
+    unsafe {
+        let mut slot = files.add(off.files_fd_array as usize);
+        let mut bit = 0;
+        while bit < off.fd_slot_steps.len() {
+            if fd & (1 << bit) != 0 {
+                slot = slot.add(off.fd_slot_steps[bit] as usize);
+            }
+            bit += 1;
+        }
+        slot
+    }
+}
+
+/// A file system's super block, as a file leads to it.
+#[derive(Clone, Copy)]
+pub struct Super {
+    /// Its address.
+    pub addr: u64,
+    /// `s_magic`.
+    pub magic: u64,
+    /// `s_dev`.
+    pub dev: u32,
+}
+
+/// The super block of the file system `file` is on.
+#[inline(always)]
+pub fn file_super(file: FileAt, off: &KernelOffsets) -> Option<Super> {
+    match file {
+        // SAFETY: typed pointers from the file down to its super block.
+        FileAt::Typed(file) => unsafe {
+            let inode = pointer_field(file, off.file_inode)?;
+            typed_super(pointer_field(inode, off.inode_sb)?, off)
+        },
+        FileAt::Raw(file) => {
+            let inode = read_ptr(file, off.file_inode)?;
+            raw_super(read_ptr(inode, off.inode_sb)?, off)
+        }
+    }
+}
+
+/// # Safety
+/// `sb` must be a typed `struct super_block *`.
+#[inline(always)]
+unsafe fn typed_super(sb: *const u8, off: &KernelOffsets) -> Option<Super> {
+    // SAFETY: the caller's promise.
+    unsafe {
+        Some(Super {
+            addr: sb as u64,
+            magic: field(sb, off.super_block_magic),
+            dev: field(sb, off.super_block_dev),
+        })
+    }
+}
+
+#[inline(always)]
+fn raw_super(sb: u64, off: &KernelOffsets) -> Option<Super> {
+    Some(Super {
+        addr: sb,
+        magic: read::<u64>(sb, off.super_block_magic)?,
+        dev: read::<u32>(sb, off.super_block_dev)?,
+    })
+}
+
+/// The mount (`struct vfsmount *`) and dentry by which `file` was reached.
+#[inline(always)]
+pub fn file_path(file: FileAt, off: &KernelOffsets) -> Option<(u64, u64)> {
+    match file {
+        // SAFETY: `f_path`'s members of a typed file.
+        FileAt::Typed(file) => unsafe {
+            let mnt: *const u8 = field(file, off.file_path_mnt);
+            let dentry: *const u8 = field(file, off.file_path_dentry);
+            Some((mnt as u64, dentry as u64))
+        },
+        FileAt::Raw(file) => Some((
+            read_ptr(file, off.file_path_mnt)?,
+            read_ptr(file, off.file_path_dentry)?,
+        )),
+    }
+}
+
+/// What a record says of the file: its file system, and its inode's type, number, size and
+/// allocation now.
+#[inline(always)]
+pub fn file_ref(file: FileAt, off: &KernelOffsets) -> Option<FileRef> {
+    match file {
+        // SAFETY: typed pointers from the file down to its inode's fields.
+        FileAt::Typed(file) => unsafe {
+            let inode = pointer_field(file, off.file_inode)?;
+            let sb = pointer_field(inode, off.inode_sb)?;
+            Some(FileRef {
+                dev: field(sb, off.super_block_dev),
+                mode: field::<u16>(inode, off.inode_mode) as u32,
+                ino: field(inode, off.inode_ino),
+                size: field(inode, off.inode_size),
+                blocks: field(inode, off.inode_blocks),
+            })
+        },
+        FileAt::Raw(file) => inode_file(read_ptr(file, off.file_inode)?, off),
+    }
+}
+
+/// The super block of the current task's working directory, and the mount it was reached by
+/// (`struct vfsmount *`).
+#[inline(always)]
+pub fn cwd_super(off: &KernelOffsets) -> Option<(Super, u64)> {
+    // SAFETY: typed pointers all the way down.
+    unsafe {
+        let fs = pointer_field(current_btf(), off.task_fs)?;
+        let dentry = pointer_field(fs, off.fs_pwd_dentry)?;
+        let mnt: *const u8 = field(fs, off.fs_pwd_mnt);
+        let sb = pointer_field(dentry, off.dentry_sb)?;
+        Some((typed_super(sb, off)?, mnt as u64))
+    }
 }
 
 /// `dev_t` of the file system the inode lives on.
@@ -287,16 +440,238 @@ fn inode_file_at_once(inode: u64, off: &KernelOffsets) -> Option<FileRef> {
     })
 }
 
-/// `dev_t` of the file system holding the task's current directory.
-#[inline(always)]
-pub fn cwd_dev(off: &KernelOffsets) -> Option<u32> {
-    // SAFETY: typed pointers all the way down.
-    unsafe {
-        let fs = pointer_field(current_btf(), off.task_fs)?;
-        let dentry = pointer_field(fs, off.fs_pwd_dentry)?;
-        let sb = pointer_field(dentry, off.dentry_sb)?;
-        Some(field(sb, off.super_block_dev))
+/// Mounts of a file system looked at ([`super_at_dev_shm`]): a tmpfs at /dev/shm has one in
+/// its own namespace and, for a container's, one where its runtime made it on the host; a
+/// file system with more is taken to be elsewhere.
+const MOUNTS_CHECKED: usize = 4;
+/// Mount points crossed on the way up from one name of a path to the next: one where a file
+/// system is mounted on a directory, more where mounts are stacked on the same place.
+const CROSSINGS: usize = 3;
+
+/// Whether the file system whose super block is at `sb` is mounted at /dev/shm in some mount
+/// namespace: the host's, a container's (whose runtime mounted it elsewhere on the host too),
+/// or any other. Its mounts are read one by one (`s_mounts`), each judged by
+/// [`mount_at_dev_shm`]. Many reads: the probes make this judgement once per file system
+/// (`SHM_SUPERS`).
+#[inline(never)]
+pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
+    let chained = off.mounts_chained != 0;
+    let head = sb + off.super_block_mounts as u64;
+    let Some(mut at) = read_ptr(head, 0) else {
+        return false;
+    };
+    let mut i = 0;
+    while i < MOUNTS_CHECKED {
+        // A chain ends with NULL, a list where it began.
+        if !chained && at == head {
+            return false;
+        }
+        // Chained, `at` is the `struct mount`; listed, its `mnt_instance`.
+        let mount = if chained {
+            at
+        } else {
+            at - off.mount_next as u64
+        };
+        if mount_at_dev_shm(mount, off) {
+            return true;
+        }
+        let next = if chained { off.mount_next } else { 0 };
+        at = match read_ptr(at, next) {
+            Some(next) => next,
+            None => return false,
+        };
+        i += 1;
     }
+    false
+}
+
+/// Whether the mount a file was reached by (`struct vfsmount *`, as in `file.f_path.mnt`) is
+/// at /dev/shm in its mount namespace.
+#[inline(always)]
+pub fn vfsmount_at_dev_shm(vfsmount: u64, off: &KernelOffsets) -> bool {
+    vfsmount != 0 && mount_at_dev_shm(vfsmount - off.mount_mnt as u64, off)
+}
+
+/// Whether `mount` (a `struct mount`) is mounted at /dev/shm (or /run/shm) of its namespace:
+/// its mount point is named `shm`, in a directory named `dev` (or `run`), in the namespace's
+/// root directory, crossing mount points on the way up (the host's /dev is a devtmpfs of its
+/// own, a container's a tmpfs).
+#[inline(always)]
+fn mount_at_dev_shm(mount: u64, off: &KernelOffsets) -> bool {
+    let Some(parent) = read_ptr(mount, off.mount_parent) else {
+        return false;
+    };
+    // A namespace's root is its own parent: mounted nowhere.
+    if parent == mount {
+        return false;
+    }
+    let Some(mut dentry) = read_ptr(mount, off.mount_mountpoint) else {
+        return false;
+    };
+    let mut mnt = parent;
+    // The names from the mount point up: `shm`, in `dev` (or `run`, its older home, where
+    // /dev/shm is a link to /run/shm).
+    let shm = u32::from_le_bytes(*b"shm\0");
+    let dev = u32::from_le_bytes(*b"dev\0");
+    let run = u32::from_le_bytes(*b"run\0");
+    let mut i = 0;
+    while i < 2 {
+        match up_to_a_name(dentry, mnt, off) {
+            Climbed::Name(at, its_mount) => {
+                (dentry, mnt) = (at, its_mount);
+            }
+            Climbed::Root | Climbed::Unread => return false,
+        }
+        let Some(name) = read_ptr(dentry, off.dentry_name) else {
+            return false;
+        };
+        let Some(name) = read::<u32>(name, 0) else {
+            return false;
+        };
+        if !(if i == 0 {
+            name == shm
+        } else {
+            name == dev || name == run
+        }) {
+            return false;
+        }
+        dentry = match read_ptr(dentry, off.dentry_parent) {
+            Some(parent) => parent,
+            None => return false,
+        };
+        i += 1;
+    }
+    matches!(up_to_a_name(dentry, mnt, off), Climbed::Root)
+}
+
+/// Where going up a path from a directory leads.
+enum Climbed {
+    /// A directory with a name in its mount (the dentry, the `struct mount`).
+    Name(u64, u64),
+    /// The root of the mount namespace.
+    Root,
+    /// Something could not be read, or the mounts were stacked too deep.
+    Unread,
+}
+
+/// From directory `dentry` of mount `mnt` (a `struct mount`): while it is its mount's root,
+/// steps to the mount point below it, in the mount beneath; stops at a directory with a name,
+/// or at the namespace's root.
+#[inline(always)]
+fn up_to_a_name(mut dentry: u64, mut mnt: u64, off: &KernelOffsets) -> Climbed {
+    let mut i = 0;
+    while i < CROSSINGS {
+        let Some(root) = read_ptr(mnt, off.mount_mnt + off.vfsmount_root) else {
+            return Climbed::Unread;
+        };
+        if dentry != root {
+            return Climbed::Name(dentry, mnt);
+        }
+        let Some(parent) = read_ptr(mnt, off.mount_parent) else {
+            return Climbed::Unread;
+        };
+        if parent == mnt {
+            return Climbed::Root;
+        }
+        let Some(mountpoint) = read_ptr(mnt, off.mount_mountpoint) else {
+            return Climbed::Unread;
+        };
+        (dentry, mnt) = (mountpoint, parent);
+        i += 1;
+    }
+    Climbed::Unread
+}
+
+/// Whether `dentry` is the root of its file system (its own parent).
+#[inline(always)]
+pub fn is_root(dentry: u64, off: &KernelOffsets) -> bool {
+    read_ptr(dentry, off.dentry_parent) == Some(dentry)
+}
+
+/// Path components of a name below its file system's root that [`name_below_root`] writes.
+const NAME_DEPTH: usize = 4;
+
+/// Writes the path of `dentry` below the root of its file system into `out`, NUL-terminated
+/// (`a/b/name`; at most [`NAME_DEPTH`] components, the lowest ones): the name of a /dev/shm
+/// file opened through another path (a container's /dev/shm from the host through
+/// `/proc/PID/root`, or where its runtime mounted it). `scratch` is room to build it in: a
+/// component is written where the last ended, which the verifier must see stays in bounds.
+/// Returns whether the name is whole.
+#[inline(always)]
+pub fn name_below_root(
+    dentry: u64,
+    scratch: &mut [u8; 2 * PATH_LEN],
+    out: *mut u8,
+    off: &KernelOffsets,
+) -> bool {
+    let mut chain = [0u64; NAME_DEPTH];
+    let mut depth = 0;
+    let mut at = dentry;
+    let mut whole = false;
+    while depth < NAME_DEPTH {
+        let Some(parent) = read_ptr(at, off.dentry_parent) else {
+            break;
+        };
+        if parent == at {
+            whole = true;
+            break;
+        }
+        chain[depth] = at;
+        at = parent;
+        depth += 1;
+    }
+    if depth == NAME_DEPTH && read_ptr(at, off.dentry_parent) == Some(at) {
+        whole = true;
+    }
+    let mut end = 0usize;
+    let mut i = NAME_DEPTH;
+    while i > 0 {
+        i -= 1;
+        if i >= depth {
+            continue;
+        }
+        if end >= PATH_LEN - 1 {
+            whole = false;
+            break;
+        }
+        let Some(name) = chain.get(i).and_then(|at| read_ptr(*at, off.dentry_name)) else {
+            return false;
+        };
+        let at = end & (PATH_LEN - 1);
+        // SAFETY: `at` is below PATH_LEN and the read at most PATH_LEN bytes: within
+        // `scratch`; the helper tolerates any source address.
+        let len = unsafe {
+            generated::bpf_probe_read_kernel_str(
+                scratch.as_mut_ptr().add(at) as *mut c_void,
+                PATH_LEN as u32,
+                name as *const c_void,
+            )
+        };
+        if len <= 0 {
+            return false;
+        }
+        // Where the NUL went: the next component, after a '/', goes there.
+        end = at + len as usize - 1;
+        if i > 0 {
+            scratch[end & (2 * PATH_LEN - 1)] = b'/';
+            end += 1;
+        }
+    }
+    if end >= PATH_LEN - 1 {
+        whole = false;
+    }
+    scratch[end & (2 * PATH_LEN - 1)] = 0;
+    scratch[PATH_LEN - 1] = 0;
+    // SAFETY: `out` has room for PATH_LEN bytes (the caller's promise); the helper copies
+    // from the scratch buffer.
+    let failed = unsafe {
+        generated::bpf_probe_read_kernel(
+            out as *mut c_void,
+            PATH_LEN as u32,
+            scratch.as_ptr() as *const c_void,
+        )
+    };
+    failed == 0 && whole
 }
 
 /// User addresses of the task's command line (`mm_struct.arg_start..arg_end`).

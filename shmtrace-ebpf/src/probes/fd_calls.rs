@@ -1,6 +1,6 @@
 //! Calls on descriptors that refer to /dev/shm objects.
 //!
-//! A descriptor counts when its inode's file system is a known /dev/shm (`SHM_DEVS`), so
+//! A descriptor counts when its file is on a /dev/shm (`shm_check`), whoever opened it, so
 //! descriptors received over a socket (PyTorch passes them with SCM_RIGHTS) count too.
 //!
 //! `close` is traced at its entry only, and reported as succeeding (why:
@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     emit, kernel,
-    maps::{CONFIG, Pending},
+    maps::{Pending, config},
     scope,
 };
 
@@ -42,7 +42,7 @@ fn enter_close(ctx: &TracePointContext) -> Option<()> {
     // The scope first: every process on the host runs this, and few hold /dev/shm.
     let scope_flags = scope::fd_call_scope(tgid)?;
     // Before any kernel read: `--failed` drops every close, which cannot fail here.
-    if CONFIG.load().failed_only != 0 {
+    if config().failed_only != 0 {
         return None;
     }
     let args = CloseArgs::read(ctx);
@@ -54,6 +54,7 @@ fn enter_close(ctx: &TracePointContext) -> Option<()> {
         fd,
         args: args.raw(),
         file: shm_check::shm_fd(fd, &off)?,
+        dentry: 0,
     };
     report::report(&call, 0, tgid, &off);
     Some(())
@@ -104,7 +105,7 @@ fn exit_fd_call(
     let scope_flags = scope::fd_call_scope(tgid)?;
     let ret = exit_ret(ctx);
     // Before any kernel read: `--failed` drops most of these calls.
-    if CONFIG.load().failed_only != 0 && ret >= 0 && call.is_data_path() {
+    if config().failed_only != 0 && ret >= 0 && call.is_data_path() {
         return None;
     }
     let off = kernel::offsets();
@@ -119,6 +120,7 @@ fn exit_fd_call(
         fd,
         args,
         file: shm_check::shm_fd(fd, &off)?,
+        dentry: 0,
     };
     report::report(&call, ret, tgid, &off);
     Some(())
@@ -146,6 +148,7 @@ fn exit_munmap(ctx: &TracePointContext) -> Option<()> {
         fd: -1,
         args: args_at_exit(2, &off),
         file: emit::no_file(),
+        dentry: 0,
     };
     report::report(&call, exit_ret(ctx), tgid, &off);
     Some(())

@@ -1,27 +1,97 @@
-//! Whether a call concerns /dev/shm: by its path argument, or by the file behind a
-//! descriptor.
+//! Whether a call concerns /dev/shm: by the file it made or acts on, and where there is no
+//! file (a failed open, an unlink), by its path argument.
+//!
+//! A file is judged by what it is, not by the path it was opened by: its super block is a
+//! /dev/shm's or not, whichever path led to it (`/dev/shm/x`, a relative one, a container's
+//! /dev/shm through `/proc/PID/root`). For a tmpfs the verdict is two bits of `SHM_SUPERS`,
+//! one array load; a tmpfs met with no verdict yet is judged once, by its mounts. A /dev/shm
+//! that is not a tmpfs (a bind mount of a directory) is judged by the mount a file was reached
+//! by.
+use core::intrinsics::{AtomicOrdering, atomic_or};
+
 use aya_ebpf::{
     cty::c_void,
     helpers::generated::{self, bpf_probe_read_user_str},
 };
-use shmtrace_common::{FileRef, KernelOffsets, flags};
+use shmtrace_common::{
+    FileRef, KernelDev, KernelOffsets, flags,
+    supers::{self, ELSEWHERE, FLAGS_WORD, KNOWN, SHM, TMPFS_MAGIC},
+};
 
 use super::tracepoint::AT_FDCWD;
-use crate::{kernel, maps::SHM_DEVS};
+use crate::{
+    kernel::{self, FileAt, Super},
+    maps::{SHM_ELSEWHERE, SHM_SUPERS},
+};
 
 const SHM_PREFIX: &[u8; 9] = b"/dev/shm/";
 /// Bytes `bpf_probe_read_user_str` returns for "/dev/shm" and "/dev/shm/", with the NUL.
 const SHM_DIR_LEN: i64 = 9;
 
-/// The file behind `fd` as it is now, if it is on a /dev/shm. Its file system is checked
-/// before the rest of its inode is read: most descriptors of a process that holds /dev/shm
-/// files are elsewhere (its logs, sockets), and reading the inode's head costs more than the
-/// check.
+/// Whether the file system of super block `sb` is a /dev/shm. `mount` gives the mount
+/// (`struct vfsmount *`) a file on it was reached by, which decides for a /dev/shm that is not a
+/// tmpfs.
+#[inline(always)]
+pub fn on_shm(sb: &Super, mount: impl FnOnce() -> Option<u64>, off: &KernelOffsets) -> bool {
+    if sb.magic == TMPFS_MAGIC {
+        return tmpfs_is_shm(sb, off);
+    }
+    elsewhere(sb.dev) && mount().is_some_and(|mount| kernel::vfsmount_at_dev_shm(mount, off))
+}
+
+/// A tmpfs's verdict, from `SHM_SUPERS`; one not judged yet is judged now, once.
+#[inline(always)]
+fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
+    let Some((index, shift)) = supers::bits_of(KernelDev(sb.dev)) else {
+        return false;
+    };
+    let Some(word) = SHM_SUPERS.get_ptr_mut(index) else {
+        return false;
+    };
+    // A volatile load, as for `FOLLOWED` (scope.rs).
+    // SAFETY: a live, 8-byte aligned array element.
+    let bits = unsafe { word.read_volatile() } >> shift;
+    if bits & KNOWN != 0 {
+        return bits & SHM != 0;
+    }
+    let shm = kernel::super_at_dev_shm(sb.addr, off);
+    let verdict = if shm { KNOWN | SHM } else { KNOWN };
+    // SAFETY: as above; other file systems' bits in the word change concurrently.
+    unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(word, verdict << shift) };
+    shm
+}
+
+/// Whether `dev` is a /dev/shm that is not a tmpfs. The flag is one array load, so the hash
+/// look-up is made only on a host that has such a /dev/shm.
+#[inline(always)]
+fn elsewhere(dev: u32) -> bool {
+    let any = SHM_SUPERS
+        .get_ptr(FLAGS_WORD)
+        // SAFETY: a live array element, read as above.
+        .is_some_and(|flags| unsafe { (flags as *mut u64).read_volatile() } & ELSEWHERE != 0);
+    any && SHM_ELSEWHERE.get_ptr(dev).is_some()
+}
+
+/// Whether `file` is on a /dev/shm.
+#[inline(always)]
+pub fn file_on_shm(file: FileAt, off: &KernelOffsets) -> bool {
+    kernel::file_super(file, off).is_some_and(|sb| {
+        on_shm(
+            &sb,
+            || kernel::file_path(file, off).map(|(mount, _)| mount),
+            off,
+        )
+    })
+}
+
+/// The file behind `fd` as it is now, if it is on a /dev/shm.
 #[inline(always)]
 pub fn shm_fd(fd: i32, off: &KernelOffsets) -> Option<FileRef> {
-    let inode = kernel::fd_inode(fd, off)?;
-    SHM_DEVS.get_ptr(kernel::inode_dev(inode, off)?)?;
-    kernel::inode_file(inode, off)
+    let file = kernel::fd_file(fd, off)?;
+    if !file_on_shm(file, off) {
+        return None;
+    }
+    kernel::file_ref(file, off)
 }
 
 /// What a path argument says about a call.
@@ -71,8 +141,9 @@ fn path_prefix(path: u64, buf: &mut [u8; 16]) -> i64 {
 
 /// Whether a path argument names something in /dev/shm: an absolute `/dev/shm/...` path, or a
 /// relative one resolved from a directory (`dfd`, or the working directory) on a /dev/shm file
-/// system. Only the path's first bytes are read, and the kernel's offsets only for a relative
-/// path: every open on the host passes here in host-wide mode.
+/// system. Only the path's first bytes are read. For calls that make no file: a failed open,
+/// an unlink, a `statfs`. Another absolute path to a /dev/shm (`/proc/PID/root/dev/shm/x`)
+/// is not recognised here.
 #[inline(always)]
 pub fn shm_path(dfd: i32, path: u64) -> PathIs {
     let mut buf = [0u8; 16];
@@ -103,26 +174,14 @@ pub fn shm_path(dfd: i32, path: u64) -> PathIs {
         return PathIs::Shm(0);
     }
     let off = kernel::offsets();
-    let dir_dev = if dfd == AT_FDCWD {
-        kernel::cwd_dev(&off)
+    let dir_on_shm = if dfd == AT_FDCWD {
+        kernel::cwd_super(off).is_some_and(|(sb, mount)| on_shm(&sb, || Some(mount), off))
     } else {
-        kernel::fd_inode(dfd, &off).and_then(|inode| kernel::inode_dev(inode, &off))
+        kernel::fd_file(dfd, off).is_some_and(|dir| file_on_shm(dir, off))
     };
-    match dir_dev {
-        Some(dev) if SHM_DEVS.get_ptr(dev).is_some() => PathIs::Shm(flags::RELATIVE_TO_SHM),
-        _ => PathIs::Elsewhere,
-    }
-}
-
-/// Records the file system of a newly opened /dev/shm directory descriptor.
-#[inline(always)]
-pub fn learn_directory(ret: i64, off: &KernelOffsets) {
-    if ret < 0 {
-        return;
-    }
-    if let Some(inode) = kernel::fd_inode(ret as i32, off)
-        && let Some(dev) = kernel::inode_dev(inode, off)
-    {
-        let _ = SHM_DEVS.insert(dev, 1, 0);
+    if dir_on_shm {
+        PathIs::Shm(flags::RELATIVE_TO_SHM)
+    } else {
+        PathIs::Elsewhere
     }
 }

@@ -13,7 +13,7 @@ use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use shmtrace_common::{EventKind, SignalEvent, flags};
 
 use super::tracepoint::ids;
-use crate::{emit, kernel, maps::CONFIG, scope, tally};
+use crate::{emit, kernel, maps::config, scope, tally};
 
 const SIGKILL: i32 = 9;
 const SIGBUS: i32 = 7;
@@ -43,7 +43,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         tally::killed(target_pid);
     }
     // Host-wide mode reports every SIGBUS: it is the /dev/shm failure mode.
-    let host_wide = CONFIG.load().all != 0 && signo == SIGBUS;
+    let host_wide = config().all != 0 && signo == SIGBUS;
     let current = kernel::current_task();
     let mut header_flags = 0;
     if !host_wide && !scope::task_followed(target_pid, target) {

@@ -76,7 +76,8 @@ fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         fd,
         args,
         file,
+        dentry: 0,
     };
-    report::report(&call, ret, tgid, &off);
+    report::report(&call, ret, tgid, off);
     Some(())
 }

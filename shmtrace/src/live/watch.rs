@@ -263,7 +263,7 @@ async fn follow(
 /// Puts a container in the kernel filter and tells the pipeline what it is.
 pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipeline) -> Result<()> {
     if let Some(dev) = container.shm.dev() {
-        tracer.add_shm_dev(dev)?;
+        tracer.add_shm_dev(dev, container.shm.is_tmpfs)?;
     }
     pipeline.set_container(container.info(), boot_ns()?)?;
     sample(container, pipeline)

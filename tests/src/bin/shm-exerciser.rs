@@ -345,7 +345,7 @@ fn openat2() {
     let how = OpenHow {
         flags: CREATE as u64,
         mode: 0o600,
-        resolve: 0x08, /* RESOLVE_NO_SYMLINKS */
+        resolve: 0x04, /* RESOLVE_NO_SYMLINKS */
     };
     // SAFETY: `how` is a valid `open_how` of the size passed, and the path is NUL-terminated.
     unsafe {

@@ -1,5 +1,5 @@
 //! Loading, configuring and attaching the programs, and the maps userspace writes to.
-use std::path::PathBuf;
+use std::{collections::HashSet, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -21,6 +21,7 @@ use super::{
     followed::FollowedBitmap,
     hooks::{self, Hook},
     offsets, preflight,
+    supers::ShmSupers,
 };
 
 /// `BPF_NOEXIST`: insert only if absent.
@@ -71,7 +72,7 @@ pub struct Tracer {
     hold_outside: Array<MapData, u32>,
     /// shmtrace's own mount namespace (0 if unknown: nothing is held then).
     own_mntns: u32,
-    shm_devs: HashMap<MapData, u32, u32>,
+    supers: ShmSupers,
     lost: PerCpuArray<MapData, u64>,
     tallies: HashMap<MapData, TallyKey, u64>,
     _ebpf: Ebpf,
@@ -136,21 +137,16 @@ impl Tracer {
             events: Some(take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?),
             targets: take_map(&mut ebpf, "TARGETS", HashMap::try_from)?,
             followed: FollowedBitmap::map(take_map(&mut ebpf, "FOLLOWED", Array::try_from)?)
-                .map_err(|io_error| {
-                    map_error(
-                        "FOLLOWED",
-                        aya::sys::SyscallError {
-                            call: "mmap",
-                            io_error,
-                        }
-                        .into(),
-                    )
-                })?,
+                .map_err(|io_error| mmap_error("FOLLOWED", io_error))?,
             target_mntns: take_map(&mut ebpf, "TARGET_MNTNS", HashMap::try_from)?,
             target_cgroups: take_map(&mut ebpf, "TARGET_CGROUPS", HashMap::try_from)?,
             hold_outside,
             own_mntns,
-            shm_devs: take_map(&mut ebpf, "SHM_DEVS", HashMap::try_from)?,
+            supers: ShmSupers::new(
+                take_map(&mut ebpf, "SHM_SUPERS", Array::try_from)?,
+                take_map(&mut ebpf, "SHM_ELSEWHERE", HashMap::try_from)?,
+            )
+            .map_err(|io_error| mmap_error("SHM_SUPERS", io_error))?,
             lost: take_map(&mut ebpf, "LOST", PerCpuArray::try_from)?,
             tallies: take_map(&mut ebpf, "TALLIES", HashMap::try_from)?,
             _ebpf: ebpf,
@@ -236,12 +232,23 @@ impl Tracer {
             .map_err(|e| map_error("TARGET_CGROUPS", e))
     }
 
-    /// Declares `dev` (kernel encoding) a /dev/shm file system, so that descriptors on it are
-    /// traced even when they were opened before shmtrace started.
-    pub fn add_shm_dev(&mut self, dev: u32) -> Result<(), BpfError> {
-        self.shm_devs
-            .insert(dev, 1, 0)
-            .map_err(|e| map_error("SHM_DEVS", e))
+    /// Declares `dev` (kernel encoding) a /dev/shm file system, a `tmpfs` or not (a bind
+    /// mount of a directory), so that the probes know it without judging it themselves, and
+    /// descriptors opened before shmtrace started are traced.
+    pub fn add_shm_dev(&mut self, dev: u32, tmpfs: bool) -> Result<(), BpfError> {
+        self.supers.add(dev, tmpfs)
+    }
+
+    /// Forgets what is known of every tmpfs not in `mounted` (the devices of every file
+    /// system mounted now, in every mount namespace): a device number is reused once its file
+    /// system is unmounted. Returns how many were forgotten.
+    pub fn forget_unmounted_shm(&mut self, mounted: &HashSet<u32>) -> usize {
+        self.supers.forget_unmounted(mounted)
+    }
+
+    /// The tmpfs devices held to be a /dev/shm now, by userspace or the probes.
+    pub fn shm_devices(&self) -> Vec<u32> {
+        self.supers.shm_devices()
     }
 
     /// What the probes could not report so far, by reason: records dropped because the ring
@@ -281,7 +288,18 @@ impl Tracer {
     }
 }
 
-fn map_error(name: &'static str, source: aya::maps::MapError) -> BpfError {
+fn mmap_error(name: &'static str, io_error: std::io::Error) -> BpfError {
+    map_error(
+        name,
+        aya::sys::SyscallError {
+            call: "mmap",
+            io_error,
+        }
+        .into(),
+    )
+}
+
+pub(super) fn map_error(name: &'static str, source: aya::maps::MapError) -> BpfError {
     BpfError::Map {
         name,
         source: Box::new(source),
