@@ -202,11 +202,31 @@ pub fn current_group_dead(off: &KernelOffsets) -> Option<bool> {
 /// A file the probes reached: through typed pointers from the current task, read with plain
 /// loads, or at an address, read with `bpf_probe_read_kernel`.
 #[derive(Clone, Copy)]
-pub enum FileAt {
-    /// A `struct file *` the verifier knows the type of.
-    Typed(*const u8),
-    /// The address of a `struct file`.
-    Raw(u64),
+pub struct FileAt {
+    /// Non-zero: `addr` is a `struct file *` the verifier knows the type of.
+    typed: u64,
+    addr: *const u8,
+}
+
+impl FileAt {
+    const NONE: FileAt = FileAt {
+        typed: 0,
+        addr: core::ptr::null(),
+    };
+
+    fn typed(file: *const u8) -> FileAt {
+        FileAt {
+            typed: 1,
+            addr: file,
+        }
+    }
+
+    fn raw(file: u64) -> FileAt {
+        FileAt {
+            typed: 0,
+            addr: file as *const u8,
+        }
+    }
 }
 
 /// The current task's file behind descriptor `fd`.
@@ -218,8 +238,19 @@ pub enum FileAt {
 /// per bit of `fd` ([`embedded_slot`]), which gives each of the 64 descriptors a path of its
 /// own. A grown table is read at its address: the verifier does not type what `fdtable.fd`
 /// points to.
+///
+/// Which of the two it is goes through the stack, where the compiler cannot see it: it would
+/// tell them apart later by `max_fds` again, a test that the verifier of Linux 6.1 cannot
+/// always decide, and then follows a path where a raw address is loaded as a typed pointer.
+/// Every field is written on every path: that verifier refuses to store an unwritten one.
 #[inline(always)]
 pub fn fd_file(fd: i32, off: &KernelOffsets) -> Option<FileAt> {
+    let file = core::hint::black_box(fd_file_by_table(fd, off).unwrap_or(FileAt::NONE));
+    (!file.addr.is_null()).then_some(file)
+}
+
+#[inline(always)]
+fn fd_file_by_table(fd: i32, off: &KernelOffsets) -> Option<FileAt> {
     if fd < 0 {
         return None;
     }
@@ -235,10 +266,10 @@ pub fn fd_file(fd: i32, off: &KernelOffsets) -> Option<FileAt> {
         }
         if max_fds <= EMBEDDED_FDS {
             let file: *const u8 = field(embedded_slot(files, fd, off), 0);
-            return (!file.is_null()).then_some(FileAt::Typed(file));
+            return (!file.is_null()).then(|| FileAt::typed(file));
         }
         let slots: u64 = field(fdt, off.fdtable_fd);
-        read_ptr(slots, fd * 8).map(FileAt::Raw)
+        read_ptr(slots, fd * 8).map(FileAt::raw)
     }
 }
 
@@ -279,16 +310,15 @@ pub struct Super {
 /// The super block of the file system `file` is on.
 #[inline(always)]
 pub fn file_super(file: FileAt, off: &KernelOffsets) -> Option<Super> {
-    match file {
+    if file.typed != 0 {
         // SAFETY: typed pointers from the file down to its super block.
-        FileAt::Typed(file) => unsafe {
-            let inode = pointer_field(file, off.file_inode)?;
+        unsafe {
+            let inode = pointer_field(file.addr, off.file_inode)?;
             typed_super(pointer_field(inode, off.inode_sb)?, off)
-        },
-        FileAt::Raw(file) => {
-            let inode = read_ptr(file, off.file_inode)?;
-            raw_super(read_ptr(inode, off.inode_sb)?, off)
         }
+    } else {
+        let inode = read_ptr(file.addr as u64, off.file_inode)?;
+        raw_super(read_ptr(inode, off.inode_sb)?, off)
     }
 }
 
@@ -318,17 +348,19 @@ fn raw_super(sb: u64, off: &KernelOffsets) -> Option<Super> {
 /// The mount (`struct vfsmount *`) and dentry by which `file` was reached.
 #[inline(always)]
 pub fn file_path(file: FileAt, off: &KernelOffsets) -> Option<(u64, u64)> {
-    match file {
+    if file.typed != 0 {
         // SAFETY: `f_path`'s members of a typed file.
-        FileAt::Typed(file) => unsafe {
-            let mnt: *const u8 = field(file, off.file_path_mnt);
-            let dentry: *const u8 = field(file, off.file_path_dentry);
+        unsafe {
+            let mnt: *const u8 = field(file.addr, off.file_path_mnt);
+            let dentry: *const u8 = field(file.addr, off.file_path_dentry);
             Some((mnt as u64, dentry as u64))
-        },
-        FileAt::Raw(file) => Some((
-            read_ptr(file, off.file_path_mnt)?,
-            read_ptr(file, off.file_path_dentry)?,
-        )),
+        }
+    } else {
+        let addr = file.addr as u64;
+        Some((
+            read_ptr(addr, off.file_path_mnt)?,
+            read_ptr(addr, off.file_path_dentry)?,
+        ))
     }
 }
 
@@ -336,20 +368,20 @@ pub fn file_path(file: FileAt, off: &KernelOffsets) -> Option<(u64, u64)> {
 /// allocation now.
 #[inline(always)]
 pub fn file_ref(file: FileAt, off: &KernelOffsets) -> Option<FileRef> {
-    match file {
-        // SAFETY: typed pointers from the file down to its inode's fields.
-        FileAt::Typed(file) => unsafe {
-            let inode = pointer_field(file, off.file_inode)?;
-            let sb = pointer_field(inode, off.inode_sb)?;
-            Some(FileRef {
-                dev: field(sb, off.super_block_dev),
-                mode: field::<u16>(inode, off.inode_mode) as u32,
-                ino: field(inode, off.inode_ino),
-                size: field(inode, off.inode_size),
-                blocks: field(inode, off.inode_blocks),
-            })
-        },
-        FileAt::Raw(file) => inode_file(read_ptr(file, off.file_inode)?, off),
+    if file.typed == 0 {
+        return inode_file(read_ptr(file.addr as u64, off.file_inode)?, off);
+    }
+    // SAFETY: typed pointers from the file down to its inode's fields.
+    unsafe {
+        let inode = pointer_field(file.addr, off.file_inode)?;
+        let sb = pointer_field(inode, off.inode_sb)?;
+        Some(FileRef {
+            dev: field(sb, off.super_block_dev),
+            mode: field::<u16>(inode, off.inode_mode) as u32,
+            ino: field(inode, off.inode_ino),
+            size: field(inode, off.inode_size),
+            blocks: field(inode, off.inode_blocks),
+        })
     }
 }
 
