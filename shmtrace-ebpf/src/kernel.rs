@@ -123,8 +123,27 @@ pub fn task_mntns(task: u64, off: &KernelOffsets) -> Option<u32> {
 /// that yields zero instead of faulting.
 #[inline(always)]
 fn current_btf() -> *const u8 {
-    // SAFETY: no preconditions.
-    unsafe { generated::bpf_get_current_task_btf() as *const u8 }
+    Current::get().0
+}
+
+/// The current task's typed pointer ([`current_btf`]), taken once by a program that reads
+/// several things from it: each take is a helper call.
+#[derive(Clone, Copy)]
+pub struct Current(*const u8);
+
+impl Current {
+    #[inline(always)]
+    pub fn get() -> Current {
+        // SAFETY: no preconditions.
+        Current(unsafe { generated::bpf_get_current_task_btf() as *const u8 })
+    }
+
+    /// Its thread-group id: the pid users see.
+    #[inline(always)]
+    pub fn tgid(self, off: &KernelOffsets) -> u32 {
+        // SAFETY: `task_struct.tgid`, a `pid_t`, of the typed current task.
+        unsafe { field(self.0, off.task_tgid) }
+    }
 }
 
 /// The field at `offset` of a struct reached from [`current_btf`] through typed pointers only.
@@ -142,10 +161,10 @@ unsafe fn field<T>(base: *const u8, offset: u32) -> T {
 /// the kernel. A `sys_exit_*` tracepoint runs before anything (ptrace, a signal) can change
 /// them, so they are the arguments the call ran with.
 #[inline(always)]
-pub fn syscall_args(off: &KernelOffsets) -> [u64; 6] {
+pub fn syscall_args(task: Current, off: &KernelOffsets) -> [u64; 6] {
     // SAFETY: the helper takes the typed pointer to the current task and returns the typed
     // pointer to its saved registers.
-    let regs = unsafe { generated::bpf_task_pt_regs(current_btf() as *mut _) } as *const u8;
+    let regs = unsafe { generated::bpf_task_pt_regs(task.0 as *mut _) } as *const u8;
     let mut args = [0u64; 6];
     let mut i = 0;
     while i < 6 {
@@ -244,13 +263,13 @@ impl FileAt {
 /// always decide, and then follows a path where a raw address is loaded as a typed pointer.
 /// Every field is written on every path: that verifier refuses to store an unwritten one.
 #[inline(always)]
-pub fn fd_file(fd: i32, off: &KernelOffsets) -> Option<FileAt> {
-    let file = core::hint::black_box(fd_file_by_table(fd, off).unwrap_or(FileAt::NONE));
+pub fn fd_file(task: Current, fd: i32, off: &KernelOffsets) -> Option<FileAt> {
+    let file = core::hint::black_box(fd_file_by_table(task, fd, off).unwrap_or(FileAt::NONE));
     (!file.addr.is_null()).then_some(file)
 }
 
 #[inline(always)]
-fn fd_file_by_table(fd: i32, off: &KernelOffsets) -> Option<FileAt> {
+fn fd_file_by_table(task: Current, fd: i32, off: &KernelOffsets) -> Option<FileAt> {
     if fd < 0 {
         return None;
     }
@@ -258,7 +277,7 @@ fn fd_file_by_table(fd: i32, off: &KernelOffsets) -> Option<FileAt> {
     // SAFETY: typed pointers down to the descriptor table; `fd_array`'s slots are typed
     // `struct file *`, read at constant offsets within it.
     unsafe {
-        let files = pointer_field(current_btf(), off.task_files)?;
+        let files = pointer_field(task.0, off.task_files)?;
         let fdt = pointer_field(files, off.files_fdt)?;
         let max_fds: u32 = field(fdt, off.fdtable_max_fds);
         if fd >= max_fds {

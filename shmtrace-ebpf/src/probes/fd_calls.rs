@@ -10,10 +10,11 @@ use shmtrace_common::{Syscall, flags};
 
 use super::{
     report, shm_check,
-    tracepoint::{args_at_exit, enter_args, exit_ret, ids},
+    tracepoint::{args_at_exit, enter_args, exit_ret},
 };
 use crate::{
-    emit, kernel,
+    emit,
+    kernel::{self, Current},
     maps::{Pending, config},
     scope,
 };
@@ -38,7 +39,10 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn enter_close(ctx: &TracePointContext) -> Option<()> {
-    let (tgid, _) = ids();
+    // One helper call for the task, whose id and descriptor table are then plain loads.
+    let task = Current::get();
+    let off = kernel::offsets();
+    let tgid = task.tgid(off);
     // The scope first: every process on the host runs this, and few hold /dev/shm.
     let scope_flags = scope::fd_call_scope(tgid)?;
     // Before any kernel read: `--failed` drops every close, which cannot fail here.
@@ -46,17 +50,16 @@ fn enter_close(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let args = CloseArgs::read(ctx);
-    let off = kernel::offsets();
     let fd = args.fd as i32;
     let call = Pending {
         syscall: Syscall::Close,
         flags: scope_flags | flags::FILE,
         fd,
         args: args.raw(),
-        file: shm_check::shm_fd(fd, &off)?,
+        file: shm_check::shm_fd(task, fd, off)?,
         dentry: 0,
     };
-    report::report(&call, 0, tgid, &off);
+    report::report(&call, 0, tgid, off);
     Some(())
 }
 
@@ -100,7 +103,9 @@ fn exit_fd_call(
     fd_arg: usize,
     arg_count: usize,
 ) -> Option<()> {
-    let (tgid, _) = ids();
+    let task = Current::get();
+    let off = kernel::offsets();
+    let tgid = task.tgid(off);
     // The scope first: every process on the host runs this, and few hold /dev/shm.
     let scope_flags = scope::fd_call_scope(tgid)?;
     let ret = exit_ret(ctx);
@@ -108,8 +113,7 @@ fn exit_fd_call(
     if config().failed_only != 0 && ret >= 0 && call.is_data_path() {
         return None;
     }
-    let off = kernel::offsets();
-    let args = args_at_exit(arg_count, &off);
+    let args = args_at_exit(task, arg_count, off);
     if call == Syscall::Mmap && args[3] & MAP_ANONYMOUS != 0 {
         return None;
     }
@@ -119,10 +123,10 @@ fn exit_fd_call(
         flags: scope_flags | flags::FILE,
         fd,
         args,
-        file: shm_check::shm_fd(fd, &off)?,
+        file: shm_check::shm_fd(task, fd, off)?,
         dentry: 0,
     };
-    report::report(&call, ret, tgid, &off);
+    report::report(&call, ret, tgid, off);
     Some(())
 }
 
@@ -136,20 +140,21 @@ pub fn sys_exit_munmap(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn exit_munmap(ctx: &TracePointContext) -> Option<()> {
-    let (tgid, _) = ids();
+    let task = Current::get();
+    let off = kernel::offsets();
+    let tgid = task.tgid(off);
     if !scope::has_mappings(tgid) {
         return None;
     }
     let scope_flags = scope::fd_call_scope(tgid)?;
-    let off = kernel::offsets();
     let call = Pending {
         syscall: Syscall::Munmap,
         flags: scope_flags,
         fd: -1,
-        args: args_at_exit(2, &off),
+        args: args_at_exit(task, 2, off),
         file: emit::no_file(),
         dentry: 0,
     };
-    report::report(&call, exit_ret(ctx), tgid, &off);
+    report::report(&call, exit_ret(ctx), tgid, off);
     Some(())
 }

@@ -20,10 +20,11 @@ use shmtrace_common::{KernelOffsets, Loss, Syscall, flags};
 use super::{
     report,
     shm_check::{self, PathIs},
-    tracepoint::{AT_FDCWD, args_at_exit, exit_ret, ids},
+    tracepoint::{AT_FDCWD, args_at_exit, exit_ret},
 };
 use crate::{
-    emit, kernel,
+    emit,
+    kernel::{self, Current},
     maps::{Pending, config},
     scope,
 };
@@ -71,17 +72,19 @@ fn exit(ctx: &TracePointContext, call: Syscall) -> Option<()> {
 /// A successful open: reported if its file is on a /dev/shm.
 #[inline(always)]
 fn opened(call: Syscall, fd: i64) -> Option<()> {
+    // One helper call for the task, whose id and descriptor table are then plain loads.
+    let task = Current::get();
     let off = kernel::offsets();
+    let tgid = task.tgid(off);
     // Host-wide, every process is in scope, and the file decides first; otherwise few
     // processes are traced, and the scope does.
     if config().all == 0 {
-        scope::in_scope(ids().0)?;
+        scope::in_scope(tgid)?;
     }
-    let file = kernel::fd_file(fd as i32, off)?;
+    let file = kernel::fd_file(task, fd as i32, off)?;
     if !shm_check::file_on_shm(file, off) {
         return None;
     }
-    let (tgid, _) = ids();
     let scope_flags = scope::in_scope(tgid)?;
     let (_, dentry) = kernel::file_path(file, off)?;
     // /dev/shm itself (a runtime listing it, Ray asking its free space through it): no
@@ -93,7 +96,7 @@ fn opened(call: Syscall, fd: i64) -> Option<()> {
         syscall: call,
         flags: scope_flags | flags::FILE,
         fd: fd as i32,
-        args: open_args(call, off)?,
+        args: open_args(task, call, off)?,
         file: kernel::file_ref(file, off)?,
         dentry,
     };
@@ -119,10 +122,11 @@ fn failed(call: Syscall, ret: i64) -> Option<()> {
     if !(out_of_fds || errno == ENOSPC || errno == EROFS || errno == EACCES || errno == ENOENT) {
         return None;
     }
-    let (tgid, _) = ids();
-    let (scope_flags, followed) = scope::scope_of(tgid)?;
+    let task = Current::get();
     let off = kernel::offsets();
-    let args = open_args(call, off)?;
+    let tgid = task.tgid(off);
+    let (scope_flags, followed) = scope::scope_of(tgid)?;
+    let args = open_args(task, call, off)?;
     if errno == ENOENT && args[2] & O_CREAT == 0 && !followed {
         return None;
     }
@@ -152,8 +156,8 @@ fn failed(call: Syscall, ret: i64) -> Option<()> {
 /// The call's arguments as records carry them, read at its exit: openat2's flags and mode,
 /// from its `struct open_how`, and open's, go where openat has them.
 #[inline(always)]
-fn open_args(call: Syscall, off: &KernelOffsets) -> Option<[u64; 6]> {
-    let mut args = args_at_exit(4, off);
+fn open_args(task: Current, call: Syscall, off: &KernelOffsets) -> Option<[u64; 6]> {
+    let mut args = args_at_exit(task, 4, off);
     match call {
         Syscall::Open => {
             args[3] = args[2];

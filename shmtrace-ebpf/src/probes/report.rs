@@ -67,7 +67,7 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
     // memfd_create's file, for the record: not a /dev/shm one.
     if pending.syscall == Syscall::MemfdCreate
         && ret >= 0
-        && let Some(made) = kernel::fd_file(ret as i32, off)
+        && let Some(made) = kernel::fd_file(kernel::Current::get(), ret as i32, off)
         && let Some(made) = kernel::file_ref(made, off)
     {
         fd = ret as i32;

@@ -20,7 +20,7 @@ use shmtrace_common::{
 
 use super::tracepoint::AT_FDCWD;
 use crate::{
-    kernel::{self, FileAt, Super},
+    kernel::{self, Current, FileAt, Super},
     maps::{SHM_ELSEWHERE, SHM_SUPERS},
 };
 
@@ -86,8 +86,8 @@ pub fn file_on_shm(file: FileAt, off: &KernelOffsets) -> bool {
 
 /// The file behind `fd` as it is now, if it is on a /dev/shm.
 #[inline(always)]
-pub fn shm_fd(fd: i32, off: &KernelOffsets) -> Option<FileRef> {
-    let file = kernel::fd_file(fd, off)?;
+pub fn shm_fd(task: Current, fd: i32, off: &KernelOffsets) -> Option<FileRef> {
+    let file = kernel::fd_file(task, fd, off)?;
     if !file_on_shm(file, off) {
         return None;
     }
@@ -177,7 +177,7 @@ pub fn shm_path(dfd: i32, path: u64) -> PathIs {
     let dir_on_shm = if dfd == AT_FDCWD {
         kernel::cwd_super(off).is_some_and(|(sb, mount)| on_shm(&sb, || Some(mount), off))
     } else {
-        kernel::fd_file(dfd, off).is_some_and(|dir| file_on_shm(dir, off))
+        kernel::fd_file(Current::get(), dfd, off).is_some_and(|dir| file_on_shm(dir, off))
     };
     if dir_on_shm {
         PathIs::Shm(flags::RELATIVE_TO_SHM)
