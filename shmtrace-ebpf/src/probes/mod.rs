@@ -8,6 +8,7 @@
 //! `report` (a finished call's record).
 mod fd_calls;
 mod memfd;
+mod mounts;
 mod oom;
 mod open;
 mod process;

@@ -7,7 +7,7 @@
 //! one array load; a tmpfs met with no verdict yet is judged once, by its mounts. A /dev/shm
 //! that is not a tmpfs (a bind mount of a directory) is judged by the mount a file was reached
 //! by.
-use core::intrinsics::{AtomicOrdering, atomic_or};
+use core::intrinsics::{AtomicOrdering, atomic_cxchg};
 
 use aya_ebpf::{
     cty::c_void,
@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use shmtrace_common::{
     FileRef, KernelDev, KernelOffsets, flags,
-    supers::{self, ELSEWHERE, FLAGS_WORD, KNOWN, SHM, TMPFS_MAGIC},
+    supers::{self, ELSEWHERE, FLAGS, GENERATION, KNOWN, SHM, TMPFS_MAGIC},
 };
 
 use super::tracepoint::AT_FDCWD;
@@ -39,7 +39,9 @@ pub fn on_shm(sb: &Super, mount: impl FnOnce() -> Option<u64>, off: &KernelOffse
     elsewhere(sb.dev) && mount().is_some_and(|mount| kernel::vfsmount_at_dev_shm(mount, off))
 }
 
-/// A tmpfs's verdict, from `SHM_SUPERS`; one not judged yet is judged now, once.
+/// A tmpfs's verdict, from `SHM_SUPERS`, if it was given since the last file system was made
+/// (a device number is reused only by a file system made after it); otherwise it is judged
+/// now, and kept.
 #[inline(always)]
 fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
     let Some((index, shift)) = supers::bits_of(KernelDev(sb.dev)) else {
@@ -48,16 +50,31 @@ fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
     let Some(word) = SHM_SUPERS.get_ptr_mut(index) else {
         return false;
     };
-    // A volatile load, as for `FOLLOWED` (scope.rs).
-    // SAFETY: a live, 8-byte aligned array element.
-    let bits = unsafe { word.read_volatile() } >> shift;
-    if bits & KNOWN != 0 {
+    // Volatile loads, as for `FOLLOWED` (scope.rs).
+    let generation = SHM_SUPERS
+        .get_ptr(GENERATION)
+        // SAFETY: a live, 8-byte aligned array element.
+        .map_or(
+            0,
+            |generation| unsafe { (generation as *mut u64).read_volatile() } as u32,
+        );
+    // SAFETY: as above.
+    let seen = unsafe { word.read_volatile() };
+    let bits = seen >> shift;
+    if supers::generation_of(seen) == generation && bits & KNOWN != 0 {
         return bits & SHM != 0;
     }
     let shm = kernel::super_at_dev_shm(sb.addr, off);
     let verdict = if shm { KNOWN | SHM } else { KNOWN };
-    // SAFETY: as above; other file systems' bits in the word change concurrently.
-    unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(word, verdict << shift) };
+    let updated = supers::with_verdict(seen, generation, verdict << shift);
+    // Other file systems' verdicts in the word change concurrently: if one did, this one is
+    // not kept, and is given again next time.
+    // SAFETY: as above.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            word, seen, updated,
+        )
+    };
     shm
 }
 
@@ -66,7 +83,7 @@ fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
 #[inline(always)]
 fn elsewhere(dev: u32) -> bool {
     let any = SHM_SUPERS
-        .get_ptr(FLAGS_WORD)
+        .get_ptr(FLAGS)
         // SAFETY: a live array element, read as above.
         .is_some_and(|flags| unsafe { (flags as *mut u64).read_volatile() } & ELSEWHERE != 0);
     any && SHM_ELSEWHERE.get_ptr(dev).is_some()

@@ -427,10 +427,6 @@ impl Agent {
                 self.probe_error("shm_devs", format!("{error:#}"));
             }
         }
-        // The probes' /dev/shm: those mounted since, and none of those unmounted since.
-        if let Err(error) = target::survey_shm_devs(&mut self.tracer) {
-            self.probe_error("shm_devs", format!("{error:#}"));
-        }
         let pids = self.fleet.borrow().to_measure();
         for pid in pids {
             let Ok(shm) = measure_shm(pid) else { continue };

@@ -97,22 +97,6 @@ pub fn shm_mounts_of(pid: u32) -> Vec<ShmMount> {
         .collect()
 }
 
-/// The devices of every file system mounted now, in every mount namespace on the host: what
-/// is not among them has been unmounted everywhere.
-pub fn mounted_devs() -> HashSet<u32> {
-    one_per_mount_namespace()
-        .into_iter()
-        .filter_map(|pid| {
-            procfs::process::Process::new(pid as i32)
-                .ok()?
-                .mountinfo()
-                .ok()
-        })
-        .flatten()
-        .filter_map(|m| parse_majmin(&m.majmin))
-        .collect()
-}
-
 /// Processes that hold a descriptor or a mapping on one of the file systems `devs` (those
 /// mounted on /dev/shm), but `except`. Host-wide tracing follows them from its start, as it
 /// follows a process from its first /dev/shm call: the probes look only at followed

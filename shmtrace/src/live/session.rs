@@ -16,7 +16,7 @@ use crate::{
         hold::Hold,
         machine::LiveMachine,
         signals::{Received, Signals, Stop},
-        target::{self, RunningCommand},
+        target::RunningCommand,
         watch::Watch,
     },
     pipeline::{Evicted, Pipeline},
@@ -57,9 +57,6 @@ const TICKS_PER_LOST_CHECK: u32 = 10;
 /// How often the analysis forgets what ended (only a host-wide trace's does): often enough
 /// that a fork storm's exited processes do not pile up between two passes.
 const TICKS_PER_FORGET: u32 = 3;
-/// How often the probes' /dev/shm are brought up to date: those mounted since declared, those
-/// unmounted since forgotten (their device numbers go to the next file systems mounted).
-const TICKS_PER_SHM_SURVEY: u32 = 50;
 /// How often followed containers are checked for restarts and their /dev/shm measured.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
@@ -219,9 +216,6 @@ impl Session {
                     }
                     if ticks.is_multiple_of(TICKS_PER_FORGET) {
                         self.forget_what_ended()?;
-                    }
-                    if ticks.is_multiple_of(TICKS_PER_SHM_SURVEY) {
-                        target::survey_shm_devs(&mut self.tracer)?;
                     }
                     self.pipeline.tick(boot_ns()?)?;
                 }

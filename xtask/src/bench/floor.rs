@@ -230,6 +230,14 @@ pub fn attach_all(records: bool) -> Result<Attached> {
         held.push(attach_raw(&raw, name)?);
     }
     held.push(attach_tracepoint(&tracepoint, "oom", "mark_victim")?);
+    // What shmtrace's probes watch for file systems made (`MOUNT_CALLS` in its loader).
+    for call in ["mount", "fsconfig"] {
+        held.push(attach_tracepoint(
+            &tracepoint,
+            "syscalls",
+            &format!("sys_exit_{call}"),
+        )?);
+    }
     for call in Syscall::ALL {
         for phase in ["enter", "exit"] {
             if phase == "enter" && call.traced_at_exit_only()

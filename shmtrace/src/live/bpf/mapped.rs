@@ -61,13 +61,6 @@ impl MappedWords {
             word.fetch_or(bits, Ordering::SeqCst);
         }
     }
-
-    /// Clears `bits` in word `index`.
-    pub fn clear(&self, index: u32, bits: u64) {
-        if let Some(word) = self.word(index) {
-            word.fetch_and(!bits, Ordering::SeqCst);
-        }
-    }
 }
 
 impl Drop for MappedWords {

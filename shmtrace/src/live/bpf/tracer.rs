@@ -1,5 +1,5 @@
 //! Loading, configuring and attaching the programs, and the maps userspace writes to.
-use std::{collections::HashSet, path::PathBuf};
+use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -237,18 +237,6 @@ impl Tracer {
     /// descriptors opened before shmtrace started are traced.
     pub fn add_shm_dev(&mut self, dev: u32, tmpfs: bool) -> Result<(), BpfError> {
         self.supers.add(dev, tmpfs)
-    }
-
-    /// Forgets what is known of every tmpfs not in `mounted` (the devices of every file
-    /// system mounted now, in every mount namespace): a device number is reused once its file
-    /// system is unmounted. Returns how many were forgotten.
-    pub fn forget_unmounted_shm(&mut self, mounted: &HashSet<u32>) -> usize {
-        self.supers.forget_unmounted(mounted)
-    }
-
-    /// The tmpfs devices held to be a /dev/shm now, by userspace or the probes.
-    pub fn shm_devices(&self) -> Vec<u32> {
-        self.supers.shm_devices()
     }
 
     /// What the probes could not report so far, by reason: records dropped because the ring

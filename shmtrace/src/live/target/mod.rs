@@ -81,15 +81,6 @@ pub fn register_shm_devs(tracer: &mut Tracer, every_namespace: bool) -> Result<H
     Ok(mounts.iter().map(|mount| mount.dev).collect())
 }
 
-/// Host-wide, on every survey: declares the /dev/shm of containers started since, and has the
-/// probes forget the file systems unmounted since, whose device numbers the next ones mounted
-/// take over.
-pub fn survey_shm_devs(tracer: &mut Tracer) -> Result<()> {
-    register_shm_devs(tracer, true)?;
-    tracer.forget_unmounted_shm(&proc_scan::mounted_devs());
-    Ok(())
-}
-
 /// Host-wide tracing: follows every process that holds a descriptor or mapping on one of
 /// `devs` now, as the probes follow one from its first /dev/shm call (see
 /// `scope::fd_call_scope` in the probes). Returns them.
