@@ -313,7 +313,10 @@ pub mod flags {
     pub const PATH_TRUNCATED: u16 = 1 << 0;
     /// [`super::SyscallEvent::file`] holds the inode the descriptor referred to.
     pub const FILE: u16 = 1 << 1;
-    /// The path was relative to a directory on a /dev/shm file system.
+    /// The path is relative to the /dev/shm it names a file in: as given, relative to a
+    /// directory there; or, for a file opened by another path (a relative one, or a
+    /// container's /dev/shm through `/proc/PID/root`), its name below that /dev/shm's root,
+    /// which the probes read from the file itself.
     pub const RELATIVE_TO_SHM: u16 = 1 << 2;
     /// The command line did not fit in [`super::ARGS_LEN`] bytes.
     pub const ARGS_TRUNCATED: u16 = 1 << 3;

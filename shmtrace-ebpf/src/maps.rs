@@ -145,7 +145,7 @@ pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0
 /// every container's /dev/shm), judged by the probes for a tmpfs they meet unknown
 /// (`shm_check`), and forgotten by userspace once unmounted. An array, so that a look-up is a
 /// load the verifier inlines, where a hash map's is a helper call that every open on the host
-/// would pay; 256 KiB. Mapped by userspace, which updates it with atomic operations as the
+/// would pay; 512 KiB. Mapped by userspace, which updates it with atomic operations as the
 /// probes do (hence `BPF_F_MMAPABLE`).
 #[map]
 pub static SHM_SUPERS: Array<u64> = Array::with_max_entries(supers::ENTRIES, BPF_F_MMAPABLE);

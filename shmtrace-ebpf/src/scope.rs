@@ -100,7 +100,7 @@ pub fn tracked(tgid: u32) -> Option<u16> {
     if config.match_containers == 0 {
         return None;
     }
-    let mntns = kernel::current_mntns(&kernel::offsets());
+    let mntns = kernel::current_mntns(kernel::offsets());
     if mntns_followed(mntns) || current_cgroup_followed() {
         add_target(tgid, TRACKED, NOEXIST);
         return Some(flags::CONTAINER_MATCH);
@@ -119,7 +119,7 @@ pub fn task_followed(target_pid: u32, task: u64) -> bool {
     if is_target(target_pid) {
         return true;
     }
-    config().match_containers != 0 && mntns_followed(kernel::task_mntns(task, &kernel::offsets()))
+    config().match_containers != 0 && mntns_followed(kernel::task_mntns(task, kernel::offsets()))
 }
 
 /// Whether a process in mount namespace `mntns`, followed by nothing, is to be reported as held.

@@ -8,7 +8,8 @@
 //!
 //! - `case`: one object size, its timed rounds and each variant's results; `machine`: the
 //!   machine and its load, as the report describes them;
-//! - `bystanders`: what host-wide tracing costs calls that do not concern /dev/shm;
+//! - `bystanders`: what host-wide tracing costs calls that do not concern /dev/shm, and
+//!   `server` a real server's throughput (`beside`: the tracers they run beside);
 //! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
 //! - `variants`: how each variant runs it; `reported`: what each tracer reports back;
 //! - `measure`: one process's wall time, CPU, context switches and peak memory;
@@ -17,6 +18,7 @@
 //!   cannot swamp;
 //! - `probes`: BPF run-time statistics per program;
 //! - `stats`, `table`: medians, spreads and the printed tables.
+mod beside;
 mod bystanders;
 mod case;
 mod churn;
@@ -30,6 +32,7 @@ mod neighbours;
 mod pairs;
 mod probes;
 mod reported;
+mod server;
 mod stats;
 mod storm;
 mod table;
@@ -409,12 +412,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 /// `--only-replay`: the replay target alone, --rounds times, each a row of the table.
 /// Measures and prints the bystanders' section and its targets; returns what to save.
 fn bystanders_section(setup: &Setup, exe: &Path, quick: bool) -> Result<serde_json::Value> {
-    let (text, rows, saved) = bystanders::measure(setup, exe, quick)?;
+    let (text, mut rows, saved) = bystanders::measure(setup, exe, quick)?;
+    let (server_text, server_rows, server_saved) = server::measure(setup, exe, quick)?;
+    rows.extend(server_rows);
     println!(
-        "{text}\n## Issue 23's targets, measured in this run\n\n{}",
+        "{text}\n{server_text}\n## Issue 35's targets, measured in this run\n\n{}",
         targets::table(&rows)
     );
-    Ok(saved)
+    Ok(serde_json::json!({ "loops": saved, "server": server_saved }))
 }
 
 fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {

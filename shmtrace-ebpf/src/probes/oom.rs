@@ -39,7 +39,7 @@ fn try_mark_victim(ctx: &TracePointContext) -> Option<()> {
     }
     let off = kernel::offsets();
     let event = OomEvent {
-        header: emit::header(EventKind::Oom, 0, &off),
+        header: emit::header(EventKind::Oom, 0, off),
         victim_pid: victim,
         _pad: 0,
     };

@@ -51,13 +51,11 @@ fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
         return false;
     };
     // Volatile loads, as for `FOLLOWED` (scope.rs).
-    let generation = SHM_SUPERS
-        .get_ptr(GENERATION)
+    let generation = match SHM_SUPERS.get_ptr(GENERATION) {
         // SAFETY: a live, 8-byte aligned array element.
-        .map_or(
-            0,
-            |generation| unsafe { (generation as *mut u64).read_volatile() } as u32,
-        );
+        Some(generation) => unsafe { (generation as *mut u64).read_volatile() as u32 },
+        None => 0,
+    };
     // SAFETY: as above.
     let seen = unsafe { word.read_volatile() };
     let bits = seen >> shift;

@@ -38,7 +38,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let target: u64 = ctx.arg(2);
     let result: i32 = ctx.arg(4);
     let off = kernel::offsets();
-    let target_pid = kernel::task_tgid(target, &off)?;
+    let target_pid = kernel::task_tgid(target, off)?;
     if signo == SIGKILL && ids().0 != target_pid {
         tally::killed(target_pid);
     }
@@ -49,7 +49,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     if !host_wide && !scope::task_followed(target_pid, target) {
         // A fault in a process not yet attributed to a container (its own signal, so the
         // header's namespace, the sender's, is the target's): held like its calls.
-        if target != current || !scope::held(kernel::task_mntns(target, &off)) {
+        if target != current || !scope::held(kernel::task_mntns(target, off)) {
             return None;
         }
         header_flags = flags::HELD;
@@ -58,20 +58,20 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     if scope::has_mappings(target_pid) {
         header_flags |= flags::TARGET_MAPS_SHM;
         if signo == SIGBUS && code == BUS_ADRERR {
-            tally::sigbus(target_pid, &off);
+            tally::sigbus(target_pid, off);
         }
     }
 
     let event = SignalEvent {
-        header: emit::header(EventKind::Signal, header_flags, &off),
+        header: emit::header(EventKind::Signal, header_flags, off),
         signo,
         code,
         errno,
         result,
         addr,
         target_pid,
-        target_tid: kernel::task_pid(target, &off).unwrap_or(0),
-        target_comm: kernel::task_comm(target, &off).unwrap_or([0; 16]),
+        target_tid: kernel::task_pid(target, off).unwrap_or(0),
+        target_comm: kernel::task_comm(target, off).unwrap_or([0; 16]),
     };
     emit::send(EventKind::Signal, &event, true);
     Some(())

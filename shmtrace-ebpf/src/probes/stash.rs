@@ -127,7 +127,7 @@ fn on_exit(ctx: &TracePointContext) {
             return;
         }
     }
-    report::report(&pending, ret, tgid, &kernel::offsets());
+    report::report(&pending, ret, tgid, kernel::offsets());
 }
 
 /// Reads the path of a call whose path was unreadable at `sys_enter`, and decides as
