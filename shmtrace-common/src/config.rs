@@ -48,6 +48,9 @@ pub struct KernelOffsets {
     pub fdtable_max_fds: u32,
     pub fdtable_fd: u32,
     pub file_inode: u32,
+    /// `file.f_op`: what kind of file it is (`shmem_file_operations` for a tmpfs's regular
+    /// files).
+    pub file_op: u32,
     /// `file.f_path.mnt` and `file.f_path.dentry`: where the file was reached.
     pub file_path_mnt: u32,
     pub file_path_dentry: u32,

@@ -162,17 +162,34 @@ unsafe fn field<T>(base: *const u8, offset: u32) -> T {
 /// them, so they are the arguments the call ran with.
 #[inline(always)]
 pub fn syscall_args(task: Current, off: &KernelOffsets) -> [u64; 6] {
-    // SAFETY: the helper takes the typed pointer to the current task and returns the typed
-    // pointer to its saved registers.
-    let regs = unsafe { generated::bpf_task_pt_regs(task.0 as *mut _) } as *const u8;
+    let regs = Regs::of(task);
     let mut args = [0u64; 6];
     let mut i = 0;
     while i < 6 {
-        // SAFETY: a register of `struct pt_regs`, at an offset resolved from its BTF.
-        args[i] = unsafe { field(regs, off.regs_arg[i]) };
+        args[i] = regs.arg(i, off);
         i += 1;
     }
     args
+}
+
+/// The registers the current system call's arguments were saved in, as a typed pointer.
+#[derive(Clone, Copy)]
+pub struct Regs(*const u8);
+
+impl Regs {
+    #[inline(always)]
+    pub fn of(task: Current) -> Regs {
+        // SAFETY: the helper takes the typed pointer to the current task and returns the
+        // typed pointer to its saved registers.
+        Regs(unsafe { generated::bpf_task_pt_regs(task.0 as *mut _) } as *const u8)
+    }
+
+    /// Argument `n` (below 6).
+    #[inline(always)]
+    pub fn arg(self, n: usize, off: &KernelOffsets) -> u64 {
+        // SAFETY: a register of `struct pt_regs`, at an offset resolved from its BTF.
+        unsafe { field(self.0, off.regs_arg[n]) }
+    }
 }
 
 /// The current task's name, as [`task_comm`] reads any task's; `bpf_get_current_comm` would
@@ -326,6 +343,110 @@ pub struct Super {
     pub dev: u32,
 }
 
+impl FileAt {
+    /// Whether it is a typed pointer: a file of a table that has not grown.
+    #[inline(always)]
+    pub fn is_typed(self) -> bool {
+        self.typed != 0
+    }
+}
+
+/// Words of a struct read at once at its address: one `bpf_probe_read_kernel` costs what one
+/// field's does, so the fields the probes need of a struct are read together, and picked out
+/// by their offsets (all of them within the first words of the struct on the kernels known;
+/// a field beyond them is read alone).
+struct Head<'a, const N: usize>(&'a [u64; N]);
+
+impl<'a, const N: usize> Head<'a, N> {
+    /// Reads the first `N` words at `base` into `room`.
+    #[inline(always)]
+    fn read(base: u64, room: &'a mut [u64; N]) -> Option<Head<'a, N>> {
+        if base == 0 {
+            return None;
+        }
+        // SAFETY: `room` holds N words; the helper tolerates any source address.
+        let failed = unsafe {
+            generated::bpf_probe_read_kernel(
+                room.as_mut_ptr() as *mut c_void,
+                (N * 8) as u32,
+                base as *const c_void,
+            )
+        };
+        if failed != 0 {
+            emit::count(Loss::KernelRead);
+            return None;
+        }
+        Some(Head(room))
+    }
+
+    /// The `size`-byte field at `offset` (2, 4 or 8 bytes, aligned to its size).
+    #[inline(always)]
+    fn field(&self, base: u64, offset: u32, size: u32) -> Option<u64> {
+        let word = self.0.get((offset / 8) as usize).copied();
+        let shift = (offset % 8) * 8;
+        match word {
+            Some(word) if offset.is_multiple_of(size) => {
+                let mask = if size == 8 {
+                    u64::MAX
+                } else {
+                    (1 << (size * 8)) - 1
+                };
+                Some((word >> shift) & mask)
+            }
+            // Beyond the head, or misaligned: alone.
+            _ => match size {
+                8 => read::<u64>(base, offset),
+                4 => read::<u32>(base, offset).map(u64::from),
+                _ => read::<u16>(base, offset).map(u64::from),
+            },
+        }
+    }
+}
+
+/// What the probes read of a file reached at its address: its operations (which say what
+/// kind of file it is, `shmem_file_operations` for a tmpfs's regular files) and its inode.
+#[inline(always)]
+pub fn raw_file_head(file: FileAt, off: &KernelOffsets) -> Option<(u64, u64)> {
+    let base = file.addr as u64;
+    let mut room = [0u64; 8];
+    let head = Head::read(base, &mut room)?;
+    let inode = head.field(base, off.file_inode, 8).filter(|p| *p != 0)?;
+    Some((head.field(base, off.file_op, 8)?, inode))
+}
+
+/// An inode reached at its address: its type and permissions (`i_mode`), and its file
+/// system's super block.
+#[inline(always)]
+pub fn raw_inode_super(inode: u64, off: &KernelOffsets) -> Option<(u16, Super)> {
+    let mut room = [0u64; 8];
+    let head = Head::read(inode, &mut room)?;
+    let mode = head.field(inode, off.inode_mode, 2)? as u16;
+    let sb = head.field(inode, off.inode_sb, 8).filter(|p| *p != 0)?;
+    // The super block's device and magic lie further apart: room for them off the stack.
+    // SAFETY: the per-CPU scratch buffer holds more than 16 words.
+    let room = unsafe { &mut *(SCRATCH.get_ptr_mut(0)? as *mut [u64; 16]) };
+    let sb_head = Head::read(sb, room)?;
+    Some((
+        mode,
+        Super {
+            addr: sb,
+            magic: sb_head.field(sb, off.super_block_magic, 8)?,
+            dev: sb_head.field(sb, off.super_block_dev, 4)? as u32,
+        },
+    ))
+}
+
+/// A typed file's operations (`f_op`) and its inode's type, as scalars.
+#[inline(always)]
+pub fn typed_file_kind(file: FileAt, off: &KernelOffsets) -> Option<(u64, u16)> {
+    // SAFETY: typed pointers from the file to its inode's mode.
+    unsafe {
+        let f_op: *const u8 = field(file.addr, off.file_op);
+        let inode = pointer_field(file.addr, off.file_inode)?;
+        Some((f_op as u64, field(inode, off.inode_mode)))
+    }
+}
+
 /// The super block of the file system `file` is on.
 #[inline(always)]
 pub fn file_super(file: FileAt, off: &KernelOffsets) -> Option<Super> {
@@ -336,8 +457,8 @@ pub fn file_super(file: FileAt, off: &KernelOffsets) -> Option<Super> {
             typed_super(pointer_field(inode, off.inode_sb)?, off)
         }
     } else {
-        let inode = read_ptr(file.addr as u64, off.file_inode)?;
-        raw_super(read_ptr(inode, off.inode_sb)?, off)
+        let (_, inode) = raw_file_head(file, off)?;
+        raw_inode_super(inode, off).map(|(_, sb)| sb)
     }
 }
 
@@ -353,15 +474,6 @@ unsafe fn typed_super(sb: *const u8, off: &KernelOffsets) -> Option<Super> {
             dev: field(sb, off.super_block_dev),
         })
     }
-}
-
-#[inline(always)]
-fn raw_super(sb: u64, off: &KernelOffsets) -> Option<Super> {
-    Some(Super {
-        addr: sb,
-        magic: read::<u64>(sb, off.super_block_magic)?,
-        dev: read::<u32>(sb, off.super_block_dev)?,
-    })
 }
 
 /// The mount (`struct vfsmount *`) and dentry by which `file` was reached.
@@ -538,7 +650,7 @@ pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
 
 /// Whether the mount a file was reached by (`struct vfsmount *`, as in `file.f_path.mnt`) is
 /// at /dev/shm in its mount namespace.
-#[inline(always)]
+#[inline(never)]
 pub fn vfsmount_at_dev_shm(vfsmount: u64, off: &KernelOffsets) -> bool {
     vfsmount != 0 && mount_at_dev_shm(vfsmount - off.mount_mnt as u64, off)
 }

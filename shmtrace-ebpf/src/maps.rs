@@ -47,6 +47,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     fdtable_max_fds: 0,
     fdtable_fd: 0,
     file_inode: 0,
+    file_op: 0,
     file_path_mnt: 0,
     file_path_dentry: 0,
     inode_mode: 0,
@@ -149,6 +150,13 @@ pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0
 /// probes do (hence `BPF_F_MMAPABLE`).
 #[map]
 pub static SHM_SUPERS: Array<u64> = Array::with_max_entries(supers::ENTRIES, BPF_F_MMAPABLE);
+
+/// The operations (`file.f_op`) of a tmpfs's regular files (slot 0) and directories (slot 1),
+/// learned from the first of each the probes judge. A file of a grown descriptor table, read
+/// at its address, whose operations are neither is on no tmpfs: its inode and super block need
+/// not be read (`shm_check::file_on_shm`). Kernel addresses, which never leave the kernel.
+#[map]
+pub static TMPFS_FILE_OPS: Array<u64> = Array::with_max_entries(2, 0);
 
 /// `dev_t`s of the file systems mounted at /dev/shm that are not a tmpfs (a bind mount of a
 /// directory): a file on one is on /dev/shm if the mount it was reached by is there. Filled

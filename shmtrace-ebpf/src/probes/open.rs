@@ -59,19 +59,18 @@ pub fn sys_exit_open(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Judges the open that returned: what every open on the host runs, kept to the few loads
+/// that tell a /dev/shm file from another. What follows a /dev/shm file or a failure is
+/// called, not inlined: a short program stays in the processor's caches between opens,
+/// and the cost of a run was measured to follow the code it runs through more than its
+/// instructions (docs/BENCHMARKS.md, the bystanders).
 #[inline(always)]
 fn exit(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let ret = exit_ret(ctx);
-    if ret >= 0 {
-        opened(call, ret)
-    } else {
-        failed(call, ret)
+    if ret < 0 {
+        failed(call, ret);
+        return None;
     }
-}
-
-/// A successful open: reported if its file is on a /dev/shm.
-#[inline(always)]
-fn opened(call: Syscall, fd: i64) -> Option<()> {
     // One helper call for the task, whose id and descriptor table are then plain loads.
     let task = Current::get();
     let off = kernel::offsets();
@@ -81,10 +80,19 @@ fn opened(call: Syscall, fd: i64) -> Option<()> {
     if config().all == 0 {
         scope::in_scope(tgid)?;
     }
-    let file = kernel::fd_file(task, fd as i32, off)?;
-    if !shm_check::file_on_shm(file, off) {
-        return None;
+    let file = kernel::fd_file(task, ret as i32, off)?;
+    if shm_check::file_on_shm(file, off) {
+        opened(call, ret, tgid);
     }
+    Some(())
+}
+
+/// A successful open of a /dev/shm file: reported, unless it is /dev/shm itself.
+#[inline(never)]
+fn opened(call: Syscall, fd: i64, tgid: u32) -> Option<()> {
+    let task = Current::get();
+    let off = kernel::offsets();
+    let file = kernel::fd_file(task, fd as i32, off)?;
     let scope_flags = scope::in_scope(tgid)?;
     let (_, dentry) = kernel::file_path(file, off)?;
     // /dev/shm itself (a runtime listing it, Ray asking its free space through it): no
@@ -115,7 +123,7 @@ const O_CREAT: u64 = 0o100;
 
 /// A failed open: reported if its error matters here and its path names something in
 /// /dev/shm; or, for a followed process out of descriptors, wherever it was.
-#[inline(always)]
+#[inline(never)]
 fn failed(call: Syscall, ret: i64) -> Option<()> {
     let errno = -ret;
     let out_of_fds = errno == EMFILE || errno == ENFILE;

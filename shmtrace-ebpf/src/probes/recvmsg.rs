@@ -139,7 +139,10 @@ pub fn received_shm_descriptor(pending: &Pending, ret: i64) -> bool {
             };
             let mut j = 0;
             while j < RECEIVED_CHECKED as usize {
-                if (j as u64) < count && shm_check::shm_fd(task, fds[j], off).is_some() {
+                if (j as u64) < count
+                    && kernel::fd_file(task, fds[j], off)
+                        .is_some_and(|file| shm_check::file_on_shm(file, off))
+                {
                     return true;
                 }
                 j += 1;

@@ -21,7 +21,7 @@ use shmtrace_common::{
 use super::tracepoint::AT_FDCWD;
 use crate::{
     kernel::{self, Current, FileAt, Super},
-    maps::{SHM_ELSEWHERE, SHM_SUPERS},
+    maps::{SHM_ELSEWHERE, SHM_SUPERS, TMPFS_FILE_OPS},
 };
 
 const SHM_PREFIX: &[u8; 9] = b"/dev/shm/";
@@ -34,7 +34,7 @@ const SHM_DIR_LEN: i64 = 9;
 #[inline(always)]
 pub fn on_shm(sb: &Super, mount: impl FnOnce() -> Option<u64>, off: &KernelOffsets) -> bool {
     if sb.magic == TMPFS_MAGIC {
-        return tmpfs_is_shm(sb, off);
+        return tmpfs_is_shm(sb);
     }
     elsewhere(sb.dev) && mount().is_some_and(|mount| kernel::vfsmount_at_dev_shm(mount, off))
 }
@@ -43,7 +43,7 @@ pub fn on_shm(sb: &Super, mount: impl FnOnce() -> Option<u64>, off: &KernelOffse
 /// (a device number is reused only by a file system made after it); otherwise it is judged
 /// now, and kept.
 #[inline(always)]
-fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
+fn tmpfs_is_shm(sb: &Super) -> bool {
     let Some((index, shift)) = supers::bits_of(KernelDev(sb.dev)) else {
         return false;
     };
@@ -62,12 +62,19 @@ fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
     if supers::generation_of(seen) == generation && bits & KNOWN != 0 {
         return bits & SHM != 0;
     }
-    let shm = kernel::super_at_dev_shm(sb.addr, off);
+    judge_tmpfs(sb.addr, word, seen, generation, shift)
+}
+
+/// Judges a tmpfs by its mounts, and keeps the verdict (unless the word changed meanwhile).
+/// Called, not inlined, as every rare path of the hot programs is.
+#[inline(never)]
+fn judge_tmpfs(sb: u64, word: *mut u64, seen: u64, generation: u32, shift: u32) -> bool {
+    let shm = kernel::super_at_dev_shm(sb, kernel::offsets());
     let verdict = if shm { KNOWN | SHM } else { KNOWN };
     let updated = supers::with_verdict(seen, generation, verdict << shift);
     // Other file systems' verdicts in the word change concurrently: if one did, this one is
     // not kept, and is given again next time.
-    // SAFETY: as above.
+    // SAFETY: `word` is a live, 8-byte aligned element of `SHM_SUPERS`.
     unsafe {
         atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
             word, seen, updated,
@@ -76,27 +83,105 @@ fn tmpfs_is_shm(sb: &Super, off: &KernelOffsets) -> bool {
     shm
 }
 
+/// Whether some /dev/shm is not a tmpfs: one array load.
+#[inline(always)]
+fn any_elsewhere() -> bool {
+    SHM_SUPERS
+        .get_ptr(FLAGS)
+        // SAFETY: a live array element, read as above.
+        .is_some_and(|flags| unsafe { (flags as *mut u64).read_volatile() } & ELSEWHERE != 0)
+}
+
 /// Whether `dev` is a /dev/shm that is not a tmpfs. The flag is one array load, so the hash
 /// look-up is made only on a host that has such a /dev/shm.
 #[inline(always)]
 fn elsewhere(dev: u32) -> bool {
-    let any = SHM_SUPERS
-        .get_ptr(FLAGS)
-        // SAFETY: a live array element, read as above.
-        .is_some_and(|flags| unsafe { (flags as *mut u64).read_volatile() } & ELSEWHERE != 0);
-    any && SHM_ELSEWHERE.get_ptr(dev).is_some()
+    any_elsewhere() && SHM_ELSEWHERE.get_ptr(dev).is_some()
 }
 
 /// Whether `file` is on a /dev/shm.
+///
+/// A file of a grown descriptor table is read at its address, each read a helper call. Its
+/// operations, read with its inode pointer, rule it out when they are neither a tmpfs's
+/// regular files' nor its directories' (once the probes have learned both): the file on
+/// /dev/null a trainer writes its logs to, a socket, a file on disk. Only a file on some
+/// tmpfs, or any while a /dev/shm is not a tmpfs, has its inode and super block read.
 #[inline(always)]
 pub fn file_on_shm(file: FileAt, off: &KernelOffsets) -> bool {
-    kernel::file_super(file, off).is_some_and(|sb| {
-        on_shm(
-            &sb,
-            || kernel::file_path(file, off).map(|(mount, _)| mount),
-            off,
-        )
-    })
+    let mount = || kernel::file_path(file, off).map(|(mount, _)| mount);
+    if file.is_typed() {
+        let Some(sb) = kernel::file_super(file, off) else {
+            return false;
+        };
+        if sb.magic == TMPFS_MAGIC
+            && !tmpfs_ops_learned()
+            && let Some((ops, mode)) = kernel::typed_file_kind(file, off)
+        {
+            learn_tmpfs_ops(ops, mode);
+        }
+        return on_shm(&sb, mount, off);
+    }
+    let Some((ops, inode)) = kernel::raw_file_head(file, off) else {
+        return false;
+    };
+    if not_tmpfs_ops(ops) && !any_elsewhere() {
+        return false;
+    }
+    let Some((mode, sb)) = kernel::raw_inode_super(inode, off) else {
+        return false;
+    };
+    if sb.magic == TMPFS_MAGIC {
+        learn_tmpfs_ops(ops, mode);
+    }
+    on_shm(&sb, mount, off)
+}
+
+/// `S_IFMT`, `S_IFREG`, `S_IFDIR` (UAPI).
+const S_IFMT: u16 = 0o170_000;
+const S_IFREG: u16 = 0o100_000;
+const S_IFDIR: u16 = 0o040_000;
+
+/// The learned operations of a tmpfs's regular files and directories (0: not yet).
+#[inline(always)]
+fn tmpfs_ops() -> (u64, u64) {
+    // SAFETY: live array elements, read as above.
+    let at = |slot| {
+        TMPFS_FILE_OPS
+            .get_ptr(slot)
+            .map_or(0, |ops| unsafe { (ops as *mut u64).read_volatile() })
+    };
+    (at(0), at(1))
+}
+
+#[inline(always)]
+fn tmpfs_ops_learned() -> bool {
+    let (file, dir) = tmpfs_ops();
+    file != 0 && dir != 0
+}
+
+/// Whether `ops` are no tmpfs file's: known only once both kinds are learned.
+#[inline(always)]
+fn not_tmpfs_ops(ops: u64) -> bool {
+    let (file, dir) = tmpfs_ops();
+    file != 0 && dir != 0 && ops != file && ops != dir
+}
+
+/// Keeps the operations of a tmpfs file of type `mode`, if the first of its kind.
+#[inline(always)]
+fn learn_tmpfs_ops(ops: u64, mode: u16) {
+    let slot = match mode & S_IFMT {
+        S_IFREG => 0,
+        S_IFDIR => 1,
+        _ => return,
+    };
+    if let Some(learned) = TMPFS_FILE_OPS.get_ptr_mut(slot) {
+        // SAFETY: a live array element; every writer writes the same value.
+        unsafe {
+            if learned.read_volatile() == 0 {
+                learned.write_volatile(ops);
+            }
+        }
+    }
 }
 
 /// The file behind `fd` as it is now, if it is on a /dev/shm.

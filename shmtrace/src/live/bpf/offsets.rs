@@ -36,6 +36,7 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         fdtable_max_fds: at("fdtable", "max_fds")?,
         fdtable_fd: at("fdtable", "fd")?,
         file_inode: at("file", "f_inode")?,
+        file_op: at("file", "f_op")?,
         file_path_mnt: at("file", "f_path.mnt")?,
         file_path_dentry: at("file", "f_path.dentry")?,
         inode_mode: at("inode", "i_mode")?,
