@@ -14,6 +14,7 @@
 //! - `vm-load`, `vm-test`: the kernel matrix, Debian's kernels under qemu (docs/kernels.md).
 //! - `dist`: release binaries (glibc 2.31 or newer) and wheels, x86-64 and arm64.
 mod bench;
+mod debian;
 mod dist;
 mod ebpf;
 mod fuzz;
