@@ -2,7 +2,8 @@
 //! under TCG spends no time inflating it) holding busybox, the programs the tests run with the
 //! shared libraries they load, and an `/init` script. A guest of the host's architecture gets
 //! the host's libraries, as `ldd` names them; another gets those of a directory of unpacked
-//! Debian packages (`vm/userland.rs`), found by the names in the programs' ELF headers.
+//! Debian packages (`vm/userland.rs`, `debian/unpack.rs`), found by the names in the programs'
+//! ELF headers.
 //!
 //! The Debian cloud kernels have virtio and 9p as modules, if at all; an initramfs needs
 //! neither, and the kernel unpacks it before running `/init`.

@@ -1,4 +1,4 @@
-//! The kernel matrix: Debian's own kernel packages, fetched with apt (`vm/apt.rs`) into a
+//! The kernel matrix: Debian's own kernel packages, fetched with apt (`debian/apt.rs`) into a
 //! cache.
 use std::{
     fs,
