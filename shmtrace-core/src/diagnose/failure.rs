@@ -282,10 +282,7 @@ pub fn classify(
 fn call_cause(call: &Call, errno: i32) -> Cause {
     let path = call.display_path();
     let in_shm = path.as_deref().and_then(|p| p.strip_prefix("/dev/shm/"));
-    let opens = matches!(
-        call.syscall,
-        Syscall::Openat | Syscall::Openat2 | Syscall::Open
-    );
+    let opens = call.syscall.opens_a_path();
     match (call.syscall, errno) {
         _ if call.asks_for_huge_pages() => Cause::HugePages,
         (Syscall::Shmget | Syscall::Shmat | Syscall::Shmctl, _) => Cause::SysvLimit,

@@ -116,10 +116,8 @@ impl Call {
             // Chromium calls memfd_create("", invalid flags) to learn what the kernel
             // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
             (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),
-            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::ENOENT) if !creates => {
-                Some("an existence check")
-            }
-            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::EEXIST) => {
+            (open, libc::ENOENT) if open.opens_a_path() && !creates => Some("an existence check"),
+            (open, libc::EEXIST) if open.opens_a_path() => {
                 Some("a name already taken (programs retry with another)")
             }
             (Syscall::Unlink | Syscall::Unlinkat, libc::ENOENT) => Some("already removed"),
