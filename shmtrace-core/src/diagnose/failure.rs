@@ -275,9 +275,7 @@ fn call_cause(call: &Call, errno: i32) -> Cause {
         (Syscall::Shmget | Syscall::Shmat | Syscall::Shmctl, _) => Cause::SysvLimit,
         // Creating a file in a directory that does not exist: expected_error() already set
         // aside the opens that did not ask to create.
-        (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::ENOENT) if in_shm => {
-            Cause::NoShm
-        }
+        (open, libc::ENOENT) if open.opens_a_path() && in_shm => Cause::NoShm,
         (_, libc::EROFS) => Cause::ReadOnly,
         (_, libc::ENOSPC) => Cause::ShmFull,
         (Syscall::Mmap, libc::ENOMEM) => Cause::MapLimit,

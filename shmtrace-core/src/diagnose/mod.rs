@@ -228,18 +228,17 @@ impl Diagnoser {
             self.learn_loader(event.pid, call, note, world);
             self.learn_space(event, call, note.object_path.as_deref());
             self.learn_requests(call);
-            if matches!(
-                call.syscall,
-                Syscall::Openat
-                    | Syscall::Openat2
-                    | Syscall::Open
-                    | Syscall::Ftruncate
-                    | Syscall::Fallocate
-                    | Syscall::Write
-                    | Syscall::Mmap
-                    | Syscall::Munmap
-                    | Syscall::Close
-            ) {
+            if call.syscall.opens_a_path()
+                || matches!(
+                    call.syscall,
+                    Syscall::Ftruncate
+                        | Syscall::Fallocate
+                        | Syscall::Write
+                        | Syscall::Mmap
+                        | Syscall::Munmap
+                        | Syscall::Close
+                )
+            {
                 self.update_held(event.pid, event.mntns, world);
             }
             if !self.nccl_seen && note.object_path.as_deref().is_some_and(role::is_nccl) {
