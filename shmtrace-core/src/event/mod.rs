@@ -130,6 +130,16 @@ impl Call {
         }
     }
 
+    /// A `shmget` with `SHM_HUGETLB` or an `mmap` with `MAP_HUGETLB`: refused, it says
+    /// nothing of /dev/shm or of System V limits, only of the huge page pool.
+    pub fn asks_for_huge_pages(&self) -> bool {
+        match self.syscall {
+            Syscall::Shmget => self.args[2] & libc::SHM_HUGETLB as u64 != 0,
+            Syscall::Mmap => self.args[3] & libc::MAP_HUGETLB as u64 != 0,
+            _ => false,
+        }
+    }
+
     /// A `recvmsg` whose `MSG_CTRUNC` says passed descriptors were dropped: the receiver has
     /// no room for them (its file descriptor limit).
     pub fn dropped_descriptors(&self) -> bool {

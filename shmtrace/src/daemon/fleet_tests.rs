@@ -40,6 +40,7 @@ fn container(name: &str, mntns: u32, pid: u32) -> Container {
                 size: 0,
                 used: 0,
                 ts_ns: 0,
+                files: None,
             }),
             ..ShmInfo::default()
         },
@@ -130,6 +131,7 @@ fn a_gone_container_keeps_its_series_for_retain_then_loses_all_of_them() {
         size: 1 << 20,
         used: 1 << 20,
         ts_ns: 0,
+        files: None,
     });
     assert!(text(&registry).contains(r#"shmtrace_shm_size_bytes{container="trainer""#));
 
@@ -431,6 +433,7 @@ fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
             size: 64 << 20,
             used,
             ts_ns: 0,
+            files: None,
         });
     }
     let text = text(&registry);

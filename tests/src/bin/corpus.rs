@@ -41,6 +41,9 @@ struct Recipe {
     causes: &'static [(&'static str, &'static str)],
     /// For a cause other than size, the test that applies its remedy.
     remedy_checked: Option<&'static str>,
+    /// The job again with a /dev/shm of this many files (`nr_inodes`), to apply a file-count
+    /// advice.
+    with_files: Option<fn(u64) -> Box<dyn Job>>,
 }
 
 const PYTHON: &str = "/usr/bin/python3 -B";
@@ -62,6 +65,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: false,
             causes: &[("dataloader_worker", "shm_full"), ("trainer", "shm_full")],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "pytorch-file-system-enospc",
@@ -78,6 +82,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: false,
             causes: &[("dataloader_worker", "shm_full"), ("trainer", "shm_full")],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "postgres-parallel-hash-join-enospc",
@@ -90,6 +95,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: false,
             causes: &[("postgres", "shm_full")],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "ray-object-store-to-tmp",
@@ -101,6 +107,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: false,
             causes: &[("raylet", "shm_full")],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "shared-dev-shm-other-container",
@@ -113,6 +120,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: false,
             causes: &[("python3", "shm_full")],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "leftovers-of-a-killed-job",
@@ -128,6 +136,7 @@ fn recipes() -> Vec<Recipe> {
             remedy_checked: Some(
                 "docker_causes::leftovers_of_killed_processes_are_named_and_the_size_is_not_blamed",
             ),
+            with_files: None,
         },
         Recipe {
             name: "no-dev-shm",
@@ -141,6 +150,7 @@ fn recipes() -> Vec<Recipe> {
             remedy_checked: Some(
                 "docker_causes::no_dev_shm_is_named_as_the_cause_and_its_fix_works",
             ),
+            with_files: None,
         },
         Recipe {
             name: "read-only-dev-shm",
@@ -159,6 +169,7 @@ fn recipes() -> Vec<Recipe> {
             remedy_checked: Some(
                 "docker_causes::read_only_dev_shm_is_named_as_the_cause_and_its_fix_works",
             ),
+            with_files: None,
         },
         Recipe {
             name: "healthy-chromium",
@@ -171,6 +182,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: true,
             causes: &[],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "healthy-pytorch-training",
@@ -182,6 +194,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: true,
             causes: &[],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "healthy-postgres-parallel-query",
@@ -193,6 +206,7 @@ fn recipes() -> Vec<Recipe> {
             succeeds: true,
             causes: &[],
             remedy_checked: None,
+            with_files: None,
         },
         Recipe {
             name: "healthy-mpi-job",
@@ -205,8 +219,76 @@ fn recipes() -> Vec<Recipe> {
             succeeds: true,
             causes: &[],
             remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "pytorch-file-system-out-of-files",
+            about: "a PyTorch DataLoader with the file_system strategy (4 workers, 64 KiB \
+                    batches, prefetch 64) in a 256 MiB /dev/shm of 200 files (--tmpfs \
+                    /dev/shm:size=256m,nr_inodes=200): its workers' creates fail with ENOSPC \
+                    while nearly all the bytes are free",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_dataloader.py --strategy file_system)",
+            shm_bytes: Some(256 * MIB),
+            job: || Box::new(many_files(200)),
+            succeeds: false,
+            causes: &[
+                ("dataloader_worker", "inodes_full"),
+                ("trainer", "inodes_full"),
+            ],
+            remedy_checked: None,
+            with_files: Some(|files| Box::new(many_files(files))),
+        },
+        Recipe {
+            name: "healthy-pytorch-file-system-enough-files",
+            about: "the same DataLoader in a 256 MiB /dev/shm of 1000 files: it succeeds",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_dataloader.py --strategy file_system)",
+            shm_bytes: Some(256 * MIB),
+            job: || Box::new(many_files(1000)),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
         },
     ]
+}
+
+/// The file_system strategy's DataLoader making many small files, in a /dev/shm of `files`
+/// files.
+fn many_files(files: u64) -> Tmpfs {
+    Tmpfs {
+        files,
+        script: dataloader(
+            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 400 --step 0.001 --timeout 5 \
+             --strategy file_system",
+        ),
+    }
+}
+
+/// A script with a /dev/shm mounted as a tmpfs of the size asked for and `files` files
+/// (`--tmpfs /dev/shm:size=...,nr_inodes=...`).
+struct Tmpfs {
+    files: u64,
+    script: Script,
+}
+
+impl Job for Tmpfs {
+    fn describe(&self) -> String {
+        format!("{} with nr_inodes={}", self.script.describe(), self.files)
+    }
+
+    fn start(&self, shm_bytes: u64) -> Box<dyn Started> {
+        let mut flags = vec![
+            "--tmpfs".to_owned(),
+            format!("/dev/shm:rw,size={shm_bytes},nr_inodes={}", self.files),
+        ];
+        flags.extend(self.script.flags.iter().cloned());
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let script = format!(
+            "while [ ! -e /work/go ]; do sleep 0.05; done; {}",
+            self.script.command
+        );
+        Box::new(ScriptRun(Container::run("corpus", &flags, &script)))
+    }
 }
 
 const MULTIPROCESSING_LOCK: &str =
@@ -494,6 +576,24 @@ fn record(recipe: &Recipe, dir: &Path) {
         (None, true) => recipe.shm_bytes,
         (None, false) => None,
     };
+    let files = replayed.iter().filter_map(|v| v.files).max();
+    if let Some(files) = files {
+        let again = recipe.with_files.unwrap_or_else(|| {
+            panic!(
+                "{}: advises nr_inodes={files}, and the recipe cannot apply it",
+                recipe.name
+            )
+        })(files);
+        eprintln!(
+            "corpus: {} applies the advice: nr_inodes={files}",
+            recipe.name
+        );
+        assert!(
+            again.start(shm).go(),
+            "{}: the advised nr_inodes={files} did not work",
+            recipe.name
+        );
+    }
     let expectation = Expectation {
         about: recipe
             .about
@@ -513,6 +613,7 @@ fn record(recipe: &Recipe, dir: &Path) {
         shm_bytes: recipe.shm_bytes,
         succeeded,
         works_at,
+        files_work_at: files,
         remedy_checked: recipe.remedy_checked.map(str::to_owned),
         verdicts: replayed,
     };
