@@ -39,6 +39,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
         Some(Command::Size(args)) => commands::size::run(&args),
+        Some(Command::Check(args)) => commands::check::run(&args),
         Some(Command::Daemon(args)) => daemon::run(&args),
         Some(Command::Demo { output }) => commands::demo::run(&output),
         Some(Command::DemoWorkload) => live::demo::workload(),
