@@ -33,11 +33,12 @@ use serde_json::Value;
 /// in tests/Cargo.toml with `required-features = ["root"]`, so that a plain `cargo test` leaves
 /// it out; one that is not fails here even as root.
 pub fn require_root() {
-    assert!(
-        cfg!(feature = "root"),
-        "this suite needs root: declare it in tests/Cargo.toml with required-features = \
-         [\"root\"] (cargo xtask test turns the feature on)"
-    );
+    if !cfg!(feature = "root") {
+        panic!(
+            "this suite needs root: declare it in tests/Cargo.toml with required-features = \
+             [\"root\"] (cargo xtask test turns the feature on)"
+        );
+    }
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     assert_eq!(
