@@ -129,7 +129,21 @@ impl Diagnoser {
             .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
             .map(|c| at_least_refused(c, cause, &kind));
         let leftovers = match (cause, dev) {
-            (Cause::ShmFull, Some(dev)) => leftovers_on(dev, world),
+            // Left from an earlier run: its maker ended before the failing process began. A
+            // sibling's file, made and left while this one ran (a writer that finished, one
+            // that failed just before), is the job's own demand.
+            (Cause::ShmFull, Some(dev)) => {
+                let began = world.process(pid).map_or(0, |p| p.first_seen_ns);
+                leftovers_on(dev, world)
+                    .into_iter()
+                    .filter(|l| {
+                        world
+                            .process(l.creator_pid)
+                            .and_then(|p| p.exit_ns)
+                            .is_some_and(|ended| ended < began)
+                    })
+                    .collect()
+            }
             _ => Vec::new(),
         };
         Failure {
@@ -151,6 +165,7 @@ impl Diagnoser {
                 (Cause::ShmFull, Some(dev)) => self.others_on(dev, world),
                 _ => Vec::new(),
             },
+            removal: None,
         }
     }
 }
