@@ -129,21 +129,12 @@ impl Diagnoser {
             .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
             .map(|c| at_least_refused(c, cause, &kind));
         let leftovers = match (cause, dev) {
-            // Left from an earlier run: its maker ended before the failing process began. A
-            // sibling's file, made and left while this one ran (a writer that finished, one
-            // that failed just before), is the job's own demand.
-            (Cause::ShmFull, Some(dev)) => {
-                let began = world.process(pid).map_or(0, |p| p.first_seen_ns);
-                leftovers_on(dev, world)
-                    .into_iter()
-                    .filter(|l| {
-                        world
-                            .process(l.creator_pid)
-                            .and_then(|p| p.exit_ns)
-                            .is_some_and(|ended| ended < began)
-                    })
-                    .collect()
-            }
+            // A file whose maker failed for want of room too is the same shortage (a sibling
+            // of the same job that died just before), not one left from an earlier run.
+            (Cause::ShmFull, Some(dev)) => leftovers_on(dev, world)
+                .into_iter()
+                .filter(|l| self.outcomes.get(&l.creator_pid).is_none_or(|o| o.0 == 0))
+                .collect(),
             _ => Vec::new(),
         };
         Failure {

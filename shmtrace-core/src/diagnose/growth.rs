@@ -11,6 +11,9 @@ use crate::{
 /// processes each grow one.
 const GROWN: usize = 4096;
 
+/// A write of less than a page fills a file once rather than growing it.
+const PAGE: u64 = 4096;
+
 /// A file grown by writes, by one process.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Grown {
@@ -31,7 +34,8 @@ impl Diagnoser {
     /// A failed one counts its writer too: one that failed before it wrote anything wanted
     /// what the others did.
     pub(super) fn learn_growth(&mut self, event: &Event, call: &Call, world: &World) {
-        if call.syscall != Syscall::Write {
+        // Bulk writes: glibc's sem_open writes its 32 bytes once, PyTorch one byte.
+        if call.syscall != Syscall::Write || call.args[2] < PAGE {
             return;
         }
         let Some(file) = call.file else { return };

@@ -323,6 +323,15 @@ impl Diagnoser {
             .first()
             .filter(|f| f.cause == Cause::ShmFull && !f.leftovers.is_empty())
             .map(|f| summarise_leftovers(f, program, container.as_ref()));
+        // A write growing its file asks for a block of what it wants: room for that block
+        // says nothing of whether the rest would have fitted.
+        let grown = failures
+            .first()
+            .is_some_and(|f| self.grown_by_write(f).is_some());
+        let leftovers = leftovers.map(|mut l| {
+            l.enough_without &= !grown;
+            l
+        });
         let cause = match (&leftovers, cause) {
             (Some(l), Cause::ShmFull) if l.enough_without => Cause::Leftovers,
             _ => cause,
@@ -501,9 +510,12 @@ impl Diagnoser {
     /// writers on its /dev/shm show.
     fn grown_by_write(&self, failure: &Failure) -> Option<super::growth::WriteGrowth> {
         match &failure.kind {
+            // A bulk write, as growers make: not a 32-byte semaphore's.
             FailureKind::Call {
-                syscall: "write", ..
-            } => self.write_growth(failure.dev?),
+                syscall: "write",
+                request,
+                ..
+            } if *request >= 4096 => self.write_growth(failure.dev?),
             _ => None,
         }
     }

@@ -635,8 +635,25 @@ fn main() {
                 record(recipe, &corpus::dir());
             }
         }
+        // As `record`, into a scratch directory: the end-to-end tests run the real programs
+        // again, check the causes, and apply the advice, leaving the corpus as it is.
+        Some("check") if args.len() > 1 => {
+            shmtrace_tests::require_root();
+            let scratch = tempdir();
+            for name in &args[1..] {
+                let recipe = recipes
+                    .iter()
+                    .find(|r| r.name == name)
+                    .unwrap_or_else(|| panic!("no entry {name}: see `corpus list`"));
+                record(recipe, &scratch);
+            }
+            let _ = std::fs::remove_dir_all(scratch);
+        }
         _ => {
-            eprintln!("usage: corpus list | corpus record NAME... | corpus record all");
+            eprintln!(
+                "usage: corpus list | corpus record NAME... | corpus record all | corpus check \
+                 NAME..."
+            );
             std::process::exit(2);
         }
     }
