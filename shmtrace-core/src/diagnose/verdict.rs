@@ -603,7 +603,7 @@ impl RemovedName {
             )
         };
         format!(
-            "{} was removed {:.2} s before this open by pid {} {} (in {}{command}) while {holders} \
+            "{} was removed {:.2} s before this call by pid {} {} (in {}{command}) while {holders} \
              still held it: the name was gone, not /dev/shm's room. Find what removes names in \
              use (a clean-up script or cron sweep, a start-up wipe of /dev/shm, systemd-logind's \
              RemoveIPC=yes, a sibling's clean-up) and keep it from them",
