@@ -416,7 +416,7 @@ fn many_files(files: u64) -> Tmpfs {
     Tmpfs {
         files,
         script: dataloader(
-            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 400 --step 0.001 --timeout 5 \
+            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 300 --step 0.001 --timeout 30 \
              --strategy file_system",
         ),
     }
