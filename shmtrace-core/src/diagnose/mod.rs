@@ -184,8 +184,10 @@ pub struct Diagnoser {
     shm_devs: FastMap<u32, u32>,
     /// Per /dev/shm, creates refused for want of inodes so far.
     inode_refusals: FastMap<u32, u64>,
-    /// Per thread, its latest call if it failed ([`fallback`]).
+    /// Per thread, its latest call if it failed, and its huge-page requests refused that no
+    /// ordinary request followed yet ([`fallback`]).
     last_failed: FastMap<u32, fallback::LastFailed>,
+    huge_refused: FastMap<u32, Vec<fallback::LastFailed>>,
     /// Processes that a termination request (SIGINT, SIGTERM, SIGHUP) from another reached:
     /// what they saw of /dev/shm's free space did not end them.
     interrupted: FastSet<u32>,
@@ -389,7 +391,7 @@ impl Diagnoser {
             self.looks.remove(&event.pid);
             self.interrupted.remove(&event.pid);
             self.went_ahead.remove(&event.pid);
-            self.last_failed.remove(&event.tid);
+            self.forget_fallbacks(event.pid, event.tid);
         }
         out
     }

@@ -252,6 +252,40 @@ fn recipes() -> Vec<Recipe> {
             size_on: None,
         },
         Recipe {
+            name: "mpi-ucx-job-in-a-small-dev-shm",
+            about: "the Open MPI job over UCX (--mca pml ucx, its shared-memory transports) \
+                    in an 8 MiB /dev/shm: each rank asks for huge pages first (shmget with \
+                    SHM_HUGETLB: ENOMEM; mmap of its /dev/shm segment with MAP_HUGETLB: \
+                    EINVAL) and takes ordinary pages at once; one rank's write of zeros over \
+                    its 4 MiB segment fails with ENOSPC and it exits 1, mpirun ends the \
+                    others with SIGTERM: they follow that rank, none is blamed for its \
+                    huge-page probes",
+            program: "Open MPI 4.1, UCX 1.13 and mpi4py from Debian (openmpi-bin, libucx0, \
+                      python3-mpi4py)",
+            shm_bytes: Some(8 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", UCX)),
+            succeeds: false,
+            causes: &[("python3", "shm_full"), ("mpirun", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+            size_on: Some(256 * MIB),
+        },
+        Recipe {
+            name: "healthy-mpi-ucx-job",
+            about: "the Open MPI job over UCX in a 64 MiB /dev/shm: every rank's huge-page \
+                    requests are refused (shmget SHM_HUGETLB ENOMEM, mmap MAP_HUGETLB EINVAL) \
+                    and each falls back to ordinary pages at once; it succeeds",
+            program: "Open MPI 4.1, UCX 1.13 and mpi4py from Debian (openmpi-bin, libucx0, \
+                      python3-mpi4py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", UCX)),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
             name: "healthy-mpi-job",
             about: "an Open MPI job of 4 ranks (mpirun, shared-memory transport: its segments \
                     in /dev/shm) passing arrays around a ring and reducing them, in a 64 MiB \
@@ -383,6 +417,10 @@ fn recipes() -> Vec<Recipe> {
         },
     ]
 }
+
+/// Open MPI's UCX point-to-point layer, made to take UCX's shared-memory transports: Open MPI
+/// 4.1 otherwise keeps UCX for InfiniBand devices, which a container here has none of.
+const UCX: &str = "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any";
 
 const MISSING_DIRECTORY: &str =
     "/usr/bin/python3 -B -c 'open(\"/dev/shm/app/state\", \"w\").write(\"ok\")'";
