@@ -127,6 +127,7 @@ impl Pipeline {
     /// after it too.
     pub fn forget_container(&mut self, mntns: u32, ts_ns: u64) -> Result<()> {
         self.diagnoser.forget_container(mntns);
+        self.world.forget_shm_dev(mntns);
         // Measured again when another container has the number.
         self.measured.remove(&mntns);
         self.tap_user(ts_ns, &UserRecord::ContainerEnd { mntns })
@@ -144,8 +145,17 @@ impl Pipeline {
         if let Some(observer) = &mut self.observer {
             observer.container(&info);
         }
-        self.diagnoser.set_container(info);
+        self.learn_container(info);
         self.tap_user(ts_ns, &record)
+    }
+
+    /// What a container is, for the diagnoser (its name, its /dev/shm) and the model (which
+    /// namespaces share a /dev/shm: a name one removes is gone from the others).
+    fn learn_container(&mut self, info: ContainerInfo) {
+        if let (Some(mntns), Some(dev)) = (info.mntns, info.shm_dev) {
+            self.world.learn_shm_dev(mntns, dev);
+        }
+        self.diagnoser.set_container(info);
     }
 
     /// A measurement of a /dev/shm taken outside a failure (the session samples containers).
@@ -247,9 +257,12 @@ impl Pipeline {
                 if let Some(observer) = &mut self.observer {
                     observer.container(&info);
                 }
-                self.diagnoser.set_container(info);
+                self.learn_container(info);
             }
-            UserRecord::ContainerEnd { mntns } => self.diagnoser.forget_container(*mntns),
+            UserRecord::ContainerEnd { mntns } => {
+                self.diagnoser.forget_container(*mntns);
+                self.world.forget_shm_dev(*mntns);
+            }
             UserRecord::WriterLoss(loss) => self.output.notice(&format!(
                 "the recorder could not write {} records ({}): the trace has a hole here",
                 loss.records,
