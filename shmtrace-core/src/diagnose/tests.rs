@@ -1004,6 +1004,14 @@ fn a_look_at_the_free_space_is_no_decision_when_a_signal_ends_it() {
     run.kill(1, 500, libc::SIGINT);
     run.exit(500, "python3", 130);
     assert!(run.out.iter().all(|d| d.pid != 500), "{:#?}", run.out);
+    // As the probes see it: no record of a SIGINT or SIGTERM that a handler caught, only the
+    // status the handler exits with, 128 + the signal's number.
+    for (pid, status) in [(504, 130), (505, 143), (506, 129)] {
+        run.exec(pid, &["/usr/bin/python3", "serve.py"]);
+        run.statfs(pid, "python3", 64 << 20, 64 << 20);
+        run.exit(pid, "python3", status);
+        assert!(run.out.iter().all(|d| d.pid != pid), "{:#?}", run.out);
+    }
     // Roomy: what it saw is no reason to quit.
     run.exec(501, &["/usr/bin/python3", "serve.py"]);
     run.statfs(501, "python3", 16 << 30, 15 << 30);

@@ -434,7 +434,10 @@ impl Pipeline {
     /// replay shows the same.
     fn reread_title(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
         let (subject, failed) = match &event.body {
-            Body::Call(call) => (event.pid, call.failed() && call.expected_error().is_none()),
+            Body::Call(call) => (
+                event.pid,
+                call.failed() && self.world.expected_error(event, call).is_none(),
+            ),
             Body::Signal(signal) if signal.addr != 0 => (signal.target_pid, true),
             _ => return Ok(()),
         };
@@ -583,7 +586,7 @@ impl Pipeline {
         if !env.can_measure() {
             return Ok(());
         }
-        let failure = event.is_failure();
+        let failure = self.world.is_failure(event);
         let new_file_system = match &event.body {
             // Tried once per file system, whatever the outcome: a file system that is not
             // this namespace's /dev/shm (a descriptor passed from elsewhere) costs one try.

@@ -38,9 +38,7 @@ impl World {
                         {
                             self.learn_shm_dev(event.mntns, dev);
                         }
-                    } else if call.errno() == Some(libc::ENOENT)
-                        && let Some(removal) = self.removal_of(path, event.mntns)
-                    {
+                    } else if let Some(removal) = self.removal_met(event, call) {
                         self.confirm_removal(event.mntns, &removal, note);
                         note.name_removed = Some(removal.1);
                     }
@@ -183,12 +181,7 @@ impl World {
                 };
                 note.object_path = Some(path.as_str().into());
                 // Its own name, removed under it by another: its clean-up fails for that.
-                if call.errno() == Some(libc::ENOENT) {
-                    note.name_removed = self
-                        .removal_of(&path, event.mntns)
-                        .map(|(_, r)| r)
-                        .filter(|r| r.holders.iter().any(|(pid, _)| *pid == event.pid));
-                }
+                note.name_removed = self.removal_met(event, call).map(|(_, r)| r);
                 if ok {
                     match self.names.remove(&(event.mntns, path.clone())) {
                         Some(inode) => {

@@ -287,13 +287,14 @@ impl World {
         let mut note = Annotation::default();
         match &event.body {
             Body::Call(call) => {
-                if call.failed() && call.expected_error().is_none() {
-                    self.totals.failed_calls += 1;
-                }
                 if let Some(process) = self.processes.get_mut(&event.pid) {
                     process.involved = true;
                 }
                 self.apply_call(event, call, &mut note);
+                // Counted as its line shows it: an open of a name someone removed is one.
+                if call.failed() && note.expected_error(call).is_none() {
+                    self.totals.failed_calls += 1;
+                }
             }
             Body::Fork { child_pid } => self.fork(event.pid, *child_pid, event.ts_ns),
             Body::Exec(exec) => {

@@ -5,7 +5,7 @@
 //! removes the file its neighbour holds, and the neighbour's next open of the name fails.
 use super::World;
 use crate::{
-    event::{Event, InodeId},
+    event::{Body, Call, Event, InodeId, Syscall},
     model::{Annotation, Removal},
 };
 
@@ -171,6 +171,47 @@ impl World {
             self.removals.pop_front();
         }
         self.removals.push_back((inode.dev, removal));
+    }
+
+    /// The removal that a failed call of `event` meets: an open that found no such name,
+    /// after someone other than its maker removed it while others held it; an unlink by one
+    /// of those holders (its clean-up fails for that). The one judge of whether such an
+    /// ENOENT is a failure ([`World::expected_error`], [`Annotation::name_removed`]).
+    pub(super) fn removal_met(&self, event: &Event, call: &Call) -> Option<(u32, Removal)> {
+        if call.errno() != Some(libc::ENOENT) {
+            return None;
+        }
+        let path = call.display_path()?;
+        match call.syscall {
+            open if open.opens_a_path() => self.removal_of(&path, event.mntns),
+            Syscall::Unlink | Syscall::Unlinkat => self
+                .removal_of(&path, event.mntns)
+                .filter(|(_, r)| r.holders.iter().any(|(pid, _)| *pid == event.pid)),
+            _ => None,
+        }
+    }
+
+    /// Why a failed call is part of the program's normal work, if it is, as the model sees it:
+    /// [`Call::expected_error`], unless it meets a name someone else removed
+    /// ([`World::removal_met`]). Asked before the call is applied (the pipeline reads /proc
+    /// and measures /dev/shm at a failure), it answers as the call's annotation will
+    /// ([`Annotation::expected_error`]).
+    pub fn expected_error(&self, event: &Event, call: &Call) -> Option<&'static str> {
+        match self.removal_met(event, call) {
+            Some(_) => None,
+            None => call.expected_error(),
+        }
+    }
+
+    /// Whether an event shows the program hurt, as the model sees it before applying it:
+    /// [`Event::is_failure`] with the model's answer for calls ([`World::expected_error`]);
+    /// the event's annotation says the same after ([`Annotation::is_failure`]) and more
+    /// (deaths asked for).
+    pub fn is_failure(&self, event: &Event) -> bool {
+        match &event.body {
+            Body::Call(call) => call.failed() && self.expected_error(event, call).is_none(),
+            _ => event.is_failure(),
+        }
     }
 
     /// The removal of `path` that an open from `mntns` finding no such name follows: one in
