@@ -174,6 +174,13 @@ pub struct OutputArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub color: ColorWhen,
 
+    /// Show every event: also POSIX semaphores (/dev/shm/sem.*, a page each) and processes
+    /// that touched no /dev/shm object, failed nothing and started none that did (a shell's
+    /// sleep, a compiler Python runs to find a library). Without it, each of the two is one
+    /// line of the summary. JSON output always has every event.
+    #[arg(long)]
+    pub show_all: bool,
+
     /// Also print shmtrace's own diagnostics.
     #[arg(short, long)]
     pub verbose: bool,

@@ -6,7 +6,9 @@ pub mod filter;
 mod flag_names;
 mod flat_struct;
 mod flat_value;
+pub mod group;
 pub mod human;
+pub mod hush;
 pub mod json;
 #[cfg(test)]
 mod json_tests;
@@ -27,7 +29,7 @@ use crate::{
     clock::{Clock, Rfc3339Cache},
     diagnose::{Cause, Diagnosis, Role},
     event::{Event, LostCounts},
-    model::{Annotation, ContainerInfo},
+    model::{Annotation, ContainerInfo, World},
 };
 
 /// Where rendered events go and in which format.
@@ -42,6 +44,10 @@ pub struct Output {
     show_places: bool,
     /// The reader of the output went away (`shmtrace ... | head -1`).
     reader_gone: Arc<AtomicBool>,
+    /// What the text stream leaves out (`--show-all` shows it).
+    hush: hush::Hush,
+    /// Diagnoses waiting for others that tell the same story, to be shown as one block.
+    pending: group::Pending,
 }
 
 /// Treats a reader that went away (EPIPE) as the end of the output, as other command-line
@@ -118,7 +124,14 @@ impl Output {
             notices_to_stderr,
             show_places: false,
             reader_gone,
+            hush: hush::Hush::default(),
+            pending: group::Pending::default(),
         }
+    }
+
+    /// Shows every event, semaphores and processes that had nothing to do with /dev/shm too.
+    pub fn show_all(&mut self) {
+        self.hush = hush::Hush::off();
     }
 
     /// Whether the reader of the output went away: time to end, quietly.
@@ -138,12 +151,19 @@ impl Output {
         role: &Role,
         place: &str,
         container: Option<&ContainerInfo>,
+        world: &World,
     ) -> io::Result<()> {
+        self.tick(event.ts_ns)?;
         match &mut self.sink {
-            Sink::Human(w) => match human::format(event, note, role, &self.clock) {
-                Some(line) => w.line(&line, self.show_places.then_some(place)),
-                None => Ok(()),
-            },
+            Sink::Human(w) => {
+                let Some(line) = human::format(event, note, role, &self.clock) else {
+                    return Ok(());
+                };
+                for (line, place) in self.hush.admit(event, note, line, place, world) {
+                    w.line(&line, self.show_places.then_some(place.as_str()))?;
+                }
+                Ok(())
+            }
             Sink::Json(w) => {
                 let ts = self.times.rfc3339(&self.clock, event.ts_ns);
                 match json::to_json(event, note, role, container, ts, &mut self.flag_names) {
@@ -154,18 +174,48 @@ impl Output {
         }
     }
 
+    /// The trace reached `now_ns`: a block of diagnoses nothing can join any more is shown.
+    pub fn tick(&mut self, now_ns: u64) -> io::Result<()> {
+        match self.pending.due(now_ns) {
+            Some(block) => self.show_block(&block),
+            None => Ok(()),
+        }
+    }
+
+    /// A diagnosis: in JSON at once, each process its own; in text, held until the others
+    /// that tell the same story have come ([`group`]), then shown with them as one block.
     pub fn diagnosis(&mut self, diagnosis: &Diagnosis) -> io::Result<()> {
         match &mut self.sink {
-            Sink::Human(w) => w.diagnosis(
-                &diagnosis::text(diagnosis),
-                diagnosis.cause == Cause::ShmFull,
-            ),
+            Sink::Human(_) => match self.pending.push(diagnosis.clone()) {
+                Some(block) => self.show_block(&block),
+                None => Ok(()),
+            },
             Sink::Json(w) => w.record(&diagnosis::json(diagnosis, &self.clock)),
         }
     }
 
+    /// Shows the block of diagnoses waiting, if any: before anything that must come after it.
+    fn flush_pending(&mut self) -> io::Result<()> {
+        match self.pending.take() {
+            Some(block) => self.show_block(&block),
+            None => Ok(()),
+        }
+    }
+
+    fn show_block(&mut self, block: &[Diagnosis]) -> io::Result<()> {
+        let Sink::Human(w) = &mut self.sink else {
+            return Ok(());
+        };
+        let block: Vec<&Diagnosis> = block.iter().collect();
+        w.diagnosis(
+            &diagnosis::block_text(&block),
+            block[0].cause == Cause::ShmFull,
+        )
+    }
+
     /// Events were lost since the last report: say so, in the stream and on stderr.
     pub fn lost(&mut self, delta: &LostCounts, total: &LostCounts) -> io::Result<()> {
+        self.flush_pending()?;
         let text = format!(
             "{} events lost or incomplete ({}; {} lost in all). If the ring buffer was full, use \
              a larger --buffer-size, or --failed to send less",
@@ -192,6 +242,7 @@ impl Output {
     /// A remark about the trace itself, such as the traced command exiting: in the text
     /// stream, and on stderr when nobody watches the stream (JSON, or a file).
     pub fn notice(&mut self, text: &str) -> io::Result<()> {
+        self.flush_pending()?;
         if let Sink::Human(w) = &mut self.sink {
             w.notice(text)?;
         }
@@ -204,16 +255,22 @@ impl Output {
 
     /// The closing summary; also on stderr when the output goes to a file.
     pub fn summary(&mut self, summary: &Summary) -> io::Result<()> {
+        self.flush_pending()?;
+        let mut lines = summary.lines();
+        // After the totals, what the text stream left out.
+        let left_out = self.hush.summary_lines();
+        let at = lines.len().min(1);
+        lines.splice(at..at, left_out);
         match &mut self.sink {
             Sink::Human(w) => {
-                for line in summary.lines() {
-                    w.plain(&line)?;
+                for line in &lines {
+                    w.plain(line)?;
                 }
             }
             Sink::Json(w) => w.record(&summary.json())?,
         }
         if self.notices_to_stderr {
-            for line in summary.lines() {
+            for line in &lines {
                 eprintln!("{line}");
             }
         }

@@ -217,8 +217,11 @@ impl Pipeline {
                     &role,
                     &place,
                     self.diagnoser.container(shown_mntns),
+                    &self.world,
                 )
                 .context("writing output")?;
+        } else {
+            self.output.tick(event.ts_ns).context("writing output")?;
         }
         if let Some(trigger) = trigger(&event, &note, &role)
             && let Some(tap) = &mut self.tap
@@ -288,6 +291,7 @@ impl Pipeline {
     }
 
     pub fn tick(&mut self, now_ns: u64) -> Result<()> {
+        self.output.tick(now_ns).context("writing output")?;
         match &mut self.tap {
             Some(tap) => tap.tick(&self.world, now_ns),
             None => Ok(()),

@@ -238,6 +238,7 @@ fn check(strings: &[Vec<u8>]) {
             json: true,
             output: Some(json.clone()),
             color: ColorWhen::Never,
+            show_all: false,
             verbose: false,
         },
     })
@@ -256,6 +257,8 @@ fn check(strings: &[Vec<u8>]) {
             json: false,
             output: Some(shown.clone()),
             color: ColorWhen::Never,
+            // Every line, hostile names in processes that did nothing else too.
+            show_all: true,
             verbose: false,
         },
     })

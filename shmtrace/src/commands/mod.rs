@@ -89,13 +89,17 @@ pub fn open_output_not_over(
 }
 
 pub fn open_output_args(args: &OutputArgs, default: DefaultStream, clock: Clock) -> Result<Output> {
-    open_output(
+    let mut output = open_output(
         args.output.as_deref(),
         args.json,
         args.color,
         default,
         clock,
-    )
+    )?;
+    if args.show_all {
+        output.show_all();
+    }
+    Ok(output)
 }
 
 pub fn init_logging(verbose: bool) {

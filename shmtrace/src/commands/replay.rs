@@ -76,7 +76,7 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
             .map(|t| boot_time(&header, t))
             .transpose()?,
     };
-    let output = open_output_not_over(
+    let mut output = open_output_not_over(
         args.output.output.as_deref(),
         args.output.json,
         args.output.color,
@@ -84,6 +84,9 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
         header.clock(),
         set.file_ids(),
     )?;
+    if args.output.show_all {
+        output.show_all();
+    }
     let mut pipeline = Pipeline::new(World::new(), diagnoser(&header), output, filter);
     pipeline.notice(&describe(&header))?;
     replay(set, &mut pipeline)
