@@ -5,7 +5,7 @@
 use crate::diagnose::{Diagnosis, FailureKind};
 
 /// Diagnoses made this close together (their processes ended together) may share a block.
-pub const WINDOW_NS: u64 = 2_000_000_000;
+pub const WINDOW_NS: u64 = 1_000_000_000;
 
 /// Whether `b` tells the same story as `a`: the same cause and remedy, the same kind of
 /// failure, the same role under the same parent, in the same place, ended the same way,
@@ -66,14 +66,21 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Takes `d`; returns the block it closes, if it tells another story.
-    pub fn push(&mut self, d: Diagnosis) -> Option<Vec<Diagnosis>> {
-        let closed = match self.waiting.first() {
-            Some(first) if !same_story(first, &d) => self.take(),
-            _ => None,
-        };
-        self.waiting.push(d);
-        closed
+    /// Takes `d`; returns the blocks ready to show: the one it closes, if it tells another
+    /// story, and itself when nothing can join it (a trainer that only followed its worker).
+    pub fn push(&mut self, d: Diagnosis) -> Vec<Vec<Diagnosis>> {
+        let mut ready = Vec::new();
+        if let Some(first) = self.waiting.first()
+            && !same_story(first, &d)
+        {
+            ready.extend(self.take());
+        }
+        if d.follows.is_some() || d.failures.is_empty() {
+            ready.push(vec![d]);
+        } else {
+            self.waiting.push(d);
+        }
+        ready
     }
 
     /// The block, once nothing can join it any more: the trace has moved `now_ns` past it.

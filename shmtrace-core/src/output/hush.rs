@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use super::human::{Line, Severity};
 use crate::{
+    diagnose::known::is_posix_semaphore,
     event::{Body, Event},
     model::{Annotation, FastMap, FastSet, World},
     size::count,
@@ -188,13 +189,6 @@ fn semaphore_of(event: &Event, note: &Annotation) -> Option<String> {
     };
     let path = note.object_path.as_deref().or(call.path.as_deref())?;
     is_posix_semaphore(path).then(|| path.to_owned())
-}
-
-/// A POSIX semaphore (`sem_open`'s `/dev/shm/sem.NAME`): a page, never the problem unless
-/// making it fails.
-pub fn is_posix_semaphore(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.starts_with("sem.")
 }
 
 #[cfg(test)]

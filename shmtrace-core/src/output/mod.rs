@@ -48,6 +48,8 @@ pub struct Output {
     hush: hush::Hush,
     /// Diagnoses waiting for others that tell the same story, to be shown as one block.
     pending: group::Pending,
+    /// Lines the summary ends with (each container's /dev/shm at the end).
+    closing: Vec<String>,
 }
 
 /// Treats a reader that went away (EPIPE) as the end of the output, as other command-line
@@ -126,7 +128,13 @@ impl Output {
             reader_gone,
             hush: hush::Hush::default(),
             pending: group::Pending::default(),
+            closing: Vec::new(),
         }
+    }
+
+    /// A line for the end of the summary, in text.
+    pub fn closing_line(&mut self, line: String) {
+        self.closing.push(line);
     }
 
     /// Shows every event, semaphores and processes that had nothing to do with /dev/shm too.
@@ -186,10 +194,12 @@ impl Output {
     /// that tell the same story have come ([`group`]), then shown with them as one block.
     pub fn diagnosis(&mut self, diagnosis: &Diagnosis) -> io::Result<()> {
         match &mut self.sink {
-            Sink::Human(_) => match self.pending.push(diagnosis.clone()) {
-                Some(block) => self.show_block(&block),
-                None => Ok(()),
-            },
+            Sink::Human(_) => {
+                for block in self.pending.push(diagnosis.clone()) {
+                    self.show_block(&block)?;
+                }
+                Ok(())
+            }
             Sink::Json(w) => w.record(&diagnosis::json(diagnosis, &self.clock)),
         }
     }
@@ -261,6 +271,7 @@ impl Output {
         let left_out = self.hush.summary_lines();
         let at = lines.len().min(1);
         lines.splice(at..at, left_out);
+        lines.extend(self.closing.iter().cloned());
         match &mut self.sink {
             Sink::Human(w) => {
                 for line in &lines {

@@ -38,8 +38,11 @@ use crate::{
 /// the workload does not fit the budget,
 const OVER_BUDGET: u8 = 3;
 /// or it fits but the traced command failed (a non-zero status, a signal), so the measurement
-/// is of a run that did not finish its work.
+/// is of a run that did not finish its work,
 const COMMAND_FAILED: u8 = 4;
+/// or processes failed for lack of /dev/shm while it was measured: the peak is what fitted,
+/// and says nothing of the budget.
+const UNMEASURED: u8 = 5;
 /// How often a live run measures each /dev/shm the workload uses (statfs), to see pages
 /// written through mappings, which no system call shows.
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
@@ -76,6 +79,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
     )?;
     Ok(match (&report.budget, &report.command) {
         (None, _) => exit_code(&outcome),
+        (Some(budget), _) if budget.unmeasured => ExitCode::from(UNMEASURED),
         (Some(_), _) if !fits => ExitCode::from(OVER_BUDGET),
         (Some(_), Some(command)) if !command.success() => ExitCode::from(COMMAND_FAILED),
         // Fits: an interrupted watch of containers or pids (Ctrl-C is how it ends) passes.
@@ -108,10 +112,10 @@ pub fn from_trace(args: &ReportArgs) -> Result<ExitCode> {
     let report = take(&result)?;
     let fits = write(&report, args.json, args.output.as_deref(), &header.clock())?;
     let status = replayed?;
-    Ok(if fits {
-        status
-    } else {
-        ExitCode::from(OVER_BUDGET)
+    Ok(match &report.budget {
+        Some(budget) if budget.unmeasured => ExitCode::from(UNMEASURED),
+        _ if !fits => ExitCode::from(OVER_BUDGET),
+        _ => status,
     })
 }
 

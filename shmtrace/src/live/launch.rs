@@ -241,6 +241,9 @@ pub fn run(
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            for container in &containers {
+                eprintln!("{}", watch::shm_state(container, ""));
+            }
             let mut watch = Watch::containers(resolver, containers);
             runtime.block_on(watch.name_sharers(&mut pipeline))?;
             Some(watch)
