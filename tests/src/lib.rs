@@ -16,6 +16,7 @@ pub mod ray;
 pub mod recording;
 pub mod runtimes;
 pub mod sizing;
+pub mod unprivileged;
 pub mod venv;
 pub mod watchdog;
 pub mod workload;

@@ -113,13 +113,16 @@ impl Call {
         let flags = self.args[2];
         let creates = flags & libc::O_CREAT as u64 != 0;
         match (self.syscall, errno) {
+            // Libraries ask for huge pages first and take ordinary ones when refused; one
+            // that does not fall back is diagnosed for it (the pool, vm.nr_hugepages).
+            _ if self.asks_for_huge_pages() => {
+                Some("a huge-page request (programs fall back to ordinary pages)")
+            }
             // Chromium calls memfd_create("", invalid flags) to learn what the kernel
             // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
             (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),
-            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::ENOENT) if !creates => {
-                Some("an existence check")
-            }
-            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::EEXIST) => {
+            (open, libc::ENOENT) if open.opens_a_path() && !creates => Some("an existence check"),
+            (open, libc::EEXIST) if open.opens_a_path() => {
                 Some("a name already taken (programs retry with another)")
             }
             (Syscall::Unlink | Syscall::Unlinkat, libc::ENOENT) => Some("already removed"),
@@ -129,6 +132,16 @@ impl Call {
             (Syscall::Shmget, libc::ENOENT) => Some("an existence check"),
             (Syscall::Shmget, libc::EEXIST) => Some("a key already taken"),
             _ => None,
+        }
+    }
+
+    /// A `shmget` with `SHM_HUGETLB` or an `mmap` with `MAP_HUGETLB`: refused, it says
+    /// nothing of /dev/shm or of System V limits, only of the huge page pool.
+    pub fn asks_for_huge_pages(&self) -> bool {
+        match self.syscall {
+            Syscall::Shmget => self.args[2] & libc::SHM_HUGETLB as u64 != 0,
+            Syscall::Mmap => self.args[3] & libc::MAP_HUGETLB as u64 != 0,
+            _ => false,
         }
     }
 

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 use super::json::SCHEMA_VERSION;
 use crate::{
     clock::Clock,
-    diagnose::{Cause, Diagnosis, FailureKind, RoleKind},
+    diagnose::{Cause, Diagnosis, FailureKind, FailureRun, RoleKind, runs},
     event::{ExitStatus, names},
     model::ContainerInfo,
     size::{count, human},
@@ -50,14 +50,11 @@ pub fn block_lines(block: &[&Diagnosis]) -> Vec<(&'static str, String)> {
         add("status 0", why.to_owned());
     }
     if block.len() == 1 {
-        for failure in d.failures.iter().take(MAX_FAILURES) {
-            add("failed", failure.headline());
-        }
-        if d.failures.len() > MAX_FAILURES {
-            add(
-                "",
-                format!("... and {} more", d.failures.len() - MAX_FAILURES),
-            );
+        for run in runs(&d.failures) {
+            add("failed", run_line(&run));
+            if run.count > 1 {
+                add("", format!("the first: {}", run.first.headline()));
+            }
         }
     } else {
         for (i, member) in block.iter().enumerate().take(MAX_FAILURES) {
@@ -202,6 +199,28 @@ pub fn block_lines(block: &[&Diagnosis]) -> Vec<(&'static str, String)> {
         (None, Some(explanation)) => add("cause", explanation.clone()),
         (None, None) => {}
     }
+    if let Some(files) = &d.files {
+        add(
+            "needs",
+            format!(
+                "a file count of at least {}: {}",
+                files.min_files, files.basis
+            ),
+        );
+        let mut forms = vec![
+            ("docker", files.docker.clone()),
+            ("compose", files.compose.clone()),
+            ("podman", files.podman.clone()),
+            ("kubernetes", files.kubernetes.clone()),
+        ];
+        forms.sort_by_key(|(kind, _)| Some(*kind) != files.preferred);
+        for (i, (_, form)) in forms.into_iter().enumerate() {
+            add(if i == 0 { "fix" } else { "" }, form);
+        }
+        for alternative in &files.alternatives {
+            add("or", alternative.clone());
+        }
+    }
     if let Some(leftovers) = &d.leftovers {
         if leftovers.enough_without {
             add(
@@ -239,6 +258,55 @@ pub fn block_lines(block: &[&Diagnosis]) -> Vec<(&'static str, String)> {
         );
     }
     out
+}
+
+/// One run of like failures: the failure itself, or `209 openat calls on /dev/shm/torch_*
+/// returned ENOSPC (the last 4.73 s after the first)`.
+fn run_line(run: &FailureRun<'_>) -> String {
+    match (&run.first.kind, run.count) {
+        (_, 1) => run.first.headline(),
+        (FailureKind::Call { syscall, errno, .. }, n) => format!(
+            "{n} {syscall} calls{} returned {errno} ({})",
+            run.pattern
+                .as_ref()
+                .map(|p| format!(" on {p}"))
+                .unwrap_or_default(),
+            spread(run)
+        ),
+        (FailureKind::Fault { signal, .. }, n) => format!(
+            "{n} {signal} faults{} ({})",
+            run.pattern
+                .as_ref()
+                .map(|p| format!(" in {p}"))
+                .unwrap_or_default(),
+            spread(run)
+        ),
+        _ => run.first.headline(),
+    }
+}
+
+fn spread(run: &FailureRun<'_>) -> String {
+    let seconds = run.last_ts_ns.saturating_sub(run.first.ts_ns) as f64 / 1e9;
+    format!("the last {seconds:.2} s after the first")
+}
+
+/// The failures as JSON: one entry per run of like ones, the first of them with `count`,
+/// `last_ts_ns` and `pattern` when there are several.
+fn failures_json(d: &Diagnosis) -> Value {
+    runs(&d.failures)
+        .into_iter()
+        .map(|run| {
+            let mut value = serde_json::to_value(run.first).unwrap_or(Value::Null);
+            if run.count > 1
+                && let Value::Object(map) = &mut value
+            {
+                map.insert("count".to_owned(), json!(run.count));
+                map.insert("last_ts_ns".to_owned(), json!(run.last_ts_ns));
+                map.insert("pattern".to_owned(), json!(run.pattern));
+            }
+            value
+        })
+        .collect()
 }
 
 fn headline(d: &Diagnosis) -> String {
@@ -392,7 +460,12 @@ fn arithmetic(d: &Diagnosis, capacity: crate::capacity::Capacity) -> String {
             errno,
             request,
             ..
-        } if *request > 0 && errno == "ENOSPC" => Some((*syscall, *request)),
+        } if *request > 0
+            && errno == "ENOSPC"
+            && matches!(d.cause, Cause::ShmFull | Cause::Leftovers) =>
+        {
+            Some((*syscall, *request))
+        }
         _ => None,
     });
     let Some((syscall, request)) = asked else {
@@ -477,7 +550,7 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
         "ending": ending,
         "cause": d.cause,
         "shm_is_the_cause": d.cause == Cause::ShmFull,
-        "failures": d.failures,
+        "failures": failures_json(d),
         "follows_pid": d.follows,
         "shm": d.capacity.map(|c| json!({"size": c.size, "used": c.used})),
         "asked_at_once": (d.burst.processes > 0).then(|| json!({
@@ -491,6 +564,8 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
             "workers_allocating": d.workers_allocating,
         })),
         "recommendation": d.recommendation,
+        "files": d.files,
+        "removed": d.removed,
         "explanation": d.explanation,
         "leftovers": d.leftovers.as_ref().map(|l| json!({
             "files": l.files,
@@ -539,6 +614,8 @@ mod tests {
             workers_allocating: 0,
             burst: Default::default(),
             recommendation: None,
+            files: None,
+            removed: None,
             explanation: None,
             leftovers: None,
             others: None,
@@ -558,6 +635,7 @@ mod tests {
             size: 64 * MIB,
             used: 18 * MIB,
             ts_ns: failed_ns,
+            files: None,
         };
         let failure = crate::diagnose::Failure {
             ts_ns: failed_ns,
@@ -580,6 +658,7 @@ mod tests {
             peers: 0,
             leftovers: Vec::new(),
             others: Vec::new(),
+            removal: None,
         };
         Diagnosis {
             ts_ns: ended_ns,
