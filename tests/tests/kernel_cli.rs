@@ -424,27 +424,28 @@ fn readme_sample_is_what_the_demo_prints(text: &str) {
 fn run_independent(line: &str) -> String {
     let mut words: Vec<String> = Vec::new();
     let mut previous = "";
-    for (i, word) in line.split(' ').enumerate() {
+    // Columns are padded to the pids' widths: spaces do not count.
+    for (i, word) in line.split_whitespace().enumerate() {
         let digits = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
         let is_time = word.len() == 15 && word.as_bytes().get(2) == Some(&b':');
         let new = if i == 0 && is_time {
             "TIME".to_owned()
-        } else if (digits(word) && (previous.is_empty() || previous == "TIME"))
-            || previous == "pid"
-            || previous == "(pid"
-        {
+        } else if (digits(word) && previous == "TIME") || previous == "pid" || previous == "(pid" {
             // The pid column (right-aligned after the time), and `pid N`.
             word.trim_start_matches(|c: char| c.is_ascii_digit())
                 .to_owned()
                 + "PID"
         } else if word.ends_with("/shmtrace") {
             "SHMTRACE".to_owned()
+        } else if word.ends_with('s')
+            && word.len() > 1
+            && word[..word.len() - 1].parse::<f64>().is_ok()
+        {
+            "SECONDS".to_owned() // the summary's `in 1.0s`
         } else {
             word.to_owned()
         };
-        if !word.is_empty() {
-            previous = if new == "TIME" { "TIME" } else { word };
-        }
+        previous = if new == "TIME" { "TIME" } else { word };
         words.push(new);
     }
     let mut line = words.join(" ");

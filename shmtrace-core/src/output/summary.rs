@@ -7,7 +7,7 @@ use crate::{
     diagnose::{Diagnosis, Recommendation, RoleKind, RoleStats},
     event::LostCounts,
     model::{ObjectState, World},
-    size::human,
+    size::{count, human},
 };
 
 /// An object still present when tracing stops.
@@ -147,14 +147,13 @@ impl Summary {
 
     pub fn lines(&self) -> Vec<String> {
         let mut lines = vec![format!(
-            "shmtrace: {} events in {:.1}s from {} processes; {} failed calls, {} killed by a \
-             signal; {} events lost",
-            self.events,
+            "shmtrace: {} in {:.1}s from {}; {}, {} killed by a signal; {} lost",
+            count(self.events, "event"),
             self.seconds,
-            self.processes,
-            self.failed_calls,
+            count(self.processes, "process"),
+            count(self.failed_calls, "failed call"),
             self.deaths_by_signal,
-            self.lost.total()
+            count(self.lost.total(), "event")
         )];
         if self.lost.total() > 0 {
             lines[0] += &format!(" ({})", self.lost.describe());
