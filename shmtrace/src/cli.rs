@@ -408,6 +408,11 @@ pub struct ReportArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "redact")]
     pub perfetto: Option<PathBuf>,
 
+    /// With --html or --perfetto: draw POSIX semaphores (/dev/shm/sem.*, a page each) too;
+    /// without it their holds are counted, not drawn.
+    #[arg(long)]
+    pub show_all: bool,
+
     /// When to use colour.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub color: ColorWhen,

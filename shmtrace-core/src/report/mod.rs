@@ -77,6 +77,14 @@ impl Pictures {
     }
 }
 
+impl Pictures {
+    /// Draws everything, POSIX semaphores too (`--show-all`).
+    pub fn show_all(mut self) -> Pictures {
+        self.timeline = self.timeline.show_all();
+        self
+    }
+}
+
 impl Observer for Pictures {
     fn event(&mut self, event: &Event, note: &Annotation, _: &Role, place: &str, world: &World) {
         self.timeline.event(event, note, place, world);

@@ -40,12 +40,15 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
             clock: header.clock(),
             tool_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
-        let pictures = Pictures::new(
+        let mut pictures = Pictures::new(
             about,
             args.html.as_deref(),
             args.perfetto.as_deref(),
             &inputs,
         )?;
+        if args.show_all {
+            pictures = pictures.show_all();
+        }
         pipeline = pipeline.with_observer(Box::new(pictures));
     }
     pipeline.notice(&describe(&header))?;
