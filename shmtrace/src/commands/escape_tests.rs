@@ -220,6 +220,8 @@ fn check(strings: &[Vec<u8>]) {
         output: Some(text.clone()),
         html: Some(html.clone()),
         perfetto: Some(perfetto.clone()),
+        // Hostile names on every object drawn, semaphores' too.
+        show_all: true,
         color: ColorWhen::Never,
         size: false,
         budget: None,
