@@ -6,6 +6,45 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::diagnose::RoleKind;
 
+/// Parses the command line as [`Cli::parse`] does, and exits the same way on an error; a
+/// misspelt subcommand (`shmtrace reprot`) gets the subcommand it resembles, which clap does
+/// not offer here (anything may follow as the command to trace).
+pub fn parse() -> Cli {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            if error.kind() == clap::error::ErrorKind::UnknownArgument
+                && let Some(word) = args.get(1).and_then(|a| a.to_str())
+                && let Some(near) = similar_subcommand(word)
+            {
+                eprintln!(
+                    "shmtrace: error: no command {word:?}; did you mean `shmtrace {near}`? \
+                     (a program to trace goes after --: shmtrace -- {word} ...)"
+                );
+                std::process::exit(2);
+            }
+            error.exit()
+        }
+    }
+}
+
+/// The visible subcommand `word` is a slip of (at most two letters off), if any.
+fn similar_subcommand(word: &str) -> Option<String> {
+    use clap::CommandFactory;
+    if word.starts_with('-') {
+        return None;
+    }
+    Cli::command()
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_owned())
+        .map(|name| (strsim::damerau_levenshtein(word, &name), name))
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map(|(_, name)| name)
+}
+
 /// Explain why programs in containers run out of shared memory.
 ///
 /// shmtrace follows every /dev/shm object a process creates, sizes, maps and removes (and System
@@ -15,11 +54,13 @@ use crate::diagnose::RoleKind;
 /// what /dev/shm size to set.
 ///
 /// Examples:
+///   sudo shmtrace --container trainer       every process of a container, by name
 ///   sudo shmtrace -- python train.py        trace a command and its children
 ///   sudo shmtrace --pid 4242                trace a running process tree
 ///   sudo shmtrace --all --failed            every /dev/shm failure on the host
-///   sudo shmtrace record -o t.shmtrace -- python train.py     record, then:
+///   sudo shmtrace record -o t.shmtrace --container trainer    record, then:
 ///   shmtrace report t.shmtrace              the diagnosis, from the file
+///   sudo shmtrace size --container trainer  the /dev/shm size it needs, measured
 ///   sudo shmtrace demo                      see it explain a real failure, no setup needed
 #[derive(Parser, Debug)]
 #[command(name = "shmtrace", version, verbatim_doc_comment)]
@@ -110,6 +151,13 @@ pub enum Command {
 /// What to trace.
 #[derive(Args, Debug, Default, Clone)]
 pub struct TargetArgs {
+    /// Trace every process of these containers, by exact name: those running now, those
+    /// started later (docker exec), and their children, following restarts. Docker, Podman,
+    /// containerd and CRI-O are asked; with none answering, /proc is scanned. Repeat the flag
+    /// or separate names with commas.
+    #[arg(short, long, value_name = "NAME", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
+    pub container: Vec<String>,
+
     /// Trace running processes (and their descendants, present and future).
     /// Repeat the flag or separate pids with commas.
     #[arg(short, long, value_name = "PID", value_delimiter = ',')]
@@ -118,13 +166,6 @@ pub struct TargetArgs {
     /// Trace /dev/shm use by every process on the host, each labelled with its container.
     #[arg(short, long, conflicts_with = "pid")]
     pub all: bool,
-
-    /// Trace every process of these containers, by exact name: those running now, those
-    /// started later (docker exec), and their children, following restarts. Docker, Podman,
-    /// containerd and CRI-O are asked; with none answering, /proc is scanned. Repeat the flag
-    /// or separate names with commas.
-    #[arg(short, long, value_name = "NAME", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
-    pub container: Vec<String>,
 
     /// Like --container, by container id or a unique prefix of it.
     #[arg(long, value_name = "ID", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
@@ -552,6 +593,15 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_misspelt_subcommand_is_named() {
+        assert_eq!(similar_subcommand("reprot").as_deref(), Some("report"));
+        assert_eq!(similar_subcommand("szie").as_deref(), Some("size"));
+        assert_eq!(similar_subcommand("python"), None);
+        assert_eq!(similar_subcommand("--reprot"), None);
+        assert!(Cli::try_parse_from(["shmtrace", "reprot", "t.shmtrace"]).is_err());
     }
 
     #[test]

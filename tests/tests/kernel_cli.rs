@@ -246,7 +246,14 @@ fn clear_errors() {
 
     let (code, text) = error_of(&[]);
     assert_eq!(code, Some(1));
-    assert!(text.contains("nothing to trace"), "{text}");
+    assert!(
+        text.contains("nothing to trace: give --container NAME, a command after --"),
+        "{text}"
+    );
+
+    let (code, text) = error_of(&["reprot", "t.shmtrace"]);
+    assert_eq!(code, Some(2));
+    assert!(text.contains("did you mean `shmtrace report`?"), "{text}");
 
     let (code, text) = error_of(&["--kernel-btf", "/no/btf/here", "--", "true"]);
     assert_eq!(code, Some(1));
@@ -259,12 +266,30 @@ fn clear_errors() {
     assert_eq!(code, Some(1));
     assert!(text.contains("power of two"), "{text}");
 
+    // Every I/O error names the file and what failed, once.
     let (code, text) = error_of(&["-o", "/no/such/dir/trace.txt", "--", "true"]);
     assert_eq!(code, Some(1));
     assert!(
-        text.contains("cannot write the output to /no/such/dir/trace.txt"),
+        text.contains(
+            "cannot write the output (-o): cannot create /no/such/dir/trace.txt: No such file or \
+             directory (os error 2) (its directory does not exist)"
+        ),
         "{text}"
     );
+    assert_eq!(text.matches("os error").count(), 1, "{text}");
+    let (code, text) = error_of(&["-o", "/proc/self/status", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        text.contains("writing /proc/self/status: Invalid argument"),
+        "{text}"
+    );
+    let (code, text) = error_of(&["report", "/no/such/trace.shmtrace"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        text.contains("cannot open /no/such/trace.shmtrace: no such file"),
+        "{text}"
+    );
+    assert!(!text.contains("byte offset"), "{text}");
 }
 
 #[test]

@@ -55,9 +55,13 @@ pub struct Output {
 /// Treats a reader that went away (EPIPE) as the end of the output, as other command-line
 /// tools do: later writes are dropped, and [`Output::reader_gone`] tells the caller to stop
 /// and finish its files, rather than failing with "Broken pipe".
+/// Any other error names where the output goes (`writing /proc/self/status: Invalid
+/// argument`), once.
 struct QuietPipe {
     inner: Box<dyn Write + Send>,
     gone: Arc<AtomicBool>,
+    /// Where the output goes: a file's path, or `standard output`.
+    name: Arc<str>,
 }
 
 impl QuietPipe {
@@ -67,6 +71,10 @@ impl QuietPipe {
                 self.gone.store(true, Ordering::Relaxed);
                 Ok(instead)
             }
+            Err(error) => Err(io::Error::new(
+                error.kind(),
+                format!("writing {}: {error}", self.name),
+            )),
             other => other,
         }
     }
@@ -109,10 +117,23 @@ impl Output {
         clock: Clock,
         notices_to_stderr: bool,
     ) -> Output {
+        Output::named(out, "the output", format, clock, notices_to_stderr)
+    }
+
+    /// [`Output::new`] for output going to `name` (a path, `standard output`), which errors
+    /// name.
+    pub fn named(
+        out: Box<dyn Write + Send>,
+        name: &str,
+        format: Format,
+        clock: Clock,
+        notices_to_stderr: bool,
+    ) -> Output {
         let reader_gone = Arc::new(AtomicBool::new(false));
         let out: Box<dyn Write + Send> = Box::new(QuietPipe {
             inner: out,
             gone: reader_gone.clone(),
+            name: name.into(),
         });
         let sink = match format {
             Format::Human(color) => Sink::Human(human::HumanWriter::new(out, color)),

@@ -13,7 +13,7 @@ mod retention_tests;
 mod tests;
 mod trigger;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 
 use crate::{
@@ -262,18 +262,16 @@ impl Pipeline {
             observer.event(&event, &note, &role, &place, &self.world);
         }
         if self.show_events && self.filter.keep(&event, &note, &role, &place) {
-            self.output
-                .event(
-                    &event,
-                    &note,
-                    &role,
-                    &place,
-                    self.diagnoser.container(shown_mntns),
-                    &self.world,
-                )
-                .context("writing output")?;
+            self.output.event(
+                &event,
+                &note,
+                &role,
+                &place,
+                self.diagnoser.container(shown_mntns),
+                &self.world,
+            )?;
         } else {
-            self.output.tick(event.ts_ns).context("writing output")?;
+            self.output.tick(event.ts_ns)?;
         }
         if let Some(trigger) = trigger(&event, &note, &role)
             && let Some(tap) = &mut self.tap
@@ -343,7 +341,7 @@ impl Pipeline {
     }
 
     pub fn tick(&mut self, now_ns: u64) -> Result<()> {
-        self.output.tick(now_ns).context("writing output")?;
+        self.output.tick(now_ns)?;
         match &mut self.tap {
             Some(tap) => tap.tick(&self.world, now_ns),
             None => Ok(()),
@@ -427,9 +425,7 @@ impl Pipeline {
             observer.diagnosis(&diagnosis);
         }
         if self.filter.keep_diagnosis(&diagnosis) {
-            self.output
-                .diagnosis(&diagnosis)
-                .context("writing output")?;
+            self.output.diagnosis(&diagnosis)?;
         }
         self.diagnoses.push(diagnosis);
         if self

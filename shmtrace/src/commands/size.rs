@@ -2,6 +2,7 @@
 //! /dev/shm a workload allocated, and the size to give it.
 use std::{
     collections::HashMap,
+    fs::File,
     io::Write,
     path::Path,
     process::ExitCode,
@@ -30,6 +31,7 @@ use crate::{
     model::{Annotation, ContainerInfo, World},
     output::filter::Filter,
     pipeline::{Observer, Pipeline},
+    safe_open::{self, FileId, OpenOptions},
     sizing::{self, CommandEnd, SizeReport, Sizer},
 };
 
@@ -51,6 +53,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
     let what = What::from_args(&args.target)?;
     let options = live::tracer_options(&what, &args.target);
+    let to = open_result(args.output.as_deref(), &[])?;
     let result = Arc::new(Mutex::new(None));
     let budget = args.size.budget;
     let make_pipeline = |_: &[ContainerInfo]| -> Result<Pipeline> {
@@ -74,7 +77,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
     let fits = write(
         &report,
         args.json,
-        args.output.as_deref(),
+        to,
         &Clock::now().context("reading the clocks")?,
     )?;
     Ok(match (&report.budget, &report.command) {
@@ -91,6 +94,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
 pub fn from_trace(args: &ReportArgs) -> Result<ExitCode> {
     let set = open(&args.file)?;
     let header = set.header().clone();
+    let to = open_result(args.output.as_deref(), set.file_ids())?;
     let output = open_output(
         None,
         false,
@@ -110,7 +114,7 @@ pub fn from_trace(args: &ReportArgs) -> Result<ExitCode> {
     let replayed = replay(set, &mut pipeline);
     drop(pipeline);
     let report = take(&result)?;
-    let fits = write(&report, args.json, args.output.as_deref(), &header.clock())?;
+    let fits = write(&report, args.json, to, &header.clock())?;
     let status = replayed?;
     Ok(match &report.budget {
         Some(budget) if budget.unmeasured => ExitCode::from(UNMEASURED),
@@ -128,7 +132,23 @@ fn take(result: &Mutex<Option<SizeReport>>) -> Result<SizeReport> {
 }
 
 /// Writes the report; returns whether it fits the budget (true without one).
-fn write(report: &SizeReport, json: bool, path: Option<&Path>, clock: &Clock) -> Result<bool> {
+/// Opens `-o` before the measurement, so that a bad path fails before a long run: as every
+/// output, never through a link, never over the trace being read.
+fn open_result<'a>(path: Option<&'a Path>, inputs: &[FileId]) -> Result<Option<(File, &'a Path)>> {
+    path.map(|path| {
+        safe_open::create(path, &OpenOptions::new().not_over(inputs))
+            .context("cannot write the result (-o)")
+            .map(|file| (file, path))
+    })
+    .transpose()
+}
+
+fn write(
+    report: &SizeReport,
+    json: bool,
+    to: Option<(File, &Path)>,
+    clock: &Clock,
+) -> Result<bool> {
     let text = if json {
         let mut text = serde_json::to_string(report).context("writing the result as JSON")?;
         text.push('\n');
@@ -136,9 +156,12 @@ fn write(report: &SizeReport, json: bool, path: Option<&Path>, clock: &Clock) ->
     } else {
         sizing::text(report, &|ns| clock.rfc3339(ns))
     };
-    match path {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("cannot write the result to {}", path.display()))?,
+    match to {
+        Some((mut file, path)) => {
+            file.write_all(text.as_bytes())
+                .and_then(|()| file.flush())
+                .with_context(|| format!("cannot write the result to {}", path.display()))?;
+        }
         None => {
             let mut stdout = std::io::stdout().lock();
             stdout.write_all(text.as_bytes())?;

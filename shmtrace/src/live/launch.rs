@@ -80,8 +80,8 @@ impl What {
             Ok(What::Pids(args.pid.clone()))
         } else {
             bail!(
-                "nothing to trace: give a command after --, --pid PID, or --all \
-                 (or try `shmtrace demo`; see shmtrace --help)"
+                "nothing to trace: give --container NAME, a command after --, --pid PID, or \
+                 --all (or try `shmtrace demo`; see shmtrace --help)"
             )
         }
     }
