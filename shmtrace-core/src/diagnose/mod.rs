@@ -194,6 +194,9 @@ pub struct Diagnoser {
     /// Processes that a termination request (SIGINT, SIGTERM, SIGHUP) from another reached:
     /// what they saw of /dev/shm's free space did not end them.
     interrupted: FastSet<u32>,
+    /// Processes that made or sized a /dev/shm file after looking at its free space: their
+    /// looks decided nothing (UCX looks again after making its segment).
+    went_ahead: FastSet<u32>,
     /// Files grown by write ([`growth`]), and the processes that ended successfully among
     /// their writers.
     grown: growth::GrownFiles,
@@ -291,6 +294,26 @@ impl Diagnoser {
             }
             self.learn_loader(event.pid, call, note, world);
             self.learn_space(event, call, note.object_path.as_deref());
+            // It went on to make or size a file there: what it saw did not stop it (Open MPI
+            // looks before every segment it makes).
+            if !call.failed()
+                && call.file.is_some()
+                && matches!(
+                    call.syscall,
+                    Syscall::Openat
+                        | Syscall::Openat2
+                        | Syscall::Open
+                        | Syscall::Ftruncate
+                        | Syscall::Fallocate
+                )
+                && note
+                    .object_path
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("/dev/shm/"))
+                && self.looks.remove(&event.pid).is_some()
+            {
+                self.went_ahead.insert(event.pid);
+            }
             self.learn_requests(call);
             self.learn_growth(event, call, world);
             if call.syscall.opens_a_path()
@@ -372,6 +395,7 @@ impl Diagnoser {
             // Its look counted at its death only; the place keeps the latest for a raylet.
             self.looks.remove(&event.pid);
             self.interrupted.remove(&event.pid);
+            self.went_ahead.remove(&event.pid);
             self.last_failed.remove(&event.tid);
         }
         out

@@ -134,7 +134,8 @@ impl Diagnoser {
     ) -> Option<Failure> {
         let look = self.looks.get(&event.pid)?;
         let on_its_own = matches!(status, ExitStatus::Code(code) if code != 0)
-            && !self.interrupted.contains(&event.pid);
+            && !self.interrupted.contains(&event.pid)
+            && !self.went_ahead.contains(&event.pid);
         let soon = event.ts_ns.saturating_sub(look.ts_ns) <= DECIDED_WITHIN_NS;
         let small = look.seen.free < SMALL_FREE || look.seen.free < look.seen.size / 4;
         if !(on_its_own && soon && small) {

@@ -966,6 +966,20 @@ fn a_look_at_the_free_space_is_no_decision_when_a_signal_ends_it() {
     run.statfs(501, "python3", 16 << 30, 15 << 30);
     run.exit(501, "python3", 1);
     assert!(run.out.iter().all(|d| d.pid != 501), "{:#?}", run.out);
+    // It looked, then made its file there anyway (Open MPI before each segment): the look
+    // stopped nothing, and an exit 1 after is for another reason.
+    run.exec(503, &["/usr/bin/python3", "rank.py"]);
+    run.statfs(503, "python3", 64 << 20, 64 << 20);
+    run.create(503, "python3", "/dev/shm/vader_segment.1", 5);
+    run.statfs(503, "python3", 64 << 20, 60 << 20);
+    run.exit(503, "python3", 1);
+    assert!(
+        run.out
+            .iter()
+            .all(|d| d.pid != 503 || d.cause != Cause::ShmFull),
+        "{:#?}",
+        run.out
+    );
     // Small, and it quit on its own: that is what it decided from.
     run.exec(502, &["/usr/bin/python3", "serve.py"]);
     run.statfs(502, "python3", 64 << 20, 64 << 20);

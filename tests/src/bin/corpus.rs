@@ -223,13 +223,42 @@ fn recipes() -> Vec<Recipe> {
             size_on: None,
         },
         Recipe {
+            name: "mpi-job-in-a-small-dev-shm",
+            about: "the Open MPI job of healthy-mpi-job in a 4 MiB /dev/shm: a rank looks at \
+                    the free space, finds no room for its 4 MiB segment and exits 1 (\"target \
+                    full\"), mpirun ends the others; no call fails, so no size is given, and \
+                    shmtrace size on a roomy /dev/shm measures one that works",
+            program: "Open MPI 4.1 and mpi4py from Debian (openmpi-bin, python3-mpi4py)",
+            shm_bytes: Some(4 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", "")),
+            succeeds: false,
+            causes: &[("python3", "shm_full"), ("mpirun", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+            size_on: Some(256 * MIB),
+        },
+        Recipe {
+            name: "mpi-job-without-its-transport",
+            about: "the Open MPI job asked for UCX (--mca pml ucx), which finds no transport \
+                    here: its ranks look at /dev/shm's free space, make their segments there \
+                    all the same, and exit 1 for want of UCX; not a /dev/shm problem",
+            program: "Open MPI 4.1 and mpi4py from Debian (openmpi-bin, python3-mpi4py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", "--mca pml ucx")),
+            succeeds: false,
+            causes: &[("python3", "other")],
+            remedy_checked: None,
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
             name: "healthy-mpi-job",
             about: "an Open MPI job of 4 ranks (mpirun, shared-memory transport: its segments \
                     in /dev/shm) passing arrays around a ring and reducing them, in a 64 MiB \
                     /dev/shm; it succeeds",
             program: "Open MPI 4.1 and mpi4py from Debian (openmpi-bin, python3-mpi4py)",
             shm_bytes: Some(64 * MIB),
-            job: || Box::new(mpi_ring(4, "--bytes 1M")),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", "")),
             succeeds: true,
             causes: &[],
             remedy_checked: None,
@@ -387,7 +416,7 @@ fn many_files(files: u64) -> Tmpfs {
     Tmpfs {
         files,
         script: dataloader(
-            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 400 --step 0.001 --timeout 5 \
+            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 300 --step 0.001 --timeout 30 \
              --strategy file_system",
         ),
     }
@@ -489,7 +518,7 @@ fn chromium() -> Script {
     }
 }
 
-fn mpi_ring(ranks: u32, args: &str) -> Script {
+fn mpi_ring(ranks: u32, args: &str, mpirun: &str) -> Script {
     let mut flags = workloads_mount();
     flags.extend(
         [
@@ -511,8 +540,8 @@ fn mpi_ring(ranks: u32, args: &str) -> Script {
         what: "an Open MPI ring".to_owned(),
         flags,
         command: format!(
-            "cd /w && mpirun --allow-run-as-root --oversubscribe -np {ranks} {PYTHON} mpi_ring.py \
-             {args}"
+            "cd /w && mpirun --allow-run-as-root --oversubscribe {mpirun} -np {ranks} {PYTHON} \
+             mpi_ring.py {args}"
         ),
     }
 }
