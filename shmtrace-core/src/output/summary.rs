@@ -213,14 +213,16 @@ impl Summary {
         }
         let holding = self.remaining.iter().filter(|r| r.bytes > 0).count();
         if holding > 0 {
+            let objects = count(holding as u64, "object");
             lines.push(if self.cut {
                 format!(
-                    "shmtrace: {holding} objects held memory where the trace stops (it was cut \
-                     short: the calls after that, which may have freed them, are not in it):"
+                    "shmtrace: {objects} held memory where the trace stops (it was cut short: \
+                     the calls after that, which may have freed them, are not in it):"
                 )
             } else {
                 format!(
-                    "shmtrace: {holding} objects still hold memory (left behind, or still in use):"
+                    "shmtrace: {objects} still {} memory (left behind, or still in use):",
+                    if holding == 1 { "holds" } else { "hold" }
                 )
             });
         }
@@ -247,9 +249,10 @@ impl Summary {
         let empty: Vec<&Remaining> = self.remaining.iter().filter(|r| r.bytes == 0).collect();
         if !empty.is_empty() {
             lines.push(format!(
-                "shmtrace: {} objects remain that hold no memory (empty, or sized and never \
-                 written):",
-                empty.len()
+                "shmtrace: {} {} that {} no memory (empty, or sized and never written):",
+                count(empty.len() as u64, "object"),
+                if empty.len() == 1 { "remains" } else { "remain" },
+                if empty.len() == 1 { "holds" } else { "hold" }
             ));
             for r in empty.iter().take(10) {
                 let held = match r.size {
