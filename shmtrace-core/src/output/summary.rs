@@ -251,7 +251,11 @@ impl Summary {
             lines.push(format!(
                 "shmtrace: {} {} that {} no memory (empty, or sized and never written):",
                 count(empty.len() as u64, "object"),
-                if empty.len() == 1 { "remains" } else { "remain" },
+                if empty.len() == 1 {
+                    "remains"
+                } else {
+                    "remain"
+                },
                 if empty.len() == 1 { "holds" } else { "hold" }
             ));
             for r in empty.iter().take(10) {
