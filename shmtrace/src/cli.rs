@@ -81,7 +81,8 @@ pub enum Command {
     /// Record a trace to a file, to look at later or attach to a bug report.
     ///
     /// Takes the same target options as live tracing. Prints diagnoses as they happen and a
-    /// summary at the end; the file holds every event. Writing is crash-safe: if shmtrace is
+    /// summary at the end; the file holds every event; on a terminal, a status line (events,
+    /// /dev/shm use, peak so far) shows it recording. Writing is crash-safe: if shmtrace is
     /// killed, everything up to the last flush (at most 100 ms earlier) reads back.
     Record(RecordArgs),
     /// Print the diagnosis and summary of a recorded trace.
@@ -98,8 +99,11 @@ pub enum Command {
     ///
     /// Exit status: the command's (130 after Ctrl-C without one). With --budget it is a CI
     /// gate, and the status is the verdict, never the command's: 0 fits, 3 does not fit,
-    /// 4 fits but the command failed; the command's own status is printed (`command` line,
+    /// 4 fits but the command failed, 5 not measured (processes failed for lack of /dev/shm:
+    /// the peak is what fitted); the command's own status is printed (`command` line,
     /// `command.exit_code` and `command.signal` with --json).
+    ///
+    /// On a terminal, a status line (events, /dev/shm use, peak so far) shows it is measuring.
     ///
     /// Examples:
     ///   sudo shmtrace size -- python train.py
@@ -332,7 +336,8 @@ pub struct SizeArgs {
 pub struct SizeOptions {
     /// Fail (exit status 3) when the peak plus headroom, rounded as advised, is bigger than
     /// SIZE: 512m, 1g, 1Gi, 67108864. Then the exit status is the verdict: 0 fits, 3 does not
-    /// fit, 4 fits but the traced command failed (its status is printed).
+    /// fit, 4 fits but the traced command failed (its status is printed), 5 not measured:
+    /// processes ran out of /dev/shm, so the peak is only what fitted.
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     pub budget: Option<u64>,
 }

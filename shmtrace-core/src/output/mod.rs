@@ -195,6 +195,8 @@ impl Output {
             }
             Sink::Json(w) => {
                 let ts = self.times.rfc3339(&self.clock, event.ts_ns);
+                let floored = at_least_held(event, container, world);
+                let container = floored.as_ref().or(container);
                 match json::to_json(event, note, role, container, ts, &mut self.flag_names) {
                     Some(record) => w.event(&record),
                     None => Ok(()),
@@ -314,5 +316,93 @@ impl Output {
             Sink::Human(w) => w.flush(),
             Sink::Json(w) => w.flush(),
         }
+    }
+}
+
+/// For a call that found /dev/shm full, its container's use is at least what the traced
+/// objects held on it, as the diagnosis says: the measurement may come after they were freed
+/// (or never, when the container ended first), and read nothing.
+fn at_least_held(
+    event: &Event,
+    container: Option<&ContainerInfo>,
+    world: &World,
+) -> Option<ContainerInfo> {
+    let container = container?;
+    let crate::event::Body::Call(call) = &event.body else {
+        return None;
+    };
+    let dev = call.file?.inode.dev;
+    if call.errno() != Some(libc::ENOSPC) || container.shm_dev != Some(dev) {
+        return None;
+    }
+    let held = world.usage(dev).map_or(0, |u| u.allocated);
+    let held = container.shm_size.map_or(held, |size| held.min(size));
+    (held > container.shm_used.unwrap_or(0)).then(|| ContainerInfo {
+        shm_used: Some(held),
+        ..container.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Body, Call, FileRef, InodeId, Syscall};
+
+    /// Issue 33: after a failure in a full /dev/shm, the failed call's `shm_used` said 0 (the
+    /// measurement came after the files were freed) while its diagnosis said 100%.
+    #[test]
+    fn a_call_that_found_dev_shm_full_says_it_held_at_least_the_traced_pages() {
+        const MIB: u64 = 1 << 20;
+        let on = |syscall, ret, allocated| Event {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 7,
+            tid: 7,
+            comm: "dd".to_owned(),
+            mntns: 1,
+            cgroup_id: 1,
+            container_match: false,
+            body: Body::Call(Call {
+                syscall,
+                fd: Some(1),
+                ret,
+                args: [1, 0, MIB, 0, 0, 0],
+                file: Some(FileRef {
+                    inode: InodeId { dev: 70, ino: 3 },
+                    mode: libc::S_IFREG | 0o644,
+                    size: MIB as i64,
+                    allocated,
+                }),
+                path: Some("/dev/shm/fill".to_owned()),
+                path_truncated: false,
+                relative_to_shm: false,
+            }),
+        };
+        let mut world = World::new();
+        world.apply(&on(Syscall::Openat, 1, 0));
+        let full = on(Syscall::Write, -i64::from(libc::ENOSPC), MIB);
+        world.apply(&full);
+        let container = ContainerInfo {
+            shm_dev: Some(70),
+            shm_size: Some(MIB),
+            shm_used: Some(0),
+            ..ContainerInfo::default()
+        };
+        let floored = at_least_held(&full, Some(&container), &world).expect("raised");
+        assert_eq!(floored.shm_used, Some(MIB));
+        // Another file system's, or a call that did not find it full: as measured.
+        let elsewhere = ContainerInfo {
+            shm_dev: Some(71),
+            ..container.clone()
+        };
+        assert!(at_least_held(&full, Some(&elsewhere), &world).is_none());
+        assert!(
+            at_least_held(
+                &on(Syscall::Write, MIB as i64, MIB),
+                Some(&container),
+                &world
+            )
+            .is_none()
+        );
     }
 }
