@@ -489,8 +489,8 @@ pub struct ShmReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct RolePeak {
     /// The role of the process that made (or first touched) the objects; `unseen` for pages
-    /// statfs counted that no system call showed (written through mappings, or by processes
-    /// not traced).
+    /// statfs counted that the traced calls had not shown (calls still running, writes
+    /// through mappings, processes not traced).
     pub role: &'static str,
     pub bytes_at_peak: u64,
 }

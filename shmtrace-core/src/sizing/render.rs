@@ -49,8 +49,8 @@ pub fn text(report: &SizeReport, time: &dyn Fn(u64) -> String) -> String {
                 add(
                     "  unseen",
                     format!(
-                        "{:<24}{:>10}  pages statfs counted that no system call showed \
-                         (written through mappings, or by processes not traced)",
+                        "{:<24}{:>10}  pages statfs counted that the traced calls had not shown \
+                         (calls still running, writes through mappings, processes not traced)",
                         "",
                         human(role.bytes_at_peak)
                     ),
@@ -61,6 +61,14 @@ pub fn text(report: &SizeReport, time: &dyn Fn(u64) -> String) -> String {
                     format!("{:<24}{:>10}", role.role, human(role.bytes_at_peak)),
                 );
             }
+        }
+        if shm.roles.len() > 1 {
+            add(
+                "",
+                "(by the role of the process that made each object; the closing table counts \
+                 what each role's processes held, a batch for its worker and for the trainer)"
+                    .to_owned(),
+            );
         }
         let listed: usize = shm
             .live_at_peak
