@@ -491,6 +491,10 @@ impl Diagnoser {
             ending,
             cause,
             workers_allocating: primary.map(|f| f.workers_allocating).unwrap_or(0),
+            // The refusals seen, not the advice's estimate of who else would have asked.
+            burst: primary
+                .and_then(|f| Some(self.pressure.burst(f.dev?, f.ts_ns)))
+                .unwrap_or_default(),
             failures,
             follows: None,
             capacity,

@@ -13,7 +13,7 @@ mod retention_tests;
 mod tests;
 mod trigger;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 
 use crate::{
@@ -59,6 +59,28 @@ pub struct Pipeline {
     vanished: u64,
     /// See [`Pipeline::trace_was_cut`].
     cut: bool,
+    /// Per /dev/shm file system, its latest measurement and the most it was seen using.
+    measurements: FastMap<u32, (Capacity, u64)>,
+}
+
+/// What a status line shows while a trace that prints nothing else runs (`size`, `record`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    pub events: u64,
+    pub processes: u64,
+    /// The /dev/shm the traced processes use most, if one was measured.
+    pub shm: Option<ShmStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShmStatus {
+    /// As last measured (statfs), and the most measured.
+    pub size: u64,
+    pub used: u64,
+    pub peak_used: u64,
+    /// Pages the traced processes' objects hold on it, as system calls showed, now and at most.
+    pub traced: u64,
+    pub traced_peak: u64,
 }
 
 impl Pipeline {
@@ -83,6 +105,36 @@ impl Pipeline {
             evicted_diagnoses: 0,
             vanished: 0,
             cut: false,
+            measurements: FastMap::default(),
+        }
+    }
+
+    /// Whether events are shown as they come (a trace), or only diagnoses (`record`, `size`).
+    pub fn shows_events(&self) -> bool {
+        self.show_events
+    }
+
+    /// Where the trace stands: events so far, and the /dev/shm in most use.
+    pub fn status(&self) -> Status {
+        let totals = self.world.totals();
+        let shm = self
+            .measurements
+            .iter()
+            .map(|(dev, (latest, peak))| {
+                let usage = self.world.usage(*dev);
+                ShmStatus {
+                    size: latest.size,
+                    used: latest.used,
+                    peak_used: *peak,
+                    traced: usage.map_or(0, |u| u.allocated),
+                    traced_peak: usage.map_or(0, |u| u.peak_allocated),
+                }
+            })
+            .max_by_key(|s| (s.traced_peak, s.peak_used));
+        Status {
+            events: totals.events,
+            processes: totals.processes_seen,
+            shm,
         }
     }
 
@@ -220,15 +272,16 @@ impl Pipeline {
             observer.event(&event, &note, &role, &place, &self.world);
         }
         if self.show_events && self.filter.keep(&event, &note, &role, &place) {
-            self.output
-                .event(
-                    &event,
-                    &note,
-                    &role,
-                    &place,
-                    self.diagnoser.container(shown_mntns),
-                )
-                .context("writing output")?;
+            self.output.event(
+                &event,
+                &note,
+                &role,
+                &place,
+                self.diagnoser.container(shown_mntns),
+                &self.world,
+            )?;
+        } else {
+            self.output.tick(event.ts_ns)?;
         }
         if let Some(trigger) = trigger(&event, &note, &role)
             && let Some(tap) = &mut self.tap
@@ -301,6 +354,7 @@ impl Pipeline {
     }
 
     pub fn tick(&mut self, now_ns: u64) -> Result<()> {
+        self.output.tick(now_ns)?;
         match &mut self.tap {
             Some(tap) => tap.tick(&self.world, now_ns),
             None => Ok(()),
@@ -368,6 +422,11 @@ impl Pipeline {
     }
 
     fn learn_capacity(&mut self, sample: Capacity) {
+        let peak = self
+            .measurements
+            .get(&sample.dev)
+            .map_or(sample.used, |(_, peak)| (*peak).max(sample.used));
+        self.measurements.insert(sample.dev, (sample, peak));
         self.diagnoser.capacity(sample);
         if let Some(observer) = &mut self.observer {
             observer.capacity(&sample);
@@ -379,9 +438,7 @@ impl Pipeline {
             observer.diagnosis(&diagnosis);
         }
         if self.filter.keep_diagnosis(&diagnosis) {
-            self.output
-                .diagnosis(&diagnosis)
-                .context("writing output")?;
+            self.output.diagnosis(&diagnosis)?;
         }
         self.diagnoses.push(diagnosis);
         if self
