@@ -67,12 +67,10 @@ impl World {
         if namespaces.len() < 2 {
             return;
         }
+        let mut key = (0, path.to_owned());
         for other in namespaces.clone() {
-            if other == mntns {
-                continue;
-            }
-            let key = (other, path.to_owned());
-            if self.names.get(&key) == Some(&inode) {
+            key.0 = other;
+            if other != mntns && self.names.get(&key) == Some(&inode) {
                 self.names.remove(&key);
             }
         }
@@ -90,11 +88,13 @@ impl World {
             Some(dev) => self.namespaces_on.get(&dev).cloned().unwrap_or_default(),
             None => self.shm_dev_of.keys().copied().collect(),
         };
+        // One key, its namespace changed: a host-wide trace may know thousands of namespaces.
+        let mut key = (0, path.to_owned());
         for other in namespaces {
+            key.0 = other;
             if other == event.mntns {
                 continue;
             }
-            let key = (other, path.to_owned());
             let Some(inode) = self.names.get(&key).copied() else {
                 continue;
             };
