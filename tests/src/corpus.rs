@@ -34,6 +34,9 @@ pub struct Verdict {
     /// The /dev/shm size advised, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advised: Option<u64>,
+    /// The file count (`nr_inodes`) advised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
 }
 
 impl fmt::Display for Verdict {
@@ -45,6 +48,9 @@ impl fmt::Display for Verdict {
         )?;
         if let Some(followed) = self.follows {
             write!(f, ", follows pid {followed}")?;
+        }
+        if let Some(files) = self.files {
+            write!(f, ", advises nr_inodes={files}")?;
         }
         match self.advised {
             Some(bytes) => write!(f, ", advises {bytes} bytes"),
@@ -65,6 +71,7 @@ pub fn verdicts(records: &[Value]) -> Vec<Verdict> {
             cause: d["cause"].as_str().unwrap_or_default().to_owned(),
             follows: d["follows_pid"].as_u64(),
             advised: d["recommendation"]["min_bytes"].as_u64(),
+            files: d["files"]["min_files"].as_u64(),
         })
         .collect()
 }
@@ -88,6 +95,10 @@ pub struct Expectation {
     /// The /dev/shm size with which the program was then run again and succeeded: the
     /// advice applied once, or the size of a healthy run.
     pub works_at: Option<u64>,
+    /// The file count (`nr_inodes`) with which the program was run again and succeeded: the
+    /// advice applied once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_work_at: Option<u64>,
     /// How the remedy of a cause other than size was checked (the test that applies it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remedy_checked: Option<String>,

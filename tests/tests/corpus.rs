@@ -31,6 +31,13 @@ fn every_recording_replays_to_its_verdict() {
                 entry.name, entry.expectation.works_at
             ));
         }
+        let files = expected.iter().filter_map(|v| v.files).max();
+        if files != entry.expectation.files_work_at {
+            wrong.push(format!(
+                "{}: advises nr_inodes={files:?}, but files_work_at says {:?} was shown to work",
+                entry.name, entry.expectation.files_work_at
+            ));
+        }
         // A healthy run has no diagnosis.
         if entry.expectation.succeeded && !expected.is_empty() {
             wrong.push(format!(

@@ -6,19 +6,33 @@
 //! all of them. Then a table of medians and ratios to untraced, and where shmtrace's own time
 //! goes, probe by probe.
 //!
-//! - `case`: one object size, its timed rounds and each variant's results; `machine`: the
-//!   machine and its load, as the report describes them;
-//! - `bystanders`: what host-wide tracing costs calls that do not concern /dev/shm, and
-//!   `server` a real server's throughput (`beside`: the tracers they run beside);
-//! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
-//! - `variants`: how each variant runs it; `reported`: what each tracer reports back;
-//! - `measure`: one process's wall time, CPU, context switches and peak memory;
-//! - `neighbours`: other BPF users on the machine, which would skew the results;
-//! - `pairs`: a paired measurement (two workers taking turns, one traced) that machine noise
-//!   cannot swamp;
-//! - `probes`: BPF run-time statistics per program;
-//! - `stats`, `table`: medians, spreads and the printed tables.
+//! Its modules:
+//! - the workloads, run as `cargo xtask` subcommands of this same binary: `churn` (the
+//!   /dev/shm churn every variant runs), `storm` (a fork storm, and a clock stamp for
+//!   start-up), and the bystanders' loops (in `bystanders`);
+//! - running them: `case` (one object size, its timed rounds and each variant's results),
+//!   `variants` (untraced, or under one tracer or another), `reported` (what each tracer
+//!   reports back), `measure` (one process's wall time, CPU, context switches and peak
+//!   memory), `daemon` (`shmtrace daemon` on a free port, its metrics read over HTTP);
+//! - the floors: `floor` (empty programs on shmtrace's hooks, or one record per call),
+//!   `floor_ring` (the record floor's drained ring), `bpf_syscall` (the raw `bpf(2)` call they
+//!   make, sharing no code with shmtrace);
+//! - the measurements beyond the timed rounds: `pairs` (two workers taking turns, one traced,
+//!   that machine noise cannot swamp), `probes` (BPF run-time statistics per program),
+//!   `bystanders` (what host-wide tracing costs calls that do not concern /dev/shm),
+//!   `server` (a real server's throughput beside the daemon), `beside` (the tracers those
+//!   two run beside),
+//!   `beside_storms` (tracers beside fork storms), `startup` (start-up and teardown),
+//!   `replay` (replay throughput and `report`'s scaling), `daemon_idle` (an idle daemon's
+//!   CPU);
+//! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
+//!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
+//!   load), `neighbours` (other BPF users on the machine, which would skew the results),
+//!   `benchmarks_doc` (docs/BENCHMARKS.md's targets and latest full run, `--save`).
+mod benchmarks_doc;
 mod beside;
+mod beside_storms;
+mod bpf_syscall;
 mod bystanders;
 mod case;
 mod churn;
@@ -31,8 +45,10 @@ mod measure;
 mod neighbours;
 mod pairs;
 mod probes;
+mod replay;
 mod reported;
 mod server;
+mod startup;
 mod stats;
 mod storm;
 mod table;
@@ -43,7 +59,10 @@ use std::{
     collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Instant,
 };
 
@@ -96,7 +115,7 @@ pub struct BenchArgs {
     /// Skip the paired measurement (three extra runs per case, two with --quick).
     #[arg(long)]
     no_pairs: bool,
-    /// Skip the fork storm, start-up and replay measurements of issue 12's targets.
+    /// Skip the fork storm, start-up and replay measurements of the targets.
     #[arg(long)]
     no_targets: bool,
     /// Only the replay targets (record a 4 KiB churn, time `show --json` of it on one core,
@@ -130,7 +149,36 @@ pub struct BenchArgs {
     only_startup: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
-    save: Option<PathBuf>,
+    json: Option<PathBuf>,
+    /// Write this run into docs/BENCHMARKS.md as its latest full run, and the targets' table
+    /// with it (a full run only: no option that changes what is measured).
+    #[arg(long)]
+    save: bool,
+}
+
+impl BenchArgs {
+    /// Whether the run measures everything a full run does, the way it does.
+    fn is_full(&self) -> bool {
+        !self.quick
+            && self.sizes.is_empty()
+            && self.iterations.is_none()
+            && self.workers == 1
+            && self.rounds.is_none()
+            && self.variants.is_empty()
+            && !self.write_call
+            && !self.fill
+            && !self.no_probe_costs
+            && !self.no_pairs
+            && !self.no_targets
+            && !self.only_replay
+            && self.shmtrace.is_none()
+            && self.daemon_idle.is_none()
+            && !self.only_daemon_idle
+            && !self.only_fork_storm
+            && !self.only_bystanders
+            && !self.no_bystanders
+            && !self.only_startup
+    }
 }
 
 /// Options of the workload (`cargo xtask churn`), which `bench` runs under each tracer.
@@ -164,7 +212,12 @@ pub struct ChurnArgs {
 }
 
 pub fn churn(args: &ChurnArgs) -> Result<()> {
-    churn::run(args)
+    churn::check_args(args)?;
+    if args.pair_block > 0 {
+        pairs::workload(args)
+    } else {
+        churn::run(args)
+    }
 }
 
 pub use self::bystanders::BystanderArgs;
@@ -187,6 +240,27 @@ pub fn stamp() {
 
 /// The benchmark's scheduling priority, and so its children's.
 const NICE: libc::c_int = -10;
+
+/// The report as printed so far: what `--save` writes into docs/BENCHMARKS.md.
+static REPORT: Mutex<String> = Mutex::new(String::new());
+
+/// Prints a part of the report (Markdown, on stdout; progress goes to stderr) and keeps it.
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        let text = format!($($arg)*);
+        println!("{text}");
+        let mut kept = REPORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        kept.push_str(&text);
+        kept.push('\n');
+    }};
+}
+
+fn report_text() -> String {
+    REPORT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+}
 
 /// Set by SIGINT/SIGTERM; checked between runs.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -214,6 +288,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the benchmark needs root: shmtrace loads BPF programs, strace and perf trace trace");
     }
+    if args.save && !args.is_full() {
+        bail!(
+            "--save writes docs/BENCHMARKS.md's latest full run: run without options that change \
+             what is measured (--json FILE keeps any run's figures)"
+        );
+    }
     let started = Instant::now();
     // Ahead of unrelated work on the machine (builds, other tests), which would otherwise add
     // more noise than the differences measured. Children inherit it.
@@ -221,8 +301,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, NICE) };
     let selected = select_variants(&args.variants, args.quick)?;
     let sizes = if args.sizes.is_empty() {
-        // A small batch; the objects of issue 12's loop, against which its overhead targets
-        // were set; and the worst case, where the calls are nearly all the work.
+        // A small batch; the objects of a 256 KiB batch loop, against which the overhead
+        // targets were set; and the worst case, where the calls are nearly all the work.
         vec![1 << 20, 256 << 10, 4 << 10]
     } else {
         args.sizes.clone()
@@ -259,23 +339,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if args.only_startup {
         let runs = args.rounds.unwrap_or(if args.quick { 5 } else { 15 });
-        let rows = targets::startup(&setup, &exe, runs);
-        println!("## Start-up and teardown\n\n{}", targets::table(&rows));
+        let rows = measure_startup(&setup, &exe, runs);
+        report!("## Start-up and teardown\n\n{}", targets::table(&rows));
         return Ok(());
     }
     if args.only_bystanders {
-        println!("# shmtrace benchmark: bystanders\n");
-        println!("{}\n", machine_description(&setup));
-        let saved = bystanders_section(&setup, &exe, args.quick)?;
-        if let Some(path) = &args.save {
+        report!("# shmtrace benchmark: bystanders\n");
+        report!("{}\n", machine_description(&setup));
+        let (saved, rows) = bystanders_section(&setup, &exe, args.quick)?;
+        report!(
+            "## Targets, measured in this run\n\n{}",
+            targets::table(&rows)
+        );
+        if let Some(path) = &args.json {
             fs::write(path, serde_json::to_string_pretty(&saved)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         return Ok(());
     }
 
-    println!("# shmtrace benchmark\n");
-    println!("{}\n", machine_description(&setup));
+    report!("# shmtrace benchmark\n");
+    report!("{}\n", machine_description(&setup));
     let unavailable: Vec<Option<String>> = selected
         .iter()
         .map(|v| v.available(&setup).err().map(|e| format!("{e:#}")))
@@ -297,7 +381,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for size in sizes {
         let case = Case::new(args, size, &exe, &tag);
         check_room(size, args.workers)?;
-        println!("## {}\n", case.title);
+        report!("## {}\n", case.title);
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
         target_rows.extend(targets::from_case(
@@ -305,12 +389,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &results,
         ));
         let (text, notes) = table::variants(&results);
-        println!("{text}");
+        report!("{text}");
         for note in &notes {
-            println!("- {note}");
+            report!("- {note}");
         }
         if !notes.is_empty() {
-            println!();
+            report!("");
         }
         others.extend(neighbours::foreign_bpf_holders());
         let (pairs, reference) = match args.no_pairs {
@@ -328,7 +412,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         });
         others.extend(neighbours::foreign_bpf_holders());
         if !others.is_empty() {
-            println!(
+            report!(
                 "**Warning**: other processes held BPF programs during this case, and may have \
                  traced the workload too (skewing every ratio): {}.\n",
                 describe(&others)
@@ -352,7 +436,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let rounds = if args.quick { 1 } else { 3 };
         // A storm five times longer shows whether --all's memory grows with the run.
         let long_storm = !args.quick || args.only_fork_storm;
-        target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds, long_storm));
+        let storms = beside_storms::measure(&setup, &exe, &tag, rounds, long_storm);
+        target_rows.extend(targets::fork_storms(&storms));
         churn::remove_leftovers(&tag);
     }
     if !args.no_targets
@@ -360,26 +445,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         && !args.only_fork_storm
         && !INTERRUPTED.load(Ordering::SeqCst)
     {
-        target_rows.extend(targets::startup(
-            &setup,
-            &exe,
-            if args.quick { 5 } else { 15 },
-        ));
+        let runs = if args.quick { 5 } else { 15 };
+        target_rows.extend(measure_startup(&setup, &exe, runs));
         let replayed = if args.quick { 20_000 } else { 100_000 };
-        target_rows.extend(targets::replay(&setup, &exe, &tag, replayed));
+        target_rows.push(targets::replay(&replay::throughput(
+            &setup, &exe, &tag, replayed,
+        )));
+        churn::remove_leftovers(&tag);
+        let storm = if args.quick { 10_000 } else { 100_000 };
+        let seconds = replay::report_times(&setup, &exe, &tag, [storm, storm * 10]);
+        target_rows.push(targets::report_scaling(storm, &seconds));
         churn::remove_leftovers(&tag);
     }
-    let targets_text = targets::table(&target_rows);
-    println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
     if !args.no_bystanders
         && !args.only_daemon_idle
         && !args.only_fork_storm
         && !INTERRUPTED.load(Ordering::SeqCst)
     {
-        saved.push(json!({
-            "case": "bystanders",
-            "bystanders": bystanders_section(&setup, &exe, args.quick)?,
-        }));
+        let (bystanders, rows) = bystanders_section(&setup, &exe, args.quick)?;
+        target_rows.extend(rows);
+        saved.push(json!({ "case": "bystanders", "bystanders": bystanders }));
     }
     let idle_seconds = match args.only_fork_storm {
         true => 0,
@@ -388,15 +473,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if idle_seconds > 0 {
         let figures = daemon_idle::measure(&setup.shmtrace, &setup.scratch, idle_seconds)?;
         let (text, json) = daemon_idle::report(&figures);
-        println!("{text}");
+        report!("{text}");
         saved.push(json!({ "case": "daemon-idle", "daemon_idle": json }));
+        target_rows.push(targets::daemon_idle(figures.cpu_percent, figures.seconds));
     }
+    let targets_text = targets::table(&target_rows);
+    report!("## Targets, measured in this run\n\n{targets_text}");
     let elapsed = started.elapsed().as_secs_f64();
-    println!(
+    report!(
         "Benchmark took {elapsed:.0} s. Load average at the end: {}.",
         load_average()
     );
-    if let Some(path) = &args.save {
+    if args.save && !INTERRUPTED.load(Ordering::SeqCst) {
+        benchmarks_doc::save(&report_text())?;
+    }
+    if let Some(path) = &args.json {
         let all = json!({
             "machine": machine_description(&setup),
             "seconds": elapsed,
@@ -409,46 +500,59 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--only-replay`: the replay target alone, --rounds times, each a row of the table.
-/// Measures and prints the bystanders' section and its targets; returns what to save.
-fn bystanders_section(setup: &Setup, exe: &Path, quick: bool) -> Result<serde_json::Value> {
-    let (text, mut rows, saved) = bystanders::measure(setup, exe, quick)?;
-    let (server_text, server_rows, server_saved) = server::measure(setup, exe, quick)?;
-    rows.extend(server_rows);
-    println!(
-        "{text}\n{server_text}\n## Issue 35's targets, measured in this run\n\n{}",
-        targets::table(&rows)
-    );
-    Ok(serde_json::json!({ "loops": saved, "server": server_saved }))
+/// Start-up and teardown, `runs` times after a pause and `runs` times back to back, judged.
+fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<targets::Row> {
+    let paused = startup::measure(setup, exe, runs, false);
+    let back_to_back = startup::measure(setup, exe, runs, true);
+    targets::startup(&paused, &back_to_back)
 }
 
+/// Measures and prints the bystanders' section; returns what to save and its targets' rows.
+fn bystanders_section(
+    setup: &Setup,
+    exe: &Path,
+    quick: bool,
+) -> Result<(serde_json::Value, Vec<targets::Row>)> {
+    let (text, mut rows, saved) = bystanders::measure(setup, exe, quick)?;
+    report!("{text}");
+    let (server_text, server_rows, server_saved) = server::measure(setup, exe, quick)?;
+    report!("{server_text}");
+    rows.extend(server_rows);
+    Ok((json!({ "loops": saved, "server": server_saved }), rows))
+}
+
+/// `--only-replay`: the replay target alone, --rounds times, each a row of the table; then
+/// report's scaling.
 fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
-    println!("# shmtrace benchmark: replay only\n");
-    println!("{}\n", machine_description(setup));
+    report!("# shmtrace benchmark: replay only\n");
+    report!("{}\n", machine_description(setup));
     let replayed = if args.quick { 20_000 } else { 100_000 };
     let mut rows = Vec::new();
     for _ in 0..args.rounds.unwrap_or(1) {
         if INTERRUPTED.load(Ordering::SeqCst) {
             break;
         }
-        rows.extend(targets::replay(setup, exe, tag, replayed));
+        rows.push(targets::replay(&replay::throughput(
+            setup, exe, tag, replayed,
+        )));
         churn::remove_leftovers(tag);
     }
     if !INTERRUPTED.load(Ordering::SeqCst) {
         let storm = if args.quick { 10_000 } else { 100_000 };
-        rows.extend(targets::report_scale(setup, exe, tag, storm));
+        let seconds = replay::report_times(setup, exe, tag, [storm, storm * 10]);
+        rows.push(targets::report_scaling(storm, &seconds));
         churn::remove_leftovers(tag);
     }
-    println!("{}", targets::table(&rows));
-    println!("Load average at the end: {}.", load_average());
+    report!("{}", targets::table(&rows));
+    report!("Load average at the end: {}.", load_average());
     Ok(())
 }
 
-/// Runs and prints the paired measurement. Returns its table for `--save`, and the per-object
+/// Runs and prints the paired measurement. Returns its table for `--json`, and the per-object
 /// times of the run with shmtrace's defaults, the best reference for the probe costs.
 fn paired(setup: &Setup, case: &Case, quick: bool) -> (String, Option<table::Reference>) {
     let block = pairs::default_block(case.size);
-    println!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
+    report!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
     // --quick skips the --failed run; the control (nothing traced) costs no shmtrace start.
     let modes = if quick {
         &pairs::MODES[..2]
@@ -465,7 +569,7 @@ fn paired(setup: &Setup, case: &Case, quick: bool) -> (String, Option<table::Ref
         })
         .collect();
     let text = table::pairs(&outcomes);
-    println!("{text}");
+    report!("{text}");
     let reference = outcomes.iter().find_map(|(mode, outcome)| {
         let o = outcome
             .as_ref()
@@ -480,7 +584,7 @@ fn paired(setup: &Setup, case: &Case, quick: bool) -> (String, Option<table::Ref
     (text, reference)
 }
 
-/// Runs and prints the per-probe analysis; returns its text for `--save`. Its figures are set
+/// Runs and prints the per-probe analysis; returns its text for `--json`. Its figures are set
 /// against `reference`, or else against the medians of the timed rounds.
 fn probe_costs(
     setup: &Setup,
@@ -490,7 +594,7 @@ fn probe_costs(
     with_failed: bool,
 ) -> (String, Vec<targets::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
-    println!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
+    report!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
         results
             .iter()
@@ -542,9 +646,9 @@ fn probe_costs(
         }
         (Err(error), _) => format!("Not measured: {error:#}\n"),
     };
-    println!("{text}");
+    report!("{text}");
     let (others, row) = cost_to_others(setup, case, median_loop("untraced"));
-    println!("{others}");
+    report!("{others}");
     rows.extend(row);
     text += "\n";
     text += &others;
@@ -558,7 +662,7 @@ fn cost_to_others(
     untraced_us: Option<f64>,
 ) -> (String, Option<targets::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
-    println!("### What shmtrace's programs cost a process they do not trace\n");
+    report!("### What shmtrace's programs cost a process they do not trace\n");
     let idle = probes::measure(setup, Subject::BesideIdle, workload, objects);
     churn::remove_leftovers(&case.tag);
     let floor = probes::measure(setup, Subject::Floor { records: false }, workload, objects);
@@ -583,7 +687,7 @@ fn cost_to_others(
     }
 }
 
-/// --quick keeps what issue 12's targets need: the floors, shmtrace, and its cost to others.
+/// --quick keeps what the overhead targets need: the floors, shmtrace, and its cost to others.
 const QUICK_VARIANTS: [&str; 5] = [
     "floor",
     "floor-records",
@@ -611,4 +715,28 @@ fn select_variants(names: &[String], quick: bool) -> Result<Vec<&'static Variant
         }
     }
     Ok(selected)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The module index at the top of this file names every module it declares.
+    #[test]
+    fn the_module_index_names_every_module() {
+        let text = include_str!("bench.rs");
+        let index: String = text
+            .lines()
+            .take_while(|line| line.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let declared: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';'))
+            .collect();
+        assert!(declared.len() >= 20, "{declared:?}");
+        let missing: Vec<&&str> = declared
+            .iter()
+            .filter(|module| !index.contains(&format!("`{module}`")))
+            .collect();
+        assert!(missing.is_empty(), "not in bench.rs's index: {missing:?}");
+    }
 }

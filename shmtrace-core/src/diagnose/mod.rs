@@ -14,7 +14,10 @@
 mod capacity;
 mod evidence;
 mod failure;
+mod fallback;
+pub mod file_count;
 mod forget;
+mod growth;
 pub mod known;
 mod leftovers;
 mod others;
@@ -38,16 +41,18 @@ mod verdict;
 use std::{borrow::Cow, collections::HashMap};
 
 use evidence::LoaderStats;
-pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
+pub use failure::{Cause, Failure, FailureKind, FailureRun, Leftover, classify, runs};
+pub use file_count::FileCountAdvice;
 pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
 pub use others::{OtherFile, OtherHolder, Others, Sharer};
 pub use recommend::{
-    DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
+    Burst, DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
 };
 pub use role::{Role, RoleKind, Roles};
 pub use table::RoleStats;
+
 use verdict::Diagnosed;
 
 use crate::{
@@ -88,7 +93,14 @@ pub struct Diagnosis {
     pub capacity: Option<Capacity>,
     pub usage: Option<ShmUsage>,
     pub workers_allocating: u32,
+    /// The requests refused on that /dev/shm within a second of the decisive failure, this
+    /// one's included: what the processes asked at once.
+    pub burst: recommend::Burst,
     pub recommendation: Option<Recommendation>,
+    /// When /dev/shm ran out of files rather than bytes: the file count to give it.
+    pub files: Option<FileCountAdvice>,
+    /// When a name it opened had been removed by another process: who, when, who held it.
+    pub removed: Option<RemovedName>,
     /// Why /dev/shm size is not the answer, and what is.
     pub explanation: Option<String>,
     /// Files of dead processes on the /dev/shm that failed, and what they mean for the size.
@@ -100,6 +112,29 @@ pub struct Diagnosis {
     pub program_alternatives: Vec<String>,
     /// Events the kernel could not deliver before this diagnosis: its counts may be short.
     pub lost_events: u64,
+}
+
+/// A /dev/shm name removed under a program that still used it, as its diagnosis tells it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RemovedName {
+    pub path: String,
+    pub by_pid: u32,
+    pub by_comm: String,
+    /// Where the remover ran: `host`, a container's name.
+    pub by_place: String,
+    pub by_argv: Vec<String>,
+    /// Who still had it open or mapped when it was removed.
+    pub holders: Vec<NamedPid>,
+    /// Its maker, when the trace saw it made.
+    pub made_by: Option<u32>,
+    /// How long before the failed open it was removed.
+    pub ns_before: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NamedPid {
+    pub pid: u32,
+    pub comm: String,
 }
 
 #[derive(Default)]
@@ -119,7 +154,9 @@ pub struct Diagnoser {
     /// once), and the most bytes the group held at once.
     held: FastMap<u32, (FastSet<InodeId>, (String, RoleKind))>,
     group_now: FastMap<(String, RoleKind), FastMap<InodeId, u32>>,
-    group_peak: FastMap<(String, RoleKind), u64>,
+    group_peak: FastMap<(String, RoleKind), (u64, u64)>,
+    /// The /dev/shm file systems each group's objects were on.
+    group_devs: FastMap<(String, RoleKind), FastSet<u32>>,
     /// Processes the model forgot, counted per group for the closing table.
     forgotten: HashMap<(String, RoleKind), table::RoleStats>,
     /// Failures and deaths per process.
@@ -147,7 +184,29 @@ pub struct Diagnoser {
     /// Reused to gather what a process holds after each call, which is most often what it
     /// held before ([`Diagnoser::update_held`]).
     held_scratch: FastSet<InodeId>,
+    /// Per mount namespace, the file system (`dev_t`) of its /dev/shm, as its calls on
+    /// /dev/shm objects showed it: a failed create names no file, only a path.
+    shm_devs: FastMap<u32, u32>,
+    /// Per /dev/shm, creates refused for want of inodes so far.
+    inode_refusals: FastMap<u32, u64>,
+    /// Per thread, its latest call if it failed, and its huge-page requests refused that no
+    /// ordinary request followed yet ([`fallback`]).
+    last_failed: FastMap<u32, fallback::LastFailed>,
+    huge_refused: FastMap<u32, Vec<fallback::LastFailed>>,
+    /// Processes that a termination request (SIGINT, SIGTERM, SIGHUP) from another reached:
+    /// what they saw of /dev/shm's free space did not end them.
+    interrupted: FastSet<u32>,
+    /// Processes that made or sized a /dev/shm file after looking at its free space: their
+    /// looks decided nothing (UCX looks again after making its segment).
+    went_ahead: FastSet<u32>,
+    /// Files grown by write ([`growth`]), and the processes that ended successfully among
+    /// their writers.
+    grown: growth::GrownFiles,
+    ended_well: FastSet<u32>,
 }
+
+/// `si_code` of a signal the kernel sent (a terminal's Ctrl-C).
+const SI_KERNEL: i32 = 0x80;
 
 impl Diagnoser {
     /// `host_mntns`: shmtrace's own mount namespace, called `host`.
@@ -160,6 +219,9 @@ impl Diagnoser {
 
     /// Tells which container a mount namespace is.
     pub fn set_container(&mut self, info: ContainerInfo) {
+        if let (Some(mntns), Some(dev)) = (info.mntns, info.shm_dev) {
+            self.shm_devs.entry(mntns).or_insert(dev);
+        }
         if let Some(mntns) = info.mntns {
             self.containers.insert(mntns, info);
         }
@@ -168,6 +230,7 @@ impl Diagnoser {
     pub fn forget_container(&mut self, mntns: u32) {
         self.containers.remove(&mntns);
         self.looks_by_place.remove(&mntns);
+        self.shm_devs.remove(&mntns);
     }
 
     pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
@@ -225,9 +288,36 @@ impl Diagnoser {
     pub fn observe(&mut self, event: &Event, note: &Annotation, world: &World) -> Vec<Diagnosis> {
         self.roles(world);
         if let Body::Call(call) = &event.body {
+            if let (Some(file), Some(path)) = (call.file, note.object_path.as_deref())
+                && path.starts_with("/dev/shm/")
+                && self.shm_devs.get(&event.mntns) != Some(&file.inode.dev)
+            {
+                self.shm_devs.insert(event.mntns, file.inode.dev);
+            }
             self.learn_loader(event.pid, call, note, world);
             self.learn_space(event, call, note.object_path.as_deref());
+            // It went on to make or size a file there: what it saw did not stop it (Open MPI
+            // looks before every segment it makes).
+            if !call.failed()
+                && call.file.is_some()
+                && matches!(
+                    call.syscall,
+                    Syscall::Openat
+                        | Syscall::Openat2
+                        | Syscall::Open
+                        | Syscall::Ftruncate
+                        | Syscall::Fallocate
+                )
+                && note
+                    .object_path
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("/dev/shm/"))
+                && self.looks.remove(&event.pid).is_some()
+            {
+                self.went_ahead.insert(event.pid);
+            }
             self.learn_requests(call);
+            self.learn_growth(event, call, world);
             if call.syscall.opens_a_path()
                 || matches!(
                     call.syscall,
@@ -245,8 +335,30 @@ impl Diagnoser {
                 self.nccl_seen = true;
             }
         }
-        if let Some((pid, cause, kind, dev)) = failure::classify(event, note) {
-            let failure = self.failure_now(event, pid, cause, kind, dev, world);
+        let classified = failure::classify(event, note);
+        if let Body::Call(call) = &event.body {
+            self.learn_fallback(event, call, classified.is_some());
+        }
+        if let Body::Signal(signal) = &event.body
+            && matches!(signal.signo, libc::SIGINT | libc::SIGTERM | libc::SIGHUP)
+            // Sent by another (a user's kill, a runtime's stop) or by the terminal (Ctrl-C).
+            && (signal.target_pid != event.pid || signal.code == SI_KERNEL)
+        {
+            self.interrupted.insert(signal.target_pid);
+        }
+        if let Some((pid, cause, kind, dev)) = classified {
+            // A path-only failure (a refused create) is on its namespace's /dev/shm.
+            let dev = dev.or_else(|| match &kind {
+                FailureKind::Call { path: Some(p), .. } if p.starts_with("/dev/shm/") => {
+                    self.shm_devs.get(&event.mntns).copied()
+                }
+                _ => None,
+            });
+            if cause == Cause::InodesFull {
+                *self.inode_refusals.entry(dev.unwrap_or(0)).or_default() += 1;
+            }
+            let mut failure = self.failure_now(event, pid, cause, kind, dev, world);
+            failure.removal = note.name_removed.clone();
             if let (Some(dev), FailureKind::Call { request, .. }) = (dev, &failure.kind) {
                 self.pressure
                     .refused(dev, event.ts_ns, pid, *request, failure.unmet);
@@ -268,14 +380,25 @@ impl Diagnoser {
             }
             let group = self.group(event.pid, event.mntns);
             self.held_to(event.pid, FastSet::default(), group, world);
-            if !status.success() {
+            // A death the table counts: not the status of a process that never touched
+            // shared memory (a compiler probing for a library), nor an end another asked for.
+            if note.is_failure(event) {
                 self.outcomes.entry(event.pid).or_default().1 = true;
+            } else if self
+                .grown
+                .values()
+                .any(|g| g.values().any(|g| g.pid == event.pid))
+            {
+                self.ended_well.insert(event.pid);
             }
             if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
                 out.push(diagnosis);
             }
             // Its look counted at its death only; the place keeps the latest for a raylet.
             self.looks.remove(&event.pid);
+            self.interrupted.remove(&event.pid);
+            self.went_ahead.remove(&event.pid);
+            self.forget_fallbacks(event.pid, event.tid);
         }
         out
     }

@@ -60,6 +60,11 @@ impl Event {
     /// Not failures: an error the program asked for (see [`Call::expected_error`]), and a
     /// signal one process sends another (a parent ending its children); the receiver's death
     /// is judged on its own.
+    ///
+    /// Judged from the event alone. The model has the last word on a call: an existence check
+    /// that finds a name someone else removed is a failure (`World::is_failure` before the
+    /// event is applied, `Annotation::is_failure` after). Without the model, ask
+    /// [`Call::may_be_failure`].
     pub fn is_failure(&self) -> bool {
         match &self.body {
             Body::Call(call) => call.failed() && call.expected_error().is_none(),
@@ -113,6 +118,11 @@ impl Call {
         let flags = self.args[2];
         let creates = flags & libc::O_CREAT as u64 != 0;
         match (self.syscall, errno) {
+            // Libraries ask for huge pages first and take ordinary ones when refused; one
+            // that does not fall back is diagnosed for it (the pool, vm.nr_hugepages).
+            _ if self.asks_for_huge_pages() => {
+                Some("a huge-page request (programs fall back to ordinary pages)")
+            }
             // Chromium calls memfd_create("", invalid flags) to learn what the kernel
             // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
             (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),
@@ -127,6 +137,29 @@ impl Call {
             (Syscall::Shmget, libc::ENOENT) => Some("an existence check"),
             (Syscall::Shmget, libc::EEXIST) => Some("a key already taken"),
             _ => None,
+        }
+    }
+
+    /// Whether the model may judge this call a failure: every error but those it never does.
+    /// The errors [`Call::expected_error`] sets aside are the model's to take back only when
+    /// they meet a name someone else removed: an ENOENT opening or unlinking a name. For what
+    /// must act before the model has seen the call (reading a failing process's /proc at
+    /// once), so that it misses none of the model's failures.
+    pub fn may_be_failure(&self) -> bool {
+        self.failed()
+            && (self.expected_error().is_none()
+                || (self.errno() == Some(libc::ENOENT)
+                    && (self.syscall.opens_a_path()
+                        || matches!(self.syscall, Syscall::Unlink | Syscall::Unlinkat))))
+    }
+
+    /// A `shmget` with `SHM_HUGETLB` or an `mmap` with `MAP_HUGETLB`: refused, it says
+    /// nothing of /dev/shm or of System V limits, only of the huge page pool.
+    pub fn asks_for_huge_pages(&self) -> bool {
+        match self.syscall {
+            Syscall::Shmget => self.args[2] & libc::SHM_HUGETLB as u64 != 0,
+            Syscall::Mmap => self.args[3] & libc::MAP_HUGETLB as u64 != 0,
+            _ => false,
         }
     }
 

@@ -21,9 +21,6 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
         let out = args.output.as_deref().context("--redact needs -o FILE")?;
         return redact(&args.file, out);
     }
-    if args.size {
-        return super::size::from_trace(args);
-    }
     let set = open(&args.file)?;
     let header = set.header().clone();
     let inputs = set.file_ids().to_vec();
@@ -43,12 +40,15 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
             clock: header.clock(),
             tool_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
-        let pictures = Pictures::new(
+        let mut pictures = Pictures::new(
             about,
             args.html.as_deref(),
             args.perfetto.as_deref(),
             &inputs,
         )?;
+        if args.show_all {
+            pictures = pictures.show_all();
+        }
         pipeline = pipeline.with_observer(Box::new(pictures));
     }
     pipeline.notice(&describe(&header))?;
@@ -76,7 +76,7 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
             .map(|t| boot_time(&header, t))
             .transpose()?,
     };
-    let output = open_output_not_over(
+    let mut output = open_output_not_over(
         args.output.output.as_deref(),
         args.output.json,
         args.output.color,
@@ -84,6 +84,9 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
         header.clock(),
         set.file_ids(),
     )?;
+    if args.output.show_all {
+        output.show_all();
+    }
     let mut pipeline = Pipeline::new(World::new(), diagnoser(&header), output, filter);
     pipeline.notice(&describe(&header))?;
     replay(set, &mut pipeline)

@@ -40,6 +40,7 @@ fn container(name: &str, mntns: u32, pid: u32) -> Container {
                 size: 0,
                 used: 0,
                 ts_ns: 0,
+                files: None,
             }),
             ..ShmInfo::default()
         },
@@ -130,6 +131,7 @@ fn a_gone_container_keeps_its_series_for_retain_then_loses_all_of_them() {
         size: 1 << 20,
         used: 1 << 20,
         ts_ns: 0,
+        files: None,
     });
     assert!(text(&registry).contains(r#"shmtrace_shm_size_bytes{container="trainer""#));
 
@@ -431,6 +433,7 @@ fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
             size: 64 << 20,
             used,
             ts_ns: 0,
+            files: None,
         });
     }
     let text = text(&registry);
@@ -546,4 +549,21 @@ fn a_gone_containers_namespace_number_someone_else_is_in_is_not_credited_to_it()
     let text = text(&registry);
     assert!(!text.contains(r#"container="ended""#), "{text}");
     assert!(text.contains(r#"runtime="unknown""#), "{text}");
+}
+
+#[test]
+fn a_name_removed_under_its_holders_counts_for_the_removers_container() {
+    let (mut fleet, registry) = fleet(Duration::from_secs(60));
+    let me = std::process::id();
+    fleet.survey(&[container("cleaner", NS, me)], Instant::now());
+    fleet.tally_in(NS, Tally::NameRemoved, boot_ns().unwrap(), Instant::now());
+    fleet.tally_in(NS, Tally::NameRemoved, boot_ns().unwrap(), Instant::now());
+    let text = text(&registry);
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("shmtrace_names_removed_total{") && l.contains(r#"container="cleaner""#)
+        })
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.ends_with(" 2"), "{line}");
 }

@@ -35,7 +35,7 @@ use super::{
     probes,
     stats::Spread,
     table::markdown,
-    targets::Row,
+    targets::{self, Row, Target},
     variants::Setup,
 };
 
@@ -76,11 +76,11 @@ struct Workload {
     hold_shm: bool,
     grown_table: bool,
     /// The programs whose runs its calls are (as bpftool names them), with the call each
-    /// stands for and the ratio to the floor's run that shmtrace's program may cost it
-    /// (`None`: shown, not a target).
-    programs: &'static [(&'static str, &'static str, Option<f64>)],
-    /// Whether its wall time is compared too, and against what bound (`None`: shown only).
-    timed: Option<Option<f64>>,
+    /// stands for and the target its run is judged against (`None`: shown, not a target).
+    programs: &'static [(&'static str, &'static str, Option<&'static Target>)],
+    /// Whether its wall time is compared too, and judged against [`targets::BYSTANDER_TIMED`]
+    /// (`Some(false)`: shown only).
+    timed: Option<bool>,
 }
 
 const WORKLOADS: [Workload; 10] = [
@@ -89,8 +89,8 @@ const WORKLOADS: [Workload; 10] = [
         load: Load::Write,
         hold_shm: false,
         grown_table: false,
-        programs: &[("sys_exit_write", "write", Some(1.5))],
-        timed: Some(Some(1.03)),
+        programs: &[("sys_exit_write", "write", Some(&targets::BYSTANDER_CALL))],
+        timed: Some(true),
     },
     Workload {
         name: "open and close /etc/hostname",
@@ -98,10 +98,10 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: false,
         grown_table: false,
         programs: &[
-            ("sys_exit_openat", "openat", Some(2.0)),
-            ("sys_enter_close", "close", Some(1.5)),
+            ("sys_exit_openat", "openat", Some(&targets::OPEN_CALL)),
+            ("sys_enter_close", "close", Some(&targets::BYSTANDER_CALL)),
         ],
-        timed: Some(Some(1.03)),
+        timed: Some(true),
     },
     Workload {
         name: "mmap and munmap 64 KiB anonymous",
@@ -109,10 +109,10 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: false,
         grown_table: false,
         programs: &[
-            ("sys_exit_mmap", "mmap", Some(1.5)),
-            ("sys_exit_munmap", "munmap", Some(1.5)),
+            ("sys_exit_mmap", "mmap", Some(&targets::BYSTANDER_CALL)),
+            ("sys_exit_munmap", "munmap", Some(&targets::BYSTANDER_CALL)),
         ],
-        timed: Some(None),
+        timed: Some(false),
     },
     Workload {
         name: "open and close /etc/hostname, 100 descriptors open",
@@ -120,8 +120,12 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: false,
         grown_table: true,
         programs: &[
-            ("sys_exit_openat", "openat", Some(4.0)),
-            ("sys_enter_close", "close", Some(1.5)),
+            (
+                "sys_exit_openat",
+                "openat",
+                Some(&targets::GROWN_TABLE_CALL),
+            ),
+            ("sys_enter_close", "close", Some(&targets::BYSTANDER_CALL)),
         ],
         timed: None,
     },
@@ -130,7 +134,7 @@ const WORKLOADS: [Workload; 10] = [
         load: Load::Write,
         hold_shm: true,
         grown_table: false,
-        programs: &[("sys_exit_write", "write", Some(2.0))],
+        programs: &[("sys_exit_write", "write", Some(&targets::HOLDER_CALL))],
         timed: None,
     },
     Workload {
@@ -139,8 +143,8 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: true,
         grown_table: false,
         programs: &[
-            ("sys_exit_openat", "openat", Some(2.0)),
-            ("sys_enter_close", "close", Some(2.0)),
+            ("sys_exit_openat", "openat", Some(&targets::OPEN_CALL)),
+            ("sys_enter_close", "close", Some(&targets::HOLDER_CALL)),
         ],
         timed: None,
     },
@@ -152,7 +156,7 @@ const WORKLOADS: [Workload; 10] = [
         // The munmap of a process that mapped /dev/shm is reported, whatever it unmaps: its
         // mappings are kept current, to trace a SIGBUS back to its file.
         programs: &[
-            ("sys_exit_mmap", "mmap", Some(2.0)),
+            ("sys_exit_mmap", "mmap", Some(&targets::HOLDER_CALL)),
             ("sys_exit_munmap", "munmap", None),
         ],
         timed: None,
@@ -162,7 +166,7 @@ const WORKLOADS: [Workload; 10] = [
         load: Load::Write,
         hold_shm: true,
         grown_table: true,
-        programs: &[("sys_exit_write", "write", Some(4.0))],
+        programs: &[("sys_exit_write", "write", Some(&targets::GROWN_TABLE_CALL))],
         timed: None,
     },
     Workload {
@@ -171,8 +175,12 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: true,
         grown_table: true,
         programs: &[
-            ("sys_exit_openat", "openat", Some(4.0)),
-            ("sys_enter_close", "close", Some(4.0)),
+            (
+                "sys_exit_openat",
+                "openat",
+                Some(&targets::GROWN_TABLE_CALL),
+            ),
+            ("sys_enter_close", "close", Some(&targets::GROWN_TABLE_CALL)),
         ],
         timed: None,
     },
@@ -182,24 +190,12 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: true,
         grown_table: true,
         programs: &[
-            ("sys_exit_mmap", "mmap", Some(4.0)),
+            ("sys_exit_mmap", "mmap", Some(&targets::GROWN_TABLE_CALL)),
             ("sys_exit_munmap", "munmap", None),
         ],
         timed: None,
     },
 ];
-
-impl Workload {
-    /// Whose calls these are, for the targets' table.
-    fn whose(&self) -> &'static str {
-        match (self.hold_shm, self.grown_table) {
-            (false, false) => "of a process holding no /dev/shm",
-            (false, true) => "of a process holding no /dev/shm, its descriptor table grown",
-            (true, false) => "of a /dev/shm holder, on another descriptor",
-            (true, true) => "of a /dev/shm holder, on another descriptor, its table grown",
-        }
-    }
-}
 
 /// `cargo xtask bystander`: prints `{"ready":true}`, waits for a line on stdin, runs the
 /// loop, prints `{"seconds":S}`, and waits for stdin to close.
@@ -514,7 +510,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
     ]];
     let mut saved_costs = Vec::new();
     for workload in &WORKLOADS {
-        for (_, call, bound) in workload.programs {
+        for (_, call, program_target) in workload.programs {
             let Some(figures) = costs.get(&(workload.name, *call)) else {
                 continue;
             };
@@ -530,20 +526,18 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
                 floor.map_or("-".to_owned(), |f| format!("{f:.0}")),
                 cell(Beside::All),
                 cell(Beside::Daemon),
-                bound.map_or("-".to_owned(), |bound| format!("{bound:.1}×")),
+                program_target.map_or("-".to_owned(), |t| t.bound.to_owned()),
             ]);
             let worst = [Beside::All, Beside::Daemon]
                 .iter()
                 .filter_map(|b| figures.get(b.name()))
                 .fold(f64::NAN, |a, b| a.max(*b));
-            if let (Some(floor), Some(bound)) = (floor, bound) {
-                rows.push(Row::new(
-                    &format!(
-                        "{call} {} ≤ {bound:.1}× an empty program, under --all and the daemon",
-                        workload.whose()
-                    ),
-                    format!("{worst:.0} ns against {floor:.0} ({:.2}×)", worst / floor),
-                    Some(worst / floor <= *bound),
+            if let (Some(floor), Some(target)) = (floor, program_target) {
+                rows.push(targets::bystander_call(
+                    target,
+                    &format!("{call}, {}", workload.name),
+                    worst,
+                    floor,
                 ));
             }
             saved_costs.push(json!({
@@ -616,16 +610,8 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
             ms(&daemon),
             format!("{ratio:.3}"),
         ]);
-        if let Some(Some(bound)) = workload.timed {
-            rows.push(Row::new(
-                &format!(
-                    "{}: beside the daemon within {:.0}% of beside empty programs",
-                    workload.name,
-                    (bound - 1.0) * 100.0
-                ),
-                format!("{ratio:.3}× (medians of {rounds} rounds)"),
-                Some(ratio <= bound),
-            ));
+        if workload.timed == Some(true) {
+            rows.push(targets::bystander_timed(workload.name, ratio, rounds));
         }
         saved_times.push(json!({
             "loop": workload.name,

@@ -18,12 +18,9 @@ use super::{
     beside::{Beside, Tracer},
     stats::Spread,
     table::markdown,
-    targets::Row,
+    targets::{self, Row},
     variants::Setup,
 };
-
-/// The share of its throughput the server may lose beside the daemon.
-const BOUND: f64 = 0.01;
 
 /// A `redis-server` on a free loopback port, saving nothing, stopped when dropped.
 struct Redis {
@@ -143,14 +140,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
          {rounds} rounds interleaved, {requests} SETs and as many GETs a run (median, range):\n\n{}\n",
         markdown(&cells)
     );
-    let rows = vec![Row::new(
-        &format!(
-            "Redis on loopback loses at most {:.0}% of its throughput beside the daemon",
-            BOUND * 100.0
-        ),
-        format!("{:.2}% (medians of {rounds} rounds)", loss * 100.0),
-        Some(loss <= BOUND),
-    )];
+    let rows = vec![targets::server_loss(loss * 100.0, rounds)];
     Ok((
         text,
         rows,

@@ -24,6 +24,25 @@ impl World {
                 let path = call.display_path();
                 let shared: Option<Arc<str>> = path.as_deref().map(Arc::from);
                 note.object_path = shared.clone();
+                if let Some(path) = path.as_deref() {
+                    if ok {
+                        // The name is back (made again): a removal of it is over, in this
+                        // namespace and in those sharing its /dev/shm.
+                        let dev = call.file.map(|f| f.inode.dev);
+                        self.removals.retain(|(on, r)| {
+                            !(&*r.path == path
+                                && (r.remover_mntns == event.mntns || Some(*on) == dev))
+                        });
+                        if let Some(dev) = dev
+                            && path.starts_with("/dev/shm/")
+                        {
+                            self.learn_shm_dev(event.mntns, dev);
+                        }
+                    } else if let Some(removal) = self.removal_met(event, call) {
+                        self.confirm_removal(event.mntns, &removal, note);
+                        note.name_removed = Some(removal.1);
+                    }
+                }
                 if let (true, Some(file), Some(fd), Some(path), Some(shared)) =
                     (ok, call.file, call.fd, path, shared)
                 {
@@ -161,11 +180,17 @@ impl World {
                     return;
                 };
                 note.object_path = Some(path.as_str().into());
-                if ok && let Some(inode) = self.names.remove(&(event.mntns, path)) {
-                    if let Some(object) = self.objects.get_mut(&inode) {
-                        object.linked = false;
+                // Its own name, removed under it by another: its clean-up fails for that.
+                note.name_removed = self.removal_met(event, call).map(|(_, r)| r);
+                if ok {
+                    match self.names.remove(&(event.mntns, path.clone())) {
+                        Some(inode) => {
+                            self.note_removal(event, inode);
+                            self.unlink_shared_name(event.mntns, &path, inode);
+                            self.unlink_object(inode, note);
+                        }
+                        None => self.unlink_elsewhere(event, &path, note),
                     }
-                    self.free_if_released(inode, note);
                 }
             }
             Syscall::MemfdCreate

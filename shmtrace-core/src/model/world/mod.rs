@@ -4,6 +4,7 @@ use std::{collections::VecDeque, sync::Arc};
 
 mod calls;
 mod objects;
+mod removals;
 mod retention;
 #[cfg(test)]
 mod test_events;
@@ -11,8 +12,8 @@ mod test_events;
 pub use retention::{Evictions, QUIET_LINGER_NS, Retention};
 
 use super::{
-    Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject,
-    ShmUsage, Totals, process::MAX_NAMES,
+    Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, Removal,
+    ShmObject, ShmUsage, Totals, process::MAX_NAMES,
 };
 use crate::event::{Body, Event, Exit, ExitStatus, InodeId};
 
@@ -35,6 +36,14 @@ pub struct World {
     /// Names of objects recently freed, by inode: a descriptor passed to another process
     /// (SCM_RIGHTS, which is not traced) brings one back.
     recently_freed: FastMap<InodeId, Arc<str>>,
+    /// Names removed by someone other than their maker while others held them, with the
+    /// file system they were on, newest last ([`REMOVALS`] at most): an open of one that
+    /// fails is told.
+    removals: VecDeque<(u32, Removal)>,
+    /// The /dev/shm file system (`dev_t`) of each mount namespace, and the namespaces on each
+    /// ([`removals`]).
+    shm_dev_of: FastMap<u32, u32>,
+    namespaces_on: FastMap<u32, Vec<u32>>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
     forgetting: Option<retention::Forgetting>,
     /// The live processes of each mount namespace: whether a container's last process has
@@ -53,6 +62,9 @@ const CHANGE_LOG: usize = 1 << 16;
 
 /// Bound on `recently_freed`.
 const RECENTLY_FREED: usize = 4096;
+
+/// Bound on `removals`.
+const REMOVALS: usize = 256;
 
 impl World {
     pub fn new() -> World {
@@ -275,13 +287,14 @@ impl World {
         let mut note = Annotation::default();
         match &event.body {
             Body::Call(call) => {
-                if call.failed() && call.expected_error().is_none() {
-                    self.totals.failed_calls += 1;
-                }
                 if let Some(process) = self.processes.get_mut(&event.pid) {
                     process.involved = true;
                 }
                 self.apply_call(event, call, &mut note);
+                // Counted as its line shows it: an open of a name someone removed is one.
+                if call.failed() && note.expected_error(call).is_none() {
+                    self.totals.failed_calls += 1;
+                }
             }
             Body::Fork { child_pid } => self.fork(event.pid, *child_pid, event.ts_ns),
             Body::Exec(exec) => {
