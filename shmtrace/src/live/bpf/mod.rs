@@ -112,3 +112,11 @@ pub enum BpfError {
         source: Box<aya::maps::MapError>,
     },
 }
+
+/// A map's error, named.
+fn map_error(name: &'static str, source: aya::maps::MapError) -> BpfError {
+    BpfError::Map {
+        name,
+        source: Box::new(source),
+    }
+}

@@ -13,7 +13,7 @@ use shmtrace_common::{
     supers::{self, ELSEWHERE, ENTRIES, FLAGS, GENERATION, KNOWN, SHM},
 };
 
-use super::{BpfError, mapped::MappedWords, tracer::map_error};
+use super::{BpfError, map_error, mapped::MappedWords};
 
 /// The probes' verdicts on file systems, and the /dev/shm that are not a tmpfs.
 pub struct ShmSupers {

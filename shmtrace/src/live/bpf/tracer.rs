@@ -20,7 +20,7 @@ use super::{
     BpfError, EBPF_OBJECT, KERNEL_BTF, attaching, detach,
     followed::FollowedBitmap,
     hooks::{self, Hook},
-    offsets, preflight,
+    map_error, offsets, preflight,
     supers::ShmSupers,
 };
 
@@ -285,13 +285,6 @@ fn mmap_error(name: &'static str, io_error: std::io::Error) -> BpfError {
         }
         .into(),
     )
-}
-
-pub(super) fn map_error(name: &'static str, source: aya::maps::MapError) -> BpfError {
-    BpfError::Map {
-        name,
-        source: Box::new(source),
-    }
 }
 
 fn take_map<T>(
