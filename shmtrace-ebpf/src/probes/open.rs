@@ -68,7 +68,12 @@ pub fn sys_exit_open(ctx: TracePointContext) -> u32 {
 fn exit(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let ret = exit_ret(ctx);
     if ret < 0 {
-        failed(call, ret);
+        // Judged and reported in two frames, each called from here: one frame holding the
+        // path's judgement (and the mount walk it may call) and the record would take the
+        // three past the verifier's 512 bytes of stack.
+        if let Some(path_flags) = failed(call, ret) {
+            report_failed(call, ret, path_flags);
+        }
         return None;
     }
     // One helper call for the task, whose id and descriptor table are then plain loads.
@@ -121,10 +126,11 @@ const EROFS: i64 = 30;
 /// `O_CREAT`, the same on x86-64 and arm64.
 const O_CREAT: u64 = 0o100;
 
-/// A failed open: reported if its error matters here and its path names something in
-/// /dev/shm; or, for a followed process out of descriptors, wherever it was.
+/// A failed open: whether it is reported (the path's flags), if its error matters here and its
+/// path names something in /dev/shm; or, for a followed process out of descriptors, wherever
+/// it was.
 #[inline(never)]
-fn failed(call: Syscall, ret: i64) -> Option<()> {
+fn failed(call: Syscall, ret: i64) -> Option<u16> {
     let errno = -ret;
     let out_of_fds = errno == EMFILE || errno == ENFILE;
     if !(out_of_fds || errno == ENOSPC || errno == EROFS || errno == EACCES || errno == ENOENT) {
@@ -133,27 +139,36 @@ fn failed(call: Syscall, ret: i64) -> Option<()> {
     let task = Current::get();
     let off = kernel::offsets();
     let tgid = task.tgid(off);
-    let (scope_flags, followed) = scope::scope_of(tgid)?;
+    let (_, followed) = scope::scope_of(tgid)?;
     let args = open_args(task, call, off)?;
     if errno == ENOENT && args[2] & O_CREAT == 0 && !followed {
         return None;
     }
-    let path_flags = match shm_check::shm_path(args[0] as i32, args[1]) {
-        PathIs::Shm(path_flags) if path_flags & flags::SHM_DIRECTORY == 0 => path_flags,
+    match shm_check::shm_path(args[0] as i32, args[1]) {
+        PathIs::Shm(path_flags) if path_flags & flags::SHM_DIRECTORY == 0 => Some(path_flags),
         // Elsewhere, or /dev/shm itself: it matters only to a followed process out of
         // descriptors.
-        PathIs::Shm(_) | PathIs::Elsewhere if out_of_fds && followed => flags::FD_LIMIT_ONLY,
-        PathIs::Shm(_) | PathIs::Elsewhere => return None,
+        PathIs::Shm(_) | PathIs::Elsewhere if out_of_fds && followed => Some(flags::FD_LIMIT_ONLY),
+        PathIs::Shm(_) | PathIs::Elsewhere => None,
         PathIs::Unread => {
             emit::count(Loss::PathRead);
-            return None;
+            None
         }
-    };
+    }
+}
+
+/// Reports a failed open [`failed`] judged reported.
+#[inline(never)]
+fn report_failed(call: Syscall, ret: i64, path_flags: u16) -> Option<()> {
+    let task = Current::get();
+    let off = kernel::offsets();
+    let tgid = task.tgid(off);
+    let (scope_flags, _) = scope::scope_of(tgid)?;
     let pending = Pending {
         syscall: call,
         flags: scope_flags | path_flags,
         fd: -1,
-        args,
+        args: open_args(task, call, off)?,
         file: emit::no_file(),
         dentry: 0,
     };
