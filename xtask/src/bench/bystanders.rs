@@ -202,10 +202,24 @@ const WORKLOADS: [Workload; 10] = [
 pub fn run_loop(args: &BystanderArgs) -> Result<()> {
     if !args.grown_table && table_size()? > EMBEDDED_FDS {
         // This process's descriptor table grew at its fork: its parent had a descriptor above
-        // 63 open (bash keeps 255). Its child's is sized by this one's open descriptors, a
-        // few: the table a process starts with.
+        // 63 open (bash keeps 255; any inherited one does). A table never shrinks, but a
+        // child's is sized by the open descriptors of the process that forks it: with all but
+        // the standard three closed, the child starts with the table a process starts with.
+        // Once only: a child that still has a grown table fails, rather than fork again.
+        if std::env::var_os(RESPAWNED).is_some() {
+            bail!(
+                "the loop's descriptor table has {} slots in a child started with three descriptors",
+                table_size()?
+            );
+        }
+        // SAFETY: closes descriptors this process does not use: nothing but the standard
+        // three is open on purpose at the loop's start.
+        if unsafe { libc::close_range(3, u32::MAX, 0) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("closing inherited descriptors");
+        }
         let status = Command::new(std::env::current_exe()?)
             .args(std::env::args_os().skip(1))
+            .env(RESPAWNED, "1")
             .status()
             .context("running the loop in a child")?;
         std::process::exit(status.code().unwrap_or(1));
@@ -314,6 +328,9 @@ fn table_size() -> Result<u64> {
         .and_then(|size| size.trim().parse().ok())
         .context("no FDSize in /proc/self/status")
 }
+
+/// Set in the loop's environment when it runs itself again in a child (`run_loop`).
+const RESPAWNED: &str = "SHMTRACE_BYSTANDER_RESPAWNED";
 
 /// The slots of the descriptor table a process starts with (`NR_OPEN_DEFAULT`).
 const EMBEDDED_FDS: u64 = 64;
