@@ -248,6 +248,11 @@ impl DockerClient {
         }
     }
 
+    /// `path` under the agreed API version: `/v1.41/events`.
+    pub fn versioned(&self, path: &str) -> String {
+        format!("/v{}{path}", self.version)
+    }
+
     async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, DockerError> {
         let response = http::get(&self.socket, path, self.timeout)
             .await

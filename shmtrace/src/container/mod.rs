@@ -5,7 +5,11 @@
 //!   socket, through `http`.
 //! - `cri` talks to containerd and CRI-O through the Kubernetes CRI gRPC API.
 //! - `cgroup` reads a process's cgroup paths and knows every runtime's layout; `scan` uses it
-//!   to find containers from /proc alone when no runtime socket answers.
+//!   to find containers from /proc alone when no runtime socket answers; `cgroup_tree` turns
+//!   the cgroup v2 id a kernel record carries into its container, even once its process is
+//!   gone.
+//! - `docker_events` follows the Docker (and Podman) event stream: containers named as they
+//!   start, however soon they are removed.
 //! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`).
 //! - `resolve` ties them together: look up by name or id, wait for a container to start, notice
 //!   a restart. `index` labels processes (by pid or mount namespace) with their container.
@@ -15,9 +19,11 @@
 //! [`crate::event::escape`], never raw.
 
 mod cgroup;
+mod cgroup_tree;
 mod client;
 mod cri;
 mod docker;
+mod docker_events;
 mod endpoints;
 mod error;
 #[cfg(fuzzing)]
@@ -31,7 +37,9 @@ mod shm;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
+pub use cgroup_tree::{CgroupOwner, CgroupTree};
 pub use client::Candidate;
+pub use docker_events::{Action, RuntimeEvent, watch as watch_events};
 pub use error::ContainerError;
 pub use resolve::{Change, Query, Resolver};
 pub use shm::{ShmFile, ShmInfo, list_shm_files, measure_shm};

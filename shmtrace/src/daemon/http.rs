@@ -70,7 +70,7 @@ pub async fn serve(
         .with_context(|| format!("reading the address bound for {addr}"))?;
     let shed = |kind: &str| {
         metrics
-            .http_shed
+            .http_connections_shed
             .get_or_create(&KindLabels { kind: kind.into() })
             .clone()
     };

@@ -1,15 +1,18 @@
 //! The pipeline's view, turned into counts: what the pipeline learns (events as the model
-//! annotated them, measurements, diagnoses) goes to the fleet, which knows whose it is.
-use std::{cell::RefCell, rc::Rc, time::Instant};
+//! annotated them, measurements, diagnoses) goes to the fleet, for the container the daemon
+//! placed the record in before the pipeline took it (`Fleet::place`).
+use std::{cell::RefCell, rc::Rc};
 
 use anyhow::Result;
 
 use shmtrace_common::TallyKey;
 
 use super::{
-    fleet::{Fleet, Tally},
+    fleet::Fleet,
     metrics::Metrics,
+    series::Tally,
     unseen::Unseen,
+    whose::Found,
 };
 use crate::{
     capacity::Capacity,
@@ -24,19 +27,22 @@ pub struct FleetObserver {
     pub metrics: Metrics,
     /// The records of what the kernel counts, for the figures to add what never came.
     pub unseen: Rc<RefCell<Unseen>>,
+    /// Whose the record in the pipeline now is, as the daemon placed it.
+    pub placed: Rc<RefCell<Option<Found>>>,
 }
 
 impl Observer for FleetObserver {
     fn event(&mut self, event: &Event, note: &Annotation, role: &Role, _: &str, _: &World) {
         self.metrics.events.inc();
-        let mut fleet = self.fleet.borrow_mut();
-        let now = Instant::now();
-        fleet.saw_process(event.pid, event.mntns);
         if let Some(key) = tally_key(event) {
             self.unseen.borrow_mut().saw(key);
         }
-        for tally in tallies(event, note, role) {
-            fleet.tally_from(event.pid, event.mntns, tally, event.ts_ns, now);
+        let placed = self.placed.borrow();
+        let mut fleet = self.fleet.borrow_mut();
+        if let Some(found) = placed.as_ref() {
+            for tally in tallies(event, note, role) {
+                fleet.count(found, event.ts_ns, tally);
+            }
         }
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
@@ -59,17 +65,9 @@ impl Observer for FleetObserver {
             return;
         };
         let tally = Tally::Recommended(recommendation.min_bytes);
-        let mut fleet = self.fleet.borrow_mut();
-        let unplaced = match &diagnosis.container {
-            Some(container) => fleet.tally_for_id(&container.id, tally),
-            None => Err(tally),
-        };
-        if let Err(tally) = unplaced {
-            match fleet.mntns_of(diagnosis.pid) {
-                Some(mntns) => fleet.tally_in(mntns, tally, diagnosis.ts_ns, Instant::now()),
-                None => log::debug!("diagnosis of pid {} not placed", diagnosis.pid),
-            }
-        }
+        self.fleet
+            .borrow_mut()
+            .count_for_process(diagnosis.pid, diagnosis.ts_ns, tally);
     }
 
     fn finish(self: Box<Self>, _: &World, _: &Roles, _: u64, _: u64) -> Result<Option<String>> {

@@ -1,0 +1,228 @@
+//! The life of the metric series: a container has series once it touched /dev/shm, they count
+//! what it did, its /dev/shm is measured while it runs, and they go `--retain` after it is
+//! gone. A series is named by its labels (container, pod, namespace, runtime), not by the
+//! runtime's id: a container restarted, or re-created under its name, continues its series.
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use super::metrics::{
+    ContainerLabels, FailureLabels, Metrics, NoMore, RoleLabel, ShmLabel,
+};
+use crate::capacity::Capacity;
+
+/// Something to count for a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tally {
+    /// A /dev/shm call: the container has series from now on.
+    Touch,
+    /// `count` failed calls (more than one when the kernel counted failures whose records
+    /// were lost).
+    Failure {
+        syscall: String,
+        errno: String,
+        count: u64,
+    },
+    Sigbus {
+        count: u64,
+    },
+    /// Deaths of a full /dev/shm, as the probes count them (`flags::SHM_DEATH`); `role` is
+    /// `unknown` for those whose records were lost.
+    Death {
+        role: String,
+        count: u64,
+    },
+    Recommended(u64),
+}
+
+/// A container's series, and what they need to be kept up.
+#[derive(Default)]
+struct Tracked {
+    /// Main process of a running container, whose /dev/shm is measured.
+    pid: Option<u32>,
+    shm_dev: Option<u32>,
+    /// Its /dev/shm series as last set: they change with the /dev/shm it sees.
+    shm: Option<ShmLabel>,
+    /// Has series (touched /dev/shm).
+    touched: bool,
+    peak: u64,
+    gone_since: Option<Instant>,
+}
+
+pub struct Series {
+    metrics: Metrics,
+    retain: Duration,
+    by_labels: HashMap<ContainerLabels, Tracked>,
+    /// Each /dev/shm's use as last measured, for the node's figure (a shared one once).
+    used_by_dev: HashMap<u32, u64>,
+}
+
+impl Series {
+    pub fn new(metrics: Metrics, retain: Duration) -> Series {
+        Series {
+            metrics,
+            retain,
+            by_labels: HashMap::new(),
+            used_by_dev: HashMap::new(),
+        }
+    }
+
+    /// Containers followed (with series, or running), gone ones not yet retired included.
+    pub fn followed(&self) -> usize {
+        self.by_labels.len()
+    }
+
+    /// A container the runtimes list as running now, with its main process and /dev/shm.
+    /// `restarted`: a new main process, whose high-water mark starts again.
+    pub fn running(
+        &mut self,
+        labels: &ContainerLabels,
+        pid: Option<u32>,
+        shm_dev: Option<u32>,
+        restarted: bool,
+    ) {
+        let tracked = self.by_labels.entry(labels.clone()).or_default();
+        if restarted {
+            tracked.peak = 0;
+        }
+        tracked.pid = pid;
+        tracked.shm_dev = shm_dev;
+        tracked.gone_since = None;
+    }
+
+    /// Running containers, as one survey found them: the others are gone from `now`, and
+    /// those gone `--retain` ago, or untouched, lose their series.
+    pub fn survey_done(&mut self, running: &HashSet<ContainerLabels>, now: Instant) {
+        self.metrics.containers_followed.set(running.len() as i64);
+        let mut retire = Vec::new();
+        for (labels, tracked) in &mut self.by_labels {
+            if running.contains(labels) {
+                continue;
+            }
+            tracked.pid = None;
+            let since = *tracked.gone_since.get_or_insert(now);
+            if !tracked.touched || now.duration_since(since) >= self.retain {
+                retire.push(labels.clone());
+            }
+        }
+        for labels in retire {
+            if let Some(tracked) = self.by_labels.remove(&labels)
+                && tracked.touched
+            {
+                self.metrics.retire(&labels);
+            }
+        }
+        self.count_node_shm();
+    }
+
+    /// A container no survey saw running (it was gone first): followed as gone from `now`,
+    /// unless it is followed already, so that its series retire after `--retain`.
+    pub fn gone(&mut self, labels: &ContainerLabels, now: Instant) {
+        self.by_labels
+            .entry(labels.clone())
+            .or_insert_with(|| Tracked {
+                gone_since: Some(now),
+                ..Tracked::default()
+            });
+    }
+
+    /// Counts `tally` for the container of `labels`.
+    pub fn apply(&mut self, labels: &ContainerLabels, tally: Tally) {
+        let tracked = self.by_labels.get_mut(labels);
+        let first_touch = tracked.as_ref().is_some_and(|t| !t.touched);
+        if let Some(tracked) = tracked {
+            tracked.touched = true;
+        }
+        let m = &self.metrics;
+        match tally {
+            Tally::Touch => {}
+            Tally::Failure {
+                syscall,
+                errno,
+                count,
+            } => drop(
+                m.shm_failures
+                    .get(labels, FailureLabels { syscall, errno })
+                    .inc_by(count),
+            ),
+            Tally::Sigbus { count } => drop(m.sigbus.get(labels, NoMore).inc_by(count)),
+            Tally::Death { role, count } => drop(
+                m.process_deaths
+                    .get(labels, RoleLabel { role })
+                    .inc_by(count),
+            ),
+            Tally::Recommended(bytes) => {
+                let gauge = m.recommended_shm_bytes.get(labels, NoMore);
+                gauge.set(gauge.get().max(clamp(bytes)));
+            }
+        };
+        // A container's first touch: its counters start at zero, so that `increase()` sees
+        // its first failure.
+        if first_touch {
+            drop(m.sigbus.get(labels, NoMore));
+        }
+    }
+
+    /// A /dev/shm was measured: size, use, and the high-water mark, for each running
+    /// container with series that sees it; and the node's use, in which it counts once.
+    pub fn measured(&mut self, sample: &Capacity) {
+        let mut seen = false;
+        for (labels, tracked) in &mut self.by_labels {
+            if tracked.shm_dev != Some(sample.dev) || tracked.gone_since.is_some() || !tracked.touched
+            {
+                continue;
+            }
+            seen = true;
+            tracked.peak = tracked.peak.max(sample.used);
+            let shm = ShmLabel::of(sample.dev);
+            if let Some(old) = tracked.shm.take()
+                && old != shm
+            {
+                for family in [
+                    &self.metrics.shm_size_bytes,
+                    &self.metrics.shm_used_bytes,
+                    &self.metrics.shm_peak_bytes,
+                ] {
+                    family.remove(labels, &old);
+                }
+            }
+            let m = &self.metrics;
+            m.shm_size_bytes.get(labels, shm.clone()).set(clamp(sample.size));
+            m.shm_used_bytes.get(labels, shm.clone()).set(clamp(sample.used));
+            m.shm_peak_bytes.get(labels, shm.clone()).set(clamp(tracked.peak));
+            tracked.shm = Some(shm);
+        }
+        if seen {
+            self.used_by_dev.insert(sample.dev, sample.used);
+        }
+        self.count_node_shm();
+    }
+
+    /// The node's /dev/shm use: each file system a running container with series sees, once.
+    fn count_node_shm(&mut self) {
+        let live: HashSet<u32> = self
+            .by_labels
+            .values()
+            .filter(|t| t.touched && t.gone_since.is_none())
+            .filter_map(|t| t.shm_dev)
+            .collect();
+        self.used_by_dev.retain(|dev, _| live.contains(dev));
+        let used: u64 = self.used_by_dev.values().sum();
+        self.metrics.node_shm_used_bytes.set(clamp(used));
+    }
+
+    /// Main processes of the containers whose /dev/shm should be measured now: running ones
+    /// that have series.
+    pub fn to_measure(&self) -> Vec<u32> {
+        self.by_labels
+            .values()
+            .filter(|t| t.touched && t.gone_since.is_none())
+            .filter_map(|t| t.pid)
+            .collect()
+    }
+}
+
+fn clamp(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
