@@ -13,8 +13,7 @@
 //! removes a container's cgroup some time after its last process ended, which is later than
 //! the daemon reads that process's records unless it is starved.
 use std::{
-    fs,
-    io,
+    fs, io,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::fs::MetadataExt,

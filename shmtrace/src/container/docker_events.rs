@@ -209,7 +209,8 @@ mod tests {
         let exec = br#"{"Type":"container","Action":"exec_start: sh","Actor":{"ID":"c1"}}"#;
         assert_eq!(parse(exec, Runtime::Docker), None);
         assert_eq!(parse(b"{not json", Runtime::Docker), None);
-        let no_attributes = br#"{"Type":"container","Action":"destroy","Actor":{"ID":"c1","Attributes":null}}"#;
+        let no_attributes =
+            br#"{"Type":"container","Action":"destroy","Actor":{"ID":"c1","Attributes":null}}"#;
         let event = parse(no_attributes, Runtime::Podman).unwrap();
         assert_eq!((event.action, event.name.as_str()), (Action::Destroyed, ""));
     }

@@ -7,7 +7,7 @@
 //! - `cgroup` reads a process's cgroup paths and knows every runtime's layout; `scan` uses it
 //!   to find containers from /proc alone when no runtime socket answers; `cgroup_tree` turns
 //!   the cgroup v2 id a kernel record carries into its container, even once its process is
-//!   gone.
+//!   gone; `cgroup_watch` sees containers' cgroups as the runtimes make them.
 //! - `docker_events` follows the Docker (and Podman) event stream: containers named as they
 //!   start, however soon they are removed.
 //! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`).
@@ -20,6 +20,7 @@
 
 mod cgroup;
 mod cgroup_tree;
+mod cgroup_watch;
 mod client;
 mod cri;
 mod docker;
@@ -38,13 +39,14 @@ mod shm;
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
 pub use cgroup_tree::{CgroupOwner, CgroupTree};
+pub use cgroup_watch::CgroupWatch;
 pub use client::Candidate;
 pub use docker_events::{Action, RuntimeEvent, watch as watch_events};
 pub use error::ContainerError;
 pub use resolve::{Change, Query, Resolver};
 pub use shm::{ShmFile, ShmInfo, list_shm_files, measure_shm};
 // What the runtime tests (tests/tests/*_runtimes.rs) reach for beyond what the CLI uses.
-pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
+pub use cgroup::{CgroupMatch, PathClass, QosClass, parse_proc_cgroup};
 pub use cri::{channel, proto};
 pub use endpoints::Endpoint;
 pub use shm::{ShmError, ShmSource, host_shm_dev};

@@ -16,6 +16,7 @@ use super::{
     metrics::{KindLabels, Metrics},
     series::Tally,
     unseen::Unseen,
+    whose::there_at,
 };
 use crate::{clock::boot_ns, event::LostCounts, live::bpf::Tracer, pipeline::Pipeline};
 
@@ -24,8 +25,6 @@ const VANISH_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// How long a process must have been silent to be looked for: its exit record, if it has one,
 /// has been read by then.
 const QUIET_BEFORE_VANISHED_NS: u64 = 2_000_000_000;
-/// Clock ticks' worth of slack between a process's start in /proc and its first record.
-const START_SLACK_NS: u64 = 20_000_000;
 
 /// A probe map that could not be read or updated: said in the metrics and the log.
 pub struct ProbeError {
@@ -165,7 +164,7 @@ impl Accounting {
         let now_ns = boot_ns()?;
         let mut gone = Vec::new();
         for (pid, first_seen_ns, last_seen_ns) in pipeline.live_processes() {
-            if still_there(pid, first_seen_ns) {
+            if there_at(pid, first_seen_ns) {
                 continue;
             }
             if last_seen_ns.saturating_add(QUIET_BEFORE_VANISHED_NS) < now_ns {
@@ -212,13 +211,6 @@ fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
             count,
         },
     ))
-}
-
-/// Whether the process first seen at `first_seen_ns` is still there: its pid is, and was not
-/// taken by a process that started after.
-fn still_there(pid: u32, first_seen_ns: u64) -> bool {
-    crate::live::proc_scan::start_ns(pid)
-        .is_some_and(|start| start <= first_seen_ns.saturating_add(START_SLACK_NS))
 }
 
 pub fn loss_labels(loss: Loss) -> KindLabels {

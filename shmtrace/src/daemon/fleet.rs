@@ -130,6 +130,21 @@ pub struct Fleet {
     asked: HashSet<ContainerRef>,
 }
 
+/// A runtime's Unix time (ns) on the boot clock of records, or now where it cannot be told.
+fn boot_time_of(unix_ns: i64) -> u64 {
+    let now_boot = crate::clock::boot_ns().unwrap_or(u64::MAX);
+    let Ok(now_unix) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
+        return now_boot;
+    };
+    let ago = i64::try_from(now_unix.as_nanos())
+        .unwrap_or(i64::MAX)
+        .saturating_sub(unix_ns);
+    match u64::try_from(ago) {
+        Ok(ago) if unix_ns > 0 => now_boot.saturating_sub(ago),
+        _ => now_boot,
+    }
+}
+
 /// Containers asked for by id, remembered (then asked again).
 const ASKED_REMEMBERED: usize = 4096;
 
@@ -415,10 +430,12 @@ impl Fleet {
     pub fn runtime_event(&mut self, event: &RuntimeEvent) {
         let now = Instant::now();
         self.names.event(event, now);
-        if matches!(event.action, Action::Died | Action::Destroyed)
-            && let Some(listed) = self.listed.remove(event.id.as_str())
-        {
-            self.stopped(listed, now);
+        if matches!(event.action, Action::Died | Action::Destroyed) {
+            let container = ContainerRef::new(event.runtime, &event.id);
+            self.whose.ended(&container, boot_time_of(event.time_ns));
+            if let Some(listed) = self.listed.remove(event.id.as_str()) {
+                self.stopped(listed, now);
+            }
         }
         self.settle(None);
     }
@@ -493,7 +510,8 @@ impl Fleet {
             if let Some(old) = before.and_then(|l| l.mntns)
                 && (restarted || container.mntns != Some(old))
             {
-                self.whose.left(old, &owner, crate::clock::boot_ns().unwrap_or(u64::MAX));
+                self.whose
+                    .left(old, &owner, crate::clock::boot_ns().unwrap_or(u64::MAX));
                 self.namespace_ended(old, Some(owner.clone()));
             }
             if let (Some(pid), Some(mntns)) = (container.pid, container.mntns)
@@ -568,11 +586,5 @@ impl Fleet {
     /// what waits), for the state metrics.
     pub fn entries(&self) -> usize {
         self.names.len() + self.whose.entries() + self.waiting.len() + self.listed.len()
-    }
-
-    /// Labels a test can expect for a container described so.
-    #[cfg(test)]
-    pub fn labels_of(info: &ContainerInfo) -> ContainerLabels {
-        labels_of(info)
     }
 }

@@ -180,8 +180,10 @@ fn write_named(
         _ => None,
     };
     let same = match info {
-        Some(info) => line["container"]["id"].as_str() == Some(info.id.as_str())
-            && line["container"]["name"].as_str() == Some(info.name.as_str()),
+        Some(info) => {
+            line["container"]["id"].as_str() == Some(info.id.as_str())
+                && line["container"]["name"].as_str() == Some(info.name.as_str())
+        }
         None => line["container"].is_null(),
     };
     if same && note.is_none() {

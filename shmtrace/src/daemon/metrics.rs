@@ -511,7 +511,12 @@ mod tests {
         }
         metrics
             .process_deaths
-            .get(&gone, RoleLabel { role: "dataloader_worker".into() })
+            .get(
+                &gone,
+                RoleLabel {
+                    role: "dataloader_worker".into(),
+                },
+            )
             .inc();
         let families = |text: &str, runtime: &str| {
             text.lines()

@@ -12,6 +12,8 @@
 mod accounting;
 mod connections;
 mod fleet;
+#[cfg(test)]
+mod fleet_tests;
 mod http;
 mod incidents;
 mod json_lines;
@@ -465,15 +467,11 @@ impl Agent {
         let wanted: Option<(ContainerInfo, bool)> =
             match self.fleet.borrow_mut().resolve(found, ts_ns) {
                 Ok(placed) => placed.info().map(|info| (info.clone(), true)),
-                Err(WaitKey::Name(container)) => {
-                    Some((names::unnamed(&container).info, false))
-                }
+                Err(WaitKey::Name(container)) => Some((names::unnamed(&container).info, false)),
                 Err(WaitKey::Namespace(_)) => None,
             };
         match wanted {
-            Some((info, named))
-                if current.is_none_or(|c| c.id != info.id || c.named != named) =>
-            {
+            Some((info, named)) if current.is_none_or(|c| c.id != info.id || c.named != named) => {
                 let id = info.id.clone();
                 self.pipeline.set_container(
                     ContainerInfo {
@@ -482,7 +480,8 @@ impl Agent {
                     },
                     ts_ns,
                 )?;
-                self.in_pipeline.insert(mntns, NamedInPipeline { id, named });
+                self.in_pipeline
+                    .insert(mntns, NamedInPipeline { id, named });
             }
             None if current.is_some() => {
                 self.pipeline.forget_container(mntns, ts_ns)?;
@@ -507,9 +506,7 @@ impl Agent {
         let now_ns = boot_ns()?;
         for ended in ended {
             let named_now = self.in_pipeline.get(&ended.mntns).map(|n| n.id.as_str());
-            if ended.container.is_none()
-                || named_now == ended.container.as_ref().map(|c| &*c.id)
-            {
+            if ended.container.is_none() || named_now == ended.container.as_ref().map(|c| &*c.id) {
                 if named_now.is_some() {
                     self.pipeline.forget_container(ended.mntns, now_ns)?;
                     self.in_pipeline.remove(&ended.mntns);

@@ -7,13 +7,7 @@ use anyhow::Result;
 
 use shmtrace_common::TallyKey;
 
-use super::{
-    fleet::Fleet,
-    metrics::Metrics,
-    series::Tally,
-    unseen::Unseen,
-    whose::Found,
-};
+use super::{fleet::Fleet, metrics::Metrics, series::Tally, unseen::Unseen, whose::Found};
 use crate::{
     capacity::Capacity,
     diagnose::{Diagnosis, Role, Roles},

@@ -1,4 +1,6 @@
-//! What the runtimes say between surveys, on the daemon's I/O thread: every Docker-API
+//! What the runtimes say between surveys, on the daemon's I/O thread: containers' cgroups
+//! as they are made (so that a record's cgroup id names its container however late it is
+//! read), every Docker-API
 //! runtime's event stream (containers named as they are created and start, however soon they
 //! are removed; a started one described at once, while its main process runs, so that its
 //! namespace and cgroup are known before its records are read), and the description of a
@@ -9,7 +11,10 @@ use tokio::sync::mpsc;
 
 use super::whose::ContainerRef;
 use crate::{
-    container::{Action, CgroupTree, Container, Resolver, Runtime, RuntimeEvent, watch_events},
+    container::{
+        Action, CgroupMatch, CgroupTree, CgroupWatch, Container, Resolver, Runtime, RuntimeEvent,
+        watch_events,
+    },
     live::proc_scan::start_ns,
 };
 
@@ -17,7 +22,10 @@ use crate::{
 pub enum News {
     Event(RuntimeEvent),
     /// The cgroup (its v2 id) a container's processes are in, found as it started.
-    Cgroup { id: u64, container: ContainerRef },
+    Cgroup {
+        id: u64,
+        container: ContainerRef,
+    },
     /// A container described, with its main process's start (`CLOCK_BOOTTIME` ns) if it runs.
     Described {
         container: Box<Container>,
@@ -57,6 +65,15 @@ impl Runtimes {
         for (runtime, socket) in shared.resolver.event_sockets() {
             tokio::spawn(follow(runtime, socket, shared.clone()));
         }
+        if let Some(tree) = &shared.tree {
+            match CgroupWatch::start(tree.root()) {
+                Ok((watch, already)) => {
+                    send_cgroups(&shared.news, already);
+                    tokio::spawn(watch_cgroups(watch, shared.news.clone()));
+                }
+                Err(error) => log::warn!("cannot watch the cgroup tree: {error}"),
+            }
+        }
         (Runtimes(shared), receiver)
     }
 
@@ -95,6 +112,28 @@ async fn follow(runtime: Runtime, socket: PathBuf, shared: Arc<Shared>) {
             Err(error) => log::debug!("{runtime}'s event stream: {error}"),
         }
         tokio::time::sleep(RECONNECT_AFTER).await;
+    }
+}
+
+/// Containers' cgroups as they are made, for as long as the daemon runs.
+async fn watch_cgroups(mut watch: CgroupWatch, news: mpsc::Sender<News>) {
+    loop {
+        match watch.next().await {
+            Ok(made) => send_cgroups(&news, made),
+            Err(error) => {
+                log::warn!("watching the cgroup tree: {error}");
+                return;
+            }
+        }
+    }
+}
+
+fn send_cgroups(news: &mpsc::Sender<News>, cgroups: Vec<(u64, CgroupMatch)>) {
+    for (id, found) in cgroups {
+        let _ = news.try_send(News::Cgroup {
+            id,
+            container: ContainerRef::new(found.runtime, &found.id),
+        });
     }
 }
 

@@ -7,9 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::metrics::{
-    ContainerLabels, FailureLabels, Metrics, NoMore, RoleLabel, ShmLabel,
-};
+use super::metrics::{ContainerLabels, FailureLabels, Metrics, NoMore, RoleLabel, ShmLabel};
 use crate::capacity::Capacity;
 
 /// Something to count for a container.
@@ -169,7 +167,9 @@ impl Series {
     pub fn measured(&mut self, sample: &Capacity) {
         let mut seen = false;
         for (labels, tracked) in &mut self.by_labels {
-            if tracked.shm_dev != Some(sample.dev) || tracked.gone_since.is_some() || !tracked.touched
+            if tracked.shm_dev != Some(sample.dev)
+                || tracked.gone_since.is_some()
+                || !tracked.touched
             {
                 continue;
             }
@@ -188,9 +188,15 @@ impl Series {
                 }
             }
             let m = &self.metrics;
-            m.shm_size_bytes.get(labels, shm.clone()).set(clamp(sample.size));
-            m.shm_used_bytes.get(labels, shm.clone()).set(clamp(sample.used));
-            m.shm_peak_bytes.get(labels, shm.clone()).set(clamp(tracked.peak));
+            m.shm_size_bytes
+                .get(labels, shm.clone())
+                .set(clamp(sample.size));
+            m.shm_used_bytes
+                .get(labels, shm.clone())
+                .set(clamp(sample.used));
+            m.shm_peak_bytes
+                .get(labels, shm.clone())
+                .set(clamp(tracked.peak));
             tracked.shm = Some(shm);
         }
         if seen {

@@ -56,17 +56,22 @@ pub enum Owner {
 pub enum Found {
     Owner(Owner),
     /// Nothing says yet whose `mntns` was at the record's time (nor whose its cgroup is).
-    Unplaced { mntns: u32, cgroup_id: u64 },
+    Unplaced {
+        mntns: u32,
+        cgroup_id: u64,
+    },
 }
 
 /// How records are looked up on the machine; the tests give their own.
 pub trait Lookups {
     /// Whose cgroup `id` is.
     fn cgroup(&mut self, id: u64) -> CgroupOwner;
-    /// Which container process `pid` is in, by `/proc/PID/cgroup`; `None` once it is gone.
-    fn process(&mut self, pid: u32) -> Option<Option<ContainerRef>>;
-    /// The container of a process in mount namespace `mntns`, if any is still there.
-    fn namespace(&mut self, mntns: u32) -> Option<ContainerRef>;
+    /// Which container process `pid` is in, by `/proc/PID/cgroup`; `None` once it is gone
+    /// (or its number is a process's that started after `ts_ns`).
+    fn process(&mut self, pid: u32, ts_ns: u64) -> Option<Option<ContainerRef>>;
+    /// The container of a process in mount namespace `mntns` that was there at `ts_ns`, if
+    /// any is still there.
+    fn namespace(&mut self, mntns: u32, ts_ns: u64) -> Option<ContainerRef>;
     /// Whether any process is in mount namespace `mntns` now.
     fn anyone_in(&mut self, mntns: u32) -> bool;
 }
@@ -89,6 +94,8 @@ const TENANTS_KEPT: usize = 4;
 const MAX_NAMESPACES: usize = 16_384;
 const MAX_CGROUPS: usize = 65_536;
 const MAX_PROCESSES: usize = 65_536;
+/// cgroups remembered per container (a container's processes are in one, or a few nested).
+const CGROUPS_PER_CONTAINER: usize = 8;
 /// Processes that ended whose container is remembered, for the diagnoses that follow.
 const EXITED_REMEMBERED: usize = 4096;
 /// The root cgroup's id: every process of a runtime that leaves cgroup2 alone is in it.
@@ -99,6 +106,9 @@ pub struct Whose {
     lookups: Box<dyn Lookups>,
     /// cgroup id: its container, or `None` for one of no container (or gone unknown).
     cgroups: HashMap<u64, Option<ContainerRef>>,
+    /// The cgroups each container was seen in: a record of another cgroup is not its own,
+    /// whatever namespace number it shares.
+    cgroups_of: HashMap<ContainerRef, Vec<u64>>,
     /// Processes met: their namespace, and whose they were.
     processes: HashMap<u32, (u32, Owner)>,
     exited: VecDeque<u32>,
@@ -114,6 +124,7 @@ impl Whose {
             host_mntns,
             lookups,
             cgroups: HashMap::new(),
+            cgroups_of: HashMap::new(),
             processes: HashMap::new(),
             exited: VecDeque::new(),
             tenants: HashMap::new(),
@@ -143,7 +154,7 @@ impl Whose {
         {
             return Found::Owner(owner.clone());
         }
-        match self.lookups.process(pid) {
+        match self.lookups.process(pid, ts_ns) {
             Some(Some(container)) => {
                 self.took(mntns, &container, ts_ns);
                 let owner = Owner::Container(container);
@@ -161,7 +172,7 @@ impl Whose {
             }
             None => {}
         }
-        if let Some(container) = self.tenant_at(mntns, ts_ns) {
+        if let Some(container) = self.tenant_of(mntns, cgroup_id, ts_ns) {
             return Found::Owner(Owner::Container(container));
         }
         // Gone already (`dd` writes and exits in a millisecond): another process of its
@@ -170,7 +181,7 @@ impl Whose {
             self.scanned.clear();
         }
         if self.scanned.insert(mntns)
-            && let Some(container) = self.lookups.namespace(mntns)
+            && let Some(container) = self.lookups.namespace(mntns, ts_ns)
         {
             self.took(mntns, &container, ts_ns);
             return Found::Owner(Owner::Container(container));
@@ -185,7 +196,20 @@ impl Whose {
             self.took(mntns, &container, ts_ns);
             return Some(container);
         }
-        self.tenant_at(mntns, ts_ns)
+        self.tenant_of(mntns, cgroup_id, ts_ns)
+    }
+
+    /// Who had `mntns` at `ts_ns`, if a record of cgroup `cgroup_id` can be theirs: not if
+    /// they were seen in other cgroups only (the record is of a container whose cgroup was
+    /// gone before it could be looked up, which had the number after or before them).
+    fn tenant_of(&self, mntns: u32, cgroup_id: u64, ts_ns: u64) -> Option<ContainerRef> {
+        let tenant = self.tenant_at(mntns, ts_ns)?;
+        let other = cgroup_id > ROOT_CGROUP
+            && self
+                .cgroups_of
+                .get(&tenant)
+                .is_some_and(|ids| !ids.contains(&cgroup_id));
+        (!other).then_some(tenant)
     }
 
     /// The container of cgroup `id`, looked up once.
@@ -200,21 +224,29 @@ impl Whose {
             CgroupOwner::Container(found) => Some(ContainerRef::new(found.runtime, &found.id)),
             CgroupOwner::NotAContainer | CgroupOwner::Gone => None,
         };
+        self.remember_cgroup(id, container.clone());
+        container
+    }
+
+    fn remember_cgroup(&mut self, id: u64, container: Option<ContainerRef>) {
         if self.cgroups.len() >= MAX_CGROUPS {
             self.cgroups.clear();
+            self.cgroups_of.clear();
         }
-        self.cgroups.insert(id, container.clone());
-        container
+        if let Some(container) = &container {
+            let ids = self.cgroups_of.entry(container.clone()).or_default();
+            if !ids.contains(&id) && ids.len() < CGROUPS_PER_CONTAINER {
+                ids.push(id);
+            }
+        }
+        self.cgroups.insert(id, container);
     }
 
     /// A cgroup's container, as the runtime told it (a container just started): its records
     /// are placed by it however late they are read.
     pub fn learn_cgroup(&mut self, id: u64, container: &ContainerRef) {
         if id > ROOT_CGROUP {
-            if self.cgroups.len() >= MAX_CGROUPS {
-                self.cgroups.clear();
-            }
-            self.cgroups.insert(id, Some(container.clone()));
+            self.remember_cgroup(id, Some(container.clone()));
         }
     }
 
@@ -239,7 +271,9 @@ impl Whose {
 
     /// Whose process `pid` was, as last met.
     pub fn of_process(&self, pid: u32) -> Option<(u32, &Owner)> {
-        self.processes.get(&pid).map(|(mntns, owner)| (*mntns, owner))
+        self.processes
+            .get(&pid)
+            .map(|(mntns, owner)| (*mntns, owner))
     }
 
     /// `container` had `mntns` at `ts_ns`: from then on, unless known already. The tenant
@@ -301,6 +335,17 @@ impl Whose {
         {
             let until = tenancy.until_ns.get_or_insert(until_ns);
             *until = (*until).min(until_ns).max(tenancy.since_ns);
+        }
+    }
+
+    /// `container` ended by `until_ns` (its runtime said it died): none of its namespaces is
+    /// its after that.
+    pub fn ended(&mut self, container: &ContainerRef, until_ns: u64) {
+        for tenants in self.tenants.values_mut() {
+            if let Some(tenancy) = tenants.iter_mut().find(|t| t.owner == *container) {
+                let until = tenancy.until_ns.get_or_insert(until_ns);
+                *until = (*until).min(until_ns).max(tenancy.since_ns);
+            }
         }
     }
 
@@ -368,7 +413,10 @@ impl Lookups for OnTheMachine {
         }
     }
 
-    fn process(&mut self, pid: u32) -> Option<Option<ContainerRef>> {
+    fn process(&mut self, pid: u32, ts_ns: u64) -> Option<Option<ContainerRef>> {
+        if !there_at(pid, ts_ns) {
+            return None;
+        }
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         Some(match parse_proc_cgroup(&text) {
             PathClass::Container(found) => Some(ContainerRef::new(found.runtime, &found.id)),
@@ -376,10 +424,12 @@ impl Lookups for OnTheMachine {
         })
     }
 
-    fn namespace(&mut self, mntns: u32) -> Option<ContainerRef> {
+    fn namespace(&mut self, mntns: u32, ts_ns: u64) -> Option<ContainerRef> {
+        // Only a process that was there then: one that came later may be the number's next
+        // owner's.
         pids()
             .filter(|pid| crate::kernel_ids::mount_namespace(*pid) == Some(mntns))
-            .find_map(|pid| self.process(pid).flatten())
+            .find_map(|pid| self.process(pid, ts_ns).flatten())
     }
 
     fn anyone_in(&mut self, mntns: u32) -> bool {
@@ -389,6 +439,15 @@ impl Lookups for OnTheMachine {
             Err(_) => true,
         }
     }
+}
+
+/// Clock ticks' worth of slack between a process's start in /proc and its first record.
+const START_SLACK_NS: u64 = 20_000_000;
+
+/// Whether process `pid` was there at `ts_ns`: the number is not a later process's.
+pub fn there_at(pid: u32, ts_ns: u64) -> bool {
+    crate::live::proc_scan::start_ns(pid)
+        .is_some_and(|start| start <= ts_ns.saturating_add(START_SLACK_NS))
 }
 
 fn pids() -> impl Iterator<Item = u32> {

@@ -1,0 +1,492 @@
+//! The fleet's bookkeeping, with records placed as the daemon places them and containers as
+//! the runtimes describe them: whose each count is, what waits and for how long, and when
+//! series retire. The machine is made up (`Made`): which cgroup is whose, which process is
+//! where.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use super::{
+    fleet::{Fleet, Placed, Settled, WaitKey},
+    metrics::{Metrics, encode},
+    series::Tally,
+    whose::{ContainerRef, Found, Lookups, Owner},
+};
+use crate::{
+    capacity::Capacity,
+    container::{
+        Action, Candidate, CgroupMatch, CgroupOwner, Container, FoundBy, IpcMode, Runtime,
+        RuntimeEvent, ShmInfo, State,
+    },
+};
+
+const HOST: u32 = 4026531841;
+const NS: u32 = 4026532300;
+const SECOND: u64 = 1_000_000_000;
+
+/// What the made-up machine shows; shared, so that a test changes it as containers come and go.
+#[derive(Clone, Default)]
+struct Made(Arc<Mutex<Machine>>);
+
+#[derive(Default)]
+struct Machine {
+    cgroups: HashMap<u64, ContainerRef>,
+    /// Processes still there, and their container (`None`: in none).
+    processes: HashMap<u32, Option<ContainerRef>>,
+    /// Namespaces someone is in.
+    occupied: HashSet<u32>,
+}
+
+impl Lookups for Made {
+    fn cgroup(&mut self, id: u64) -> CgroupOwner {
+        match self.0.lock().unwrap().cgroups.get(&id) {
+            Some(c) => CgroupOwner::Container(CgroupMatch {
+                runtime: c.runtime,
+                id: c.id.to_string(),
+                pod_uid: None,
+                qos: None,
+                path: String::new(),
+                controllers: None,
+            }),
+            None => CgroupOwner::Gone,
+        }
+    }
+
+    fn process(&mut self, pid: u32, _: u64) -> Option<Option<ContainerRef>> {
+        self.0.lock().unwrap().processes.get(&pid).cloned()
+    }
+
+    fn namespace(&mut self, _: u32, _: u64) -> Option<ContainerRef> {
+        None
+    }
+
+    fn anyone_in(&mut self, mntns: u32) -> bool {
+        self.0.lock().unwrap().occupied.contains(&mntns)
+    }
+}
+
+fn id(name: &str) -> String {
+    format!("{:x<64}", name)
+        .chars()
+        .map(|c| if c.is_ascii_hexdigit() { c } else { 'f' })
+        .collect()
+}
+
+fn of(name: &str) -> ContainerRef {
+    ContainerRef::new(Runtime::Docker, &id(name))
+}
+
+fn container(name: &str, mntns: u32, pid: u32) -> Container {
+    Container {
+        runtime: Runtime::Docker,
+        found_by: FoundBy::CgroupScan,
+        id: id(name),
+        name: name.into(),
+        image: None,
+        pod: None,
+        namespace: None,
+        pod_uid: None,
+        sandbox_id: None,
+        labels: BTreeMap::new(),
+        pid: Some(pid),
+        mntns: Some(mntns),
+        cgroup_id: None,
+        shm: ShmInfo {
+            measured: Some(Capacity {
+                dev: 50,
+                size: 0,
+                used: 0,
+                ts_ns: 0,
+            }),
+            ..ShmInfo::default()
+        },
+        ipc: IpcMode::Private,
+        state: State::Running,
+    }
+}
+
+fn event(name: &str, action: Action) -> RuntimeEvent {
+    RuntimeEvent {
+        runtime: Runtime::Docker,
+        action,
+        id: id(name),
+        name: name.into(),
+        image: None,
+        pod: None,
+        namespace: None,
+        labels: BTreeMap::new(),
+        time_ns: 0,
+    }
+}
+
+fn failure() -> Tally {
+    Tally::Failure {
+        syscall: "write".into(),
+        errno: "ENOSPC".into(),
+        count: 1,
+    }
+}
+
+fn fleet(retain: Duration) -> (Fleet, Made, prometheus_client::registry::Registry) {
+    let (metrics, registry) = Metrics::new();
+    let made = Made::default();
+    (
+        Fleet::new(metrics, HOST, retain, Box::new(made.clone())),
+        made,
+        registry,
+    )
+}
+
+fn text(registry: &prometheus_client::registry::Registry) -> String {
+    encode(registry, super::metrics::Format::PrometheusText)
+}
+
+fn failures_of(text: &str, container: &str, runtime: &str) -> f64 {
+    let wanted = format!(r#"container="{container}",pod="",namespace="",runtime="{runtime}""#);
+    text.lines()
+        .filter(|l| l.starts_with("shmtrace_shm_failures_total{") && l.contains(&wanted))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A record of `pid` in `mntns` and cgroup `cgroup`, at `ts`, failing.
+fn fail(fleet: &mut Fleet, pid: u32, mntns: u32, cgroup: u64, ts: u64) -> Found {
+    let found = fleet.place(pid, mntns, cgroup, ts);
+    fleet.count(&found, ts, failure());
+    found
+}
+
+/// The issue's race: a container failed at its very end, and the next took its namespace
+/// number a moment later. Its records, read after, are its own by their cgroup, whatever
+/// the surveys say of the number now; nothing goes to the next one or to `unknown`.
+#[test]
+fn a_record_read_after_the_next_container_took_its_number_is_named_by_its_cgroup() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(11, of("first"));
+    fleet.runtime_event(&event("first", Action::Started));
+    // A survey already sees the next one on the number; the first one's records come now.
+    fleet.survey(
+        &[container("next", NS, std::process::id())],
+        &[],
+        Instant::now(),
+    );
+    let found = fail(&mut fleet, 900, NS, 11, 5 * SECOND);
+    assert_eq!(found, Found::Owner(Owner::Container(of("first"))));
+    // Its exit, whose cgroup is gone by then, is its own all the same (the cgroup was met).
+    made.0.lock().unwrap().cgroups.clear();
+    assert_eq!(fleet.place(900, NS, 11, 6 * SECOND), found);
+    let text = text(&registry);
+    assert_eq!(failures_of(&text, "first", "docker"), 1.0, "{text}");
+    assert_eq!(failures_of(&text, "next", "docker"), 0.0, "{text}");
+    assert!(!text.contains(r#"runtime="unknown""#), "{text}");
+}
+
+/// A container that lives 100 ms is never listed running: its events name it.
+#[test]
+fn a_container_no_survey_saw_is_named_by_its_events() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(12, of("brief"));
+    fleet.runtime_event(&event("brief", Action::Created));
+    fail(&mut fleet, 901, NS, 12, SECOND);
+    fleet.runtime_event(&event("brief", Action::Destroyed));
+    fleet.survey(&[], &[], Instant::now());
+    let text = text(&registry);
+    assert_eq!(failures_of(&text, "brief", "docker"), 1.0, "{text}");
+}
+
+/// Names reused: each container's counts go under the name it had, and a container renamed
+/// after its record was counted keeps the count under the name it had then.
+#[test]
+fn containers_that_reuse_a_name_and_a_number_each_count_for_themselves() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    for (run, cgroup) in [(0_u64, 20_u64), (1, 21), (2, 22)] {
+        let name = format!("c{run}");
+        // One after another on one number, each removed before a survey.
+        let mut started = event(&name, Action::Started);
+        started.id = id(&format!("c{run}-{cgroup}"));
+        made.0
+            .lock()
+            .unwrap()
+            .cgroups
+            .insert(cgroup, ContainerRef::new(Runtime::Docker, &started.id));
+        fleet.runtime_event(&started);
+        fail(
+            &mut fleet,
+            1000 + run as u32,
+            NS,
+            cgroup,
+            (run + 1) * SECOND,
+        );
+        fleet.runtime_event(&RuntimeEvent {
+            action: Action::Destroyed,
+            ..started
+        });
+    }
+    let text = text(&registry);
+    for run in 0..3 {
+        assert_eq!(
+            failures_of(&text, &format!("c{run}"), "docker"),
+            1.0,
+            "{text}"
+        );
+    }
+}
+
+/// A container the events did not name (a CRI container: no event stream) is asked for, and
+/// its counts wait for the answer.
+#[test]
+fn a_container_nobody_named_yet_is_asked_for_and_its_counts_wait() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(13, of("quiet"));
+    let found = fail(&mut fleet, 902, NS, 13, SECOND);
+    assert_eq!(fleet.take_to_describe(), vec![of("quiet")]);
+    assert_eq!(
+        fleet.resolve(&found, SECOND),
+        Err(WaitKey::Name(of("quiet")))
+    );
+    assert_eq!(failures_of(&text(&registry), "quiet", "docker"), 0.0);
+    let mut stopped = container("quiet", NS, 1);
+    stopped.state = State::Exited { code: Some(1) };
+    fleet.described(&stopped, None);
+    let text = text(&registry);
+    assert_eq!(failures_of(&text, "quiet", "docker"), 1.0, "{text}");
+    let settled = fleet.take_settled();
+    assert!(
+        matches!(&settled[..], [(WaitKey::Name(c), Settled::Placed(Placed::Container { unnamed: None, .. }))] if *c == of("quiet")),
+        "{settled:?}"
+    );
+}
+
+/// No runtime ever names it: after three surveys, its short id, and the lines say why.
+#[test]
+fn a_container_no_runtime_names_is_counted_under_its_short_id_after_three_surveys() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(14, of("lost"));
+    fail(&mut fleet, 903, NS, 14, SECOND);
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(2));
+        fleet.survey(&[], &[], Instant::now());
+    }
+    let text = text(&registry);
+    let short = &id("lost")[..12];
+    assert_eq!(failures_of(&text, short, "docker"), 1.0, "{text}");
+    let settled = fleet.take_settled();
+    assert!(
+        matches!(
+            &settled[..],
+            [(
+                _,
+                Settled::Placed(Placed::Container {
+                    unnamed: Some(_),
+                    ..
+                })
+            )]
+        ),
+        "{settled:?}"
+    );
+}
+
+/// Where no cgroup names a container (a runtime that leaves cgroup2 alone) and the process is
+/// gone, the record waits for a survey: the container that had the number then gets it, one
+/// that came after does not, and a namespace nobody claims is nobody's (and, nobody being in
+/// it, it ended).
+#[test]
+fn a_record_no_cgroup_places_goes_to_whoever_had_the_number_then() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    let me = std::process::id();
+    let my_start = crate::live::proc_scan::start_ns(me).unwrap();
+    // Before the survey that shows the container, which started before the record.
+    let found = fail(&mut fleet, 904, NS, 1, my_start + SECOND);
+    assert_eq!(
+        found,
+        Found::Unplaced {
+            mntns: NS,
+            cgroup_id: 1
+        }
+    );
+    assert!(fleet.take_survey_wanted());
+    fleet.survey(&[container("then", NS, me)], &[], Instant::now());
+    assert_eq!(failures_of(&text(&registry), "then", "docker"), 1.0);
+
+    // A record from before this process started: not its own; after three surveys, nobody's.
+    let found = fail(&mut fleet, 905, NS + 1, 1, my_start - SECOND);
+    assert_eq!(
+        found,
+        Found::Unplaced {
+            mntns: NS + 1,
+            cgroup_id: 1
+        }
+    );
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(2));
+        fleet.survey(&[container("later", NS + 1, me)], &[], Instant::now());
+    }
+    let text = text(&registry);
+    assert_eq!(failures_of(&text, "later", "docker"), 0.0, "{text}");
+    assert_eq!(failures_of(&text, "", "unknown"), 1.0, "{text}");
+    drop(made);
+}
+
+#[test]
+fn a_namespace_nobody_claims_ends_once_no_process_is_in_it() {
+    let (mut fleet, made, _registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().occupied.insert(NS);
+    fail(&mut fleet, 906, NS, 1, SECOND);
+    fail(&mut fleet, 907, NS + 1, 1, SECOND);
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(2));
+        fleet.survey(&[], &[], Instant::now());
+    }
+    let ended: Vec<u32> = fleet.take_ended().iter().map(|e| e.mntns).collect();
+    assert_eq!(ended, vec![NS + 1], "only the namespace nobody is in ends");
+}
+
+/// The kernel counted a failure whose record was lost; the container had gone by the reading:
+/// its last tenant is credited, not `unknown`.
+#[test]
+fn a_count_whose_record_was_lost_goes_to_the_namespaces_last_container() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(15, of("burst"));
+    fleet.runtime_event(&event("burst", Action::Started));
+    fail(&mut fleet, 908, NS, 15, SECOND);
+    fleet.runtime_event(&event("burst", Action::Destroyed));
+    fleet.survey(&[], &[], Instant::now());
+    fleet.count_in(
+        NS,
+        10 * SECOND,
+        Tally::Failure {
+            syscall: "write".into(),
+            errno: "ENOSPC".into(),
+            count: 19_999,
+        },
+    );
+    let text = text(&registry);
+    assert_eq!(failures_of(&text, "burst", "docker"), 20_000.0, "{text}");
+}
+
+#[test]
+fn host_records_count_for_the_host_and_untouched_containers_have_no_series() {
+    let (mut fleet, _made, registry) = fleet(Duration::from_secs(60));
+    fleet.survey(
+        &[container("idle", NS, std::process::id())],
+        &[],
+        Instant::now(),
+    );
+    fail(&mut fleet, 909, HOST, 1, SECOND);
+    let text = text(&registry);
+    assert_eq!(failures_of(&text, "", "host"), 1.0, "{text}");
+    assert!(!text.contains("idle"), "{text}");
+}
+
+#[test]
+fn a_gone_container_keeps_its_series_for_retain_then_loses_all_of_them() {
+    let (mut fleet, made, registry) = fleet(Duration::from_millis(200));
+    made.0.lock().unwrap().cgroups.insert(16, of("trainer"));
+    fleet.survey(
+        &[container("trainer", NS, std::process::id())],
+        &[],
+        Instant::now(),
+    );
+    fail(&mut fleet, 910, NS, 16, SECOND);
+    fleet.measured(&Capacity {
+        dev: 50,
+        size: 64 << 20,
+        used: 1 << 20,
+        ts_ns: 0,
+    });
+    fleet.survey(&[], &[], Instant::now());
+    assert!(text(&registry).contains(r#"container="trainer""#));
+    std::thread::sleep(Duration::from_millis(250));
+    fleet.survey(&[], &[], Instant::now());
+    let text = text(&registry);
+    assert!(!text.contains(r#"container="trainer""#), "{text}");
+    assert!(text.contains("shmtrace_series_retired_total 1"), "{text}");
+}
+
+#[test]
+fn a_restarted_container_continues_its_series_in_its_new_namespace() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    let me = std::process::id();
+    made.0.lock().unwrap().cgroups.insert(17, of("web"));
+    fleet.survey(&[container("web", NS, me)], &[], Instant::now());
+    fail(&mut fleet, 911, NS, 17, SECOND);
+    let starts = fleet.survey(&[container("web", NS + 5, 1)], &[], Instant::now());
+    assert_eq!(starts.len(), 1, "a new main process is a start");
+    let ended: Vec<u32> = fleet.take_ended().iter().map(|e| e.mntns).collect();
+    assert_eq!(ended, vec![NS]);
+    fail(&mut fleet, 912, NS + 5, 17, 2 * SECOND);
+    assert_eq!(failures_of(&text(&registry), "web", "docker"), 2.0);
+}
+
+/// Two containers sharing one /dev/shm (`--ipc=container:`) each show it, labelled with the
+/// same `shm`; the node's use counts it once, beside a third container's own.
+#[test]
+fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
+    let (mut fleet, _made, registry) = fleet(Duration::from_millis(200));
+    let me = std::process::id();
+    let mut other = container("other", NS + 2, me);
+    other.shm.measured = other.shm.measured.map(|m| Capacity { dev: 51, ..m });
+    let sidecar = container("sidecar", NS + 1, me);
+    fleet.survey(
+        &[container("trainer", NS, me), sidecar, other.clone()],
+        &[],
+        Instant::now(),
+    );
+    for (name, ns) in [("trainer", NS), ("sidecar", NS + 1), ("other", NS + 2)] {
+        let found = Found::Owner(Owner::Container(of(name)));
+        fleet.count(&found, ns as u64, Tally::Touch);
+    }
+    for (dev, used) in [(50, 40 << 20), (51, 8 << 20)] {
+        fleet.measured(&Capacity {
+            dev,
+            size: 64 << 20,
+            used,
+            ts_ns: 0,
+        });
+    }
+    let text = text(&registry);
+    for name in ["trainer", "sidecar"] {
+        assert!(
+            text.contains(&format!(
+                r#"shmtrace_shm_used_bytes{{container="{name}",pod="",namespace="",runtime="docker",shm="0:50"}} 41943040"#
+            )),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("shmtrace_node_shm_used_bytes 50331648"),
+        "{text}"
+    );
+
+    // The two sharing it are gone: their series retire, and the node counts the other's alone.
+    fleet.survey(&[other.clone()], &[], Instant::now());
+    std::thread::sleep(Duration::from_millis(250));
+    fleet.survey(&[other], &[], Instant::now());
+    let text = super::fleet_tests::text(&registry);
+    assert!(!text.contains(r#"shm="0:50""#), "{text}");
+    assert!(
+        text.contains("shmtrace_node_shm_used_bytes 8388608"),
+        "{text}"
+    );
+}
+
+/// A container that stopped before a survey saw it run, not removed: the name its runtime
+/// lists among its stopped containers.
+#[test]
+fn a_container_listed_stopped_is_named_by_that_list() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(18, of("stopped"));
+    fail(&mut fleet, 913, NS, 18, SECOND);
+    let candidate = Candidate {
+        runtime: Runtime::Docker,
+        id: id("stopped"),
+        name: "stopped".into(),
+        pod: None,
+        namespace: None,
+        state: State::Exited { code: Some(1) },
+    };
+    fleet.survey(&[], &[candidate], Instant::now());
+    assert_eq!(failures_of(&text(&registry), "stopped", "docker"), 1.0);
+}
