@@ -169,7 +169,7 @@ impl Pipeline {
         bytes: &Bytes,
         env: &mut dyn Environment,
     ) -> Result<Option<Event>> {
-        let event = match decode(bytes) {
+        let mut event = match decode(bytes) {
             Ok(event) => event,
             Err(error) => {
                 self.malformed += 1;
@@ -180,6 +180,13 @@ impl Pipeline {
                 return Ok(None);
             }
         };
+        // A name relative to a directory descriptor (`find`, `du`, `rm -r` in a /dev/shm
+        // subdirectory) is named whole, from the directory the process opened.
+        if let Body::Call(call) = &mut event.body
+            && let Some(whole) = self.world.resolve_relative(event.pid, call)
+        {
+            call.path = Some(whole);
+        }
         if !self.world.knows(event.pid) && !matches!(event.body, Body::Exec(_)) {
             // First sight of a process that existed before: learn what it already holds.
             if let Some(snapshot) = env.snapshot(event.pid) {

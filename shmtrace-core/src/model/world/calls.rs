@@ -8,6 +8,37 @@ use crate::{
 };
 
 impl World {
+    /// A directory on a /dev/shm opened (its descriptor kept, with its path) or closed.
+    fn follow_directory(&mut self, event: &Event, call: &Call, path: Option<Arc<str>>) {
+        let Some(process) = self.processes.get_mut(&event.pid) else {
+            return;
+        };
+        match (call.syscall, call.fd, call.failed()) {
+            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, Some(fd), false) => {
+                match path.filter(|p| p.starts_with('/')) {
+                    Some(path) if process.dir_fds.len() < MAX_NAMES => {
+                        process.dir_fds.insert(fd, path);
+                    }
+                    _ => drop(process.dir_fds.remove(&fd)),
+                }
+            }
+            (Syscall::Close, Some(fd), _) => drop(process.dir_fds.remove(&fd)),
+            _ => {}
+        }
+    }
+
+    /// The whole path of a call's name that is relative to a directory descriptor on a
+    /// /dev/shm this process opened (`openat(dirfd, "sub/f")`), when it is known.
+    pub fn resolve_relative(&self, pid: u32, call: &Call) -> Option<String> {
+        let path = call.path.as_deref()?;
+        if !call.relative_to_shm || path.starts_with('/') || !has_dirfd(call.syscall) {
+            return None;
+        }
+        let dirfd = call.args[0] as i32;
+        let dir = self.processes.get(&pid)?.dir_fds.get(&dirfd)?;
+        Some(format!("{}/{path}", dir.trim_end_matches('/')))
+    }
+
     pub(super) fn apply_call(&mut self, event: &Event, call: &Call, note: &mut Annotation) {
         // A directory (/dev/shm itself, whose descriptor `ls` or a runtime closes) is no
         // object: kept as one, each container's would stay in the model for good.
@@ -16,6 +47,7 @@ impl World {
             .is_some_and(|file| file.mode & libc::S_IFMT == libc::S_IFDIR)
         {
             note.object_path = call.display_path().map(Arc::from);
+            self.follow_directory(event, call, note.object_path.clone());
             return;
         }
         let ok = !call.failed();
@@ -235,3 +267,11 @@ impl World {
 #[cfg(test)]
 #[path = "calls_tests.rs"]
 mod tests;
+
+/// Whether the call's first argument is the directory descriptor its path is relative to.
+fn has_dirfd(syscall: Syscall) -> bool {
+    matches!(
+        syscall,
+        Syscall::Openat | Syscall::Openat2 | Syscall::Open | Syscall::Unlinkat
+    )
+}

@@ -450,6 +450,7 @@ impl World {
         child.exe = parent.exe.clone();
         child.argv = parent.argv.clone();
         child.fds = parent.fds.clone();
+        child.dir_fds = parent.dir_fds.clone();
         child.mappings = parent.mappings.clone();
         for fd in child.fds.values() {
             if let Some(object) = self.objects.get_mut(&fd.inode) {
