@@ -114,6 +114,26 @@ pub mod statfs_args {
     pub const MAGIC: usize = 5;
 }
 
+/// Where the probes see a call ([`Syscall::traced_at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TracedAt {
+    /// A `sys_enter_<name>` program stashes the call, the shared `sys_exit` program reports
+    /// it: what the call needs seen (a path to read before the call runs, or arguments the
+    /// saved registers do not keep) is there at entry only.
+    BothEnds,
+    /// Its own `sys_exit_<name>` program only, with its arguments read from the registers
+    /// saved at entry: a call on a descriptor that stays open, about which nothing needs
+    /// seeing before it runs. An entry tracepoint would cost every process on the host on
+    /// each of these calls.
+    Exit,
+    /// Its `sys_enter_<name>` program only, reported as succeeding: a `close` of a /dev/shm
+    /// descriptor. The descriptor is released at entry whatever the call then returns (only
+    /// a file system's flush can fail it, and tmpfs has none), and its file is gone by the
+    /// exit. An exit tracepoint would cost every process on the host on every `close`, and a
+    /// stash and a lookup per traced call.
+    Entry,
+}
+
 impl Syscall {
     pub const ALL: [Syscall; 19] = [
         Syscall::Openat,
@@ -137,30 +157,39 @@ impl Syscall {
         Syscall::Open,
     ];
 
-    /// Whether the probes trace the call at its exit only, with its arguments read from the
-    /// registers saved at entry, and no `sys_enter_<name>` program: a call on a descriptor that
-    /// stays open, about which nothing needs seeing before it runs. An entry tracepoint would
-    /// cost every process on the host on each of these calls.
-    pub const fn traced_at_exit_only(self) -> bool {
-        matches!(
-            self,
+    /// Where the probes see the call: its tracepoints, its program, its record.
+    pub const fn traced_at(self) -> TracedAt {
+        match self {
             Syscall::Ftruncate
-                | Syscall::Fallocate
-                | Syscall::Write
-                | Syscall::Mmap
-                | Syscall::Munmap
-                | Syscall::Statfs
-                | Syscall::Fstatfs
-        )
+            | Syscall::Fallocate
+            | Syscall::Write
+            | Syscall::Mmap
+            | Syscall::Munmap
+            | Syscall::Statfs
+            | Syscall::Fstatfs => TracedAt::Exit,
+            Syscall::Close => TracedAt::Entry,
+            Syscall::Openat
+            | Syscall::Openat2
+            | Syscall::Open
+            | Syscall::Unlink
+            | Syscall::Unlinkat
+            | Syscall::MemfdCreate
+            | Syscall::Shmget
+            | Syscall::Shmat
+            | Syscall::Shmdt
+            | Syscall::Shmctl
+            | Syscall::Recvmsg => TracedAt::BothEnds,
+        }
     }
 
-    /// Whether the probes trace the call at its entry only, and report it as succeeding: a
-    /// `close` of a /dev/shm descriptor. The descriptor is released at entry whatever the call
-    /// then returns (only a file system's flush can fail it, and tmpfs has none), and its file
-    /// is gone by the exit. An exit tracepoint would cost every process on the host on every
-    /// `close`, and a stash and a lookup per traced call.
+    /// [`TracedAt::Exit`].
+    pub const fn traced_at_exit_only(self) -> bool {
+        matches!(self.traced_at(), TracedAt::Exit)
+    }
+
+    /// [`TracedAt::Entry`].
     pub const fn traced_at_entry_only(self) -> bool {
-        matches!(self, Syscall::Close)
+        matches!(self.traced_at(), TracedAt::Entry)
     }
 
     /// The kernel's name, as in `/sys/kernel/tracing/events/syscalls/sys_enter_<name>`.
@@ -188,10 +217,80 @@ impl Syscall {
         }
     }
 
-    /// Whether the call opens a path (`open`, `openat`, `openat2`), whose args all hold
-    /// `[dirfd, path, flags, mode, ...]`.
+    /// Whether the call opens a path (`open`, `openat`, `openat2`): the open family, whose
+    /// records all hold `[dirfd, path, flags, mode, ...]` (`open`'s `dirfd` is `AT_FDCWD`,
+    /// `openat2`'s `struct open_how` is unpacked into 2..=4) and return the new descriptor.
     pub const fn opens_a_path(self) -> bool {
-        matches!(self, Syscall::Openat | Syscall::Openat2 | Syscall::Open)
+        match self {
+            Syscall::Openat | Syscall::Openat2 | Syscall::Open => true,
+            Syscall::Ftruncate
+            | Syscall::Fallocate
+            | Syscall::Write
+            | Syscall::Mmap
+            | Syscall::Munmap
+            | Syscall::Close
+            | Syscall::Unlink
+            | Syscall::Unlinkat
+            | Syscall::MemfdCreate
+            | Syscall::Shmget
+            | Syscall::Shmat
+            | Syscall::Shmdt
+            | Syscall::Shmctl
+            | Syscall::Recvmsg
+            | Syscall::Statfs
+            | Syscall::Fstatfs => false,
+        }
+    }
+
+    /// Which of the record's arguments is a path, for the calls that name one: a record of
+    /// such a call is a [`PathEvent`], whose `path` is read from that argument.
+    /// `memfd_create`'s "path" is the name it gives the file.
+    pub const fn path_arg(self) -> Option<usize> {
+        match self {
+            Syscall::Openat | Syscall::Openat2 | Syscall::Open | Syscall::Unlinkat => Some(1),
+            Syscall::Unlink | Syscall::MemfdCreate | Syscall::Statfs => Some(0),
+            Syscall::Ftruncate
+            | Syscall::Fallocate
+            | Syscall::Write
+            | Syscall::Mmap
+            | Syscall::Munmap
+            | Syscall::Close
+            | Syscall::Shmget
+            | Syscall::Shmat
+            | Syscall::Shmdt
+            | Syscall::Shmctl
+            | Syscall::Recvmsg
+            | Syscall::Fstatfs => None,
+        }
+    }
+
+    /// Whether the call is on the data path: a use of what a process holds (writing,
+    /// sizing, releasing), whose success says nothing new about why /dev/shm ran out. The
+    /// probes drop these when they succeed in failures-only mode (`--failed`); calls that
+    /// create, open, map or look are kept, since the diagnosis needs them to name what
+    /// failed.
+    pub const fn is_data_path(self) -> bool {
+        match self {
+            Syscall::Write
+            | Syscall::Ftruncate
+            | Syscall::Fallocate
+            | Syscall::Close
+            | Syscall::Munmap
+            | Syscall::Shmdt
+            | Syscall::Shmctl => true,
+            Syscall::Openat
+            | Syscall::Openat2
+            | Syscall::Open
+            | Syscall::Mmap
+            | Syscall::Unlink
+            | Syscall::Unlinkat
+            | Syscall::MemfdCreate
+            | Syscall::Shmget
+            | Syscall::Shmat
+            | Syscall::Recvmsg
+            | Syscall::Statfs
+            | Syscall::Fstatfs => false,
+        }
     }
 }
 

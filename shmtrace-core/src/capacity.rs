@@ -15,6 +15,25 @@ pub struct Capacity {
     pub used: u64,
     /// When it was measured (`CLOCK_BOOTTIME` ns).
     pub ts_ns: u64,
+    /// How many files it can hold and how many more it could take then (`f_files`,
+    /// `f_ffree`: a tmpfs's `nr_inodes`), when measured; older trace files lack it.
+    #[serde(default)]
+    pub files: Option<FileCount>,
+}
+
+/// A file system's file count: a tmpfs holds at most `nr_inodes` files, whatever their size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileCount {
+    /// Files it can hold (`f_files`).
+    pub limit: u64,
+    /// Files it could still take (`f_ffree`).
+    pub free: u64,
+}
+
+impl FileCount {
+    pub fn used(&self) -> u64 {
+        self.limit.saturating_sub(self.free)
+    }
 }
 
 impl Capacity {

@@ -5,7 +5,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use shmtrace_common::{
-    Config, FileRef, KernelOffsets, Loss, PATH_LEN, TallyKey, tally::TALLIES_ENTRIES,
+    Config, FileRef, KernelOffsets, Loss, PATH_LEN, Syscall, TallyKey, tally::TALLIES_ENTRIES,
     targets::FOLLOWED_WORDS,
 };
 
@@ -60,6 +60,15 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 /// kind), and reads that failed.
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
+
+/// Counts one loss in [`LOST`].
+#[inline(always)]
+pub fn count(loss: Loss) {
+    if let Some(counter) = LOST.get_ptr_mut(loss.index()) {
+        // SAFETY: a per-CPU slot, so no other program writes it concurrently.
+        unsafe { *counter += 1 };
+    }
+}
 
 /// Failures and SIGBUS by mount namespace, counted whether or not their records fit in
 /// `EVENTS` (`tally`). A full map is counted (`Loss::Tally`).
@@ -122,11 +131,12 @@ pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0
 pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// A call seen at `sys_enter`, waiting for its `sys_exit`, by thread id. A thread's slot is
-/// written in place call after call and marked [`Pending::RETURNED`] at `sys_exit`, not
-/// removed: an insert and a removal per call cost the traced call more than the rest of the
-/// map work together. The slot goes when its thread exits (`sched_process_exit`). A call
-/// always reaches its `sys_exit` (a thread killed in it returns through it too), so nothing
-/// else leaks; a full map is counted (`Loss::Pending`).
+/// written in place call after call, and read only while the thread's `STASHED` bit says it
+/// holds a call that has not returned; it is not removed after each call: an insert and a
+/// removal per call cost the traced call more than the rest of the map work together. The
+/// slot goes when its thread exits (`sched_process_exit`). A call always reaches its
+/// `sys_exit` (a thread killed in it returns through it too), so nothing else leaks; a full
+/// map is counted (`Loss::Pending`).
 #[map]
 pub static INFLIGHT: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 
@@ -139,17 +149,11 @@ pub static SCRATCH: PerCpuArray<[u8; PATH_LEN]> = PerCpuArray::with_max_entries(
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Pending {
-    /// A `Syscall`, or [`Pending::RETURNED`].
-    pub syscall: u16,
+    pub syscall: Syscall,
     pub flags: u16,
     pub fd: i32,
     pub args: [u64; 6],
     /// Valid when `flags` has `FILE`: the descriptor's file, as read when the call was made
     /// (`close`, traced at entry only) or returned (the calls traced at exit only).
     pub file: FileRef,
-}
-
-impl Pending {
-    /// `syscall` of a slot whose call has returned.
-    pub const RETURNED: u16 = u16::MAX;
 }

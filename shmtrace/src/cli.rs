@@ -66,6 +66,25 @@ pub enum Command {
     ///   shmtrace report --size run.shmtrace          the same, from a recording
     #[command(verbatim_doc_comment)]
     Size(SizeArgs),
+    /// Check the /dev/shm this process sees, without tracing and without privileges.
+    ///
+    /// In well under a second: its size, use, inodes and mount options, and whether it is the
+    /// container's own tmpfs, one mounted there (the host's, an emptyDir) or missing; the
+    /// memory limit of this cgroup (v1 or v2), the /dev/shm pages it already counts, and which
+    /// limit a workload meets first (ENOSPC, or the OOM killer when the memory limit is
+    /// smaller); `ulimit -n` and `-l`; the files in /dev/shm by memory held, with the
+    /// processes that hold them, so leftovers are named; the runtime or platform, with the fix
+    /// in its terms.
+    ///
+    /// Exit status: 0, or with --min 3 when /dev/shm (or what the memory limit leaves of it)
+    /// is smaller than SIZE, or cannot be written.
+    ///
+    /// Examples:
+    ///   shmtrace check
+    ///   shmtrace check --min 2g && python train.py      in an entrypoint
+    ///   shmtrace check --json
+    #[command(verbatim_doc_comment)]
+    Check(CheckArgs),
     /// Run as a node agent: trace every container on the host, for weeks, in bounded memory.
     ///
     /// Serves Prometheus metrics (/metrics) and a health check (/healthz) on --listen, writes
@@ -268,6 +287,19 @@ pub struct SizeOptions {
     /// fit, 4 fits but the traced command failed (its status is printed).
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     pub budget: Option<u64>,
+}
+
+/// `shmtrace check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Exit with status 3 when /dev/shm is smaller than SIZE (512m, 2g, 2Gi), or when the
+    /// memory limit leaves it less than SIZE, or when it cannot be written.
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
+    pub min: Option<u64>,
+
+    /// Write the facts as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

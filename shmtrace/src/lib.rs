@@ -34,9 +34,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         None => commands::trace::run(&cli.target, &cli.output),
         Some(Command::Record(args)) => commands::record::run(&args),
+        // `--size` conflicts with `--redact`, `--html` and `--perfetto`: the advice alone.
+        Some(Command::Report(args)) if args.size => commands::size::from_trace(&args),
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
         Some(Command::Size(args)) => commands::size::run(&args),
+        Some(Command::Check(args)) => commands::check::run(&args),
         Some(Command::Daemon(args)) => daemon::run(&args),
         Some(Command::Demo { output }) => commands::demo::run(&output),
         Some(Command::DemoWorkload) => live::demo::workload(),

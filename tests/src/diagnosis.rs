@@ -245,7 +245,9 @@ pub fn assert_summary(records: &[Value]) {
             .filter(|d| d["place"] == *place && d["role"] == *role);
         let failures: u64 = ours
             .clone()
-            .map(|d| d["failures"].as_array().unwrap().len() as u64)
+            .flat_map(|d| d["failures"].as_array().unwrap())
+            // A run of like failures is one entry, with its count.
+            .map(|f| f["count"].as_u64().unwrap_or(1))
             .sum();
         let deaths = ours
             .filter(|d| d["ending"].is_object() && d["ending"]["exit_code"] != 0)

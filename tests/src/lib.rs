@@ -2,6 +2,7 @@
 //! kernel, its JSON output parsed; real Docker containers in `docker`.
 pub mod bpf_objects;
 pub mod command;
+pub mod corpus;
 pub mod daemon;
 pub mod diagnosis;
 pub mod docker;
@@ -15,6 +16,7 @@ pub mod ray;
 pub mod recording;
 pub mod runtimes;
 pub mod sizing;
+pub mod unprivileged;
 pub mod venv;
 pub mod watchdog;
 pub mod workload;
@@ -97,10 +99,14 @@ pub const UNLINK: &str = if cfg!(target_arch = "x86_64") {
 /// The scenario program, which cargo builds next to the test binaries (`target/<profile>/`).
 pub fn exerciser() -> PathBuf {
     let test_binary = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = test_binary
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binaries live in target/<profile>/deps");
+    // Test binaries live in target/<profile>/deps, the crate's own binaries (the corpus
+    // recorder) beside it.
+    let dir = test_binary.parent().expect("a binary's directory");
+    let profile_dir = if dir.ends_with("deps") {
+        dir.parent().expect("target/<profile>")
+    } else {
+        dir
+    };
     let path = profile_dir.join("shm-exerciser");
     assert!(
         path.exists(),

@@ -4,7 +4,8 @@
 Each batch is one float32 tensor of --batch-bytes, made by --workers worker
 processes with --prefetch batches queued per worker; the trainer takes --step
 seconds per batch, so the workers run ahead as far as prefetch_factor lets
-them. When /dev/shm is too small, PyTorch raises (ENOSPC from fallocate in a
+them. --strategy file_system passes batches by name instead of by
+descriptor. When /dev/shm is too small, PyTorch raises (ENOSPC from fallocate in a
 worker, or the worker dies of SIGBUS; a batch lost in a worker's queue feeder
 thread shows as the DataLoader's timeout) and this exits 1. Needs the venv of
 tests/src/pytorch.rs.
@@ -42,7 +43,13 @@ def main():
     p.add_argument("--step", type=float, default=0.05)
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds the trainer waits for a batch before giving up")
+    p.add_argument("--strategy", choices=["file_descriptor", "file_system"],
+                   default="file_descriptor",
+                   help="torch.multiprocessing's sharing strategy: batches travel by descriptor "
+                        "(one unlinked /dev/shm file each), or by name (file_system: one named "
+                        "file each, and a torch_shm_manager per worker)")
     args = p.parse_args()
+    torch.multiprocessing.set_sharing_strategy(args.strategy)
     loader = DataLoader(Batches(args.batches, args.batch_bytes // 4), batch_size=None,
                         num_workers=args.workers, prefetch_factor=args.prefetch,
                         # A worker whose batch cannot be put in /dev/shm fails in its queue's

@@ -19,15 +19,27 @@ pub enum Cause {
     NoShm,
     /// /dev/shm is mounted read-only: EROFS.
     ReadOnly,
+    /// Creating a file under /dev/shm failed because a directory on its path does not exist
+    /// (`/dev/shm/app/x` without `/dev/shm/app`): /dev/shm itself is there.
+    NoDirectory,
+    /// A name the program attaches to was removed by another process while its owner still
+    /// held it: ENOENT opening it.
+    NameRemoved,
     /// /dev/shm is full of files of processes that are gone; without them the size would
     /// have been enough.
     Leftovers,
+    /// /dev/shm holds as many files as it may (`nr_inodes`): ENOSPC creating one, however
+    /// much room the files leave.
+    InodesFull,
     /// /dev/shm is full: ENOSPC, or SIGBUS touching a page the tmpfs could not provide.
     ShmFull,
     /// mmap ENOMEM on a /dev/shm object: too many mappings (vm.max_map_count).
     MapLimit,
     /// EMFILE/ENFILE: out of file descriptors.
     FdLimit,
+    /// Huge pages asked for (`SHM_HUGETLB`, `MAP_HUGETLB`) and none left in the pool
+    /// (`vm.nr_hugepages`).
+    HugePages,
     /// A System V limit: shmmax, shmall, shmmni.
     SysvLimit,
     /// A fatal signal unrelated to /dev/shm (a crash).
@@ -268,17 +280,23 @@ pub fn classify(
 }
 
 fn call_cause(call: &Call, errno: i32) -> Cause {
-    let in_shm = call
-        .display_path()
-        .is_some_and(|p| p.starts_with("/dev/shm/"));
+    let path = call.display_path();
+    let in_shm = path.as_deref().and_then(|p| p.strip_prefix("/dev/shm/"));
+    let opens = call.syscall.opens_a_path();
     match (call.syscall, errno) {
+        _ if call.asks_for_huge_pages() => Cause::HugePages,
         (Syscall::Shmget | Syscall::Shmat | Syscall::Shmctl, _) => Cause::SysvLimit,
         // Creating a file in a directory that does not exist: expected_error() already set
-        // aside the opens that did not ask to create.
-        (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::ENOENT) if in_shm => {
-            Cause::NoShm
+        // aside the opens that did not ask to create. In /dev/shm itself, /dev/shm is
+        // missing; deeper, only the program's own directory is.
+        (_, libc::ENOENT) if opens && in_shm.is_some_and(|name| name.contains('/')) => {
+            Cause::NoDirectory
         }
+        (_, libc::ENOENT) if opens && in_shm.is_some() => Cause::NoShm,
         (_, libc::EROFS) => Cause::ReadOnly,
+        // Creating a file takes an inode and no page: a tmpfs refuses it only for want of
+        // inodes (`nr_inodes`).
+        (_, libc::ENOSPC) if opens && call.args[2] & libc::O_CREAT as u64 != 0 => Cause::InodesFull,
         (_, libc::ENOSPC) => Cause::ShmFull,
         (Syscall::Mmap, libc::ENOMEM) => Cause::MapLimit,
         (_, libc::EMFILE | libc::ENFILE) => Cause::FdLimit,
@@ -329,4 +347,163 @@ pub(super) fn at_least_refused(
     let floor = capacity.size.saturating_sub((free_below - 1) * PAGE);
     capacity.used = capacity.used.max(floor);
     capacity
+}
+
+/// Failures alike, counted as one: the same call failing the same way on names of one kind
+/// (`/dev/shm/torch_*`), or the same fault. A worker that fails each batch the same way shows
+/// one line, not a thousand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailureRun<'a> {
+    /// The first of them (the decisive one, when the run comes first).
+    pub first: &'a Failure,
+    pub count: usize,
+    pub last_ts_ns: u64,
+    /// Their paths as one: the path when all are the same, else what they share and `*`.
+    pub pattern: Option<String>,
+}
+
+/// `failures` in runs of like ones, each run where its first failure stands.
+pub fn runs(failures: &[Failure]) -> Vec<FailureRun<'_>> {
+    let mut runs: Vec<(RunKey<'_>, FailureRun<'_>, Vec<&str>)> = Vec::new();
+    for failure in failures {
+        let key = run_key(failure);
+        let path = failure.kind.path();
+        match runs.iter_mut().find(|(k, ..)| key.is_some() && *k == key) {
+            Some((_, run, paths)) => {
+                run.count += 1;
+                run.last_ts_ns = run.last_ts_ns.max(failure.ts_ns);
+                paths.extend(path);
+            }
+            None => runs.push((
+                key,
+                FailureRun {
+                    first: failure,
+                    count: 1,
+                    last_ts_ns: failure.ts_ns,
+                    pattern: None,
+                },
+                path.into_iter().collect(),
+            )),
+        }
+    }
+    runs.into_iter()
+        .map(|(_, mut run, paths)| {
+            run.pattern = common_pattern(&paths);
+            run
+        })
+        .collect()
+}
+
+/// What makes failures alike; `None` for a kind never run together (an OOM kill, a look).
+type RunKey<'a> = Option<(&'static str, &'a str, Cause, Option<&'a str>)>;
+
+fn run_key(failure: &Failure) -> RunKey<'_> {
+    match &failure.kind {
+        FailureKind::Call {
+            syscall,
+            errno,
+            path,
+            ..
+        } => Some((syscall, errno, failure.cause, path.as_deref().map(stem))),
+        FailureKind::Fault { signal, path, .. } => {
+            Some(("fault", signal, failure.cause, path.as_deref().map(stem)))
+        }
+        FailureKind::OomKill | FailureKind::SpaceCheck { .. } => None,
+    }
+}
+
+/// A name's kind: its directory and the start of its last component up to the first `_`, `.`
+/// or `-` (`/dev/shm/torch_`, `/dev/shm/PostgreSQL.`, `/dev/shm/sem.`); the whole path when it
+/// has none.
+fn stem(path: &str) -> &str {
+    let name_at = path.rfind('/').map_or(0, |slash| slash + 1);
+    match path[name_at..].find(['_', '.', '-']) {
+        Some(at) => &path[..name_at + at + 1],
+        None => path,
+    }
+}
+
+/// The paths as one pattern: the path when all are one, else their common start and `*`.
+fn common_pattern(paths: &[&str]) -> Option<String> {
+    let first = *paths.first()?;
+    let mut common = first.len();
+    for path in &paths[1..] {
+        common = common.min(
+            first
+                .char_indices()
+                .zip(path.chars())
+                .find(|((_, a), b)| a != b)
+                .map_or(first.len().min(path.len()), |((at, _), _)| at),
+        );
+    }
+    if paths.iter().all(|p| *p == first) {
+        Some(first.to_owned())
+    } else {
+        Some(format!("{}*", &first[..common]))
+    }
+}
+
+impl FailureKind {
+    /// The path it names, if any.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            FailureKind::Call { path, .. } | FailureKind::Fault { path, .. } => path.as_deref(),
+            FailureKind::SpaceCheck { path, .. } => path.as_deref(),
+            FailureKind::OomKill => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+
+    fn enospc(ts_ns: u64, syscall: &'static str, path: &str) -> Failure {
+        Failure {
+            ts_ns,
+            pid: 7,
+            tid: 7,
+            comm: "pt_data_worker".to_owned(),
+            cause: Cause::InodesFull,
+            kind: FailureKind::Call {
+                syscall,
+                errno: "ENOSPC".to_owned(),
+                path: Some(path.to_owned()),
+                request: 0,
+            },
+            dev: None,
+            usage: None,
+            capacity: None,
+            workers_allocating: 0,
+            unmet: 0,
+            held: 0,
+            peers: 0,
+            leftovers: Vec::new(),
+            others: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn like_failures_make_one_run_with_their_first_and_last() {
+        let mut failures: Vec<Failure> = (0..209)
+            .map(|n| {
+                enospc(
+                    1_000 + n,
+                    "openat",
+                    &format!("/dev/shm/torch_14_{}_{n}", 7 * n),
+                )
+            })
+            .collect();
+        failures.push(enospc(5_000, "fallocate", "/dev/shm/torch_14_9_9"));
+        failures.push(enospc(6_000, "openat", "/dev/shm/sem.mp-x"));
+        let runs = runs(&failures);
+        assert_eq!(runs.len(), 3, "{runs:?}");
+        assert_eq!(runs[0].count, 209);
+        assert_eq!(runs[0].first.ts_ns, 1_000);
+        assert_eq!(runs[0].last_ts_ns, 1_208);
+        assert_eq!(runs[0].pattern.as_deref(), Some("/dev/shm/torch_14_*"));
+        // Another call, or names of another kind, are runs of their own.
+        assert_eq!(runs[1].count, 1);
+        assert_eq!(runs[2].pattern.as_deref(), Some("/dev/shm/sem.mp-x"));
+    }
 }

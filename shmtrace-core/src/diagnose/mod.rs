@@ -14,6 +14,7 @@
 mod capacity;
 mod evidence;
 mod failure;
+pub mod file_count;
 mod forget;
 pub mod known;
 mod leftovers;
@@ -38,7 +39,8 @@ mod verdict;
 use std::{borrow::Cow, collections::HashMap};
 
 use evidence::LoaderStats;
-pub use failure::{Cause, Failure, FailureKind, Leftover, classify};
+pub use failure::{Cause, Failure, FailureKind, FailureRun, Leftover, classify, runs};
+pub use file_count::FileCountAdvice;
 pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
@@ -89,6 +91,8 @@ pub struct Diagnosis {
     pub usage: Option<ShmUsage>,
     pub workers_allocating: u32,
     pub recommendation: Option<Recommendation>,
+    /// When /dev/shm ran out of files rather than bytes: the file count to give it.
+    pub files: Option<FileCountAdvice>,
     /// Why /dev/shm size is not the answer, and what is.
     pub explanation: Option<String>,
     /// Files of dead processes on the /dev/shm that failed, and what they mean for the size.
@@ -147,6 +151,11 @@ pub struct Diagnoser {
     /// Reused to gather what a process holds after each call, which is most often what it
     /// held before ([`Diagnoser::update_held`]).
     held_scratch: FastSet<InodeId>,
+    /// Per mount namespace, the file system (`dev_t`) of its /dev/shm, as its calls on
+    /// /dev/shm objects showed it: a failed create names no file, only a path.
+    shm_devs: FastMap<u32, u32>,
+    /// Per /dev/shm, creates refused for want of inodes so far.
+    inode_refusals: FastMap<u32, u64>,
 }
 
 impl Diagnoser {
@@ -160,6 +169,9 @@ impl Diagnoser {
 
     /// Tells which container a mount namespace is.
     pub fn set_container(&mut self, info: ContainerInfo) {
+        if let (Some(mntns), Some(dev)) = (info.mntns, info.shm_dev) {
+            self.shm_devs.entry(mntns).or_insert(dev);
+        }
         if let Some(mntns) = info.mntns {
             self.containers.insert(mntns, info);
         }
@@ -168,6 +180,7 @@ impl Diagnoser {
     pub fn forget_container(&mut self, mntns: u32) {
         self.containers.remove(&mntns);
         self.looks_by_place.remove(&mntns);
+        self.shm_devs.remove(&mntns);
     }
 
     pub fn container(&self, mntns: u32) -> Option<&ContainerInfo> {
@@ -225,21 +238,26 @@ impl Diagnoser {
     pub fn observe(&mut self, event: &Event, note: &Annotation, world: &World) -> Vec<Diagnosis> {
         self.roles(world);
         if let Body::Call(call) = &event.body {
+            if let (Some(file), Some(path)) = (call.file, note.object_path.as_deref())
+                && path.starts_with("/dev/shm/")
+                && self.shm_devs.get(&event.mntns) != Some(&file.inode.dev)
+            {
+                self.shm_devs.insert(event.mntns, file.inode.dev);
+            }
             self.learn_loader(event.pid, call, note, world);
             self.learn_space(event, call, note.object_path.as_deref());
             self.learn_requests(call);
-            if matches!(
-                call.syscall,
-                Syscall::Openat
-                    | Syscall::Openat2
-                    | Syscall::Open
-                    | Syscall::Ftruncate
-                    | Syscall::Fallocate
-                    | Syscall::Write
-                    | Syscall::Mmap
-                    | Syscall::Munmap
-                    | Syscall::Close
-            ) {
+            if call.syscall.opens_a_path()
+                || matches!(
+                    call.syscall,
+                    Syscall::Ftruncate
+                        | Syscall::Fallocate
+                        | Syscall::Write
+                        | Syscall::Mmap
+                        | Syscall::Munmap
+                        | Syscall::Close
+                )
+            {
                 self.update_held(event.pid, event.mntns, world);
             }
             if !self.nccl_seen && note.object_path.as_deref().is_some_and(role::is_nccl) {
@@ -247,6 +265,16 @@ impl Diagnoser {
             }
         }
         if let Some((pid, cause, kind, dev)) = failure::classify(event, note) {
+            // A path-only failure (a refused create) is on its namespace's /dev/shm.
+            let dev = dev.or_else(|| match &kind {
+                FailureKind::Call { path: Some(p), .. } if p.starts_with("/dev/shm/") => {
+                    self.shm_devs.get(&event.mntns).copied()
+                }
+                _ => None,
+            });
+            if cause == Cause::InodesFull {
+                *self.inode_refusals.entry(dev.unwrap_or(0)).or_default() += 1;
+            }
             let failure = self.failure_now(event, pid, cause, kind, dev, world);
             if let (Some(dev), FailureKind::Call { request, .. }) = (dev, &failure.kind) {
                 self.pressure

@@ -32,6 +32,7 @@ impl Run {
             size: 1 << 20,
             used,
             ts_ns: 0,
+            files: None,
         });
         Run {
             world: World::new(),

@@ -2,8 +2,9 @@
 //! program it is, the size to give /dev/shm, and for a process that died of another's failure
 //! (a trainer after its worker), that other's cause.
 use super::{
-    DataloaderDemand, Demand, Diagnoser, Diagnosis, Others, Role, RoleKind,
+    DataloaderDemand, Demand, Diagnoser, Diagnosis, FileCountAdvice, Others, Role, RoleKind,
     failure::{Cause, Failure, FailureKind},
+    file_count::advise_files,
     known,
     leftovers::summarise_leftovers,
     recommend::{self, Recommendation},
@@ -22,6 +23,8 @@ pub(super) struct Diagnosed {
     first_failure_ns: Option<u64>,
     cause: Cause,
     recommendation: Option<Recommendation>,
+    files: Option<FileCountAdvice>,
+    explanation: Option<String>,
     /// Its parent's entry for it in `failed_children`, to remove when it is forgotten.
     pub(super) filed_under: Option<(u32, u64)>,
 }
@@ -130,14 +133,14 @@ impl Diagnoser {
         }
         diagnosis.cause = other.cause;
         diagnosis.recommendation = other.recommendation.clone();
-        diagnosis.explanation = explain(other.cause);
+        diagnosis.files = other.files.clone();
+        diagnosis.explanation = other.explanation.clone();
         self.diagnosed.insert(
             diagnosis.pid,
             Diagnosed {
                 first_failure_ns: None,
-                cause: other.cause,
-                recommendation: other.recommendation,
                 filed_under: None,
+                ..other
             },
         );
     }
@@ -287,8 +290,30 @@ impl Diagnoser {
                 self.recommend_for_full(pid, &role, primary, capacity, others.as_ref(), &started_by)
             }),
         };
-        let explanation = match looked {
-            Some(None) => Some(NEED_UNSEEN.to_owned()),
+        let files = (cause == Cause::InodesFull).then(|| {
+            let dev = primary.and_then(|f| f.dev);
+            let alternatives = match program.map(|k| k.program) {
+                Some("PyTorch") => vec![
+                    "fewer files at once: each batch in flight is one file, so fewer DataLoader workers or a lower prefetch_factor"
+                        .to_owned(),
+                ],
+                _ => vec!["make fewer files at once (each shared object, semaphore or queue lock is one)"
+                    .to_owned()],
+            };
+            advise_files(
+                capacity.as_ref(),
+                usage.as_ref().map_or(0, |u| u.objects),
+                self.inode_refusals
+                    .get(&dev.unwrap_or(0))
+                    .copied()
+                    .unwrap_or(0),
+                alternatives,
+                &started_by,
+            )
+        });
+        let explanation = match (looked, &files) {
+            (Some(None), _) => Some(NEED_UNSEEN.to_owned()),
+            (_, Some(files)) => Some(files.cause_text()),
             _ => explain(cause),
         };
         let filed_under = first_failure_ns
@@ -306,6 +331,8 @@ impl Diagnoser {
                 first_failure_ns,
                 cause,
                 recommendation: recommendation.clone(),
+                files: files.clone(),
+                explanation: explanation.clone(),
                 filed_under,
             },
         );
@@ -344,6 +371,7 @@ impl Diagnoser {
             capacity,
             usage,
             recommendation,
+            files,
             explanation,
             leftovers,
             others,
@@ -362,7 +390,15 @@ const NEED_UNSEEN: &str = "what it saw of /dev/shm's free space is the likely re
 /// For causes a bigger /dev/shm does not fix: what does.
 fn explain(cause: Cause) -> Option<String> {
     let text = match cause {
-        Cause::ShmFull | Cause::Leftovers => return None,
+        Cause::ShmFull | Cause::Leftovers | Cause::InodesFull | Cause::NameRemoved => {
+            return None;
+        }
+        Cause::NoDirectory => {
+            "a directory under /dev/shm that it creates files in does not exist (never made, or removed by a clean-up); /dev/shm itself is there. Make the directory before the program starts, or find what removes it"
+        }
+        Cause::HugePages => {
+            "it asked for huge pages (SHM_HUGETLB or MAP_HUGETLB) and the pool had none left: neither /dev/shm nor kernel.shmmax refused it. Reserve more (sysctl -w vm.nr_hugepages=N; see HugePages_Free in /proc/meminfo), or let the program use ordinary pages"
+        }
         Cause::NoShm => {
             "there is no /dev/shm to create files in: the container was started with \
              --ipc=none, or its image or sandbox has no /dev/shm. Give it one: drop --ipc=none \

@@ -116,16 +116,27 @@ impl Call {
             // Chromium calls memfd_create("", invalid flags) to learn what the kernel
             // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
             (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),
-            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::ENOENT) if !creates => {
-                Some("an existence check")
-            }
-            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, libc::EEXIST) => {
+            (open, libc::ENOENT) if open.opens_a_path() && !creates => Some("an existence check"),
+            (open, libc::EEXIST) if open.opens_a_path() => {
                 Some("a name already taken (programs retry with another)")
             }
             (Syscall::Unlink | Syscall::Unlinkat, libc::ENOENT) => Some("already removed"),
+            // Asking a file's file system about a file that is gone (Open MPI checks each
+            // segment's file system this way as it ends): a look, changing nothing.
+            (Syscall::Statfs | Syscall::Fstatfs, libc::ENOENT) => Some("an existence check"),
             (Syscall::Shmget, libc::ENOENT) => Some("an existence check"),
             (Syscall::Shmget, libc::EEXIST) => Some("a key already taken"),
             _ => None,
+        }
+    }
+
+    /// A `shmget` with `SHM_HUGETLB` or an `mmap` with `MAP_HUGETLB`: refused, it says
+    /// nothing of /dev/shm or of System V limits, only of the huge page pool.
+    pub fn asks_for_huge_pages(&self) -> bool {
+        match self.syscall {
+            Syscall::Shmget => self.args[2] & libc::SHM_HUGETLB as u64 != 0,
+            Syscall::Mmap => self.args[3] & libc::MAP_HUGETLB as u64 != 0,
+            _ => false,
         }
     }
 
@@ -351,6 +362,10 @@ mod tests {
                 .is_some()
         );
         assert!(call(Syscall::Unlink, enoent, 0).expected_error().is_some());
+        assert_eq!(
+            call(Syscall::Statfs, enoent, 0).expected_error(),
+            Some("an existence check")
+        );
         assert_eq!(call(Syscall::Fallocate, enospc, 0).expected_error(), None);
         assert_eq!(call(Syscall::Openat, 3, creat).expected_error(), None);
     }

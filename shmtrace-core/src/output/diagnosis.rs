@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 use super::json::SCHEMA_VERSION;
 use crate::{
     clock::Clock,
-    diagnose::{Cause, Diagnosis, RoleKind},
+    diagnose::{Cause, Diagnosis, FailureKind, FailureRun, RoleKind, runs},
     event::{ExitStatus, names},
     model::ContainerInfo,
     size::{count, human},
@@ -32,8 +32,11 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
         );
         return out;
     }
-    for failure in &d.failures {
-        add("failed", failure.headline());
+    for run in runs(&d.failures) {
+        add("failed", run_line(&run));
+        if run.count > 1 {
+            add("", format!("the first: {}", run.first.headline()));
+        }
     }
     if let Some(title) = &d.title {
         // A raylet's runs to kilobytes; the JSON has it whole.
@@ -152,6 +155,28 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
         (None, Some(explanation)) => add("cause", explanation.clone()),
         (None, None) => {}
     }
+    if let Some(files) = &d.files {
+        add(
+            "needs",
+            format!(
+                "a file count of at least {}: {}",
+                files.min_files, files.basis
+            ),
+        );
+        let mut forms = vec![
+            ("docker", files.docker.clone()),
+            ("compose", files.compose.clone()),
+            ("podman", files.podman.clone()),
+            ("kubernetes", files.kubernetes.clone()),
+        ];
+        forms.sort_by_key(|(kind, _)| Some(*kind) != files.preferred);
+        for (i, (_, form)) in forms.into_iter().enumerate() {
+            add(if i == 0 { "fix" } else { "" }, form);
+        }
+        for alternative in &files.alternatives {
+            add("or", alternative.clone());
+        }
+    }
     if let Some(leftovers) = &d.leftovers {
         if leftovers.enough_without {
             add(
@@ -189,6 +214,55 @@ pub fn lines(d: &Diagnosis) -> Vec<(&'static str, String)> {
         );
     }
     out
+}
+
+/// One run of like failures: the failure itself, or `209 openat calls on /dev/shm/torch_*
+/// returned ENOSPC (the last 4.73 s after the first)`.
+fn run_line(run: &FailureRun<'_>) -> String {
+    match (&run.first.kind, run.count) {
+        (_, 1) => run.first.headline(),
+        (FailureKind::Call { syscall, errno, .. }, n) => format!(
+            "{n} {syscall} calls{} returned {errno} ({})",
+            run.pattern
+                .as_ref()
+                .map(|p| format!(" on {p}"))
+                .unwrap_or_default(),
+            spread(run)
+        ),
+        (FailureKind::Fault { signal, .. }, n) => format!(
+            "{n} {signal} faults{} ({})",
+            run.pattern
+                .as_ref()
+                .map(|p| format!(" in {p}"))
+                .unwrap_or_default(),
+            spread(run)
+        ),
+        _ => run.first.headline(),
+    }
+}
+
+fn spread(run: &FailureRun<'_>) -> String {
+    let seconds = run.last_ts_ns.saturating_sub(run.first.ts_ns) as f64 / 1e9;
+    format!("the last {seconds:.2} s after the first")
+}
+
+/// The failures as JSON: one entry per run of like ones, the first of them with `count`,
+/// `last_ts_ns` and `pattern` when there are several.
+fn failures_json(d: &Diagnosis) -> Value {
+    runs(&d.failures)
+        .into_iter()
+        .map(|run| {
+            let mut value = serde_json::to_value(run.first).unwrap_or(Value::Null);
+            if run.count > 1
+                && let Value::Object(map) = &mut value
+            {
+                map.insert("count".to_owned(), json!(run.count));
+                map.insert("last_ts_ns".to_owned(), json!(run.last_ts_ns));
+                map.insert("pattern".to_owned(), json!(run.pattern));
+            }
+            value
+        })
+        .collect()
 }
 
 fn headline(d: &Diagnosis) -> String {
@@ -255,7 +329,7 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
         "ending": ending,
         "cause": d.cause,
         "shm_is_the_cause": d.cause == Cause::ShmFull,
-        "failures": d.failures,
+        "failures": failures_json(d),
         "follows_pid": d.follows,
         "shm": d.capacity.map(|c| json!({"size": c.size, "used": c.used})),
         "demand": d.usage.as_ref().map(|u| json!({
@@ -264,6 +338,7 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
             "workers_allocating": d.workers_allocating,
         })),
         "recommendation": d.recommendation,
+        "files": d.files,
         "explanation": d.explanation,
         "leftovers": d.leftovers.as_ref().map(|l| json!({
             "files": l.files,
@@ -311,6 +386,7 @@ mod tests {
             usage: None,
             workers_allocating: 0,
             recommendation: None,
+            files: None,
             explanation: None,
             leftovers: None,
             others: None,

@@ -350,7 +350,7 @@ fn fill_call<'a>(
     }
     // The flags' names this call shows, made first, then borrowed.
     let flags: &[(FlagKind, u64)] = match call.syscall {
-        Syscall::Openat | Syscall::Openat2 | Syscall::Open => &[(FlagKind::Open, a[2])],
+        open if open.opens_a_path() => &[(FlagKind::Open, a[2])],
         Syscall::Fallocate => &[(FlagKind::Fallocate, a[1])],
         Syscall::Mmap => &[(FlagKind::Prot, a[2]), (FlagKind::Map, a[3])],
         Syscall::Shmget => &[(FlagKind::Shmget, a[2])],

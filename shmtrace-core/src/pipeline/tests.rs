@@ -33,6 +33,7 @@ impl Environment for Machine {
             },
             used: 0,
             ts_ns,
+            files: None,
         })
     }
 }

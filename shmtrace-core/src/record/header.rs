@@ -131,6 +131,12 @@ pub struct ShmCapacity {
     pub size_bytes: u64,
     pub used_bytes: u64,
     pub available_bytes: u64,
+    /// Its file count (`nr_inodes`) and the files it could still take, when measured: absent
+    /// from files written before they were kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files_free: Option<u64>,
 }
 
 /// The one capacity type into the file's form, and back: the only place they meet.
@@ -141,6 +147,8 @@ impl From<&Capacity> for ShmCapacity {
             size_bytes: capacity.size,
             used_bytes: capacity.used,
             available_bytes: capacity.available(),
+            files: capacity.files.map(|f| f.limit),
+            files_free: capacity.files.map(|f| f.free),
         }
     }
 }
@@ -153,6 +161,10 @@ impl ShmCapacity {
             size: self.size_bytes,
             used: self.used_bytes,
             ts_ns,
+            files: self
+                .files
+                .zip(self.files_free)
+                .map(|(limit, free)| crate::capacity::FileCount { limit, free }),
         }
     }
 }
@@ -270,6 +282,7 @@ impl From<&crate::model::ContainerInfo> for ContainerDescription {
                 size_bytes: size,
                 used_bytes: info.shm_used.unwrap_or(0),
                 available_bytes: size.saturating_sub(info.shm_used.unwrap_or(0)),
+                ..ShmCapacity::default()
             }),
             extra,
             ..ContainerDescription::default()

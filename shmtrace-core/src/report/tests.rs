@@ -123,6 +123,7 @@ fn one_mib(ts_ns: u64) -> Capacity {
         size: 1 << 20,
         used: 900 << 10,
         ts_ns,
+        files: None,
     }
 }
 

@@ -161,15 +161,12 @@ impl Timeline {
         self.places.insert(event.pid, place.to_owned());
         match &event.body {
             Body::Call(call) => {
-                if matches!(
-                    call.syscall,
-                    Syscall::Openat
-                        | Syscall::Openat2
-                        | Syscall::Open
-                        | Syscall::Mmap
-                        | Syscall::Munmap
-                        | Syscall::Close
-                ) {
+                if call.syscall.opens_a_path()
+                    || matches!(
+                        call.syscall,
+                        Syscall::Mmap | Syscall::Munmap | Syscall::Close
+                    )
+                {
                     self.refresh(event.pid, event.ts_ns, world);
                 }
                 if let Some(file) = call.file {

@@ -8,7 +8,10 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
-use super::syscall::{self, enter_args};
+use super::{
+    report, shm_check,
+    tracepoint::{args_at_exit, enter_args, exit_ret, ids},
+};
 use crate::{
     emit, kernel,
     maps::{CONFIG, Pending},
@@ -35,7 +38,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn enter_close(ctx: &TracePointContext) -> Option<()> {
-    let (tgid, _) = syscall::ids();
+    let (tgid, _) = ids();
     // The scope first: every process on the host runs this, and few hold /dev/shm.
     let scope_flags = scope::fd_call_scope(tgid)?;
     // Before any kernel read: `--failed` drops every close, which cannot fail here.
@@ -46,17 +49,17 @@ fn enter_close(ctx: &TracePointContext) -> Option<()> {
     let off = kernel::offsets();
     let fd = args.fd as i32;
     let call = Pending {
-        syscall: Syscall::Close as u16,
+        syscall: Syscall::Close,
         flags: scope_flags | flags::FILE,
         fd,
         args: args.raw(),
-        file: syscall::shm_fd(fd, &off)?,
+        file: shm_check::shm_fd(fd, &off)?,
     };
-    syscall::report(&call, 0, tgid, &off);
+    report::report(&call, 0, tgid, &off);
     Some(())
 }
 
-// The calls below are traced at their exit only (see `syscall.rs`): the descriptor is still
+// The calls below are traced at their exit only (see `Syscall::traced_at`): the descriptor is still
 // open then, and the arguments still in the saved registers.
 
 /// `ftruncate(fd, length)`.
@@ -96,28 +99,28 @@ fn exit_fd_call(
     fd_arg: usize,
     arg_count: usize,
 ) -> Option<()> {
-    let (tgid, _) = syscall::ids();
+    let (tgid, _) = ids();
     // The scope first: every process on the host runs this, and few hold /dev/shm.
     let scope_flags = scope::fd_call_scope(tgid)?;
-    let ret = syscall::exit_ret(ctx);
+    let ret = exit_ret(ctx);
     // Before any kernel read: `--failed` drops most of these calls.
-    if CONFIG.load().failed_only != 0 && ret >= 0 && syscall::is_data_path(call as u16) {
+    if CONFIG.load().failed_only != 0 && ret >= 0 && call.is_data_path() {
         return None;
     }
     let off = kernel::offsets();
-    let args = syscall::args_at_exit(arg_count, &off);
+    let args = args_at_exit(arg_count, &off);
     if call == Syscall::Mmap && args[3] & MAP_ANONYMOUS != 0 {
         return None;
     }
     let fd = args[fd_arg] as i32;
     let call = Pending {
-        syscall: call as u16,
+        syscall: call,
         flags: scope_flags | flags::FILE,
         fd,
         args,
-        file: syscall::shm_fd(fd, &off)?,
+        file: shm_check::shm_fd(fd, &off)?,
     };
-    syscall::report(&call, ret, tgid, &off);
+    report::report(&call, ret, tgid, &off);
     Some(())
 }
 
@@ -131,19 +134,19 @@ pub fn sys_exit_munmap(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn exit_munmap(ctx: &TracePointContext) -> Option<()> {
-    let (tgid, _) = syscall::ids();
+    let (tgid, _) = ids();
     if !scope::has_mappings(tgid) {
         return None;
     }
     let scope_flags = scope::fd_call_scope(tgid)?;
     let off = kernel::offsets();
     let call = Pending {
-        syscall: Syscall::Munmap as u16,
+        syscall: Syscall::Munmap,
         flags: scope_flags,
         fd: -1,
-        args: syscall::args_at_exit(2, &off),
+        args: args_at_exit(2, &off),
         file: emit::no_file(),
     };
-    syscall::report(&call, syscall::exit_ret(ctx), tgid, &off);
+    report::report(&call, exit_ret(ctx), tgid, &off);
     Some(())
 }

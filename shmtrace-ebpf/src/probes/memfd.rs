@@ -2,7 +2,10 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::Syscall;
 
-use super::syscall::{self, enter_args};
+use super::{
+    stash,
+    tracepoint::{enter_args, ids},
+};
 use crate::scope;
 
 enter_args! {
@@ -16,10 +19,10 @@ enter_args! {
 
 #[tracepoint]
 pub fn sys_enter_memfd_create(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = syscall::ids();
+    let (tgid, tid) = ids();
     if let Some(flags) = scope::in_scope(tgid) {
         let args = MemfdCreateArgs::read(&ctx);
-        syscall::stash(tid, Syscall::MemfdCreate, flags, -1, args.raw());
+        stash::stash(tid, Syscall::MemfdCreate, flags, -1, args.raw());
     }
     0
 }

@@ -7,7 +7,11 @@
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Loss, Syscall, flags};
 
-use super::syscall::{self, PathIs, enter_args};
+use super::{
+    shm_check::{self, PathIs},
+    stash,
+    tracepoint::{AT_FDCWD, enter_args, ids},
+};
 use crate::{emit, scope};
 
 enter_args! {
@@ -74,7 +78,7 @@ pub fn sys_enter_open(ctx: TracePointContext) -> u32 {
 /// open's, go where openat has them.
 #[inline(always)]
 fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
-    let (tgid, tid) = syscall::ids();
+    let (tgid, tid) = ids();
     // The scope first: every process on the host runs this, and few are traced.
     let scope_flags = scope::in_scope(tgid)?;
     let (mut args, how) = if call == Syscall::Openat {
@@ -82,14 +86,14 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         ([a.dfd, a.filename, a.flags, a.mode, 0, 0], None)
     } else if call == Syscall::Open {
         let a = OpenArgs::read(ctx);
-        let at_cwd = syscall::AT_FDCWD as i64 as u64;
+        let at_cwd = AT_FDCWD as i64 as u64;
         ([at_cwd, a.filename, a.flags, a.mode, 0, 0], None)
     } else {
         let a = Openat2Args::read(ctx);
         ([a.dfd, a.filename, 0, 0, 0, a.usize], Some(a.how))
     };
     let dfd = args[0] as i32;
-    let path_flags = match syscall::shm_path(dfd, args[1]) {
+    let path_flags = match shm_check::shm_path(dfd, args[1]) {
         PathIs::Shm(path_flags) => path_flags,
         // Elsewhere, a followed process's open matters only if it runs out of descriptors.
         PathIs::Elsewhere => {
@@ -108,6 +112,6 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         args[3] = how.mode;
         args[4] = how.resolve;
     }
-    syscall::stash(tid, call, scope_flags | path_flags, -1, args);
+    stash::stash(tid, call, scope_flags | path_flags, -1, args);
     Some(())
 }

@@ -17,7 +17,7 @@ use shmtrace_common::{
     flags as header_flags, targets::TRACKED,
 };
 
-use super::syscall::{self, ids};
+use super::{stash, tracepoint::ids};
 use crate::{emit, kernel, maps::CONFIG, scope, tally};
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
@@ -134,7 +134,7 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     let task: u64 = ctx.arg(0);
     let off = kernel::offsets();
     let (tgid, tid) = ids();
-    syscall::forget_thread(tid);
+    stash::forget_thread(tid);
     if !kernel::current_group_dead(&off).unwrap_or(tgid == tid) {
         return None; // other threads live on: the process ends with the last
     }

@@ -3,7 +3,8 @@
 //! PyTorch passes each /dev/shm descriptor to the trainer over a socket (SCM_RIGHTS). When the
 //! trainer is out of file descriptors the kernel does not fail the call: it drops the
 //! descriptors and sets `MSG_CTRUNC` in `msg_flags`. That flag is the only trace of an fd-limit
-//! failure, so followed processes' `recvmsg` calls are checked for it on return.
+//! failure, so followed processes' `recvmsg` calls are checked for it on return
+//! (`recvmsg_exit.rs`, which `stash`'s `sys_exit` calls).
 //!
 //! In host-wide mode, a process nothing follows yet has its `recvmsg` checked on return for a
 //! /dev/shm descriptor received (`flags::RECEIVES`): the trainer that gets its batches this
@@ -12,7 +13,10 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
-use super::syscall::{self, enter_args};
+use super::{
+    stash,
+    tracepoint::{enter_args, ids},
+};
 use crate::scope;
 
 enter_args! {
@@ -27,7 +31,7 @@ enter_args! {
 
 #[tracepoint]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = syscall::ids();
+    let (tgid, tid) = ids();
     let call_flags = if let Some(scope_flags) = scope::tracked(tgid) {
         scope_flags | flags::FD_LIMIT_ONLY
     } else if scope::receives_unfollowed(tgid) {
@@ -36,7 +40,7 @@ pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let args = RecvmsgArgs::read(&ctx);
-    syscall::stash(
+    stash::stash(
         tid,
         Syscall::Recvmsg,
         call_flags,

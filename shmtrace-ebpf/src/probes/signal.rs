@@ -12,7 +12,7 @@
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use shmtrace_common::{EventKind, SignalEvent, flags};
 
-use super::syscall::ids;
+use super::tracepoint::ids;
 use crate::{emit, kernel, maps::CONFIG, scope, tally};
 
 const SIGKILL: i32 = 9;

@@ -8,7 +8,11 @@
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Loss, Syscall, flags, statfs_args};
 
-use super::syscall::{self, AT_FDCWD, PathIs};
+use super::{
+    report,
+    shm_check::{self, PathIs},
+    tracepoint::{AT_FDCWD, args_at_exit, exit_ret, ids},
+};
 use crate::{emit, kernel, maps::Pending, scope, tally};
 
 /// `statfs(path, buf)`.
@@ -31,14 +35,14 @@ type StatfsHead = [u64; 5];
 
 #[inline(always)]
 fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
-    let (tgid, _) = syscall::ids();
+    let (tgid, _) = ids();
     // The scope first. Not `fd_call_scope`: a program may look at /dev/shm's free space before
     // it has touched anything there (Ray's driver opens the directory, asks, and leaves).
     let scope_flags = scope::in_scope(tgid)?;
     let off = kernel::offsets();
-    let mut args = syscall::args_at_exit(2, &off);
+    let mut args = args_at_exit(2, &off);
     let (path_flags, fd, file) = if call == Syscall::Statfs {
-        match syscall::shm_path(AT_FDCWD, args[0]) {
+        match shm_check::shm_path(AT_FDCWD, args[0]) {
             // "/dev/shm" itself is what such programs ask about; the directory flag is the
             // kernel's own business (an open's), not the record's.
             PathIs::Shm(path_flags) => (path_flags & flags::RELATIVE_TO_SHM, -1, emit::no_file()),
@@ -51,9 +55,9 @@ fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         }
     } else {
         let fd = args[0] as i32;
-        (flags::FILE, fd, syscall::shm_fd(fd, &off)?)
+        (flags::FILE, fd, shm_check::shm_fd(fd, &off)?)
     };
-    let ret = syscall::exit_ret(ctx);
+    let ret = exit_ret(ctx);
     if ret == 0 {
         // SAFETY: a user pointer the call has just written; a bad one is an error, not a fault.
         let Ok(head) = (unsafe { bpf_probe_read_user(args[1] as *const StatfsHead) }) else {
@@ -67,12 +71,12 @@ fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         tally::looked(tgid);
     }
     let call = Pending {
-        syscall: call as u16,
+        syscall: call,
         flags: scope_flags | path_flags,
         fd,
         args,
         file,
     };
-    syscall::report(&call, ret, tgid, &off);
+    report::report(&call, ret, tgid, &off);
     Some(())
 }

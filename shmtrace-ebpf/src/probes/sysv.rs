@@ -2,7 +2,10 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::Syscall;
 
-use super::syscall::{self, enter_args};
+use super::{
+    stash,
+    tracepoint::{enter_args, ids},
+};
 use crate::scope;
 
 enter_args! {
@@ -45,9 +48,9 @@ enter_args! {
 
 #[inline(always)]
 fn enter(call: Syscall, args: impl FnOnce() -> [u64; 6]) {
-    let (tgid, tid) = syscall::ids();
+    let (tgid, tid) = ids();
     if let Some(flags) = scope::in_scope(tgid) {
-        syscall::stash(tid, call, flags, -1, args());
+        stash::stash(tid, call, flags, -1, args());
     }
 }
 

@@ -2,7 +2,11 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Syscall, flags};
 
-use super::syscall::{self, AT_FDCWD, PathIs, enter_args};
+use super::{
+    shm_check::{self, PathIs},
+    stash,
+    tracepoint::{AT_FDCWD, enter_args, ids},
+};
 use crate::scope;
 
 enter_args! {
@@ -37,7 +41,7 @@ pub fn sys_enter_unlinkat(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
-    let (tgid, tid) = syscall::ids();
+    let (tgid, tid) = ids();
     // The scope first: every process on the host runs this, and few are traced.
     let scope_flags = scope::in_scope(tgid)?;
     let (dfd, path, args) = if call == Syscall::Unlink {
@@ -47,11 +51,11 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         let a = UnlinkatArgs::read(ctx);
         (a.dfd as i32, a.pathname, a.raw())
     };
-    let path_flags = match syscall::shm_path(dfd, path) {
+    let path_flags = match shm_check::shm_path(dfd, path) {
         PathIs::Shm(path_flags) => path_flags,
         PathIs::Elsewhere => return None,
         PathIs::Unread => flags::PATH_AT_EXIT,
     };
-    syscall::stash(tid, call, scope_flags | path_flags, -1, args);
+    stash::stash(tid, call, scope_flags | path_flags, -1, args);
     Some(())
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand; what the live ones (trace, record, demo) share is
 //! `crate::live::launch`.
+pub mod check;
 pub mod demo;
 pub mod record;
 pub mod replay;

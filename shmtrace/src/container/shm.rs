@@ -15,7 +15,11 @@ use nix::{
 };
 
 use super::rootfs;
-use crate::{capacity::Capacity, clock::boot_ns, kernel_ids};
+use crate::{
+    capacity::{Capacity, FileCount},
+    clock::boot_ns,
+    kernel_ids,
+};
 
 /// A container's /dev/shm: its capacity when it could be measured, and what its runtime and
 /// mount options say about it.
@@ -146,6 +150,10 @@ pub fn measure_shm(pid: u32) -> Result<ShmInfo, ShmError> {
             size: total,
             used: total.saturating_sub(free),
             ts_ns,
+            files: Some(FileCount {
+                limit: stats.files(),
+                free: stats.files_free(),
+            }),
         }),
         size_option: size_option(pid),
         configured_bytes: None,

@@ -99,6 +99,7 @@ fn container(name: &str, mntns: u32, pid: u32) -> Container {
                 size: 0,
                 used: 0,
                 ts_ns: 0,
+                files: None,
             }),
             ..ShmInfo::default()
         },
@@ -395,6 +396,7 @@ fn a_gone_container_keeps_its_series_for_retain_then_loses_all_of_them() {
         size: 64 << 20,
         used: 1 << 20,
         ts_ns: 0,
+        files: None,
     });
     fleet.survey(&[], &[], Instant::now());
     assert!(text(&registry).contains(r#"container="trainer""#));
@@ -444,6 +446,7 @@ fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
             size: 64 << 20,
             used,
             ts_ns: 0,
+            files: None,
         });
     }
     let text = text(&registry);

@@ -1,0 +1,679 @@
+//! Records the corpus (`tests/corpus/`), as root, with Docker:
+//!
+//! ```text
+//! sudo cargo run -p shmtrace-tests --bin corpus -- list
+//! sudo cargo run -p shmtrace-tests --bin corpus -- record NAME...    (or: record all)
+//! ```
+//!
+//! Each entry runs a real program in a real container under `shmtrace record --container`,
+//! and is kept only when the recording holds: what `record --json` said live is what the
+//! file replays to, the program failed or succeeded as the recipe says, each diagnosis the
+//! recipe names has its cause, and the size advised works when applied once (the program run
+//! again with it, untraced). It then writes `NAME.shmtrace` and `NAME.yaml` (the verdicts, a
+//! note of how it was made). `git diff tests/corpus` shows what changed.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use shmtrace_tests::{
+    corpus::{self, Entry, Expectation, Verdict},
+    docker::{Container, wait_for},
+    pytorch, ray, read_json_lines,
+    recording::Recorder,
+    sizing::{Job, MIB, PostgresQuery, Script, Started, workloads_mount},
+    tempdir,
+};
+
+/// One entry: how to make it, and what its verdict must be.
+struct Recipe {
+    name: &'static str,
+    about: &'static str,
+    program: &'static str,
+    /// The /dev/shm the program is recorded with (ignored by jobs that set none).
+    shm_bytes: Option<u64>,
+    job: fn() -> Box<dyn Job>,
+    /// Whether the program succeeds in the recorded run.
+    succeeds: bool,
+    /// Causes the diagnoses must have, by `comm` or `role`: a recording whose verdict
+    /// differs is refused, so re-recording never blesses a wrong answer.
+    causes: &'static [(&'static str, &'static str)],
+    /// For a cause other than size, the test that applies its remedy.
+    remedy_checked: Option<&'static str>,
+    /// The job again with a /dev/shm of this many files (`nr_inodes`), to apply a file-count
+    /// advice.
+    with_files: Option<fn(u64) -> Box<dyn Job>>,
+}
+
+const PYTHON: &str = "/usr/bin/python3 -B";
+
+fn recipes() -> Vec<Recipe> {
+    vec![
+        Recipe {
+            name: "pytorch-file-descriptor-enospc",
+            about: "a PyTorch DataLoader (2 workers, 8 MiB batches, prefetch 2, the default \
+                    file_descriptor strategy) in a Docker container with --shm-size=8m: a \
+                    worker's posix_fallocate of a batch fails with ENOSPC, the trainer exits 1",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_dataloader.py)",
+            shm_bytes: Some(8 * MIB),
+            job: || {
+                Box::new(dataloader(
+                    "--workers 2 --batch-bytes 8M --prefetch 2 --batches 12 --step 0 --timeout 5",
+                ))
+            },
+            succeeds: false,
+            causes: &[("dataloader_worker", "shm_full"), ("trainer", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "pytorch-file-system-enospc",
+            about: "the same DataLoader with torch.multiprocessing's file_system strategy \
+                    (batches by name, a torch_shm_manager per worker), --shm-size=8m: ENOSPC \
+                    in a worker, the trainer exits 1",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_dataloader.py --strategy file_system)",
+            shm_bytes: Some(8 * MIB),
+            job: || {
+                Box::new(dataloader(
+                    "--workers 2 --batch-bytes 8M --prefetch 2 --batches 12 --step 0 --timeout 5 --strategy file_system",
+                ))
+            },
+            succeeds: false,
+            causes: &[("dataloader_worker", "shm_full"), ("trainer", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "postgres-parallel-hash-join-enospc",
+            about: "PostgreSQL 15, a parallel hash join of 2 x 300k rows (work_mem=64MB, 4 \
+                    workers per gather) in a container with --shm-size=8m: posix_fallocate of \
+                    /dev/shm/PostgreSQL.N fails, the query fails",
+            program: "PostgreSQL 15 from Debian (postgresql-15)",
+            shm_bytes: Some(8 * MIB),
+            job: || Box::new(hash_join()),
+            succeeds: false,
+            causes: &[("postgres", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "ray-object-store-to-tmp",
+            about: "Ray with a 200 MiB object store in Docker's default 64 MiB /dev/shm: no \
+                    call fails, Ray looks at the free space and puts its store in /tmp",
+            program: "Ray 2.60.0 from PyPI (tests/workloads/ray_object_store.py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(ray::RayCluster { store: 200 * MIB }),
+            succeeds: false,
+            causes: &[("raylet", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "shared-dev-shm-other-container",
+            about: "two containers sharing one 64 MiB /dev/shm (--ipc=shareable, \
+                    --ipc=container:): the holder keeps a 40 MiB file open, the traced writer's \
+                    posix_fallocate of 40 MiB more fails with ENOSPC",
+            program: "dd (busybox) and Python 3.11's os.posix_fallocate (Debian)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(SharedShm),
+            succeeds: false,
+            causes: &[("python3", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "leftovers-of-a-killed-job",
+            about: "the file_system strategy's files left in a 2 MiB /dev/shm by a job killed \
+                    with SIGKILL (trainer, workers and managers, as docker kill does); the same \
+                    job run again fails with ENOSPC although it fits alone",
+            program: "a stand-in: tests/workloads/file_system_strategy.py (stdlib Python making \
+                      PyTorch's calls), the scenario docker_causes tests",
+            shm_bytes: Some(2 * MIB),
+            job: || Box::new(leftovers()),
+            succeeds: false,
+            causes: &[("dataloader_worker", "leftovers")],
+            remedy_checked: Some(
+                "docker_causes::leftovers_of_killed_processes_are_named_and_the_size_is_not_blamed",
+            ),
+            with_files: None,
+        },
+        Recipe {
+            name: "no-dev-shm",
+            about: "Python's multiprocessing.Lock() in a container started with --ipc=none (no \
+                    /dev/shm): sem_open's open fails with ENOENT",
+            program: "Python 3.11's multiprocessing (Debian)",
+            shm_bytes: None,
+            job: || Box::new(Fixed::new(&["--ipc=none"], MULTIPROCESSING_LOCK)),
+            succeeds: false,
+            causes: &[("python3", "no_shm")],
+            remedy_checked: Some(
+                "docker_causes::no_dev_shm_is_named_as_the_cause_and_its_fix_works",
+            ),
+            with_files: None,
+        },
+        Recipe {
+            name: "read-only-dev-shm",
+            about: "Python's multiprocessing.Lock() with /dev/shm mounted read-only (--tmpfs \
+                    /dev/shm:ro): EROFS",
+            program: "Python 3.11's multiprocessing (Debian)",
+            shm_bytes: None,
+            job: || {
+                Box::new(Fixed::new(
+                    &["--tmpfs", "/dev/shm:ro,size=1m"],
+                    MULTIPROCESSING_LOCK,
+                ))
+            },
+            succeeds: false,
+            causes: &[("python3", "read_only")],
+            remedy_checked: Some(
+                "docker_causes::read_only_dev_shm_is_named_as_the_cause_and_its_fix_works",
+            ),
+            with_files: None,
+        },
+        Recipe {
+            name: "healthy-chromium",
+            about: "headless Chromium rendering a page to a PNG in a 1 MiB /dev/shm: it makes \
+                    its shared memory with memfd_create and probes the kernel with an invalid \
+                    memfd_create; it succeeds",
+            program: "Chromium from Debian (chromium)",
+            shm_bytes: Some(MIB),
+            job: || Box::new(chromium()),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "healthy-pytorch-training",
+            about: "a PyTorch training loop (a tiny model, 3 epochs, 2 DataLoader workers) in a \
+                    64 MiB /dev/shm: 48 batches through /dev/shm; it succeeds",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_training.py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(torch_script("torch_training.py --workers 2 --epochs 3")),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "healthy-postgres-parallel-query",
+            about: "PostgreSQL 15's parallel hash join of the failing entry, in a 256 MiB \
+                    /dev/shm: dynamic shared memory in /dev/shm/PostgreSQL.N; it succeeds",
+            program: "PostgreSQL 15 from Debian (postgresql-15)",
+            shm_bytes: Some(256 * MIB),
+            job: || Box::new(hash_join()),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "healthy-mpi-job",
+            about: "an Open MPI job of 4 ranks (mpirun, shared-memory transport: its segments \
+                    in /dev/shm) passing arrays around a ring and reducing them, in a 64 MiB \
+                    /dev/shm; it succeeds",
+            program: "Open MPI 4.1 and mpi4py from Debian (openmpi-bin, python3-mpi4py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M")),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+        },
+        Recipe {
+            name: "pytorch-file-system-out-of-files",
+            about: "a PyTorch DataLoader with the file_system strategy (4 workers, 64 KiB \
+                    batches, prefetch 64) in a 256 MiB /dev/shm of 200 files (--tmpfs \
+                    /dev/shm:size=256m,nr_inodes=200): its workers' creates fail with ENOSPC \
+                    while nearly all the bytes are free",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_dataloader.py --strategy file_system)",
+            shm_bytes: Some(256 * MIB),
+            job: || Box::new(many_files(200)),
+            succeeds: false,
+            causes: &[
+                ("dataloader_worker", "inodes_full"),
+                ("trainer", "inodes_full"),
+            ],
+            remedy_checked: None,
+            with_files: Some(|files| Box::new(many_files(files))),
+        },
+        Recipe {
+            name: "healthy-pytorch-file-system-enough-files",
+            about: "the same DataLoader in a 256 MiB /dev/shm of 1000 files: it succeeds",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_dataloader.py --strategy file_system)",
+            shm_bytes: Some(256 * MIB),
+            job: || Box::new(many_files(1000)),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+        },
+    ]
+}
+
+/// The file_system strategy's DataLoader making many small files, in a /dev/shm of `files`
+/// files.
+fn many_files(files: u64) -> Tmpfs {
+    Tmpfs {
+        files,
+        script: dataloader(
+            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 400 --step 0.001 --timeout 5 \
+             --strategy file_system",
+        ),
+    }
+}
+
+/// A script with a /dev/shm mounted as a tmpfs of the size asked for and `files` files
+/// (`--tmpfs /dev/shm:size=...,nr_inodes=...`).
+struct Tmpfs {
+    files: u64,
+    script: Script,
+}
+
+impl Job for Tmpfs {
+    fn describe(&self) -> String {
+        format!("{} with nr_inodes={}", self.script.describe(), self.files)
+    }
+
+    fn start(&self, shm_bytes: u64) -> Box<dyn Started> {
+        let mut flags = vec![
+            "--tmpfs".to_owned(),
+            format!("/dev/shm:rw,size={shm_bytes},nr_inodes={}", self.files),
+        ];
+        flags.extend(self.script.flags.iter().cloned());
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let script = format!(
+            "while [ ! -e /work/go ]; do sleep 0.05; done; {}",
+            self.script.command
+        );
+        Box::new(ScriptRun(Container::run("corpus", &flags, &script)))
+    }
+}
+
+const MULTIPROCESSING_LOCK: &str =
+    "/usr/bin/python3 -B -c 'import multiprocessing as mp; mp.Lock(); print(\"ok\")'";
+
+fn dataloader(args: &str) -> Script {
+    torch_script(&format!("torch_dataloader.py {args}"))
+}
+
+fn torch_script(script_and_args: &str) -> Script {
+    let venv = pytorch::venv().display().to_string();
+    let mut flags = workloads_mount();
+    flags.extend(pytorch::docker_mounts());
+    Script {
+        what: script_and_args.to_owned(),
+        flags,
+        command: format!("cd /w && {venv}/bin/python -B {script_and_args}"),
+    }
+}
+
+fn hash_join() -> PostgresQuery {
+    PostgresQuery {
+        what: "PostgreSQL 15, parallel hash join of 2 x 300k rows".to_owned(),
+        settings: vec![
+            "max_parallel_workers_per_gather=4".to_owned(),
+            "work_mem=64MB".to_owned(),
+        ],
+        setup: "CREATE TABLE a AS SELECT g AS id, md5(g::text) AS pad FROM \
+                generate_series(1, 300000) g; CREATE TABLE b AS SELECT * FROM a; \
+                ANALYZE a; ANALYZE b;"
+            .to_owned(),
+        query: "SET enable_parallel_hash = on; SET parallel_leader_participation = on; \
+                SELECT count(*) FROM a JOIN b USING (id);"
+            .to_owned(),
+    }
+}
+
+fn leftovers() -> Script {
+    let job = format!("{PYTHON} file_system_strategy.py --workers 2 --batch-bytes 256K");
+    let mut flags = workloads_mount();
+    flags.extend(["-w".to_owned(), "/w".to_owned()]);
+    Script {
+        what: "a job killed, then run again".to_owned(),
+        flags,
+        command: format!("{job} --kill-at 3 --kill job; {job}"),
+    }
+}
+
+fn chromium() -> Script {
+    let pages = tempdir();
+    std::fs::write(
+        pages.join("page.html"),
+        "<html><body><h1>shmtrace</h1><p>a page rendered in a 1 MiB /dev/shm</p></body></html>",
+    )
+    .unwrap();
+    Script {
+        what: "headless Chromium".to_owned(),
+        flags: vec![
+            "-v".to_owned(),
+            "/etc:/etc:ro".to_owned(),
+            "-v".to_owned(),
+            format!("{}:/page:ro", pages.display()),
+            "-e".to_owned(),
+            "HOME=/tmp".to_owned(),
+        ],
+        command: "cd /tmp && /usr/lib/chromium/chromium --headless --no-sandbox --disable-gpu \
+                  --screenshot=/tmp/shot.png file:///page/page.html && test -s /tmp/shot.png"
+            .to_owned(),
+    }
+}
+
+fn mpi_ring(ranks: u32, args: &str) -> Script {
+    let mut flags = workloads_mount();
+    flags.extend(
+        [
+            "/etc/alternatives",
+            "/etc/openmpi",
+            "/etc/passwd",
+            "/etc/group",
+        ]
+        .iter()
+        .flat_map(|dir| ["-v".to_owned(), format!("{dir}:{dir}:ro")]),
+    );
+    // Docker's seccomp profile refuses process_vm_readv: copy through the segments instead
+    // of printing a warning for every message.
+    flags.extend([
+        "-e".to_owned(),
+        "OMPI_MCA_btl_vader_single_copy_mechanism=none".to_owned(),
+    ]);
+    Script {
+        what: "an Open MPI ring".to_owned(),
+        flags,
+        command: format!(
+            "cd /w && mpirun --allow-run-as-root --oversubscribe -np {ranks} {PYTHON} mpi_ring.py \
+             {args}"
+        ),
+    }
+}
+
+/// A script in a container with fixed flags that give /dev/shm no size (`--ipc=none`, a
+/// read-only tmpfs): the size asked for is ignored.
+struct Fixed(Script);
+
+impl Fixed {
+    fn new(flags: &[&str], command: &str) -> Fixed {
+        Fixed(Script {
+            what: command.to_owned(),
+            flags: flags.iter().map(|s| (*s).to_owned()).collect(),
+            command: command.to_owned(),
+        })
+    }
+}
+
+impl Job for Fixed {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+
+    fn start(&self, _shm_bytes: u64) -> Box<dyn Started> {
+        let script = format!(
+            "while [ ! -e /work/go ]; do sleep 0.05; done; {}",
+            self.0.command
+        );
+        let flags: Vec<&str> = self.0.flags.iter().map(String::as_str).collect();
+        Box::new(ScriptRun(Container::run("corpus", &flags, &script)))
+    }
+}
+
+struct ScriptRun(Container);
+
+impl Started for ScriptRun {
+    fn container(&self) -> &str {
+        &self.0.name
+    }
+
+    fn go(&mut self) -> bool {
+        self.0.signal("go");
+        self.0.wait() == 0
+    }
+}
+
+/// Two containers on one /dev/shm of the size asked for: the holder's 40 MiB, and the
+/// writer (traced) asking for 40 MiB more.
+struct SharedShm;
+
+struct SharedRun {
+    _holder: Container,
+    writer: Container,
+}
+
+impl Job for SharedShm {
+    fn describe(&self) -> String {
+        "a writer beside a holder on a shared /dev/shm".to_owned()
+    }
+
+    fn start(&self, shm_bytes: u64) -> Box<dyn Started> {
+        let size = format!("--shm-size={shm_bytes}b");
+        let holder = Container::run(
+            "corpus-holder",
+            &["--ipc=shareable", &size],
+            "dd if=/dev/zero of=/dev/shm/cache bs=1M count=40 2>/dev/null && touch /work/up && \
+             exec sleep 600 < /dev/shm/cache",
+        );
+        wait_for(&holder.work.join("up"));
+        let writer = Container::run(
+            "corpus-writer",
+            &[&format!("--ipc=container:{}", holder.name), &size],
+            "while [ ! -e /work/go ]; do sleep 0.05; done; /usr/bin/python3 -c 'import os; \
+             fd = os.open(\"/dev/shm/more\", os.O_CREAT | os.O_RDWR, 0o600); \
+             os.posix_fallocate(fd, 0, 40 << 20)'",
+        );
+        Box::new(SharedRun {
+            _holder: holder,
+            writer,
+        })
+    }
+}
+
+impl Started for SharedRun {
+    fn container(&self) -> &str {
+        &self.writer.name
+    }
+
+    fn go(&mut self) -> bool {
+        self.writer.signal("go");
+        self.writer.wait() == 0
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let recipes = recipes();
+    match args.first().map(String::as_str) {
+        Some("list") => {
+            for recipe in &recipes {
+                println!("{}: {}", recipe.name, recipe.about);
+            }
+        }
+        Some("record") if args.len() > 1 => {
+            let wanted: Vec<&Recipe> = if args[1] == "all" {
+                recipes.iter().collect()
+            } else {
+                args[1..]
+                    .iter()
+                    .map(|name| {
+                        recipes
+                            .iter()
+                            .find(|r| r.name == name)
+                            .unwrap_or_else(|| panic!("no entry {name}: see `corpus list`"))
+                    })
+                    .collect()
+            };
+            shmtrace_tests::require_root();
+            for recipe in wanted {
+                record(recipe, &corpus::dir());
+            }
+        }
+        _ => {
+            eprintln!("usage: corpus list | corpus record NAME... | corpus record all");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Records one entry, checks it, and writes it into `dir`.
+fn record(recipe: &Recipe, dir: &Path) {
+    eprintln!("corpus: recording {}", recipe.name);
+    let job = (recipe.job)();
+    let shm = recipe.shm_bytes.unwrap_or(0);
+    let work = tempdir();
+    let trace = work.join("trace.shmtrace");
+    let live = work.join("live.jsonl");
+    let mut started = job.start(shm);
+    let recorder = Recorder::start(
+        &[
+            "--container",
+            started.container(),
+            "--compress",
+            "--json",
+            "-o",
+            trace.to_str().unwrap(),
+        ],
+        &live,
+        "shmtrace: tracing container",
+    );
+    let succeeded = started.go();
+    // The last events are in the ring buffer; the recorder reads every 100 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, stderr) = recorder.interrupt();
+    let logs = Command::new("docker")
+        .args(["logs", "--tail", "40", started.container()])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+        })
+        .unwrap_or_default();
+    drop(started);
+    assert_eq!(status.code(), Some(130), "record: {stderr}");
+    let live_verdicts = corpus::verdicts(&read_json_lines(&live));
+    let replayed = corpus::replayed(&trace).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        live_verdicts, replayed,
+        "{}: the replay differs from the live run",
+        recipe.name
+    );
+    assert_eq!(
+        succeeded,
+        recipe.succeeds,
+        "{}: the program {} ({stderr}); its container's log:\n{logs}",
+        recipe.name,
+        if succeeded { "succeeded" } else { "failed" }
+    );
+    check_causes(recipe, &replayed);
+    let advised = replayed.iter().filter_map(|v| v.advised).max();
+    let works_at = match (advised, recipe.succeeds) {
+        (Some(size), _) => {
+            eprintln!("corpus: {} applies the advice: {size} bytes", recipe.name);
+            assert!(
+                job.start(size).go(),
+                "{}: the advised {size} bytes did not work",
+                recipe.name
+            );
+            Some(size)
+        }
+        (None, true) => recipe.shm_bytes,
+        (None, false) => None,
+    };
+    let files = replayed.iter().filter_map(|v| v.files).max();
+    if let Some(files) = files {
+        let again = recipe.with_files.unwrap_or_else(|| {
+            panic!(
+                "{}: advises nr_inodes={files}, and the recipe cannot apply it",
+                recipe.name
+            )
+        })(files);
+        eprintln!(
+            "corpus: {} applies the advice: nr_inodes={files}",
+            recipe.name
+        );
+        assert!(
+            again.start(shm).go(),
+            "{}: the advised nr_inodes={files} did not work",
+            recipe.name
+        );
+    }
+    let expectation = Expectation {
+        about: recipe
+            .about
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        program: recipe
+            .program
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        remake: format!(
+            "sudo cargo run -p shmtrace-tests --bin corpus -- record {}",
+            recipe.name
+        ),
+        recorded: recorded_on(),
+        shm_bytes: recipe.shm_bytes,
+        succeeded,
+        works_at,
+        files_work_at: files,
+        remedy_checked: recipe.remedy_checked.map(str::to_owned),
+        verdicts: replayed,
+    };
+    let yaml = serde_norway::to_string(&expectation).unwrap();
+    let out_trace = Entry::trace(dir, recipe.name);
+    std::fs::copy(&trace, &out_trace).unwrap();
+    readable(&out_trace);
+    let out_yaml = Entry::yaml(dir, recipe.name);
+    std::fs::write(&out_yaml, yaml).unwrap();
+    readable(&out_yaml);
+    let _ = std::fs::remove_dir_all(&work);
+    eprintln!(
+        "corpus: wrote {} ({} bytes) and {}",
+        out_trace.display(),
+        std::fs::metadata(&out_trace).unwrap().len(),
+        out_yaml.display()
+    );
+    for verdict in &expectation.verdicts {
+        eprintln!("  {verdict}");
+    }
+}
+
+/// The recipe's causes, each found among the verdicts; and no diagnosis for a healthy run.
+fn check_causes(recipe: &Recipe, verdicts: &[Verdict]) {
+    if recipe.succeeds {
+        assert!(
+            verdicts.is_empty(),
+            "{}: a healthy run was diagnosed: {verdicts:?}",
+            recipe.name
+        );
+    }
+    for (who, cause) in recipe.causes {
+        assert!(
+            verdicts
+                .iter()
+                .any(|v| (v.comm == *who || v.role == *who) && v.cause == *cause),
+            "{}: no {who} diagnosed {cause}: {verdicts:?}",
+            recipe.name
+        );
+    }
+}
+
+/// `2026-12-03, Linux 6.18.0, shmtrace 0.1.0`.
+fn recorded_on() -> String {
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(program).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    format!(
+        "{}, Linux {}, {}",
+        run("date", &["-u", "+%Y-%m-%d"]),
+        run("uname", &["-r"]),
+        run(
+            shmtrace_tests::shmtrace_bin().to_str().unwrap(),
+            &["--version"]
+        ),
+    )
+}
+
+fn readable(path: &PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
