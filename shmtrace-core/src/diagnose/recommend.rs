@@ -257,11 +257,8 @@ pub fn round_up(bytes: u64) -> u64 {
         b if b < 4096 * MIB => 16 * MIB,
         _ => 256 * MIB,
     };
-    bytes
-        .div_ceil(step)
-        .max(1)
-        .checked_mul(step)
-        .unwrap_or(u64::MAX)
+    // Capped at the largest size there is, never below `bytes`.
+    bytes.div_ceil(step).max(1).saturating_mul(step)
 }
 
 /// `512m`, `2g`: docker's `--shm-size` and compose's `shm_size` units.

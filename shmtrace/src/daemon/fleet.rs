@@ -34,7 +34,7 @@ pub enum Placed {
     /// A namespace no container had.
     NoContainer,
     Container {
-        named: Named,
+        named: Arc<Named>,
         /// Why no runtime's name for it is known, when none is.
         unnamed: Option<String>,
     },

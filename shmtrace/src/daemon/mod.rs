@@ -467,7 +467,9 @@ impl Agent {
         let wanted: Option<(ContainerInfo, bool)> =
             match self.fleet.borrow_mut().resolve(found, ts_ns) {
                 Ok(placed) => placed.info().map(|info| (info.clone(), true)),
-                Err(WaitKey::Name(container)) => Some((names::unnamed(&container).info, false)),
+                Err(WaitKey::Name(container)) => {
+                    Some((names::unnamed(&container).info.clone(), false))
+                }
                 Err(WaitKey::Namespace(_)) => None,
             };
         match wanted {
@@ -506,11 +508,11 @@ impl Agent {
         let now_ns = boot_ns()?;
         for ended in ended {
             let named_now = self.in_pipeline.get(&ended.mntns).map(|n| n.id.as_str());
-            if ended.container.is_none() || named_now == ended.container.as_ref().map(|c| &*c.id) {
-                if named_now.is_some() {
-                    self.pipeline.forget_container(ended.mntns, now_ns)?;
-                    self.in_pipeline.remove(&ended.mntns);
-                }
+            let theirs =
+                ended.container.is_none() || named_now == ended.container.as_ref().map(|c| &*c.id);
+            if theirs && named_now.is_some() {
+                self.pipeline.forget_container(ended.mntns, now_ns)?;
+                self.in_pipeline.remove(&ended.mntns);
             }
             self.accounting.namespace_ended(ended.mntns);
             self.pipeline

@@ -32,11 +32,11 @@ const MAX_NAMES: usize = 16_384;
 
 #[derive(Default)]
 pub struct Names {
-    by_id: HashMap<Arc<str>, Named>,
+    by_id: HashMap<Arc<str>, Arc<Named>>,
 }
 
 impl Names {
-    pub fn get(&self, id: &str) -> Option<&Named> {
+    pub fn get(&self, id: &str) -> Option<&Arc<Named>> {
         self.by_id.get(id)
     }
 
@@ -53,9 +53,8 @@ impl Names {
     /// A container the runtimes list as stopped: the name its list shows, unless a fuller
     /// description is known.
     pub fn stopped(&mut self, candidate: &Candidate, now: Instant) {
-        let known = self.by_id.get_mut(candidate.id.as_str());
-        if let Some(named) = known {
-            named.gone_since.get_or_insert(now);
+        if self.by_id.contains_key(candidate.id.as_str()) {
+            self.gone(&candidate.id, now);
             return;
         }
         let info = ContainerInfo {
@@ -114,7 +113,7 @@ impl Names {
     /// The container is gone (removed, or no longer listed) since `since`.
     pub fn gone(&mut self, id: &str, since: Instant) {
         if let Some(named) = self.by_id.get_mut(id) {
-            named.gone_since.get_or_insert(since);
+            Arc::make_mut(named).gone_since.get_or_insert(since);
         }
     }
 
@@ -131,11 +130,11 @@ impl Names {
         }
         self.by_id.insert(
             Arc::from(id),
-            Named {
+            Arc::new(Named {
                 labels,
                 info,
                 gone_since: None,
-            },
+            }),
         );
     }
 
@@ -166,15 +165,15 @@ pub fn labels_of(info: &ContainerInfo) -> ContainerLabels {
 
 /// What is said of a container that no runtime named (it was gone before it could be asked,
 /// and no event named it): its runtime and id.
-pub fn unnamed(container: &ContainerRef) -> Named {
+pub fn unnamed(container: &ContainerRef) -> Arc<Named> {
     let info = ContainerInfo {
         runtime: container.runtime.as_str().to_owned(),
         id: container.id.to_string(),
         ..ContainerInfo::default()
     };
-    Named {
+    Arc::new(Named {
         labels: labels_of(&info),
         info,
         gone_since: None,
-    }
+    })
 }
