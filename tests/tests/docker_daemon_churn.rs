@@ -190,7 +190,9 @@ fn short_lived_containers_with_reused_names_are_each_named_in_every_line_diagnos
     );
 
     // The metrics: each name's ten failures and twenty deaths (each run's dd, and the shell
-    // that exited 1 after it), nothing anywhere else, nothing made up for lost records.
+    // that exited 1 after it), exactly: none went to another series (`runtime="unknown"`, a
+    // short id), none was counted twice, nothing was made up for lost records. (Other
+    // programs on the machine may fail in namespaces of no container meanwhile.)
     for k in 0..NAMES {
         let name = format!("churn{k}-{}", std::process::id());
         let of_it = [("container", name.as_str())];
@@ -203,16 +205,6 @@ fn short_lived_containers_with_reused_names_are_each_named_in_every_line_diagnos
             total(&text, "shmtrace_process_deaths_total", &of_it),
             2.0 * RUNS_PER_NAME as f64,
             "{name}'s containers: a dd and its shell died in each\n{text}\n{context}"
-        );
-    }
-    for family in [
-        "shmtrace_shm_failures_total",
-        "shmtrace_process_deaths_total",
-    ] {
-        assert_eq!(
-            total(&text, family, &[("runtime", "unknown")]),
-            0.0,
-            "{family} counts something for no container\n{text}\n{context}"
         );
     }
     assert_eq!(

@@ -184,13 +184,4 @@ fn a_container_that_exits_at_once_after_failing_keeps_its_exact_count_under_loss
         failed,
         "{name} failed {failed} times and exited at once\n{text}\nstderr: {stderr}"
     );
-    assert_eq!(
-        total(
-            &text,
-            "shmtrace_shm_failures_total",
-            &[("runtime", "unknown")]
-        ),
-        0.0,
-        "{text}"
-    );
 }

@@ -22,7 +22,7 @@
 //!   `bystanders` (what host-wide tracing costs calls that do not concern /dev/shm),
 //!   `beside_storms` (tracers beside fork storms), `startup` (start-up and teardown),
 //!   `replay` (replay throughput and `report`'s scaling), `daemon_idle` (an idle daemon's
-//!   CPU);
+//!   CPU), `container_soak` (the daemon's memory through an hour of short-lived containers);
 //! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
 //!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
 //!   load), `neighbours` (other BPF users on the machine, which would skew the results).
@@ -31,6 +31,7 @@ mod bpf_syscall;
 mod bystanders;
 mod case;
 mod churn;
+mod container_soak;
 mod daemon;
 mod daemon_idle;
 mod floor;
@@ -134,6 +135,13 @@ pub struct BenchArgs {
     /// Skip the bystanders.
     #[arg(long)]
     no_bystanders: bool,
+    /// Only the container soak: `shmtrace daemon`'s memory and counts through a churn of
+    /// short-lived Docker containers, for --soak-minutes (not in the full run: an hour).
+    #[arg(long)]
+    only_container_soak: bool,
+    /// Minutes of the container soak.
+    #[arg(long, value_name = "MINUTES", default_value_t = 60)]
+    soak_minutes: u64,
     /// Only start-up and teardown, after a pause and back to back (--rounds runs of each)
     /// [default: 15, or 5 with --quick].
     #[arg(long)]
@@ -276,6 +284,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let runs = args.rounds.unwrap_or(if args.quick { 5 } else { 15 });
         let rows = measure_startup(&setup, &exe, runs);
         println!("## Start-up and teardown\n\n{}", targets::table(&rows));
+        return Ok(());
+    }
+    if args.only_container_soak {
+        println!("# shmtrace benchmark: container soak\n");
+        println!("{}\n", machine_description(&setup));
+        let figures = container_soak::measure(&setup.shmtrace, &setup.scratch, args.soak_minutes)?;
+        let (text, rows, saved) = container_soak::report(&figures);
+        println!(
+            "{text}\n## Container soak's targets, measured in this run\n\n{}",
+            targets::table(&rows)
+        );
+        println!("Load average at the end: {}.", load_average());
+        if let Some(path) = &args.save {
+            fs::write(path, serde_json::to_string_pretty(&saved)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         return Ok(());
     }
     if args.only_bystanders {

@@ -26,6 +26,9 @@ const VANISH_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// has been read by then.
 const QUIET_BEFORE_VANISHED_NS: u64 = 2_000_000_000;
 
+/// The daemon's own kinds of probe error (beside the probes' failed reads).
+pub const PROBE_ERRORS: [&str; 3] = ["lost_counters", "tally_counters", "shm_devs"];
+
 /// A probe map that could not be read or updated: said in the metrics and the log.
 pub struct ProbeError {
     pub kind: &'static str,
@@ -48,14 +51,30 @@ pub struct Accounting {
 
 impl Accounting {
     pub fn new(unseen: Rc<RefCell<Unseen>>, metrics: &Metrics) -> Accounting {
-        // Every kind's loss counter exists from the start, so that the first loss is an
-        // increase Prometheus sees.
+        // Every kind's loss, unrecorded and probe error counter exists from the start, so
+        // that the first is an increase Prometheus sees.
         for kind in shmtrace_common::EventKind::ALL {
             drop(
                 metrics
                     .events_lost
                     .get_or_create(&loss_labels(Loss::RingFull(kind))),
             );
+        }
+        for kind in ["failure", "sigbus", "death"] {
+            drop(metrics.unrecorded.get_or_create(&KindLabels::of(kind)));
+        }
+        let probe_errors = [
+            Loss::PathRead,
+            Loss::KernelRead,
+            Loss::UserRead,
+            Loss::Pending,
+            Loss::Tally,
+        ]
+        .map(loss_labels)
+        .into_iter()
+        .chain(PROBE_ERRORS.map(KindLabels::of));
+        for labels in probe_errors {
+            drop(metrics.probe_errors.get_or_create(&labels));
         }
         Accounting {
             lost: LostCounts::default(),

@@ -47,6 +47,10 @@ impl Target {
     }
 
     /// The row of `figure` for this target, `case` saying where it was measured.
+    pub fn judge(&self, case: &str, figure: f64, measured: String) -> Row {
+        self.row(case, figure, measured)
+    }
+
     fn row(&self, case: &str, figure: f64, measured: String) -> Row {
         Row {
             target: self.label(case),
@@ -182,6 +186,29 @@ pub const BYSTANDER_TIMED: Target = Target {
     limit: 1.02,
 };
 
+/// `shmtrace daemon`'s resident memory through an hour of short-lived containers: its growth
+/// from the end of the warm-up to the end (what weeks of churn would add), and its highest.
+pub const CONTAINER_SOAK_GROWTH: Target = Target {
+    bounds: "daemon RSS growth over an hour of container churn, after a 5-minute warm-up",
+    bound: "≤ 16 MiB",
+    side: Side::AtMost,
+    limit: 16.0,
+};
+pub const CONTAINER_SOAK_PEAK: Target = Target {
+    bounds: "daemon RSS at most, through an hour of container churn",
+    bound: "≤ 96 MiB",
+    side: Side::AtMost,
+    limit: 96.0,
+};
+/// Every failure of the soak's containers counted under its own name, none for a container that
+/// cannot fail, none made up for records that were not lost (1 for a run that miscounted).
+pub const CONTAINER_SOAK_COUNTS: Target = Target {
+    bounds: "container churn's counts: each under its container, none made up",
+    bound: "= 0 miscounted runs",
+    side: Side::AtMost,
+    limit: 0.0,
+};
+
 /// Every target, in the order docs/BENCHMARKS.md lists them.
 #[cfg_attr(
     not(test),
@@ -190,7 +217,7 @@ pub const BYSTANDER_TIMED: Target = Target {
         reason = "docs/BENCHMARKS.md's table is written from it next"
     )
 )]
-pub const TARGETS: [&Target; 15] = [
+pub const TARGETS: [&Target; 18] = [
     &TRACED_OVERHEAD,
     &BESIDE_ALL,
     &BESIDE_OTHER,
@@ -206,6 +233,9 @@ pub const TARGETS: [&Target; 15] = [
     &BYSTANDER_CALL,
     &HOLDER_CALL,
     &BYSTANDER_TIMED,
+    &CONTAINER_SOAK_GROWTH,
+    &CONTAINER_SOAK_PEAK,
+    &CONTAINER_SOAK_COUNTS,
 ];
 
 /// One target as a run found it: what it asks, what was measured, and whether that meets it.
