@@ -34,12 +34,14 @@ use crate::{
     root,
 };
 
-/// The `kernel_*` suite a guest runs unless told otherwise: every probe (`kernel_probes`), the
+/// The `kernel_*` suite a guest runs unless told otherwise: every probe (`kernel_probes`, and
+/// host-wide deaths' records), the
 /// CLI and the demo, signals, recordings, and the diagnoses of the PyTorch-like workloads
 /// (`kernel_diagnosis`, with Debian's Python copied in). The tests that need a container
 /// runtime or Prometheus stay on the host.
 pub const GUEST_SUITE: &[&str] = &[
     "kernel_probes",
+    "kernel_host_wide_deaths",
     "kernel_cli",
     "kernel_signals",
     "kernel_recording",

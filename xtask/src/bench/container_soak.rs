@@ -137,7 +137,9 @@ pub fn measure(shmtrace: &Path, scratch: &Path, minutes: u64) -> Result<Figures>
             .filter(|l| l.starts_with("shmtrace_shm_failures_total{"))
             .filter(|l| l.contains(&format!("container=\"{prefix}")))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .sum::<f64>()
+            // An empty sum is -0.
+            + 0.0
     };
     figures.failures_counted = of("soak-fail");
     figures.failures_of_healthy = of("soak-fine");
@@ -147,7 +149,8 @@ pub fn measure(shmtrace: &Path, scratch: &Path, minutes: u64) -> Result<Figures>
             l.starts_with("shmtrace_shm_failures_total{") && l.contains("runtime=\"unknown\"")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+        .sum::<f64>()
+        + 0.0;
     figures.unrecorded = sum_of(&metrics, "shmtrace_unrecorded_total");
     figures.lost = sum_of(&metrics, "shmtrace_events_lost_total");
     drop(daemon);
