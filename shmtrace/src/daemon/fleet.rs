@@ -433,8 +433,15 @@ impl Fleet {
         if matches!(event.action, Action::Died | Action::Destroyed) {
             let container = ContainerRef::new(event.runtime, &event.id);
             self.whose.ended(&container, boot_time_of(event.time_ns));
-            if let Some(listed) = self.listed.remove(event.id.as_str()) {
-                self.stopped(listed, now);
+            match self.listed.remove(event.id.as_str()) {
+                Some(listed) => self.stopped(listed, now),
+                // Never listed (it lived between two surveys): its namespaces end all the same.
+                None if event.action == Action::Died => {
+                    for mntns in self.whose.last_had(&container) {
+                        self.namespace_ended(mntns, Some(container.clone()));
+                    }
+                }
+                None => {}
             }
         }
         self.settle(None);

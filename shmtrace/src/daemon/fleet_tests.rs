@@ -493,3 +493,20 @@ fn a_container_listed_stopped_is_named_by_that_list() {
     fleet.survey(&[], &[candidate], Instant::now());
     assert_eq!(failures_of(&text(&registry), "stopped", "docker"), 1.0);
 }
+
+/// A container no survey listed that dies: the namespace it had last ends with it (its own
+/// /dev/shm is gone), and one another container took since does not.
+#[test]
+fn a_container_that_dies_unlisted_ends_the_namespace_it_had_last() {
+    let (mut fleet, made, _registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(19, of("brief"));
+    made.0.lock().unwrap().cgroups.insert(20, of("after"));
+    fleet.runtime_event(&event("brief", Action::Started));
+    fail(&mut fleet, 914, NS, 19, SECOND);
+    fail(&mut fleet, 915, NS + 1, 19, SECOND);
+    // The second number passed to another container before the first one died.
+    fail(&mut fleet, 916, NS + 1, 20, 2 * SECOND);
+    fleet.runtime_event(&event("brief", Action::Died));
+    let ended: Vec<u32> = fleet.take_ended().iter().map(|e| e.mntns).collect();
+    assert_eq!(ended, vec![NS]);
+}

@@ -349,6 +349,15 @@ impl Whose {
         }
     }
 
+    /// The namespaces whose last known tenant `container` is.
+    pub fn last_had(&self, container: &ContainerRef) -> Vec<u32> {
+        self.tenants
+            .iter()
+            .filter(|(_, t)| t.last().is_some_and(|t| t.owner == *container))
+            .map(|(mntns, _)| *mntns)
+            .collect()
+    }
+
     /// Who had `mntns` at `ts_ns`, as far as is known.
     pub fn tenant_at(&self, mntns: u32, ts_ns: u64) -> Option<ContainerRef> {
         let tenants = self.tenants.get(&mntns)?;
