@@ -47,6 +47,9 @@ pub struct Accounting {
     vanish_checked: Instant,
     /// A gone process was seen too recently to be forgotten at the last look.
     vanish_check_owed: bool,
+    /// The ring buffer was found empty (and what it held handled) since the kernel's counts
+    /// were last read: every record written before that reading has been read, or was lost.
+    caught_up: bool,
 }
 
 impl Accounting {
@@ -83,6 +86,7 @@ impl Accounting {
             lost_at_vanish_check: 0,
             vanish_checked: Instant::now(),
             vanish_check_owed: false,
+            caught_up: true,
         }
     }
 
@@ -121,14 +125,27 @@ impl Accounting {
         Ok(None)
     }
 
+    /// The reader found the ring buffer empty, and what it held has been handled.
+    pub fn caught_up(&mut self) {
+        self.caught_up = true;
+    }
+
     /// Counts the failures, SIGBUS and deaths that the kernel counted and whose records were
     /// lost, for the container of their namespace, so that the metrics' counts stay exact.
+    ///
+    /// The last reading is compared with the records read since only once the reader has
+    /// caught up with the ring buffer: a reader that lags (a starved daemon reads seconds
+    /// late) has records of it still to read, which are not lost, and would be counted twice.
+    /// Until then, the last reading is kept and nothing is compared.
     pub fn count_unseen(
         &mut self,
         tracer: &mut Tracer,
         fleet: &mut Fleet,
         metrics: &Metrics,
     ) -> Result<Vec<ProbeError>> {
+        if !std::mem::take(&mut self.caught_up) {
+            return Ok(Vec::new());
+        }
         let reading = match tracer.tallies() {
             Ok(reading) => reading,
             Err(error) => {

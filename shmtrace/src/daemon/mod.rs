@@ -330,8 +330,11 @@ impl Agent {
                     heartbeat.beat();
                     self.take_news(&mut news)?;
                     // What is left waits for the next read or tick.
-                    let _ = reader.drain(&mut batch);
+                    let more = reader.drain(&mut batch);
                     self.handle(&mut batch)?;
+                    if !more {
+                        self.accounting.caught_up();
+                    }
                     self.pipeline.tick(boot_ns()?)?;
                     self.fleet.borrow_mut().tick();
                     if last_lost.elapsed() >= LOST_EVERY {
@@ -383,7 +386,9 @@ impl Agent {
         while reader.drain(batch) {
             self.handle(batch)?;
         }
-        self.handle(batch)
+        self.handle(batch)?;
+        self.accounting.caught_up();
+        Ok(())
     }
 
     /// The runtimes' news that came meanwhile (before the records that follow: a container's
