@@ -510,3 +510,32 @@ fn a_container_that_dies_unlisted_ends_the_namespace_it_had_last() {
     let ended: Vec<u32> = fleet.take_ended().iter().map(|e| e.mntns).collect();
     assert_eq!(ended, vec![NS]);
 }
+
+/// A container that touched /dev/shm before the survey that lists it (it filled its /dev/shm
+/// as it started) is measured from that survey on.
+#[test]
+fn a_container_that_touched_dev_shm_before_any_survey_is_measured_once_listed() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(21, of("early"));
+    fleet.runtime_event(&event("early", Action::Started));
+    let found = fleet.place(917, NS, 21, SECOND);
+    fleet.count(&found, SECOND, Tally::Touch);
+    fleet.survey(
+        &[container("early", NS, std::process::id())],
+        &[],
+        Instant::now(),
+    );
+    assert_eq!(fleet.to_measure(), vec![std::process::id()]);
+    fleet.measured(&Capacity {
+        dev: 50,
+        size: 1 << 20,
+        used: 1 << 20,
+        ts_ns: 0,
+        files: None,
+    });
+    let text = text(&registry);
+    assert!(
+        text.contains(r#"shmtrace_shm_size_bytes{container="early""#),
+        "{text}"
+    );
+}

@@ -127,7 +127,13 @@ impl Series {
 
     /// Counts `tally` for the container of `labels`.
     pub fn apply(&mut self, labels: &ContainerLabels, tally: Tally) {
-        let tracked = self.by_labels.get_mut(labels);
+        // A container's series are followed from its first count, listed by a survey yet or
+        // not (one that touched /dev/shm before the survey that lists it is measured then); the
+        // host's and nobody's never retire.
+        let tracked = match labels.runtime.as_str() {
+            "host" | "unknown" => None,
+            _ => Some(self.by_labels.entry(labels.clone()).or_default()),
+        };
         let first_touch = tracked.as_ref().is_some_and(|t| !t.touched);
         if let Some(tracked) = tracked {
             tracked.touched = true;
