@@ -239,6 +239,18 @@ impl Fleet {
         self.count(&found, ts_ns, tally);
     }
 
+    /// Counts `tally` for process `pid`, seen at `ts_ns` in `mntns`: for the container it was
+    /// placed in, if it was met there, else for whoever had `mntns` then.
+    pub fn count_for(&mut self, pid: u32, mntns: u32, ts_ns: u64, tally: Tally) {
+        match self.whose.of_process(pid) {
+            Some((met_in, owner)) if met_in == mntns => {
+                let found = Found::Owner(owner.clone());
+                self.count(&found, ts_ns, tally);
+            }
+            _ => self.count_in(mntns, ts_ns, tally),
+        }
+    }
+
     /// Counts `tally` for the container process `pid` was last seen in (a diagnosis of it).
     pub fn count_for_process(&mut self, pid: u32, ts_ns: u64, tally: Tally) {
         match self.whose.of_process(pid) {

@@ -539,3 +539,22 @@ fn a_container_that_touched_dev_shm_before_any_survey_is_measured_once_listed() 
         "{text}"
     );
 }
+
+#[test]
+fn a_name_removed_under_its_holders_counts_for_the_removers_container() {
+    let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().cgroups.insert(22, of("cleaner"));
+    fleet.runtime_event(&event("cleaner", Action::Started));
+    // The remover was met in its container (its unlink's record).
+    fleet.place(918, NS, 22, SECOND);
+    fleet.count_for(918, NS, SECOND, Tally::NameRemoved);
+    fleet.count_for(918, NS, 2 * SECOND, Tally::NameRemoved);
+    let text = text(&registry);
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("shmtrace_names_removed_total{") && l.contains(r#"container="cleaner""#)
+        })
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.ends_with(" 2"), "{line}");
+}

@@ -212,6 +212,7 @@ pub struct Metrics {
     pub recommended_shm_bytes: PerContainer<NoMore, Gauge>,
     pub shm_failures: PerContainer<FailureLabels, Counter>,
     pub sigbus: PerContainer<NoMore, Counter>,
+    pub names_removed: PerContainer<NoMore, Counter>,
     pub process_deaths: PerContainer<RoleLabel, Counter>,
     pub events: Counter,
     pub events_lost: Family<KindLabels, Counter>,
@@ -264,6 +265,7 @@ impl Metrics {
             recommended_shm_bytes: PerContainer::default(),
             shm_failures: PerContainer::default(),
             sigbus: PerContainer::default(),
+            names_removed: PerContainer::default(),
             process_deaths: PerContainer::default(),
             events: Counter::default(),
             events_lost: Family::default(),
@@ -295,6 +297,7 @@ impl Metrics {
                 "recommended_shm_bytes" => r.per_container(name, help, &m.recommended_shm_bytes),
                 "shm_failures" => r.per_container(name, help, &m.shm_failures),
                 "sigbus" => r.per_container(name, help, &m.sigbus),
+                "names_removed" => r.per_container(name, help, &m.names_removed),
                 "process_deaths" => r.per_container(name, help, &m.process_deaths),
                 "events" => r.other(name, help, m.events.clone()),
                 "events_lost" => r.other(name, help, m.events_lost.clone()),
@@ -357,6 +360,11 @@ pub const HELP: &[(&str, &str)] = &[
     (
         "sigbus",
         "SIGBUS faults on /dev/shm mappings (a page the full tmpfs could not provide)",
+    ),
+    (
+        "names_removed",
+        "/dev/shm names removed by a process other than their maker while others still held \
+         them, and then opened in vain, by the remover's container",
     ),
     (
         "process_deaths",

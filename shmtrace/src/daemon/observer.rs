@@ -38,6 +38,17 @@ impl Observer for FleetObserver {
                 fleet.count(found, event.ts_ns, tally);
             }
         }
+        // Counted where the remover ran: another container, the host's clean-up.
+        if let (Some(removal), Body::Call(call)) = (&note.name_removed, &event.body)
+            && call.syscall.opens_a_path()
+        {
+            fleet.count_for(
+                removal.remover,
+                removal.remover_mntns,
+                removal.ts_ns,
+                Tally::NameRemoved,
+            );
+        }
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
         }

@@ -25,6 +25,9 @@ pub enum Tally {
     Sigbus {
         count: u64,
     },
+    /// An open of a /dev/shm name another process removed while it was held, counted for the
+    /// remover's container.
+    NameRemoved,
     /// Deaths of a full /dev/shm, as the probes count them (`flags::SHM_DEATH`); `role` is
     /// `unknown` for those whose records were lost.
     Death {
@@ -151,6 +154,7 @@ impl Series {
                     .inc_by(count),
             ),
             Tally::Sigbus { count } => drop(m.sigbus.get(labels, NoMore).inc_by(count)),
+            Tally::NameRemoved => drop(m.names_removed.get(labels, NoMore).inc()),
             Tally::Death { role, count } => drop(
                 m.process_deaths
                     .get(labels, RoleLabel { role })
