@@ -224,13 +224,15 @@ fn a_failure_at_a_containers_end_is_its_own_when_the_next_takes_its_namespace_at
     let image = docker::image();
     // The kernel gives a freed number to the next namespace made, unless another test's
     // container takes it first: a few tries.
-    let (first, next, _next_run) = (0..5)
-        .find_map(|_| {
+    let (first, next, _next_run, attempt) = (0..5)
+        .find_map(|attempt| {
             let first = Container::name_for("daemon-end-first");
             let run = Command::new("docker")
                 .args(["run", "--rm", "--name", &first, "--network", "none"])
                 .args(["--tmpfs", "/dev/shm:ro,size=1m", image, "sh", "-c"])
-                .arg("sleep 0.8; echo x > /dev/shm/ended; exit 1")
+                .arg(format!(
+                    "sleep 0.8; echo x > /dev/shm/ended-{attempt}; exit 1"
+                ))
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("docker run");
@@ -240,7 +242,7 @@ fn a_failure_at_a_containers_end_is_its_own_when_the_next_takes_its_namespace_at
             assert_eq!(status.code(), Some(1), "the first container did not fail");
             let next = Container::name_for("daemon-end-next");
             let next_run = Container::run_named(&next, &[], "sleep 5");
-            (had.is_some() && mntns_of(&next) == had).then_some((first, next, next_run))
+            (had.is_some() && mntns_of(&next) == had).then_some((first, next, next_run, attempt))
         })
         .expect("in five tries, no container took the number of the one before it");
     // The surveys the first one's failure asked for (three, a quarter of a second apart) see
@@ -271,7 +273,7 @@ fn a_failure_at_a_containers_end_is_its_own_when_the_next_takes_its_namespace_at
     }
     let failed = lines
         .iter()
-        .find(|l| l["errno"] == "EROFS" && l["path"] == "/dev/shm/ended")
+        .find(|l| l["errno"] == "EROFS" && l["path"] == format!("/dev/shm/ended-{attempt}"))
         .unwrap_or_else(|| panic!("no line of the EROFS; lines: {lines:#?}\n{context}"));
     let pid = failed["pid"].clone();
     let of_first: Vec<&Value> = lines

@@ -50,7 +50,14 @@ pub struct Accounting {
     /// The ring buffer was found empty (and what it held handled) since the kernel's counts
     /// were last read: every record written before that reading has been read, or was lost.
     caught_up: bool,
+    /// The latest record handled (`CLOCK_BOOTTIME` ns): one written after the reading has
+    /// been read, so every one written before it has been too (the reader takes the ring in
+    /// order, and stops at a record not yet committed).
+    latest_record_ns: u64,
 }
+
+/// A record stamped this long after a reading was written after it.
+const STAMPED_AFTER_NS: u64 = 1_000_000;
 
 impl Accounting {
     pub fn new(unseen: Rc<RefCell<Unseen>>, metrics: &Metrics) -> Accounting {
@@ -87,6 +94,7 @@ impl Accounting {
             vanish_checked: Instant::now(),
             vanish_check_owed: false,
             caught_up: true,
+            latest_record_ns: 0,
         }
     }
 
@@ -130,20 +138,27 @@ impl Accounting {
         self.caught_up = true;
     }
 
+    /// A record stamped `ts_ns` has been handled.
+    pub fn handled(&mut self, ts_ns: u64) {
+        self.latest_record_ns = self.latest_record_ns.max(ts_ns);
+    }
+
     /// Counts the failures, SIGBUS and deaths that the kernel counted and whose records were
     /// lost, for the container of their namespace, so that the metrics' counts stay exact.
     ///
     /// The last reading is compared with the records read since only once the reader has
-    /// caught up with the ring buffer: a reader that lags (a starved daemon reads seconds
-    /// late) has records of it still to read, which are not lost, and would be counted twice.
-    /// Until then, the last reading is kept and nothing is compared.
+    /// caught up with the ring buffer, or read a record written after it: a reader that lags
+    /// (a starved daemon reads seconds late) has records of it still to read, which are not
+    /// lost, and would be counted twice. Until then, the last reading is kept and nothing is
+    /// compared.
     pub fn count_unseen(
         &mut self,
         tracer: &mut Tracer,
         fleet: &mut Fleet,
         metrics: &Metrics,
     ) -> Result<Vec<ProbeError>> {
-        if !std::mem::take(&mut self.caught_up) {
+        let past = self.latest_record_ns > self.counts_read_ns.saturating_add(STAMPED_AFTER_NS);
+        if !std::mem::take(&mut self.caught_up) && !past {
             return Ok(Vec::new());
         }
         let reading = match tracer.tallies() {

@@ -442,6 +442,9 @@ impl Agent {
             {
                 self.metrics.records_malformed.inc();
             }
+            if let Some((_, _, ts_ns)) = &placed {
+                self.accounting.handled(*ts_ns);
+            }
             self.pipeline.output().flush().context("writing output")?;
             self.json_lines.pass(
                 &mut self.fleet.borrow_mut(),
