@@ -251,17 +251,6 @@ impl Fleet {
         }
     }
 
-    /// Counts `tally` for the container process `pid` was last seen in (a diagnosis of it).
-    pub fn count_for_process(&mut self, pid: u32, ts_ns: u64, tally: Tally) {
-        match self.whose.of_process(pid) {
-            Some((_, owner)) => {
-                let found = Found::Owner(owner.clone());
-                self.count(&found, ts_ns, tally);
-            }
-            None => log::debug!("a count for pid {pid}, never met, not placed"),
-        }
-    }
-
     /// Whose process `pid` was, as last met (for a diagnosis of it).
     pub fn of_process(&self, pid: u32) -> Option<Found> {
         self.whose

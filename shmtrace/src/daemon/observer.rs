@@ -7,7 +7,13 @@ use anyhow::Result;
 
 use shmtrace_common::TallyKey;
 
-use super::{fleet::Fleet, metrics::Metrics, series::Tally, unseen::Unseen, whose::Found};
+use super::{
+    fleet::Fleet,
+    metrics::Metrics,
+    series::Tally,
+    unseen::Unseen,
+    whose::{ContainerRef, Found, Owner},
+};
 use crate::{
     capacity::Capacity,
     diagnose::{Diagnosis, Role, Roles},
@@ -70,9 +76,19 @@ impl Observer for FleetObserver {
             return;
         };
         let tally = Tally::Recommended(recommendation.min_bytes);
-        self.fleet
-            .borrow_mut()
-            .count_for_process(diagnosis.pid, diagnosis.ts_ns, tally);
+        let mut fleet = self.fleet.borrow_mut();
+        // Its process, as it was placed; else the container the pipeline named its place
+        // after (told in the order of the records, so the one it ran in).
+        let found = fleet.of_process(diagnosis.pid).or_else(|| {
+            let container = diagnosis.container.as_ref()?;
+            Some(Found::Owner(Owner::Container(ContainerRef::of_info(
+                container,
+            ))))
+        });
+        match found {
+            Some(found) => fleet.count(&found, diagnosis.ts_ns, tally),
+            None => log::debug!("the advice for pid {} is nobody's", diagnosis.pid),
+        }
     }
 
     fn finish(self: Box<Self>, _: &World, _: &Roles, _: u64, _: u64) -> Result<Option<String>> {

@@ -39,6 +39,20 @@ impl ContainerRef {
             id: Arc::from(id),
         }
     }
+
+    /// The container a description names (its runtime as JSON spells it).
+    pub fn of_info(info: &crate::model::ContainerInfo) -> ContainerRef {
+        let runtime = [
+            Runtime::Docker,
+            Runtime::Podman,
+            Runtime::Containerd,
+            Runtime::CriO,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == info.runtime)
+        .unwrap_or(Runtime::Unknown);
+        ContainerRef::new(runtime, &info.id)
+    }
 }
 
 /// Whose a record is.
