@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     capacity::Capacity,
-    diagnose::{Diagnosis, Role, Roles},
+    diagnose::{Cause, Diagnosis, FailureKind, Role, Roles},
     event::{Body, Event, names},
     model::{Annotation, ContainerInfo, World},
     pipeline::Observer,
@@ -71,11 +71,17 @@ impl Observer for FleetObserver {
 
     fn diagnosis(&mut self, diagnosis: &Diagnosis) {
         // Deaths are counted from the exits the probes judged (`tallies`), which stay exact
-        // when records are lost; a diagnosis brings the advice.
-        let Some(recommendation) = &diagnosis.recommendation else {
-            return;
-        };
-        let tally = Tally::Recommended(recommendation.min_bytes);
+        // when records are lost; a diagnosis brings the advice, and how full its /dev/shm was
+        // at the failure (at least what the traced objects held): the measurement at the
+        // failure came before the container had series, or read nothing, the processes having
+        // freed it all, as a survey may.
+        let tallies = [
+            diagnosis
+                .recommendation
+                .as_ref()
+                .map(|r| Tally::Recommended(r.min_bytes)),
+            full_at(diagnosis).map(Tally::FullAt),
+        ];
         let mut fleet = self.fleet.borrow_mut();
         // Its process, as it was placed; else the container the pipeline named its place
         // after (told in the order of the records, so the one it ran in).
@@ -85,15 +91,38 @@ impl Observer for FleetObserver {
                 container,
             ))))
         });
-        match found {
-            Some(found) => fleet.count(&found, diagnosis.ts_ns, tally),
-            None => log::debug!("the advice for pid {} is nobody's", diagnosis.pid),
+        let Some(found) = found else {
+            log::debug!("the advice for pid {} is nobody's", diagnosis.pid);
+            return;
+        };
+        for tally in tallies.into_iter().flatten() {
+            fleet.count(&found, diagnosis.ts_ns, tally);
         }
     }
 
     fn finish(self: Box<Self>, _: &World, _: &Roles, _: u64, _: u64) -> Result<Option<String>> {
         Ok(None)
     }
+}
+
+/// How full the /dev/shm of a diagnosis's failure was: as measured then (the diagnosis
+/// counts what the traced objects held at least), or, unmeasured, what the traced objects held
+/// when a call found it full (its size then unknown: 0).
+fn full_at(diagnosis: &Diagnosis) -> Option<Capacity> {
+    if diagnosis.cause != Cause::ShmFull {
+        return None;
+    }
+    let failure = diagnosis.failures.first()?;
+    let capacity = diagnosis.capacity.or_else(|| {
+        matches!(failure.kind, FailureKind::Call { .. }).then_some(Capacity {
+            dev: failure.dev?,
+            size: 0,
+            used: failure.held,
+            ts_ns: failure.ts_ns,
+            files: None,
+        })
+    })?;
+    (capacity.used > 0).then_some(capacity)
 }
 
 /// What one event counts.

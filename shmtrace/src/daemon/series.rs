@@ -35,6 +35,10 @@ pub enum Tally {
         count: u64,
     },
     Recommended(u64),
+    /// How full its /dev/shm was at a failure, as the diagnosis says (at least what the traced
+    /// objects held; a `size` of 0 when it was not measured then): a survey may never see it
+    /// so, the processes having freed it all.
+    FullAt(Capacity),
 }
 
 /// A container's series, and what they need to be kept up.
@@ -140,6 +144,9 @@ impl Series {
         let first_touch = tracked.as_ref().is_some_and(|t| !t.touched);
         if let Some(tracked) = tracked {
             tracked.touched = true;
+            if let Tally::FullAt(capacity) = &tally {
+                full_at(&self.metrics, labels, tracked, capacity);
+            }
         }
         let m = &self.metrics;
         match tally {
@@ -164,6 +171,8 @@ impl Series {
                 let gauge = m.recommended_shm_bytes.get(labels, NoMore);
                 gauge.set(gauge.get().max(clamp(bytes)));
             }
+            // Its series, set above, are its container's.
+            Tally::FullAt(_) => {}
         };
         // A container's first touch: its counters start at zero, so that `increase()` sees
         // its first failure.
@@ -237,6 +246,40 @@ impl Series {
             .filter_map(|t| t.pid)
             .collect()
     }
+}
+
+/// A container's /dev/shm as a diagnosis found it at a failure: its high-water mark, and its
+/// size when it was measured then (a survey sets it otherwise).
+fn full_at(metrics: &Metrics, labels: &ContainerLabels, tracked: &mut Tracked, at: &Capacity) {
+    // A size of 0: not measured at the failure.
+    let used = match at.size {
+        0 => at.used,
+        size => at.used.min(size),
+    };
+    tracked.peak = tracked.peak.max(used);
+    let shm = ShmLabel::of(at.dev);
+    if let Some(old) = tracked.shm.take()
+        && old != shm
+    {
+        for family in [
+            &metrics.shm_size_bytes,
+            &metrics.shm_used_bytes,
+            &metrics.shm_peak_bytes,
+        ] {
+            family.remove(labels, &old);
+        }
+    }
+    if at.size > 0 {
+        metrics
+            .shm_size_bytes
+            .get(labels, shm.clone())
+            .set(clamp(at.size));
+    }
+    metrics
+        .shm_peak_bytes
+        .get(labels, shm.clone())
+        .set(clamp(tracked.peak));
+    tracked.shm = Some(shm);
 }
 
 fn clamp(bytes: u64) -> i64 {
