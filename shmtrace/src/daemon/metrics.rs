@@ -8,8 +8,8 @@ use std::{
 };
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, EncodeMetric, LabelSetEncoder},
-    metrics::{TypedMetric, counter::Counter, family::Family, gauge::Gauge},
+    encoding::{EncodeLabelSet, EncodeMetric, LabelSetEncoder, MetricEncoder},
+    metrics::{MetricType, TypedMetric, counter::Counter, family::Family, gauge::Gauge},
     registry::{Metric, Registry},
 };
 
@@ -244,12 +244,29 @@ impl Registering<'_> {
         X: Clone + Hash + Eq + Default + Send + Sync + std::fmt::Debug + EncodeLabelSet + 'static,
         M: Default + Clone + Send + Sync + std::fmt::Debug + TypedMetric + EncodeMetric + 'static,
     {
-        self.registry.register(name, help, family.family.clone());
+        self.registry
+            .register(name, help, Listed(family.family.clone()));
         self.per_container.push(Box::new(family.clone()));
     }
 
     fn other(&mut self, name: &str, help: &str, metric: impl Metric) {
-        self.registry.register(name, help, metric);
+        self.registry.register(name, help, Listed(metric));
+    }
+}
+
+/// A family listed in every scrape, with its help and type, series or not: the registry
+/// leaves out an empty one, and a family that comes and goes with what happened on the node
+/// (`names_removed`, `process_deaths`) is not the table docs/fleet.md gives.
+#[derive(Debug)]
+struct Listed<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for Listed<M> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
     }
 }
 
@@ -477,6 +494,24 @@ mod tests {
             pod: "job-0".into(),
             namespace: "ml".into(),
             runtime: "containerd".into(),
+        }
+    }
+
+    #[test]
+    fn every_family_is_in_a_scrape_before_it_has_series() {
+        let (_, registry) = Metrics::new();
+        for format in [Format::OpenMetrics, Format::PrometheusText] {
+            let text = encode(&registry, format);
+            let typed: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("# TYPE shmtrace_"))
+                .filter_map(|l| l.split(' ').next())
+                .collect();
+            let named: Vec<&str> = HELP.iter().map(|(name, _)| *name).collect();
+            assert_eq!(typed.len(), named.len(), "{text}");
+            for (typed, named) in typed.iter().zip(&named) {
+                assert!(typed.starts_with(named), "{typed} for {named}:\n{text}");
+            }
         }
     }
 

@@ -174,11 +174,10 @@ impl Series {
             // Its series, set above, are its container's.
             Tally::FullAt(_) => {}
         };
-        // A container's first touch: its counters without other labels start at zero, so that
-        // `increase()` sees their first count (and every family is in the scrape).
+        // A container's first touch: its counters start at zero, so that `increase()` sees
+        // its first failure.
         if first_touch {
             drop(m.sigbus.get(labels, NoMore));
-            drop(m.names_removed.get(labels, NoMore));
         }
     }
 
