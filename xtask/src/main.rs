@@ -5,7 +5,7 @@
 //! - `check-ebpf`: fail if the committed object is stale against those inputs.
 //! - `lint-ebpf`: clippy on the eBPF crate for its real target (nightly), warnings as errors.
 //! - `test`: build everything and run every test, the suites that need root included (a plain
-//!   `cargo test` leaves those out).
+//!   `cargo test` leaves those out); with `--ci`, all but the long suites.
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
 //! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor), or
 //!   with `--records`, one record per call (the bench's record floor).
@@ -52,6 +52,10 @@ enum Task {
     CheckLayers,
     /// Build, then run the whole test suite, the suites that need root included (root).
     Test {
+        /// What `.ci/run` runs on every submission: every suite but the long ones (the tests
+        /// crate's `long` feature), which `.ci/run --full` runs too.
+        #[arg(long)]
+        ci: bool,
         /// Extra arguments for `cargo test`, after `--`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -103,7 +107,7 @@ fn main() -> Result<()> {
         Task::CheckEbpf => ebpf::check(),
         Task::LintEbpf => ebpf::lint(),
         Task::CheckLayers => layering::run(),
-        Task::Test { args } => test(&args),
+        Task::Test { ci, args } => test(ci, &args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
         Task::Bystander(args) => bench::bystander(&args),
@@ -143,19 +147,26 @@ pub fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// The feature that declares the test suites that need root (tests/Cargo.toml).
+/// The features that declare the test suites that need root, and among them the long ones
+/// that `.ci/run` leaves to `--full` (tests/Cargo.toml).
 pub const ROOT_SUITES: &str = "shmtrace-tests/root";
+pub const LONG_SUITES: &str = "shmtrace-tests/long";
 
-fn test(extra: &[String]) -> Result<()> {
+fn test(ci: bool, extra: &[String]) -> Result<()> {
     // The default members: everything but the eBPF crate, which builds only for the BPF
     // target (`build-ebpf`); with the suites that need root, which a plain `cargo test`
-    // leaves out.
+    // leaves out, and the long ones unless for `--ci`.
+    let features = if ci {
+        ROOT_SUITES.to_owned()
+    } else {
+        format!("{ROOT_SUITES},{LONG_SUITES}")
+    };
     run(cargo()
         .current_dir(root())
-        .args(["build", "--all-targets", "--features", ROOT_SUITES]))?;
+        .args(["build", "--all-targets", "--features", &features]))?;
     run(cargo()
         .current_dir(root())
-        .args(["test", "--no-fail-fast", "--features", ROOT_SUITES])
+        .args(["test", "--no-fail-fast", "--features", &features])
         .args(extra))
 }
 
