@@ -276,18 +276,7 @@ fn ebpf_profile(root: &Path) -> Result<String> {
 /// Cargo.lock. Workspace crates are hashed by content instead, and their (userspace-only,
 /// optional) dependencies are not followed.
 fn locked_dependencies(root: &Path) -> Result<BTreeSet<String>> {
-    let output = cargo()
-        .current_dir(root)
-        .args(["metadata", "--format-version", "1", "--locked"])
-        .output()
-        .context("cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let metadata = crate::cargo_metadata(root, &["--locked"])?;
     let packages: HashMap<&str, &serde_json::Value> = metadata["packages"]
         .as_array()
         .context("metadata packages")?

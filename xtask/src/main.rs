@@ -137,6 +137,23 @@ pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// `cargo metadata --format-version 1` of the workspace at `dir`, with `options` besides.
+pub fn cargo_metadata(dir: &std::path::Path, options: &[&str]) -> Result<serde_json::Value> {
+    let output = cargo()
+        .current_dir(dir)
+        .args(["metadata", "--format-version", "1"])
+        .args(options)
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    serde_json::from_slice(&output.stdout).context("parsing cargo metadata's output")
+}
+
 pub fn run(command: &mut Command) -> Result<()> {
     let status = command
         .status()
@@ -174,16 +191,11 @@ fn test(ci: bool, extra: &[String]) -> Result<()> {
 mod tests {
     /// The tests crate's suites that need root, by their names (docs/architecture.md): each is
     /// behind the `root` feature, so that a plain `cargo test` as any user leaves it out, and no
-    /// other is, so that a plain `cargo test` runs it.
+    /// other is, so that a plain `cargo test` runs it. The long ones, which `.ci/run` leaves to
+    /// `--full`, are those README.md names.
     #[test]
     fn the_suites_that_need_root_and_only_they_are_behind_the_feature() {
-        let output = super::cargo()
-            .current_dir(super::root())
-            .args(["metadata", "--no-deps", "--format-version", "1"])
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let metadata = super::cargo_metadata(&super::root(), &["--no-deps"]).unwrap();
         let tests = metadata["packages"]
             .as_array()
             .unwrap()
@@ -191,6 +203,7 @@ mod tests {
             .find(|package| package["name"] == "shmtrace-tests")
             .unwrap();
         let mut seen = 0;
+        let mut long_suites = Vec::new();
         for target in tests["targets"].as_array().unwrap() {
             if !target["kind"]
                 .as_array()
@@ -213,8 +226,32 @@ mod tests {
                 "{name}: needs root: {needs_root}; behind the root feature: {behind} \
                  (tests/Cargo.toml)"
             );
+            let long = target["required-features"]
+                .as_array()
+                .is_some_and(|features| features.iter().any(|f| f == "long"));
+            if long {
+                long_suites.push(name.to_owned());
+            }
             seen += 1;
         }
         assert!(seen >= 30, "{seen} test targets");
+        // The README says what .ci/run leaves out: the long suites, each by name.
+        let readme = std::fs::read_to_string(super::root().join("README.md")).unwrap();
+        let start = readme
+            .find("- the long suites")
+            .expect("README.md lists the long suites");
+        let item = &readme[start..start + readme[start..].find(";\n").expect("an item")];
+        let named: Vec<String> = item
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|span| span.contains('_'))
+            .map(str::to_owned)
+            .collect();
+        long_suites.sort();
+        assert_eq!(
+            named, long_suites,
+            "README.md's list of the long suites: {item:?}"
+        );
     }
 }

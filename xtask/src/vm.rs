@@ -301,14 +301,11 @@ fn target_dir() -> PathBuf {
 /// The test binaries cargo builds for `tests`, by name.
 fn build_tests(arch: Arch, tests: &[String]) -> Result<Vec<(String, PathBuf)>> {
     let mut command = guest_cargo(arch, "test");
+    // The workspace's default members with the root suites' feature, as `cargo xtask test
+    // --ci` builds them: the same features of every dependency, so an x86-64 guest's test
+    // binaries are the ones the tests step built, not a second build of their dependencies.
     command
-        .args([
-            "--no-run",
-            "--package",
-            "shmtrace-tests",
-            "--features",
-            "root",
-        ])
+        .args(["--no-run", "--features", crate::ROOT_SUITES])
         .args(["--message-format", "json-render-diagnostics"]);
     for test in tests {
         command.args(["--test", test]);
