@@ -1,11 +1,10 @@
 //! The `shmtrace` command; everything it does is in the library (`lib.rs`).
 use std::process::ExitCode;
 
-use clap::Parser;
-use shmtrace::cli::Cli;
+use shmtrace::cli;
 
 fn main() -> ExitCode {
-    match shmtrace::run(Cli::parse()) {
+    match shmtrace::run(cli::parse()) {
         Ok(code) => code,
         // The reader of the output went away (`| head -1`): end quietly, with the status of
         // a tool killed by SIGPIPE, as other command-line tools do.

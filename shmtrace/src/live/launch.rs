@@ -80,8 +80,8 @@ impl What {
             Ok(What::Pids(args.pid.clone()))
         } else {
             bail!(
-                "nothing to trace: give a command after --, --pid PID, or --all \
-                 (or try `shmtrace demo`; see shmtrace --help)"
+                "nothing to trace: give --container NAME, a command after --, --pid PID, or \
+                 --all (or try `shmtrace demo`; see shmtrace --help)"
             )
         }
     }
@@ -241,6 +241,9 @@ pub fn run(
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            for container in &containers {
+                eprintln!("{}", watch::shm_state(container, ""));
+            }
             let mut watch = Watch::containers(resolver, containers);
             runtime.block_on(watch.name_sharers(&mut pipeline))?;
             Some(watch)
