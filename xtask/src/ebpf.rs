@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::{cargo, root, run};
+use crate::{root, run};
 
 const OBJECT: &str = "shmtrace/bpf/shmtrace.bpf.o";
 const INPUTS: &str = "shmtrace/bpf/shmtrace.bpf.o.inputs";

@@ -174,6 +174,12 @@ fn test(ci: bool, extra: &[String]) -> Result<()> {
     // target (`build-ebpf`); with the suites that need root, which a plain `cargo test`
     // leaves out, and the long ones unless for `--ci`.
     let features = if ci {
+        // What is left out is said, by name, so that no suite goes missing unnoticed.
+        let metadata = cargo_metadata(&root(), &["--no-deps"])?;
+        println!(
+            "cargo xtask test --ci: leaving out the long suites {} (cargo xtask test runs them)",
+            long_suites(&metadata)?.join(", ")
+        );
         ROOT_SUITES.to_owned()
     } else {
         format!("{ROOT_SUITES},{LONG_SUITES}")
@@ -187,6 +193,45 @@ fn test(ci: bool, extra: &[String]) -> Result<()> {
         .args(extra))
 }
 
+/// The tests crate's test targets, each with its required features, from `cargo metadata`.
+fn test_suites(metadata: &serde_json::Value) -> Result<Vec<(String, Vec<String>)>> {
+    let tests = metadata["packages"]
+        .as_array()
+        .context("cargo metadata: no packages")?
+        .iter()
+        .find(|package| package["name"] == "shmtrace-tests")
+        .context("cargo metadata: no shmtrace-tests package")?;
+    let mut suites = Vec::new();
+    for target in tests["targets"].as_array().into_iter().flatten() {
+        let is_test = target["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        if !is_test {
+            continue;
+        }
+        let name = target["name"].as_str().context("a target without a name")?;
+        let features = target["required-features"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str().map(str::to_owned))
+            .collect();
+        suites.push((name.to_owned(), features));
+    }
+    Ok(suites)
+}
+
+/// The long suites, by name, sorted: those behind the tests crate's `long` feature.
+fn long_suites(metadata: &serde_json::Value) -> Result<Vec<String>> {
+    let mut long: Vec<String> = test_suites(metadata)?
+        .into_iter()
+        .filter(|(_, features)| features.iter().any(|f| f == "long"))
+        .map(|(name, _)| name)
+        .collect();
+    long.sort();
+    Ok(long)
+}
+
 #[cfg(test)]
 mod tests {
     /// The tests crate's suites that need root, by their names (docs/architecture.md): each is
@@ -196,46 +241,23 @@ mod tests {
     #[test]
     fn the_suites_that_need_root_and_only_they_are_behind_the_feature() {
         let metadata = super::cargo_metadata(&super::root(), &["--no-deps"]).unwrap();
-        let tests = metadata["packages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|package| package["name"] == "shmtrace-tests")
-            .unwrap();
-        let mut seen = 0;
-        let mut long_suites = Vec::new();
-        for target in tests["targets"].as_array().unwrap() {
-            if !target["kind"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|k| k == "test")
-            {
-                continue;
-            }
-            let name = target["name"].as_str().unwrap();
+        let suites = super::test_suites(&metadata).unwrap();
+        for (name, features) in &suites {
             let needs_root = ["kernel_", "docker_", "podman_", "containerd_"]
                 .iter()
                 .any(|prefix| name.starts_with(prefix))
                 || name == "prometheus_daemon";
-            let behind = target["required-features"]
-                .as_array()
-                .is_some_and(|features| features.iter().any(|f| f == "root"));
+            let behind = features.iter().any(|f| f == "root");
             assert_eq!(
                 needs_root, behind,
                 "{name}: needs root: {needs_root}; behind the root feature: {behind} \
                  (tests/Cargo.toml)"
             );
-            let long = target["required-features"]
-                .as_array()
-                .is_some_and(|features| features.iter().any(|f| f == "long"));
-            if long {
-                long_suites.push(name.to_owned());
-            }
-            seen += 1;
         }
-        assert!(seen >= 30, "{seen} test targets");
+        assert!(suites.len() >= 30, "{} test targets", suites.len());
         // The README says what .ci/run leaves out: the long suites, each by name.
+        let long_suites = super::long_suites(&metadata).unwrap();
+        assert!(!long_suites.is_empty(), "no long suites");
         let readme = std::fs::read_to_string(super::root().join("README.md")).unwrap();
         let start = readme
             .find("- the long suites")
@@ -248,7 +270,6 @@ mod tests {
             .filter(|span| span.contains('_'))
             .map(str::to_owned)
             .collect();
-        long_suites.sort();
         assert_eq!(
             named, long_suites,
             "README.md's list of the long suites: {item:?}"
