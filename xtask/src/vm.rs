@@ -111,8 +111,12 @@ const PROBES: Selection = &[
 ];
 
 /// What `--ci` runs on a kernel of [`Ci::ProbeSuite`]: the smoke test, and every test of
-/// `kernel_probes`.
-const PROBE_SUITE: Selection = &[SMOKE[0], ("kernel_probes", &[])];
+/// `kernel_probes` and of `kernel_host_wide_deaths` (the exit probe's records host-wide).
+const PROBE_SUITE: Selection = &[
+    SMOKE[0],
+    ("kernel_probes", &[]),
+    ("kernel_host_wide_deaths", &[]),
+];
 
 /// The tests `--ci` picks on a kernel, if it runs a selection rather than whole binaries.
 fn ci_selection(ci: Ci) -> Option<Selection> {

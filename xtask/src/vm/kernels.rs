@@ -214,7 +214,9 @@ mod tests {
     fn words(ci: Ci) -> &'static str {
         match ci {
             Ci::Full => "the whole guest suite",
-            Ci::ProbeSuite => "every test of `kernel_probes`, the demo and `dd`",
+            Ci::ProbeSuite => {
+                "every test of `kernel_probes` and `kernel_host_wide_deaths`, the demo and `dd`"
+            }
             Ci::Smoke => "the demo and `dd`",
             Ci::Probes => "a test of each probe, the demo and `dd`",
         }
