@@ -168,6 +168,13 @@ pub struct TargetArgs {
     )]
     pub kernel_btf: PathBuf,
 
+    /// Where events come from: eBPF probes in the kernel (root, or CAP_BPF and CAP_PERFMON),
+    /// or ptrace with seccomp filters (no privilege: a command and its children, or your own
+    /// processes with --pid). `auto` uses the probes where they load, else ptrace, and says
+    /// so. See docs/unprivileged.md for what each sees.
+    #[arg(long, value_enum, value_name = "SOURCE", default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+
     /// The command to run and trace, with its arguments, after `--`.
     /// shmtrace exits with the command's exit status. SIGINT, SIGTERM or SIGHUP sent to
     /// shmtrace alone (docker stop, a CI timeout) is passed on to the command; the trace waits
@@ -453,6 +460,18 @@ pub struct ShowArgs {
 
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `--backend`.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The probes where they load, else ptrace.
+    #[default]
+    Auto,
+    /// eBPF probes in the kernel.
+    Ebpf,
+    /// ptrace with seccomp filters, unprivileged.
+    Ptrace,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -10,12 +10,14 @@
 //! well as a binary so that the tests of the container runtimes, which need the runtimes
 //! running, live in the tests crate (`tests/tests/docker_*.rs`, ...) and not in here.
 //! See docs/architecture.md.
+pub mod child;
 pub mod cli;
 pub mod commands;
 pub mod container;
 pub mod daemon;
 pub mod kernel_ids;
 pub mod live;
+pub mod ptrace;
 
 // The core's modules, under the names this crate's modules use (`crate::record::...`).
 use shmtrace_core::{

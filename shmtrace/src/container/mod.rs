@@ -6,7 +6,8 @@
 //! - `cri` talks to containerd and CRI-O through the Kubernetes CRI gRPC API.
 //! - `cgroup` reads a process's cgroup paths and knows every runtime's layout; `scan` uses it
 //!   to find containers from /proc alone when no runtime socket answers.
-//! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`).
+//! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`); `memory` reads
+//!   the memory limit of this process's own cgroup and what it counts.
 //! - `resolve` ties them together: look up by name or id, wait for a container to start, notice
 //!   a restart. `index` labels processes (by pid or mount namespace) with their container.
 //!
@@ -24,6 +25,7 @@ mod error;
 pub mod fuzzing;
 mod host;
 mod http;
+pub mod memory;
 mod resolve;
 mod rootfs;
 mod scan;
@@ -40,6 +42,7 @@ pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
 pub use cri::{channel, proto};
 pub use endpoints::Endpoint;
 pub use shm::{ShmError, ShmSource, host_shm_dev};
+pub use host::cgroup_v2_id;
 // The one short-id and name formatters, for the runtime clients and the live side.
 pub use crate::model::short_id;
 pub use client::id_label;
