@@ -13,7 +13,7 @@ use shmtrace_common::{FileRef, Syscall, flags, statfs_args};
 use super::{
     arch, filter,
     inject::{self, Injected},
-    memory,
+    memory::Mem,
     records::Call,
     tracer::{Mode, Tracer, file_of},
 };
@@ -172,7 +172,7 @@ impl Tracer {
         }
         if nr == libc::SYS_recvmsg {
             let controllen: u64 =
-                memory::read_value(tid, args[1] + MSGHDR_CONTROLLEN).unwrap_or(0);
+                self.mem(tid).read_value(args[1] + MSGHDR_CONTROLLEN).unwrap_or(0);
             return (controllen > 0).then(|| {
                 call(
                     What::Receive,
@@ -333,7 +333,7 @@ impl Tracer {
         }
         if matches!(syscall, Syscall::Statfs | Syscall::Fstatfs) && ret == 0 {
             // The answer, in the record's last four arguments: the head of struct statfs.
-            if let Ok(head) = memory::read_value::<[u64; 5]>(tid, pending.args[1]) {
+            if let Ok(head) = self.mem(tid).read_value::<[u64; 5]>(pending.args[1]) {
                 pending.args[statfs_args::BLOCK_SIZE] = head[1];
                 pending.args[statfs_args::BLOCKS] = head[2];
                 pending.args[statfs_args::AVAILABLE] = head[4];
@@ -363,13 +363,13 @@ impl Tracer {
             return;
         }
         let msg = pending.args[1];
-        for fd in received_descriptors(tid, msg) {
+        for fd in received_descriptors(self.mem(tid), msg) {
             self.saw_fd(tid, fd);
             if self.shm_file(tid, fd).is_some() {
                 self.arm(tid, fd);
             }
         }
-        let msg_flags: u32 = memory::read_value(tid, msg + MSGHDR_FLAGS).unwrap_or(0);
+        let msg_flags: u32 = self.mem(tid).read_value(msg + MSGHDR_FLAGS).unwrap_or(0);
         if msg_flags & MSG_CTRUNC != 0 {
             pending.args[3] = u64::from(msg_flags);
             let fd = pending.fd;
@@ -452,7 +452,7 @@ impl Tracer {
     /// A string argument, up to a record's path length (cut short beyond: the record says
     /// so); `None`, counted, when it cannot be read.
     fn string(&mut self, tid: i32, ptr: u64) -> Option<Vec<u8>> {
-        match memory::read_c_string(tid, ptr, shmtrace_common::PATH_LEN) {
+        match self.mem(tid).read_c_string(ptr, shmtrace_common::PATH_LEN) {
             Ok((bytes, _)) => Some(bytes),
             Err(_) if ptr == 0 => None,
             Err(_) => {
@@ -466,7 +466,7 @@ impl Tracer {
     /// openat2's arguments as the probes stash them: `[dfd, path, flags, mode, resolve,
     /// size]`, the middle three from its `struct open_how`.
     fn open_how(&mut self, tid: i32, args: [u64; 6]) -> [u64; 6] {
-        let how: [u64; 3] = memory::read_value(tid, args[2]).unwrap_or_default();
+        let how: [u64; 3] = self.mem(tid).read_value(args[2]).unwrap_or_default();
         [args[0], args[1], how[0], how[1], how[2], args[3]]
     }
 
@@ -474,7 +474,7 @@ impl Tracer {
     /// rename (the header still has the old one).
     fn renamed(&mut self, tid: i32, ptr: u64) {
         let mut comm = [0u8; shmtrace_common::COMM_LEN];
-        if let Ok((name, _)) = memory::read_c_string(tid, ptr, comm.len() - 1) {
+        if let Ok((name, _)) = self.mem(tid).read_c_string(ptr, comm.len() - 1) {
             comm[..name.len()].copy_from_slice(&name);
         } else {
             return;
@@ -594,7 +594,13 @@ impl Tracer {
     /// `Some(false)` when it could not be, `None` when the thread ended meanwhile (its end is
     /// handled as if waited for in the main loop).
     fn inject(&mut self, tid: i32, program: &filter::Program) -> Option<bool> {
-        match inject::add_filter(tid, program) {
+        let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+        let mut mem = self.processes.get_mut(&tgid).map(|p| std::mem::take(&mut p.mem));
+        let outcome = inject::add_filter(tid, program, mem.get_or_insert_with(|| Mem::new(tgid)));
+        if let (Some(process), Some(mem)) = (self.processes.get_mut(&tgid), mem) {
+            process.mem = mem;
+        }
+        match outcome {
             Injected::Returned(0) => Some(true),
             Injected::Returned(ret) => {
                 log::debug!("adding a filter to thread {tid} failed: errno {}", -ret);
@@ -614,13 +620,13 @@ impl Tracer {
 
 /// The descriptors an `SCM_RIGHTS` message of `msg` (a `struct user_msghdr`, as the call left
 /// it) carried.
-fn received_descriptors(tid: i32, msg: u64) -> Vec<i32> {
-    let Ok(control) = memory::read_value::<[u64; 2]>(tid, msg + MSGHDR_CONTROL) else {
+fn received_descriptors(mem: &mut Mem, msg: u64) -> Vec<i32> {
+    let Ok(control) = mem.read_value::<[u64; 2]>(msg + MSGHDR_CONTROL) else {
         return Vec::new();
     };
     let (start, len) = (control[0], control[1].min(64 << 10));
     let mut buf = vec![0u8; len as usize];
-    if memory::read(tid, start, &mut buf).is_err() {
+    if mem.read(start, &mut buf).is_err() {
         return Vec::new();
     }
     let mut fds = Vec::new();
@@ -704,9 +710,9 @@ mod tests {
         let mut msghdr = [0u64; 7];
         msghdr[4] = control.as_ptr() as u64;
         msghdr[5] = control.len() as u64;
-        let me = std::process::id() as i32;
-        assert_eq!(received_descriptors(me, msghdr.as_ptr() as u64), [7, 9]);
+        let mut mem = Mem::new(std::process::id() as i32);
+        assert_eq!(received_descriptors(&mut mem, msghdr.as_ptr() as u64), [7, 9]);
         msghdr[5] = 8;
-        assert!(received_descriptors(me, msghdr.as_ptr() as u64).is_empty());
+        assert!(received_descriptors(&mut mem, msghdr.as_ptr() as u64).is_empty());
     }
 }

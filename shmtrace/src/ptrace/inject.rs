@@ -16,7 +16,7 @@ use libc::c_long;
 use super::{
     arch::{CALL_INSTRUCTION, RED_ZONE, Registers},
     filter::Program,
-    memory,
+    memory::Mem,
     wait::{self, Stop},
 };
 
@@ -38,13 +38,13 @@ pub enum Injected {
 }
 
 /// Adds `program` to the filters of the process of `tid`, stopped at a call's exit.
-pub fn add_filter(tid: i32, program: &Program) -> Injected {
+pub fn add_filter(tid: i32, program: &Program, mem: &mut Mem) -> Injected {
     let saved = match Registers::read(tid) {
         Ok(regs) => regs,
         Err(error) => return Injected::NotHere(error),
     };
     let mut before = [0u8; CALL_INSTRUCTION.len()];
-    match memory::read(tid, saved.ip() - before.len() as u64, &mut before) {
+    match mem.read(saved.ip() - before.len() as u64, &mut before) {
         Ok(n) if n == before.len() && before == CALL_INSTRUCTION => {}
         Ok(_) => {
             return Injected::NotHere(io::Error::other(
@@ -67,14 +67,14 @@ pub fn add_filter(tid: i32, program: &Program) -> Injected {
         bytes.extend(insn.k.to_le_bytes());
     }
     let mut kept = vec![0u8; bytes.len()];
-    if let Err(error) = memory::read(tid, base, &mut kept).and_then(|n| {
+    if let Err(error) = mem.read(base, &mut kept).and_then(|n| {
         (n == kept.len())
             .then_some(())
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))
     }) {
         return Injected::NotHere(error);
     }
-    if let Err(error) = memory::write(tid, base, &bytes) {
+    if let Err(error) = mem.write(base, &bytes) {
         return Injected::NotHere(error);
     }
     let args = [
@@ -88,7 +88,7 @@ pub fn add_filter(tid: i32, program: &Program) -> Injected {
     let outcome = run(tid, &saved, libc::SYS_seccomp, args);
     // Put back what the stack held, whatever happened (a thread that ended has no stack).
     if !matches!(outcome, Injected::Ended(_)) {
-        let _ = memory::write(tid, base, &kept);
+        let _ = mem.write(base, &kept);
     }
     outcome
 }

@@ -24,6 +24,7 @@ use shmtrace_common::{COMM_LEN, FileRef};
 
 use super::{
     feed::Sink,
+    memory::Mem,
     records::{self, Who},
     wait::{self, Stop},
 };
@@ -68,6 +69,8 @@ pub(super) struct Process {
     pub failed_own: bool,
     pub failed_child: bool,
     pub looked: bool,
+    /// Its memory, where calls' arguments point.
+    pub mem: Mem,
 }
 
 /// What was counted that no record shows.
@@ -125,6 +128,7 @@ impl Tracer {
         if tid == tgid && !self.processes.contains_key(&tgid) {
             let process = Process {
                 mntns: kernel_ids::mount_namespace(tgid as u32).unwrap_or(0),
+                mem: Mem::new(tgid),
                 ..Process::default()
             };
             self.processes.insert(tgid, process);
@@ -150,6 +154,19 @@ impl Tracer {
             cgroup_id: self.cgroup_id,
             comm: thread.map_or([0; COMM_LEN], |t| t.comm),
         }
+    }
+
+    /// The memory of `tid`'s process.
+    pub fn mem(&mut self, tid: i32) -> &mut Mem {
+        let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+        &mut self
+            .processes
+            .entry(tgid)
+            .or_insert_with(|| Process {
+                mem: Mem::new(tgid),
+                ..Process::default()
+            })
+            .mem
     }
 
     pub fn process_of(&mut self, tid: i32) -> Option<&mut Process> {
@@ -280,6 +297,7 @@ impl Tracer {
                 .cloned()
                 .unwrap_or_default();
             process.parent = Some(parent_tgid);
+            process.mem.reset(new);
             process.failed_own = false;
             process.failed_child = false;
             process.looked = false;
@@ -320,6 +338,7 @@ impl Tracer {
             // The old program's mappings are gone; its filters are not (they stay, as does
             // its use of them: a number that was /dev/shm's may be again).
             process.mappings.clear();
+            process.mem.reset(tid);
             process.mntns = kernel_ids::mount_namespace(tid as u32).unwrap_or(process.mntns);
         }
         let filename = fs::read_link(format!("/proc/{tid}/exe"))
