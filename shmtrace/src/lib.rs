@@ -31,6 +31,20 @@ use anyhow::Result;
 
 use crate::cli::{Cli, Command};
 
+/// The first line of `--help`: which source a trace would use here, and why.
+pub fn mode_here() -> String {
+    match (live::bpf::check_privileges(), ptrace::usable()) {
+        (Ok(()), _) => "Here: eBPF probes (this process may load them).".to_owned(),
+        (Err(_), Ok(())) => "Here: ptrace, unprivileged (no root, CAP_BPF or CAP_PERFMON for the \
+                             eBPF probes): commands and your own processes, not --container or \
+                             --all; `shmtrace check` needs nothing."
+            .to_owned(),
+        (Err(_), Err(why)) => format!(
+            "Here: no tracing: no root, CAP_BPF or CAP_PERFMON for the eBPF probes, and {why}."
+        ),
+    }
+}
+
 /// Runs the command `cli` names.
 pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {

@@ -58,7 +58,11 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 }
 
 /// The trace file (or the flight recorder that writes them), with its header.
-fn open_tap(args: &RecordArgs, target: TargetDescription, backend: Backend) -> Result<Box<dyn Tap>> {
+fn open_tap(
+    args: &RecordArgs,
+    target: TargetDescription,
+    backend: Backend,
+) -> Result<Box<dyn Tap>> {
     let mut header = TraceHeader::for_this_host(target)?;
     header.host_mntns = crate::kernel_ids::mount_namespace(std::process::id());
     header.source = Some(backend.name().to_owned());

@@ -41,8 +41,8 @@ pub use shm::{ShmFile, ShmInfo, list_shm_files, measure_shm};
 pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
 pub use cri::{channel, proto};
 pub use endpoints::Endpoint;
-pub use shm::{ShmError, ShmSource, host_shm_dev};
 pub use host::cgroup_v2_id;
+pub use shm::{ShmError, ShmSource, host_shm_dev};
 // The one short-id and name formatters, for the runtime clients and the live side.
 pub use crate::model::short_id;
 pub use client::id_label;

@@ -24,9 +24,9 @@ use crate::{
         target::{self, RunningCommand},
         watch::{self, Watch},
     },
-    ptrace,
     model::ContainerInfo,
     pipeline::Pipeline,
+    ptrace,
     record::TargetDescription,
 };
 
@@ -185,14 +185,11 @@ pub fn run(
     }
 }
 
-/// Traces a command with ptrace, unprivileged.
+/// Traces a command, or running processes of this user, with ptrace, unprivileged.
 fn run_ptrace(
     what: What,
     make_pipeline: impl FnOnce(&Launched<'_>) -> Result<Pipeline>,
 ) -> Result<Outcome> {
-    let What::Command(argv) = what else {
-        bail!("--pid with ptrace is not built yet");
-    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -201,14 +198,44 @@ fn run_ptrace(
         let _inside = runtime.enter();
         Signals::install()?
     };
-    let traced = ptrace::trace_command(&argv)?;
-    let pipeline = make_pipeline(&Launched {
+    let (traced, roots) = match &what {
+        What::Command(argv) => (ptrace::trace_command(argv)?, Vec::new()),
+        What::Pids(roots) => {
+            let pids: Vec<u32> = roots
+                .iter()
+                .flat_map(|root| proc_scan::process_tree(*root))
+                .collect();
+            (ptrace::trace_pids(&pids)?, roots.clone())
+        }
+        _ => bail!("with ptrace, shmtrace traces a command or your own processes (--pid)"),
+    };
+    let mut pipeline = make_pipeline(&Launched {
         containers: &[],
         backend: Backend::Ptrace,
     })?;
-    let command = RunningCommand::of_child(traced.pid);
+    let ending = if roots.is_empty() {
+        Ending::Command(RunningCommand::of_child(traced.pid))
+    } else {
+        // What they already hold, named, as with the probes.
+        let now = boot_ns()?;
+        for pid in &traced.attached {
+            if let Some(snapshot) = proc_scan::snapshot(*pid) {
+                pipeline.seed(&snapshot, now)?;
+            }
+        }
+        eprintln!(
+            "shmtrace: tracing {} processes (pid {} and descendants) with ptrace; Ctrl-C to stop",
+            traced.attached.len(),
+            roots
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ending::Pids(traced.attached.iter().copied().collect())
+    };
     let session = Session::ptrace(traced.feed, pipeline).with_signals(signals);
-    let outcome = runtime.block_on(session.run(Ending::Command(command)));
+    let outcome = runtime.block_on(session.run(ending));
     runtime.shutdown_background();
     outcome
 }

@@ -20,8 +20,8 @@ use crate::{
         target::RunningCommand,
         watch::Watch,
     },
-    ptrace::Feed,
     pipeline::{Evicted, Pipeline},
+    ptrace::Feed,
 };
 
 /// When a live trace ends.

@@ -66,7 +66,10 @@ enum What {
 
 /// What a path names.
 enum PathIs {
-    Shm { flags: u16, path: Vec<u8> },
+    Shm {
+        flags: u16,
+        path: Vec<u8>,
+    },
     /// /dev/shm itself.
     Directory(Vec<u8>),
     Elsewhere(Vec<u8>),
@@ -96,10 +99,20 @@ impl Tracer {
             let (syscall, dfd, path_ptr, mut args) = if nr == libc::SYS_openat {
                 (Syscall::Openat, args[0] as i32, args[1], args)
             } else if nr == libc::SYS_openat2 {
-                (Syscall::Openat2, args[0] as i32, args[1], self.open_how(tid, args))
+                (
+                    Syscall::Openat2,
+                    args[0] as i32,
+                    args[1],
+                    self.open_how(tid, args),
+                )
             } else {
                 let at_cwd = AT_FDCWD as i64 as u64;
-                (Syscall::Open, AT_FDCWD, args[0], [at_cwd, args[0], args[1], args[2], 0, 0])
+                (
+                    Syscall::Open,
+                    AT_FDCWD,
+                    args[0],
+                    [at_cwd, args[0], args[1], args[2], 0, 0],
+                )
             };
             args[0] = args[0] as i32 as i64 as u64;
             return match self.path(tid, dfd, path_ptr) {
@@ -141,20 +154,22 @@ impl Tracer {
                     None,
                     path,
                 )),
-                PathIs::Directory(path) => Some(call(
-                    What::Report(Syscall::Statfs),
-                    0,
-                    args,
-                    -1,
-                    None,
-                    path,
-                )),
+                PathIs::Directory(path) => {
+                    Some(call(What::Report(Syscall::Statfs), 0, args, -1, None, path))
+                }
                 _ => None,
             };
         }
         if nr == libc::SYS_memfd_create {
             let name = self.string(tid, args[0]).unwrap_or_default();
-            return Some(call(What::Report(Syscall::MemfdCreate), 0, args, -1, None, name));
+            return Some(call(
+                What::Report(Syscall::MemfdCreate),
+                0,
+                args,
+                -1,
+                None,
+                name,
+            ));
         }
         let sysv = [
             (libc::SYS_shmget, Syscall::Shmget),
@@ -171,8 +186,10 @@ impl Tracer {
             return Some(call(What::Report(*syscall), 0, args, fd, None, Vec::new()));
         }
         if nr == libc::SYS_recvmsg {
-            let controllen: u64 =
-                self.mem(tid).read_value(args[1] + MSGHDR_CONTROLLEN).unwrap_or(0);
+            let controllen: u64 = self
+                .mem(tid)
+                .read_value(args[1] + MSGHDR_CONTROLLEN)
+                .unwrap_or(0);
             return (controllen > 0).then(|| {
                 call(
                     What::Receive,
@@ -252,7 +269,14 @@ impl Tracer {
             self.emit_call(tid, &record, None);
             return None;
         }
-        Some(call(What::Report(syscall), 0, args, fd, Some(file), Vec::new()))
+        Some(call(
+            What::Report(syscall),
+            0,
+            args,
+            fd,
+            Some(file),
+            Vec::new(),
+        ))
     }
 
     /// A call's exit, for the one awaited.
@@ -481,7 +505,8 @@ impl Tracer {
         }
         let who = self.who(tid);
         let ts = boot_ns().unwrap_or(0);
-        self.sink.record(super::records::rename(&who, comm, ts), false);
+        self.sink
+            .record(super::records::rename(&who, comm, ts), false);
         if let Some(thread) = self.threads.get_mut(&tid) {
             thread.comm = comm;
         }
@@ -528,7 +553,9 @@ impl Tracer {
                 limit
             }
         };
-        let highest = self.process_of(tid).map_or(0, |p| p.highest_fd.max(0) as u64);
+        let highest = self
+            .process_of(tid)
+            .map_or(0, |p| p.highest_fd.max(0) as u64);
         highest + FD_LIMIT_MARGIN >= limit
     }
 
@@ -595,7 +622,10 @@ impl Tracer {
     /// handled as if waited for in the main loop).
     fn inject(&mut self, tid: i32, program: &filter::Program) -> Option<bool> {
         let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
-        let mut mem = self.processes.get_mut(&tgid).map(|p| std::mem::take(&mut p.mem));
+        let mut mem = self
+            .processes
+            .get_mut(&tgid)
+            .map(|p| std::mem::take(&mut p.mem));
         let outcome = inject::add_filter(tid, program, mem.get_or_insert_with(|| Mem::new(tgid)));
         if let (Some(process), Some(mem)) = (self.processes.get_mut(&tgid), mem) {
             process.mem = mem;
@@ -693,7 +723,10 @@ mod tests {
     #[test]
     fn unmapping_trims_and_splits() {
         let maps = [(0x1000, 0x3000), (0x10000, 0x1000)];
-        assert_eq!(unmap(&maps, 0x2000, 0x1000), [(0x1000, 0x1000), (0x3000, 0x1000), (0x10000, 0x1000)]);
+        assert_eq!(
+            unmap(&maps, 0x2000, 0x1000),
+            [(0x1000, 0x1000), (0x3000, 0x1000), (0x10000, 0x1000)]
+        );
         assert_eq!(unmap(&maps, 0, 0x100000), []);
         assert_eq!(unmap(&maps, 0x5000, 0x1000), maps);
     }
@@ -711,7 +744,10 @@ mod tests {
         msghdr[4] = control.as_ptr() as u64;
         msghdr[5] = control.len() as u64;
         let mut mem = Mem::new(std::process::id() as i32);
-        assert_eq!(received_descriptors(&mut mem, msghdr.as_ptr() as u64), [7, 9]);
+        assert_eq!(
+            received_descriptors(&mut mem, msghdr.as_ptr() as u64),
+            [7, 9]
+        );
         msghdr[5] = 8;
         assert!(received_descriptors(&mut mem, msghdr.as_ptr() as u64).is_empty());
     }

@@ -49,7 +49,9 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panicking tracer thread leaves the data whole (plain pushes): go on with it.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -233,6 +235,12 @@ mod tests {
     fn a_tracer_that_vanishes_ends_the_trace() {
         let (sink, feed) = channel();
         drop(sink);
-        assert!(feed.ended().unwrap().error.unwrap().contains("unexpectedly"));
+        assert!(
+            feed.ended()
+                .unwrap()
+                .error
+                .unwrap()
+                .contains("unexpectedly")
+        );
     }
 }

@@ -258,12 +258,19 @@ mod tests {
             assert!(!traced(nr, [12, 0, 0, 0, 0, 0]), "call {nr} on 12");
         }
         // The upper half of the register is not looked at.
-        assert!(traced(libc::SYS_write, [0xffff_ffff_0000_000b, 0, 0, 0, 0, 0]));
+        assert!(traced(
+            libc::SYS_write,
+            [0xffff_ffff_0000_000b, 0, 0, 0, 0, 0]
+        ));
         assert!(traced(libc::SYS_mmap, [0, 4096, 3, 1, 11, 0]));
         assert!(!traced(libc::SYS_mmap, [11, 4096, 3, 1, 12, 0]));
         assert!(!traced(libc::SYS_read, [11, 0, 0, 0, 0, 0]));
         assert!(!traced(libc::SYS_openat, [11, 0, 0, 0, 0, 0]));
-        assert!(descriptor(11).len() < 40, "{} instructions", descriptor(11).len());
+        assert!(
+            descriptor(11).len() < 40,
+            "{} instructions",
+            descriptor(11).len()
+        );
     }
 
     #[test]

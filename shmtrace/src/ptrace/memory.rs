@@ -202,7 +202,10 @@ mod tests {
             libc::munmap(two.cast(), 4096);
         }
         let value: u64 = 0x1122_3344_5566_7788;
-        assert_eq!(mem.read_value::<u64>((&raw const value) as u64).unwrap(), value);
+        assert_eq!(
+            mem.read_value::<u64>((&raw const value) as u64).unwrap(),
+            value
+        );
         let mut target = [0u8; 4];
         mem.write(target.as_mut_ptr() as u64, b"abcd").unwrap();
         assert_eq!(std::hint::black_box(target), *b"abcd");

@@ -5,12 +5,13 @@
 //! what it sees and what it does not.
 //!
 //! `filter` writes the seccomp filters and `inject` adds one to a running process; `spawn`
-//! starts the command; `tracer` answers every stop (signals, job control, new processes and
+//! starts the command, `attach` follows processes already running; `tracer` answers every stop (signals, job control, new processes and
 //! threads, exits) and `calls` turns the stops that matter into records (`records`); `memory`
 //! reads the traced program's memory, `wait` classifies stops, `arch` holds what differs
 //! between x86-64 and arm64, `oom` tells the OOM killer's kills, and `feed` hands it all to
 //! the session.
 mod arch;
+mod attach;
 mod calls;
 mod feed;
 mod filter;
@@ -22,16 +23,7 @@ mod spawn;
 mod tracer;
 mod wait;
 
-use std::{
-    ffi::OsString,
-    fs,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
-    thread,
-};
+use std::{ffi::OsString, fs, sync::mpsc, thread};
 
 use anyhow::{Context, Result};
 use nix::errno::Errno;
@@ -59,9 +51,7 @@ pub enum PtraceError {
          check` still reports what /dev/shm can hold"
     )]
     NoFilter { errno: Errno },
-    #[error(
-        "cannot trace pid {pid} with ptrace ({errno}){why}"
-    )]
+    #[error("cannot trace pid {pid} with ptrace ({errno}): {why}")]
     Attach { pid: u32, errno: Errno, why: String },
 }
 
@@ -81,42 +71,34 @@ fn why_refused() -> String {
         .and_then(|s| s.trim().parse::<u32>().ok())
     {
         Some(3) => ": Yama's ptrace_scope is 3, which forbids ptrace to everyone".to_owned(),
-        Some(2) => ": Yama's ptrace_scope is 2, which allows ptrace only with CAP_SYS_PTRACE"
-            .to_owned(),
+        Some(2) => {
+            ": Yama's ptrace_scope is 2, which allows ptrace only with CAP_SYS_PTRACE".to_owned()
+        }
         _ => ": the container's seccomp profile may forbid ptrace (Docker's default allows it \
                on Linux 4.8 and newer)"
             .to_owned(),
     }
 }
 
-/// A command traced with ptrace.
+/// What is traced with ptrace, and the records it makes.
 pub struct Traced {
+    /// The command, when one was started.
     pub pid: u32,
+    /// The processes attached while running (`--pid`).
+    pub attached: Vec<u32>,
     pub feed: Feed,
-    /// `--pid`: tells the tracer to let the processes go.
-    detach: Arc<AtomicBool>,
-}
-
-impl Traced {
-    /// Asks the tracer to detach from processes attached while running (`--pid`); it does at
-    /// its next stop.
-    pub fn detach(&self) {
-        self.detach.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Starts `argv` under ptrace, on a tracer thread of its own, and returns once it has
 /// started its program (or failed to).
 pub fn trace_command(argv: &[OsString]) -> Result<Traced> {
     let (sink, feed) = feed::channel();
-    let detach = Arc::new(AtomicBool::new(false));
     let (started_tx, started_rx) = mpsc::channel::<Result<u32>>();
     let argv = argv.to_vec();
-    let tracer_detach = detach.clone();
     thread::Builder::new()
         .name("ptrace".to_owned())
         .spawn(move || {
-            let mut tracer = Tracer::new(Mode::Seccomp, sink, tracer_detach);
+            let mut tracer = Tracer::new(Mode::Seccomp, sink);
             match start(&mut tracer, &argv) {
                 Ok(pid) => {
                     let _ = started_tx.send(Ok(pid as u32));
@@ -132,7 +114,45 @@ pub fn trace_command(argv: &[OsString]) -> Result<Traced> {
     let pid = started_rx
         .recv()
         .context("the ptrace tracer thread ended before the command started")??;
-    Ok(Traced { pid, feed, detach })
+    Ok(Traced {
+        pid,
+        attached: Vec::new(),
+        feed,
+    })
+}
+
+/// Attaches to the running processes `pids` (every thread of each), on a tracer thread of
+/// its own. They stop at every call's entry and exit (`PTRACE_SYSCALL`), with no filter and
+/// no other change to them, so that when shmtrace ends (the kernel detaches them then) they
+/// run on as before. Returns those attached; fails, saying why, if none could be.
+pub fn trace_pids(pids: &[u32]) -> Result<Traced> {
+    let (sink, feed) = feed::channel();
+    let (started_tx, started_rx) = mpsc::channel::<Result<Vec<u32>>>();
+    let pids = pids.to_vec();
+    thread::Builder::new()
+        .name("ptrace".to_owned())
+        .spawn(move || {
+            let mut tracer = Tracer::new(Mode::EverySyscall, sink);
+            match attach::attach(&mut tracer, &pids) {
+                Ok(attached) => {
+                    let _ = started_tx.send(Ok(attached));
+                    tracer.run();
+                }
+                Err(error) => {
+                    let _ = started_tx.send(Err(error));
+                    tracer.sink.end(None);
+                }
+            }
+        })
+        .context("starting the ptrace tracer thread")?;
+    let attached = started_rx
+        .recv()
+        .context("the ptrace tracer thread ended before it attached")??;
+    Ok(Traced {
+        pid: 0,
+        attached,
+        feed,
+    })
 }
 
 /// Forks, attaches and lets the command go, then follows it to its exec: the first stops
@@ -155,9 +175,13 @@ fn start(tracer: &mut Tracer, argv: &[OsString]) -> Result<i32> {
             }
             Stop::Ended(status) => {
                 tracer.threads.clear();
-                return Err(spawn::start_failure(&spawned.status, &argv[0]).unwrap_or_else(
-                    || anyhow::anyhow!("the traced command ended before it started (status {status})"),
-                ));
+                return Err(
+                    spawn::start_failure(&spawned.status, &argv[0]).unwrap_or_else(|| {
+                        anyhow::anyhow!(
+                            "the traced command ended before it started (status {status})"
+                        )
+                    }),
+                );
             }
             Stop::Signal(signo) => {
                 let _ = wait::resume(pid, libc::PTRACE_CONT, signo);

@@ -236,7 +236,13 @@ mod tests {
         assert!(decoded.path_truncated);
         assert_eq!(decoded.path.unwrap().len(), PATH_LEN - 1);
 
-        let event = decode(&exec(&who(), b"/usr/bin/python3", b"python3\0-c\0pass\0", 7)).unwrap();
+        let event = decode(&exec(
+            &who(),
+            b"/usr/bin/python3",
+            b"python3\0-c\0pass\0",
+            7,
+        ))
+        .unwrap();
         let Body::Exec(exec) = event.body else {
             panic!("not an exec")
         };

@@ -109,14 +109,7 @@ pub fn spawn(argv: &[OsString]) -> Result<Spawned> {
 
 fn seize(pid: Pid) -> Result<(), Errno> {
     // SAFETY: PTRACE_SEIZE of our own child, with options; no memory is passed.
-    let done = unsafe {
-        libc::ptrace(
-            libc::PTRACE_SEIZE,
-            pid.as_raw(),
-            0usize,
-            OPTIONS as usize,
-        )
-    };
+    let done = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid.as_raw(), 0usize, OPTIONS as usize) };
     if done < 0 {
         return Err(Errno::last());
     }

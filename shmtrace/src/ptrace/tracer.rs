@@ -14,10 +14,6 @@ use std::{
     collections::{BTreeSet, HashMap, HashSet},
     fs,
     os::unix::fs::MetadataExt,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
 };
 
 use shmtrace_common::{COMM_LEN, FileRef};
@@ -95,14 +91,12 @@ pub(super) struct Tracer {
     parked: HashSet<i32>,
     pub cgroup_id: u64,
     pub counts: Counts,
-    /// `--pid`: set by the session to detach and end.
-    detach: Arc<AtomicBool>,
     /// The cgroup's count of OOM kills, when readable.
     oom: Option<super::oom::OomKills>,
 }
 
 impl Tracer {
-    pub fn new(mode: Mode, sink: Sink, detach: Arc<AtomicBool>) -> Tracer {
+    pub fn new(mode: Mode, sink: Sink) -> Tracer {
         let mut shm_devs = HashSet::new();
         if let Ok(meta) = fs::metadata("/dev/shm") {
             shm_devs.insert(kernel_ids::kernel_dev_from_stat(meta.dev()));
@@ -117,7 +111,6 @@ impl Tracer {
             parked: HashSet::new(),
             cgroup_id: super::oom::cgroup_id(),
             counts: Counts::default(),
-            detach,
             oom: super::oom::OomKills::open(),
         }
     }
@@ -174,14 +167,10 @@ impl Tracer {
         self.processes.get_mut(&tgid)
     }
 
-    /// Runs until every traced thread is gone (or, attached to running processes, until the
-    /// session asks to detach).
+    /// Runs until every traced thread is gone. (Processes attached while running are let go
+    /// by the kernel when shmtrace ends before them.)
     pub fn run(mut self) {
         let error = loop {
-            if self.detach.load(Ordering::Relaxed) {
-                self.detach_all();
-                break None;
-            }
             let (tid, status) = match wait::wait_any() {
                 Ok(report) => report,
                 Err(error) if error.raw_os_error() == Some(libc::ECHILD) => break None,
@@ -367,7 +356,11 @@ impl Tracer {
         let sender = if info.si_code <= 0 {
             // SAFETY: si_pid is valid for signals sent by a process (SI_USER, SI_TKILL).
             let pid = unsafe { info.si_pid() };
-            if pid > 0 { self.who_outside(pid) } else { target }
+            if pid > 0 {
+                self.who_outside(pid)
+            } else {
+                target
+            }
         } else {
             target
         };
@@ -426,7 +419,8 @@ impl Tracer {
             self.oom_kill(&who, ts);
         }
         let shm_death = self.shm_death(&process, status);
-        self.sink.record(records::exit(&who, status, shm_death, ts), true);
+        self.sink
+            .record(records::exit(&who, status, shm_death, ts), true);
         if Some(tid) == self.root {
             self.sink.command_exited(ExitStatus::from_raw(status));
         }
@@ -456,35 +450,6 @@ impl Tracer {
             parent.failed_child = true;
         }
         died
-    }
-
-    /// Lets every traced thread go (attached to running processes): each is interrupted
-    /// and detached, and runs on as it did.
-    fn detach_all(&mut self) {
-        let tids: Vec<i32> = self.threads.keys().copied().collect();
-        for tid in tids {
-            // SAFETY: ptrace requests on threads we trace; no memory is passed.
-            unsafe {
-                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize);
-            }
-            let mut signal = 0;
-            loop {
-                match wait::wait_for(tid) {
-                    Ok(Stop::Ended(_)) | Err(_) => break,
-                    Ok(Stop::Signal(signo)) => {
-                        // A signal on its way is delivered at the detach.
-                        signal = signo;
-                        break;
-                    }
-                    Ok(_) => break,
-                }
-            }
-            // SAFETY: as above.
-            unsafe {
-                libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, signal as usize);
-            }
-        }
-        self.threads.clear();
     }
 }
 

@@ -176,7 +176,10 @@ mod tests {
         assert_eq!(classify(libc::SIGBUS), Stop::Ended(libc::SIGBUS));
         let stopped = |signal: i32, event: i32| (event << 16) | (signal << 8) | 0x7f;
         assert_eq!(classify(stopped(SYSCALL_TRAP, 0)), Stop::Syscall);
-        assert_eq!(classify(stopped(libc::SIGBUS, 0)), Stop::Signal(libc::SIGBUS));
+        assert_eq!(
+            classify(stopped(libc::SIGBUS, 0)),
+            Stop::Signal(libc::SIGBUS)
+        );
         assert_eq!(
             classify(stopped(libc::SIGTRAP, libc::PTRACE_EVENT_SECCOMP)),
             Stop::Seccomp

@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::{
     cli::CheckArgs,
-    container::memory::{self, Memory},
     clock::boot_ns,
+    container::memory::{self, Memory},
     event::escape,
     live::holders,
     model::HeldFile,
