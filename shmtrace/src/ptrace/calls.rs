@@ -207,6 +207,13 @@ impl Tracer {
             }
             return None;
         }
+        if nr == libc::SYS_prlimit64 || Some(nr) == arch::SYS_SETRLIMIT {
+            // A limit may change: asked again when next needed.
+            for process in self.processes.values_mut() {
+                process.nofile = None;
+            }
+            return None;
+        }
         if nr == libc::SYS_ptrace {
             self.nested_tracer(tid, args);
             return None;
@@ -395,6 +402,10 @@ impl Tracer {
         }
         let msg_flags: u32 = self.mem(tid).read_value(msg + MSGHDR_FLAGS).unwrap_or(0);
         if msg_flags & MSG_CTRUNC != 0 {
+            // Out of descriptors: its opens elsewhere are watched for EMFILE from now on.
+            if let Some(process) = self.process_of(tid) {
+                process.highest_fd = i32::MAX;
+            }
             pending.args[3] = u64::from(msg_flags);
             let fd = pending.fd;
             self.finish(tid, Syscall::Recvmsg, pending, ret, fd, None);

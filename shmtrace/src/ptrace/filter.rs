@@ -6,7 +6,8 @@
 //! - [`base`], installed before the command runs: every call that names a path (`open`,
 //!   `openat`, `openat2`, `unlink`, `unlinkat`, `statfs`, `memfd_create`: only the path says
 //!   whether it is /dev/shm's), System V shared memory, `recvmsg` (descriptors arrive in it),
-//!   `prctl(PR_SET_NAME)` and `ptrace`. Nothing that acts on a descriptor stops here.
+//!   `prctl(PR_SET_NAME)`, `ptrace`, and the calls that change a descriptor limit. Nothing
+//!   that acts on a descriptor stops here.
 //! - [`descriptor`], added to a process once one of its descriptors is found to be a /dev/shm
 //!   object (`inject` runs `seccomp(2)` in it): `write`, `ftruncate`, `fallocate`, `close`,
 //!   `fstatfs`, the `dup`s and `fcntl` on that descriptor number, and `mmap` of it. So a
@@ -116,6 +117,8 @@ pub fn base() -> Program {
         Some(libc::SYS_shmctl),
         Some(libc::SYS_recvmsg),
         Some(libc::SYS_ptrace),
+        Some(libc::SYS_prlimit64),
+        arch::SYS_SETRLIMIT,
     ]
     .into_iter()
     .flatten()
