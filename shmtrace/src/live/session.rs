@@ -16,7 +16,7 @@ use crate::{
         hold::Hold,
         machine::LiveMachine,
         signals::{Received, Signals, Stop},
-        source::Source,
+        source::{Probes, Source},
         target::RunningCommand,
         watch::Watch,
     },
@@ -78,10 +78,10 @@ pub struct Session {
 impl Session {
     pub fn new(tracer: Tracer, pipeline: Pipeline) -> Session {
         Session::of(
-            Source::Probes {
+            Source::Probes(Box::new(Probes {
                 tracer,
                 reader: None,
-            },
+            })),
             pipeline,
         )
     }
@@ -113,8 +113,8 @@ impl Session {
     /// Goes on reading the ring buffer from where `reader` is, with the records `hold` kept
     /// while the containers were waited for.
     pub fn with_reader(mut self, reader: EventReader, hold: Hold) -> Session {
-        if let Source::Probes { reader: slot, .. } = &mut self.source {
-            *slot = Some(reader);
+        if let Source::Probes(probes) = &mut self.source {
+            probes.reader = Some(reader);
         }
         self.hold = hold;
         self

@@ -33,12 +33,15 @@ impl Backend {
 }
 
 pub enum Source {
-    Probes {
-        tracer: Tracer,
-        /// Made inside the async runtime, at the session's start, unless given.
-        reader: Option<EventReader>,
-    },
+    Probes(Box<Probes>),
     Ptrace(Feed),
+}
+
+/// The probes' loader and its ring buffer's reader.
+pub struct Probes {
+    pub tracer: Tracer,
+    /// Made inside the async runtime, at the session's start, unless given.
+    pub reader: Option<EventReader>,
 }
 
 /// The traced command's end, as a future the session waits on.
@@ -47,13 +50,14 @@ pub type CommandEnd = Pin<Box<dyn Future<Output = Result<ExitStatus>> + Send>>;
 impl Source {
     /// Readies reading (the ring buffer's reader needs the async runtime).
     pub fn open(&mut self) -> Result<()> {
-        if let Source::Probes { tracer, reader } = self
-            && reader.is_none()
+        if let Source::Probes(probes) = self
+            && probes.reader.is_none()
         {
-            let ring = tracer
+            let ring = probes
+                .tracer
                 .take_events()
                 .context("the ring buffer was already taken")?;
-            *reader = Some(EventReader::new(ring).context("watching the ring buffer")?);
+            probes.reader = Some(EventReader::new(ring).context("watching the ring buffer")?);
         }
         Ok(())
     }
@@ -61,7 +65,8 @@ impl Source {
     /// Waits until records are there, then appends them to `out`.
     pub async fn read(&mut self, out: &mut Vec<Bytes>) -> Result<()> {
         match self {
-            Source::Probes { reader, .. } => reader
+            Source::Probes(probes) => probes
+                .reader
                 .as_mut()
                 .context("the source was not opened")?
                 .read(out)
@@ -74,7 +79,7 @@ impl Source {
     /// Appends the records there now to `out`, without waiting; `true` when more may remain.
     pub fn drain(&mut self, out: &mut Vec<Bytes>) -> bool {
         match self {
-            Source::Probes { reader, .. } => reader.as_mut().is_some_and(|r| r.drain(out)),
+            Source::Probes(probes) => probes.reader.as_mut().is_some_and(|r| r.drain(out)),
             Source::Ptrace(feed) => feed.drain(out),
         }
     }
@@ -82,7 +87,7 @@ impl Source {
     /// What was lost so far, in all.
     pub fn lost(&self) -> Result<LostCounts> {
         match self {
-            Source::Probes { tracer, .. } => Ok(tracer.lost()?),
+            Source::Probes(probes) => Ok(probes.tracer.lost()?),
             Source::Ptrace(feed) => Ok(feed.lost()),
         }
     }
@@ -90,7 +95,7 @@ impl Source {
     /// What the source has to say (the ptrace tracer's notices).
     pub fn notices(&mut self) -> Vec<String> {
         match self {
-            Source::Probes { .. } => Vec::new(),
+            Source::Probes(_) => Vec::new(),
             Source::Ptrace(feed) => feed.take_notices(),
         }
     }
@@ -98,7 +103,7 @@ impl Source {
     /// The probes' loader, to follow containers with.
     pub fn tracer(&mut self) -> Option<&mut Tracer> {
         match self {
-            Source::Probes { tracer, .. } => Some(tracer),
+            Source::Probes(probes) => Some(&mut probes.tracer),
             Source::Ptrace(_) => None,
         }
     }
@@ -108,7 +113,7 @@ impl Source {
     /// ended (one left running would have its traced calls fail once shmtrace is gone).
     pub fn command_end(&mut self, command: &RunningCommand) -> CommandEnd {
         match self {
-            Source::Probes { .. } => {
+            Source::Probes(_) => {
                 let waiter = command.clone();
                 Box::pin(async move {
                     tokio::task::spawn_blocking(move || waiter.wait())
@@ -133,7 +138,7 @@ impl Source {
     /// What happens to a command still running when the trace ends without it.
     pub fn left_running(&self) -> &'static str {
         match self {
-            Source::Probes { .. } => "it keeps running, untraced",
+            Source::Probes(_) => "it keeps running, untraced",
             Source::Ptrace(_) => {
                 "it is killed with shmtrace: under ptrace it cannot go on untraced, its traced \
                  calls would fail"

@@ -56,7 +56,7 @@ pub fn attach(tracer: &mut Tracer, pids: &[u32]) -> Result<Vec<u32>> {
             loop {
                 match wait::wait_for(tid) {
                     Ok(Stop::Interrupt) | Err(_) => break,
-                    Ok(Stop::GroupStop) => {
+                    Ok(Stop::JobControl) => {
                         stopped = true;
                         break;
                     }

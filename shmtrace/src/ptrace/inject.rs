@@ -120,7 +120,7 @@ fn run(tid: i32, saved: &Registers, nr: c_long, args: [u64; 6]) -> Injected {
             },
             Ok(Stop::Signal(sig)) => signal = sig,
             // A group stop (job control) holds the thread until it is continued.
-            Ok(Stop::GroupStop) => {
+            Ok(Stop::JobControl) => {
                 let _ = wait::listen(tid);
                 match wait::wait_for(tid) {
                     Ok(Stop::Ended(status)) => return Injected::Ended(status),

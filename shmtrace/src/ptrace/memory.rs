@@ -193,7 +193,7 @@ mod tests {
             assert!(!two.is_null());
             libc::munmap(two.add(4096).cast(), 4096);
             let tail = two.add(4096 - 5);
-            std::ptr::copy_nonoverlapping(b"shm1\0".as_ptr(), tail, 5);
+            std::ptr::copy_nonoverlapping(c"shm1".as_ptr().cast(), tail, 5);
             let (bytes, _) = mem.read_c_string(tail as u64, 256).unwrap();
             assert_eq!(bytes, b"shm1");
             // No NUL before the unmapped page: an error, not a guess.

@@ -213,7 +213,7 @@ impl Tracer {
                 self.on_event(tid, event);
                 0
             }
-            Stop::GroupStop => {
+            Stop::JobControl => {
                 // Stays stopped until continued, as untraced; a SIGCONT already on its way
                 // would find it stopped by its own stop signal after the fact, so it goes on.
                 if !sigcont_pending(tid) {

@@ -14,7 +14,7 @@ pub enum Stop {
     /// `PTRACE_EVENT_FORK`, `_VFORK`, `_CLONE` or `_EXEC`.
     Event(i32),
     /// It entered a group stop (job control: SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU).
-    GroupStop,
+    JobControl,
     /// A stop of ptrace's own: a new thread's first, an interrupt, a listener woken.
     Interrupt,
     /// A signal is about to be delivered to it.
@@ -33,7 +33,7 @@ pub fn classify(status: i32) -> Stop {
         0 => Stop::Signal(signal),
         libc::PTRACE_EVENT_SECCOMP => Stop::Seccomp,
         libc::PTRACE_EVENT_STOP => match signal {
-            libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => Stop::GroupStop,
+            libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => Stop::JobControl,
             _ => Stop::Interrupt,
         },
         event => Stop::Event(event),
@@ -186,7 +186,7 @@ mod tests {
         );
         assert_eq!(
             classify(stopped(libc::SIGTSTP, libc::PTRACE_EVENT_STOP)),
-            Stop::GroupStop
+            Stop::JobControl
         );
         assert_eq!(
             classify(stopped(libc::SIGTRAP, libc::PTRACE_EVENT_STOP)),
