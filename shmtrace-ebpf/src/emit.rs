@@ -14,7 +14,7 @@ use shmtrace_common::{EventKind, FileRef, Header, KernelOffsets, Loss};
 
 use crate::{
     kernel,
-    maps::{CONFIG, EVENTS, LOST},
+    maps::{CONFIG, EVENTS},
 };
 
 // `bpf_ringbuf_submit` and `bpf_ringbuf_query` flags (UAPI).
@@ -22,14 +22,8 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
-/// Counts one loss.
-#[inline(always)]
-pub fn count(loss: Loss) {
-    if let Some(counter) = LOST.get_ptr_mut(loss.index()) {
-        // SAFETY: a per-CPU slot, so no other program writes it concurrently.
-        unsafe { *counter += 1 };
-    }
-}
+/// Counts one loss; it lives beside `LOST`, where `kernel`'s failed reads count too.
+pub use crate::maps::count;
 
 /// The header that starts every record, for the current task.
 #[inline(always)]

@@ -11,10 +11,7 @@ use aya_ebpf::{
 };
 use shmtrace_common::{FileRef, KernelOffsets, Loss, PATH_LEN};
 
-use crate::{
-    emit,
-    maps::{OFFSETS, SCRATCH},
-};
+use crate::maps::{self, OFFSETS, SCRATCH};
 
 /// Bytes read at once from the start of an inode (the per-CPU `SCRATCH` buffer's size): one
 /// read costs what one field's does, and `i_mode`, `i_sb`, `i_ino`, `i_size` and `i_blocks`
@@ -46,7 +43,7 @@ fn read<T: Default>(base: u64, offset: u32) -> Option<T> {
         )
     };
     if failed != 0 {
-        emit::count(Loss::KernelRead);
+        maps::count(Loss::KernelRead);
         return None;
     }
     Some(value)

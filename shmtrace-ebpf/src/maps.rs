@@ -61,6 +61,15 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
 
+/// Counts one loss in [`LOST`].
+#[inline(always)]
+pub fn count(loss: Loss) {
+    if let Some(counter) = LOST.get_ptr_mut(loss.index()) {
+        // SAFETY: a per-CPU slot, so no other program writes it concurrently.
+        unsafe { *counter += 1 };
+    }
+}
+
 /// Failures and SIGBUS by mount namespace, counted whether or not their records fit in
 /// `EVENTS` (`tally`). A full map is counted (`Loss::Tally`).
 #[map]

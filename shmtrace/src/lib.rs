@@ -50,6 +50,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         None => commands::trace::run(&cli.target, &cli.output),
         Some(Command::Record(args)) => commands::record::run(&args),
+        // `--size` conflicts with `--redact`, `--html` and `--perfetto`: the advice alone.
+        Some(Command::Report(args)) if args.size => commands::size::from_trace(&args),
         Some(Command::Report(args)) => commands::replay::report(&args),
         Some(Command::Show(args)) => commands::replay::show(&args),
         Some(Command::Size(args)) => commands::size::run(&args),

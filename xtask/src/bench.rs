@@ -6,17 +6,28 @@
 //! all of them. Then a table of medians and ratios to untraced, and where shmtrace's own time
 //! goes, probe by probe.
 //!
-//! - `case`: one object size, its timed rounds and each variant's results; `machine`: the
-//!   machine and its load, as the report describes them;
-//! - `bystanders`: what host-wide tracing costs calls that do not concern /dev/shm;
-//! - `churn`: the workload (`cargo xtask churn`), the same binary under every variant;
-//! - `variants`: how each variant runs it; `reported`: what each tracer reports back;
-//! - `measure`: one process's wall time, CPU, context switches and peak memory;
-//! - `neighbours`: other BPF users on the machine, which would skew the results;
-//! - `pairs`: a paired measurement (two workers taking turns, one traced) that machine noise
-//!   cannot swamp;
-//! - `probes`: BPF run-time statistics per program;
-//! - `stats`, `table`: medians, spreads and the printed tables.
+//! Its modules:
+//! - the workloads, run as `cargo xtask` subcommands of this same binary: `churn` (the
+//!   /dev/shm churn every variant runs), `storm` (a fork storm, and a clock stamp for
+//!   start-up), and the bystanders' loops (in `bystanders`);
+//! - running them: `case` (one object size, its timed rounds and each variant's results),
+//!   `variants` (untraced, or under one tracer or another), `reported` (what each tracer
+//!   reports back), `measure` (one process's wall time, CPU, context switches and peak
+//!   memory), `daemon` (`shmtrace daemon` on a free port, its metrics read over HTTP);
+//! - the floors: `floor` (empty programs on shmtrace's hooks, or one record per call),
+//!   `floor_ring` (the record floor's drained ring), `bpf_syscall` (the raw `bpf(2)` call they
+//!   make, sharing no code with shmtrace);
+//! - the measurements beyond the timed rounds: `pairs` (two workers taking turns, one traced,
+//!   that machine noise cannot swamp), `probes` (BPF run-time statistics per program),
+//!   `bystanders` (what host-wide tracing costs calls that do not concern /dev/shm),
+//!   `beside_storms` (tracers beside fork storms), `startup` (start-up and teardown),
+//!   `replay` (replay throughput and `report`'s scaling), `daemon_idle` (an idle daemon's
+//!   CPU);
+//! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
+//!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
+//!   load), `neighbours` (other BPF users on the machine, which would skew the results).
+mod beside_storms;
+mod bpf_syscall;
 mod bystanders;
 mod case;
 mod churn;
@@ -29,7 +40,9 @@ mod measure;
 mod neighbours;
 mod pairs;
 mod probes;
+mod replay;
 mod reported;
+mod startup;
 mod stats;
 mod storm;
 mod table;
@@ -93,7 +106,7 @@ pub struct BenchArgs {
     /// Skip the paired measurement (three extra runs per case, two with --quick).
     #[arg(long)]
     no_pairs: bool,
-    /// Skip the fork storm, start-up and replay measurements of issue 12's targets.
+    /// Skip the fork storm, start-up and replay measurements of the targets.
     #[arg(long)]
     no_targets: bool,
     /// Only the replay targets (record a 4 KiB churn, time `show --json` of it on one core,
@@ -161,7 +174,12 @@ pub struct ChurnArgs {
 }
 
 pub fn churn(args: &ChurnArgs) -> Result<()> {
-    churn::run(args)
+    churn::check_args(args)?;
+    if args.pair_block > 0 {
+        pairs::workload(args)
+    } else {
+        churn::run(args)
+    }
 }
 
 pub use self::bystanders::BystanderArgs;
@@ -218,8 +236,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, NICE) };
     let selected = select_variants(&args.variants, args.quick)?;
     let sizes = if args.sizes.is_empty() {
-        // A small batch; the objects of issue 12's loop, against which its overhead targets
-        // were set; and the worst case, where the calls are nearly all the work.
+        // A small batch; the objects of a 256 KiB batch loop, against which the overhead
+        // targets were set; and the worst case, where the calls are nearly all the work.
         vec![1 << 20, 256 << 10, 4 << 10]
     } else {
         args.sizes.clone()
@@ -256,7 +274,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if args.only_startup {
         let runs = args.rounds.unwrap_or(if args.quick { 5 } else { 15 });
-        let rows = targets::startup(&setup, &exe, runs);
+        let rows = measure_startup(&setup, &exe, runs);
         println!("## Start-up and teardown\n\n{}", targets::table(&rows));
         return Ok(());
     }
@@ -349,7 +367,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let rounds = if args.quick { 1 } else { 3 };
         // A storm five times longer shows whether --all's memory grows with the run.
         let long_storm = !args.quick || args.only_fork_storm;
-        target_rows.extend(targets::fork_storm(&setup, &exe, &tag, rounds, long_storm));
+        let storms = beside_storms::measure(&setup, &exe, &tag, rounds, long_storm);
+        target_rows.extend(targets::fork_storms(&storms));
         churn::remove_leftovers(&tag);
     }
     if !args.no_targets
@@ -357,17 +376,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         && !args.only_fork_storm
         && !INTERRUPTED.load(Ordering::SeqCst)
     {
-        target_rows.extend(targets::startup(
-            &setup,
-            &exe,
-            if args.quick { 5 } else { 15 },
-        ));
+        let runs = if args.quick { 5 } else { 15 };
+        target_rows.extend(measure_startup(&setup, &exe, runs));
         let replayed = if args.quick { 20_000 } else { 100_000 };
-        target_rows.extend(targets::replay(&setup, &exe, &tag, replayed));
+        target_rows.push(targets::replay(&replay::throughput(
+            &setup, &exe, &tag, replayed,
+        )));
         churn::remove_leftovers(&tag);
     }
     let targets_text = targets::table(&target_rows);
-    println!("## Issue 12's targets, measured in this run\n\n{targets_text}");
+    println!("## Targets, measured in this run\n\n{targets_text}");
     if !args.no_bystanders
         && !args.only_daemon_idle
         && !args.only_fork_storm
@@ -406,17 +424,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--only-replay`: the replay target alone, --rounds times, each a row of the table.
+/// Start-up and teardown, `runs` times after a pause and `runs` times back to back, judged.
+fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<targets::Row> {
+    let paused = startup::measure(setup, exe, runs, false);
+    let back_to_back = startup::measure(setup, exe, runs, true);
+    targets::startup(&paused, &back_to_back)
+}
+
 /// Measures and prints the bystanders' section and its targets; returns what to save.
 fn bystanders_section(setup: &Setup, exe: &Path, quick: bool) -> Result<serde_json::Value> {
     let (text, rows, saved) = bystanders::measure(setup, exe, quick)?;
     println!(
-        "{text}\n## Issue 23's targets, measured in this run\n\n{}",
+        "{text}\n## Bystanders' targets, measured in this run\n\n{}",
         targets::table(&rows)
     );
     Ok(saved)
 }
 
+/// `--only-replay`: the replay target alone, --rounds times, each a row of the table; then
+/// report's scaling.
 fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
     println!("# shmtrace benchmark: replay only\n");
     println!("{}\n", machine_description(setup));
@@ -426,12 +452,15 @@ fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
         if INTERRUPTED.load(Ordering::SeqCst) {
             break;
         }
-        rows.extend(targets::replay(setup, exe, tag, replayed));
+        rows.push(targets::replay(&replay::throughput(
+            setup, exe, tag, replayed,
+        )));
         churn::remove_leftovers(tag);
     }
     if !INTERRUPTED.load(Ordering::SeqCst) {
         let storm = if args.quick { 10_000 } else { 100_000 };
-        rows.extend(targets::report_scale(setup, exe, tag, storm));
+        let seconds = replay::report_times(setup, exe, tag, [storm, storm * 10]);
+        rows.push(targets::report_scaling(storm, &seconds));
         churn::remove_leftovers(tag);
     }
     println!("{}", targets::table(&rows));
@@ -578,7 +607,7 @@ fn cost_to_others(
     }
 }
 
-/// --quick keeps what issue 12's targets need: the floors, shmtrace, and its cost to others.
+/// --quick keeps what the overhead targets need: the floors, shmtrace, and its cost to others.
 const QUICK_VARIANTS: [&str; 5] = [
     "floor",
     "floor-records",
@@ -606,4 +635,28 @@ fn select_variants(names: &[String], quick: bool) -> Result<Vec<&'static Variant
         }
     }
     Ok(selected)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The module index at the top of this file names every module it declares.
+    #[test]
+    fn the_module_index_names_every_module() {
+        let text = include_str!("bench.rs");
+        let index: String = text
+            .lines()
+            .take_while(|line| line.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let declared: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';'))
+            .collect();
+        assert!(declared.len() >= 20, "{declared:?}");
+        let missing: Vec<&&str> = declared
+            .iter()
+            .filter(|module| !index.contains(&format!("`{module}`")))
+            .collect();
+        assert!(missing.is_empty(), "not in bench.rs's index: {missing:?}");
+    }
 }

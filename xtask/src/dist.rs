@@ -23,7 +23,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{root, run, vm::Arch};
+use crate::{debian::Arch, root, run};
 
 /// The oldest glibc the binaries run on: Debian 11's.
 const GLIBC_FLOOR: (u32, u32) = (2, 31);

@@ -1,5 +1,6 @@
 //! `cargo xtask check-layers`: the modules of `shmtrace-core` and `shmtrace` import only
-//! downwards (docs/architecture.md, "Arrows point down").
+//! downwards (docs/architecture.md, "Arrows point down"), and no crate of the workspace has
+//! modules that import each other (`circles`).
 //!
 //! Every source file is parsed (`syn`), and every path it names that leads into the crate
 //! (`use crate::..`, `super::..`, `self::..`, `shmtrace_core::..`, in `use` items, types and
@@ -13,8 +14,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use syn::visit::Visit;
+
+use self::circles::ModuleTree;
 
 /// One crate's layers, bottom first: a module imports only modules of layers below its own.
 pub struct Layers {
@@ -25,8 +28,6 @@ pub struct Layers {
     /// Names that stand for another crate: `shmtrace_core` and the core's modules that
     /// `shmtrace`'s lib.rs brings in under their own names (`crate::model`, ...).
     pub below_all: &'static [&'static str],
-    /// Generated files, not held to the rules.
-    pub generated: &'static [&'static str],
 }
 
 const CORE_MODULES: &[&str] = &[
@@ -66,7 +67,6 @@ pub const CRATES: [Layers; 2] = [
             &["report"],
         ],
         below_all: &[],
-        generated: &[],
     },
     Layers {
         name: "shmtrace",
@@ -85,7 +85,6 @@ pub const CRATES: [Layers; 2] = [
             &["daemon"],
         ],
         below_all: CORE_MODULES,
-        generated: &["container/cri/runtime.v1.rs"],
     },
 ];
 
@@ -122,8 +121,8 @@ impl Edge {
     }
 }
 
-/// What `check-layers` runs: every rule over both crates. Prints the graph; fails with every
-/// broken rule.
+/// What `check-layers` runs: the layers of both crates, and circles in every crate. Prints the
+/// layered crates' graphs; fails with every broken rule.
 pub fn run() -> Result<()> {
     let root = crate::root();
     let mut problems = Vec::new();
@@ -139,13 +138,18 @@ pub fn run() -> Result<()> {
         }
         problems.extend(check(layers, &edges));
     }
+    let (targets, circles) = circles::check_workspace(&root)?;
+    problems.extend(circles);
     if !problems.is_empty() {
         bail!(
             "the module graph breaks the layers of docs/architecture.md:\n  {}",
             problems.join("\n  ")
         );
     }
-    println!("no module imports upwards, and the graph has no cycle");
+    println!(
+        "no module imports upwards, and no modules import each other in any of the \
+         workspace's {targets} crates"
+    );
     Ok(())
 }
 
@@ -280,54 +284,19 @@ pub fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<Stri
         .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
 }
 
-/// Every edge of one crate's sources.
+/// Every edge of one crate's sources: its library's and, if it has one, its binary's
+/// (`src/lib.rs`, `src/main.rs`), walked along their `mod` declarations.
 pub fn crate_edges(root: &Path, layers: &Layers) -> Result<Vec<Edge>> {
     let src = root.join(layers.src);
     let mut edges = Vec::new();
-    for file in rust_files(&src)? {
-        let relative = file.strip_prefix(&src)?;
-        if layers
-            .generated
-            .iter()
-            .any(|generated| relative == Path::new(generated))
-        {
-            continue;
+    for crate_root in ["lib.rs", "main.rs"].map(|file| src.join(file)) {
+        if crate_root.is_file() {
+            edges.extend(ModuleTree::walk(&crate_root)?.edges(root)?);
         }
-        let text =
-            fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-        let shown = file.strip_prefix(root).unwrap_or(&file);
-        edges.extend(
-            file_edges(&text, &module_of(relative), shown)
-                .with_context(|| format!("parsing {}", file.display()))?,
-        );
     }
     edges.sort();
     edges.dedup();
     Ok(edges)
-}
-
-/// The module a file is: `diagnose/evidence.rs` is `diagnose::evidence`, `diagnose/mod.rs` is
-/// `diagnose`, `lib.rs` is the root.
-pub fn module_of(relative: &Path) -> Vec<String> {
-    let mut parts: Vec<String> = relative
-        .with_extension("")
-        .components()
-        .map(|c| c.as_os_str().to_string_lossy().into_owned())
-        .collect();
-    if matches!(
-        parts.last().map(String::as_str),
-        Some("mod" | "lib" | "main")
-    ) {
-        parts.pop();
-    }
-    // `#[path]` test files (`safe_open_tests.rs`) are the `tests` module of theirs.
-    if let Some(last) = parts.last_mut()
-        && let Some(tested) = last.strip_suffix("_tests")
-    {
-        *last = tested.to_owned();
-        parts.push("tests".to_owned());
-    }
-    parts
 }
 
 /// The edges one file makes, `module` being the module it is.
@@ -451,23 +420,7 @@ impl<'ast> Visit<'ast> for Paths {
     }
 }
 
-/// The `.rs` files under `dir`, sorted.
-fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|ext| ext == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
-}
+mod circles;
 
 #[cfg(test)]
 mod tests;

@@ -10,10 +10,12 @@
 //!   with `--records`, one record per call (the bench's record floor).
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
 //! - `fuzz`: run each fuzz target of `fuzz/` for a fixed time (nightly, cargo-fuzz).
-//! - `check-layers`: the modules of the core and the binary import only downwards.
+//! - `check-layers`: the modules of the core and the binary import only downwards, and no
+//!   crate has modules that import each other.
 //! - `vm-load`, `vm-test`: the kernel matrix, Debian's kernels under qemu (docs/kernels.md).
 //! - `dist`: release binaries (glibc 2.31 or newer) and wheels, x86-64 and arm64.
 mod bench;
+mod debian;
 mod dist;
 mod ebpf;
 mod fuzz;

@@ -6,13 +6,11 @@
 //! - `cargo xtask vm-test`: the `kernel_*` end-to-end tests inside each guest, the real binary
 //!   against the real probes on that kernel, reported per kernel.
 //!
-//! Kernels come from Debian's archive with apt (`vm/kernels.rs`, `vm/apt.rs`), x86-64's and
-//! arm64's; the guest is an initramfs holding the programs at their host paths
-//! (`vm/initramfs.rs`), built for the guest's architecture (`vm/arch.rs`; an arm64 guest's
+//! Kernels come from Debian's archive with apt (`vm/kernels.rs`, through `debian/apt.rs`),
+//! x86-64's and arm64's; the guest is an initramfs holding the programs at their host paths
+//! (`vm/initramfs.rs`), built for the guest's architecture (`debian/arch.rs`; an arm64 guest's
 //! tools come from Debian's arm64 packages, `vm/userland.rs`), whose `/init` runs each step
-//! and reports on a serial port (`vm/guest.rs`).
-mod apt;
-mod arch;
+//! and reports on a serial port (`vm/guest.rs`). The release artifacts come from `dist`.
 mod guest;
 mod initramfs;
 mod kernels;
@@ -30,14 +28,11 @@ use guest::Step;
 use initramfs::{Initramfs, Libraries};
 use kernels::{Ci, Expect, Kernel};
 
-/// The machine's own Debian archive, for other tasks that fetch from Debian; architectures,
-/// and Debian's packages of any of them unpacked, for the release image (`dist`).
-pub use apt::debian_mirror;
-pub use arch::Arch;
-pub use kernels::cache_dir;
-pub use userland::{libraries_of, unpacked};
-
-use crate::{cargo, root};
+use crate::{
+    cargo,
+    debian::{Arch, cache_dir},
+    root,
+};
 
 /// The `kernel_*` suite a guest runs unless told otherwise: every probe (`kernel_probes`), the
 /// CLI and the demo, signals, recordings, and the diagnoses of the PyTorch-like workloads
@@ -180,7 +175,7 @@ fn base_image(arch: Arch, shmtrace: &Path) -> Result<Initramfs> {
         image.symlink("/usr/bin/sh", "dash");
         image
     } else {
-        let sysroot = userland::sysroot(arch, &kernels::cache_dir())?;
+        let sysroot = userland::sysroot(arch, &cache_dir())?;
         let mut image = Initramfs::new(
             Libraries::Sysroot(sysroot, arch),
             "aarch64-linux-gnu-objcopy",
@@ -439,7 +434,7 @@ fn boot_kernel(
     env: &[(&str, String)],
     timeout: Duration,
 ) -> Result<(guest::Boot, String)> {
-    let cache = kernels::cache_dir();
+    let cache = cache_dir();
     let fetched = kernels::fetch(kernel, &cache).with_context(|| {
         format!(
             "fetching kernel {} from Debian {}",

@@ -129,7 +129,12 @@ impl Diagnoser {
             .map(|c| at_least_held(c, dev.and_then(|d| world.usage(d))))
             .map(|c| at_least_refused(c, cause, &kind));
         let leftovers = match (cause, dev) {
-            (Cause::ShmFull, Some(dev)) => leftovers_on(dev, world),
+            // A file whose maker failed for want of room too is the same shortage (a sibling
+            // of the same job that died just before), not one left from an earlier run.
+            (Cause::ShmFull, Some(dev)) => leftovers_on(dev, world)
+                .into_iter()
+                .filter(|l| self.outcomes.get(&l.creator_pid).is_none_or(|o| o.0 == 0))
+                .collect(),
             _ => Vec::new(),
         };
         Failure {
@@ -151,6 +156,7 @@ impl Diagnoser {
                 (Cause::ShmFull, Some(dev)) => self.others_on(dev, world),
                 _ => Vec::new(),
             },
+            removal: None,
         }
     }
 }

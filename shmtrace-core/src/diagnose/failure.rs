@@ -129,6 +129,9 @@ pub struct Failure {
     /// them at the failure, with who holds them.
     #[serde(skip)]
     pub others: Vec<crate::model::HeldFile>,
+    /// For an open of a name someone else removed: that removal.
+    #[serde(skip)]
+    pub removal: Option<crate::model::Removal>,
 }
 
 /// A /dev/shm file still named and holding memory, whose creator is gone and which no traced
@@ -236,10 +239,15 @@ pub fn classify(
         )),
         Body::Call(call) => {
             let errno = call.errno()?;
-            if call.expected_error().is_some() {
+            // A refused huge-page request is held as a failure until the fallback that makes
+            // it a probe (the diagnoser withdraws it then).
+            if note.expected_error(call).is_some() && !call.asks_for_huge_pages() {
                 return None;
             }
-            let cause = call_cause(call, errno);
+            let cause = match &note.name_removed {
+                Some(_) => Cause::NameRemoved,
+                None => call_cause(call, errno),
+            };
             let kind = FailureKind::Call {
                 syscall: call.syscall.name(),
                 errno: names::errno_name(errno),
@@ -480,6 +488,7 @@ mod run_tests {
             peers: 0,
             leftovers: Vec::new(),
             others: Vec::new(),
+            removal: None,
         }
     }
 

@@ -14,8 +14,10 @@
 mod capacity;
 mod evidence;
 mod failure;
+mod fallback;
 pub mod file_count;
 mod forget;
+mod growth;
 pub mod known;
 mod leftovers;
 mod others;
@@ -50,6 +52,7 @@ pub use recommend::{
 };
 pub use role::{Role, RoleKind, Roles};
 pub use table::RoleStats;
+
 use verdict::Diagnosed;
 
 use crate::{
@@ -93,6 +96,8 @@ pub struct Diagnosis {
     pub recommendation: Option<Recommendation>,
     /// When /dev/shm ran out of files rather than bytes: the file count to give it.
     pub files: Option<FileCountAdvice>,
+    /// When a name it opened had been removed by another process: who, when, who held it.
+    pub removed: Option<RemovedName>,
     /// Why /dev/shm size is not the answer, and what is.
     pub explanation: Option<String>,
     /// Files of dead processes on the /dev/shm that failed, and what they mean for the size.
@@ -104,6 +109,29 @@ pub struct Diagnosis {
     pub program_alternatives: Vec<String>,
     /// Events the kernel could not deliver before this diagnosis: its counts may be short.
     pub lost_events: u64,
+}
+
+/// A /dev/shm name removed under a program that still used it, as its diagnosis tells it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RemovedName {
+    pub path: String,
+    pub by_pid: u32,
+    pub by_comm: String,
+    /// Where the remover ran: `host`, a container's name.
+    pub by_place: String,
+    pub by_argv: Vec<String>,
+    /// Who still had it open or mapped when it was removed.
+    pub holders: Vec<NamedPid>,
+    /// Its maker, when the trace saw it made.
+    pub made_by: Option<u32>,
+    /// How long before the failed open it was removed.
+    pub ns_before: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NamedPid {
+    pub pid: u32,
+    pub comm: String,
 }
 
 #[derive(Default)]
@@ -156,7 +184,22 @@ pub struct Diagnoser {
     shm_devs: FastMap<u32, u32>,
     /// Per /dev/shm, creates refused for want of inodes so far.
     inode_refusals: FastMap<u32, u64>,
+    /// Per thread, its latest call if it failed ([`fallback`]).
+    last_failed: FastMap<u32, fallback::LastFailed>,
+    /// Processes that a termination request (SIGINT, SIGTERM, SIGHUP) from another reached:
+    /// what they saw of /dev/shm's free space did not end them.
+    interrupted: FastSet<u32>,
+    /// Processes that made or sized a /dev/shm file after looking at its free space: their
+    /// looks decided nothing (UCX looks again after making its segment).
+    went_ahead: FastSet<u32>,
+    /// Files grown by write ([`growth`]), and the processes that ended successfully among
+    /// their writers.
+    grown: growth::GrownFiles,
+    ended_well: FastSet<u32>,
 }
+
+/// `si_code` of a signal the kernel sent (a terminal's Ctrl-C).
+const SI_KERNEL: i32 = 0x80;
 
 impl Diagnoser {
     /// `host_mntns`: shmtrace's own mount namespace, called `host`.
@@ -246,7 +289,28 @@ impl Diagnoser {
             }
             self.learn_loader(event.pid, call, note, world);
             self.learn_space(event, call, note.object_path.as_deref());
+            // It went on to make or size a file there: what it saw did not stop it (Open MPI
+            // looks before every segment it makes).
+            if !call.failed()
+                && call.file.is_some()
+                && matches!(
+                    call.syscall,
+                    Syscall::Openat
+                        | Syscall::Openat2
+                        | Syscall::Open
+                        | Syscall::Ftruncate
+                        | Syscall::Fallocate
+                )
+                && note
+                    .object_path
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("/dev/shm/"))
+                && self.looks.remove(&event.pid).is_some()
+            {
+                self.went_ahead.insert(event.pid);
+            }
             self.learn_requests(call);
+            self.learn_growth(event, call, world);
             if call.syscall.opens_a_path()
                 || matches!(
                     call.syscall,
@@ -264,7 +328,18 @@ impl Diagnoser {
                 self.nccl_seen = true;
             }
         }
-        if let Some((pid, cause, kind, dev)) = failure::classify(event, note) {
+        let classified = failure::classify(event, note);
+        if let Body::Call(call) = &event.body {
+            self.learn_fallback(event, call, classified.is_some());
+        }
+        if let Body::Signal(signal) = &event.body
+            && matches!(signal.signo, libc::SIGINT | libc::SIGTERM | libc::SIGHUP)
+            // Sent by another (a user's kill, a runtime's stop) or by the terminal (Ctrl-C).
+            && (signal.target_pid != event.pid || signal.code == SI_KERNEL)
+        {
+            self.interrupted.insert(signal.target_pid);
+        }
+        if let Some((pid, cause, kind, dev)) = classified {
             // A path-only failure (a refused create) is on its namespace's /dev/shm.
             let dev = dev.or_else(|| match &kind {
                 FailureKind::Call { path: Some(p), .. } if p.starts_with("/dev/shm/") => {
@@ -275,7 +350,8 @@ impl Diagnoser {
             if cause == Cause::InodesFull {
                 *self.inode_refusals.entry(dev.unwrap_or(0)).or_default() += 1;
             }
-            let failure = self.failure_now(event, pid, cause, kind, dev, world);
+            let mut failure = self.failure_now(event, pid, cause, kind, dev, world);
+            failure.removal = note.name_removed.clone();
             if let (Some(dev), FailureKind::Call { request, .. }) = (dev, &failure.kind) {
                 self.pressure
                     .refused(dev, event.ts_ns, pid, *request, failure.unmet);
@@ -299,12 +375,21 @@ impl Diagnoser {
             self.held_to(event.pid, FastSet::default(), group, world);
             if !status.success() {
                 self.outcomes.entry(event.pid).or_default().1 = true;
+            } else if self
+                .grown
+                .values()
+                .any(|g| g.values().any(|g| g.pid == event.pid))
+            {
+                self.ended_well.insert(event.pid);
             }
             if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
                 out.push(diagnosis);
             }
             // Its look counted at its death only; the place keeps the latest for a raylet.
             self.looks.remove(&event.pid);
+            self.interrupted.remove(&event.pid);
+            self.went_ahead.remove(&event.pid);
+            self.last_failed.remove(&event.tid);
         }
         out
     }

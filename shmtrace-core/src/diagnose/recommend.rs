@@ -22,6 +22,9 @@ pub struct Demand {
     pub dataloader: Option<DataloaderDemand>,
     /// The /dev/shm size that proved too small.
     pub capacity: Option<u64>,
+    /// Files grown by write(): how many processes grew one, and the size one reached that
+    /// its process finished (a whole need).
+    pub written: Option<(u32, u64)>,
 }
 
 /// Requests that failed together: a PostgreSQL leader and its parallel workers all fail to
@@ -162,6 +165,21 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
                 },
                 human(loader.batch_bytes),
                 human(loader.measured())
+            );
+            if demand.others > 0 {
+                basis.push_str(&format!(", + {} used by others", human(demand.others)));
+            }
+        }
+    }
+    // Each writer needs what the one that finished wrote.
+    if let Some((writers, size)) = demand.written {
+        let all = u64::from(writers) * size + demand.others;
+        if all > need {
+            need = all;
+            basis = format!(
+                "{writers} processes each growing a file by write(), {} each (what one that \
+                 finished wrote)",
+                human(size)
             );
             if demand.others > 0 {
                 basis.push_str(&format!(", + {} used by others", human(demand.others)));
@@ -373,6 +391,51 @@ mod tests {
         assert!(
             recommend(&demand, true, &StartedBy::Unknown).alternatives[0]
                 .contains("NCCL_SHM_DISABLE=1")
+        );
+    }
+
+    #[test]
+    fn never_a_size_smaller_than_or_equal_to_the_one_it_had() {
+        // Little held or asked for, in a 256 MiB /dev/shm that failed: never 1 MiB.
+        let demand = Demand {
+            traced: 64 << 10,
+            others: 0,
+            burst: Burst {
+                processes: 1,
+                requested: 4096,
+                unmet: 4096,
+            },
+            growth: None,
+            dataloader: None,
+            capacity: Some(256 * MIB),
+            written: None,
+        };
+        let r = recommend(&demand, false, &StartedBy::DockerRun);
+        assert!(r.min_bytes > 256 * MIB, "{r:?}");
+    }
+
+    #[test]
+    fn writers_each_need_what_one_that_finished_wrote() {
+        // Eight processes growing a file by 64 KiB writes in 8 MiB; one finished at 4.25 MiB.
+        let demand = Demand {
+            traced: 8 * MIB,
+            others: 0,
+            burst: Burst {
+                processes: 1,
+                requested: 64 << 10,
+                unmet: 64 << 10,
+            },
+            growth: None,
+            dataloader: None,
+            capacity: Some(8 * MIB),
+            written: Some((8, 4352 << 10)),
+        };
+        let r = recommend(&demand, false, &StartedBy::DockerRun);
+        assert!(r.min_bytes >= 34 * MIB, "{r:?}");
+        assert!(
+            r.basis.contains("8 processes each growing a file"),
+            "{}",
+            r.basis
         );
     }
 }

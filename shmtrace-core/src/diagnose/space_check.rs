@@ -8,7 +8,7 @@ use super::{
     failure::{Cause, Failure, FailureKind},
 };
 use crate::{
-    event::{Call, Event, SpaceSeen},
+    event::{Call, Event, ExitStatus, SpaceSeen},
     model::{Process, World},
     size::human,
 };
@@ -16,6 +16,7 @@ use crate::{
 /// One look at a /dev/shm's free space.
 #[derive(Clone, Debug)]
 pub(super) struct Look {
+    ts_ns: u64,
     pid: u32,
     comm: String,
     path: Option<String>,
@@ -92,6 +93,12 @@ impl RayStore {
     }
 }
 
+/// How soon after a look a program that ends has decided from it.
+const DECIDED_WITHIN_NS: u64 = 10_000_000_000;
+/// Free space that a program may refuse to start with: below a GiB (vLLM wants several), or
+/// below a quarter of the file system.
+const SMALL_FREE: u64 = 1 << 30;
+
 /// Whether a program's decisions need its whole command line, when an exec record holds only
 /// the start of it: the pipeline then reads it from /proc (and records it).
 pub fn needs_whole_command_line(filename: &str) -> bool {
@@ -105,6 +112,7 @@ impl Diagnoser {
             return;
         };
         let look = Look {
+            ts_ns: event.ts_ns,
             pid: event.pid,
             comm: event.comm.clone(),
             path: path.map(str::to_owned),
@@ -116,8 +124,23 @@ impl Diagnoser {
 
     /// A process that looked at /dev/shm's free space and then ended unsuccessfully, with no
     /// failure of its own: what it saw is the likely reason. What it needed is not in any call.
-    pub(super) fn refused_after_look(&self, event: &Event, ending: &str) -> Option<Failure> {
+    /// Only when it ended on its own (an exit status, no termination request reached it), soon
+    /// after looking, and what it saw was small: a look is no decision to quit.
+    pub(super) fn refused_after_look(
+        &self,
+        event: &Event,
+        status: ExitStatus,
+        ending: &str,
+    ) -> Option<Failure> {
         let look = self.looks.get(&event.pid)?;
+        let on_its_own = matches!(status, ExitStatus::Code(code) if code != 0)
+            && !self.interrupted.contains(&event.pid)
+            && !self.went_ahead.contains(&event.pid);
+        let soon = event.ts_ns.saturating_sub(look.ts_ns) <= DECIDED_WITHIN_NS;
+        let small = look.seen.free < SMALL_FREE || look.seen.free < look.seen.size / 4;
+        if !(on_its_own && soon && small) {
+            return None;
+        }
         Some(self.space_failure(
             event.ts_ns,
             event.pid,
@@ -201,6 +224,7 @@ impl Diagnoser {
             peers: 0,
             leftovers: Vec::new(),
             others: Vec::new(),
+            removal: None,
         }
     }
 }

@@ -783,3 +783,206 @@ fn a_ray_store_put_elsewhere_by_choice_is_not_blamed_on_dev_shm() {
     run.exit(401, "raylet", 0);
     assert!(run.out.is_empty(), "{:#?}", run.out);
 }
+
+impl Run {
+    /// A System V `shmget(key, size, flags)` returning `ret`.
+    fn shmget(&mut self, pid: u32, size: u64, flags: u64, ret: i64) {
+        let call = Call {
+            syscall: Syscall::Shmget,
+            fd: None,
+            ret,
+            args: [0x1234, size, flags, 0, 0, 0],
+            file: None,
+            path: None,
+            path_truncated: false,
+            relative_to_shm: false,
+        };
+        self.event(pid, "mpi_rank", Body::Call(call));
+    }
+
+    /// `openat(path, O_RDWR)` of a name, returning `fd` or `-errno`.
+    fn open_existing(&mut self, pid: u32, comm: &str, path: &str, fd: i64, inode: InodeId) {
+        let call = Call {
+            syscall: Syscall::Openat,
+            fd: (fd >= 0).then_some(fd as i32),
+            ret: fd,
+            args: [libc::AT_FDCWD as u64, 0, libc::O_RDWR as u64, 0, 0, 0],
+            file: (fd >= 0).then_some(FileRef {
+                inode,
+                mode: libc::S_IFREG | 0o600,
+                size: 0,
+                allocated: 0,
+            }),
+            path: Some(path.to_owned()),
+            path_truncated: false,
+            relative_to_shm: false,
+        };
+        self.event(pid, comm, Body::Call(call));
+    }
+
+    fn unlink(&mut self, pid: u32, comm: &str, path: &str) {
+        let call = Call {
+            syscall: Syscall::Unlink,
+            fd: None,
+            ret: 0,
+            args: [0; 6],
+            file: None,
+            path: Some(path.to_owned()),
+            path_truncated: false,
+            relative_to_shm: false,
+        };
+        self.event(pid, comm, Body::Call(call));
+    }
+
+    /// `kill(target, signo)` from `sender`.
+    fn kill(&mut self, sender: u32, target: u32, signo: i32) {
+        let signal = crate::event::Signal {
+            signo,
+            code: 0,
+            errno: 0,
+            result: 0,
+            addr: 0,
+            target_pid: target,
+            target_tid: target,
+            target_comm: "python3".to_owned(),
+            target_maps_shm: false,
+        };
+        self.event(sender, "sh", Body::Signal(signal));
+    }
+}
+
+#[test]
+fn a_refused_huge_page_request_followed_by_its_fallback_is_a_probe() {
+    const SHM_HUGETLB: u64 = libc::SHM_HUGETLB as u64;
+    let create = (libc::IPC_CREAT | 0o600) as u64;
+    let mut run = Run::new();
+    run.exec(300, &["/usr/bin/rank"]);
+    // Huge pages refused, then the same segment with ordinary pages at once: a probe.
+    run.shmget(300, 8 << 20, create | SHM_HUGETLB, -(libc::ENOMEM as i64));
+    run.shmget(300, 8 << 20, create, 7);
+    run.exit(300, "mpi_rank", 1);
+    assert!(
+        run.out
+            .iter()
+            .all(|d| d.pid != 300 || d.cause != Cause::SysvLimit),
+        "{:#?}",
+        run.out
+    );
+    assert!(
+        run.out.iter().all(|d| d.failures.is_empty()),
+        "{:#?}",
+        run.out
+    );
+    // With no fallback, the pool of huge pages is the cause, never kernel.shmmax.
+    run.exec(301, &["/usr/bin/rank"]);
+    run.shmget(301, 8 << 20, create | SHM_HUGETLB, -(libc::ENOMEM as i64));
+    run.exit(301, "mpi_rank", 1);
+    let d = run.of(301);
+    assert_eq!(d.cause, Cause::HugePages, "{d:#?}");
+    assert!(
+        d.explanation
+            .as_deref()
+            .unwrap()
+            .contains("vm.nr_hugepages"),
+        "{d:#?}"
+    );
+    // A failure the thread did not recover from at once stays one.
+    run.exec(302, &["/usr/bin/rank"]);
+    run.shmget(302, 8 << 20, create, -(libc::EINVAL as i64));
+    run.exit(302, "mpi_rank", 1);
+    assert_eq!(run.of(302).cause, Cause::SysvLimit);
+}
+
+#[test]
+fn an_open_of_a_name_another_process_removed_while_held_names_the_removal() {
+    let mut run = Run::new();
+    run.exec(400, &["/usr/bin/python3", "owner.py"]);
+    let inode = run.create(400, "python3", "/dev/shm/job_buf", 3);
+    run.exec(401, &["/bin/rm", "/dev/shm/job_buf"]);
+    run.unlink(401, "rm", "/dev/shm/job_buf");
+    run.exit(401, "rm", 0);
+    run.exec(402, &["/usr/bin/python3", "reader.py"]);
+    run.open_existing(
+        402,
+        "python3",
+        "/dev/shm/job_buf",
+        -(libc::ENOENT as i64),
+        inode,
+    );
+    run.exit(402, "python3", 1);
+    let d = run.of(402);
+    assert_eq!(d.cause, Cause::NameRemoved, "{d:#?}");
+    let removed = d.removed.as_ref().expect("the removal");
+    assert_eq!(removed.by_pid, 401);
+    assert_eq!(removed.by_comm, "rm");
+    assert_eq!(removed.by_argv, ["/bin/rm", "/dev/shm/job_buf"]);
+    assert_eq!(removed.holders[0].pid, 400);
+    assert!(removed.ns_before > 0);
+    let text = d.explanation.as_deref().unwrap();
+    assert!(
+        text.contains("removed") && text.contains("pid 401 rm"),
+        "{text}"
+    );
+    // A name that never existed is an existence check still.
+    run.exec(403, &["/usr/bin/python3", "reader.py"]);
+    run.open_existing(
+        403,
+        "python3",
+        "/dev/shm/never",
+        -(libc::ENOENT as i64),
+        inode,
+    );
+    run.exit(403, "python3", 1);
+    assert!(
+        run.out
+            .iter()
+            .all(|d| d.pid != 403 || d.failures.is_empty())
+    );
+    // Nor does its maker removing it make an open of it fail.
+    run.exec(404, &["/usr/bin/python3", "self.py"]);
+    let own = run.create(404, "python3", "/dev/shm/own", 4);
+    run.unlink(404, "python3", "/dev/shm/own");
+    run.exec(405, &["/usr/bin/python3", "reader.py"]);
+    run.open_existing(405, "python3", "/dev/shm/own", -(libc::ENOENT as i64), own);
+    run.exit(405, "python3", 1);
+    assert!(
+        run.out
+            .iter()
+            .all(|d| d.pid != 405 || d.failures.is_empty())
+    );
+}
+
+#[test]
+fn a_look_at_the_free_space_is_no_decision_when_a_signal_ends_it() {
+    let mut run = Run::new();
+    run.exec(500, &["/usr/bin/python3", "serve.py"]);
+    run.statfs(500, "python3", 64 << 20, 64 << 20);
+    // Ctrl-C or docker stop, then it exits 130 on its own handler.
+    run.kill(1, 500, libc::SIGINT);
+    run.exit(500, "python3", 130);
+    assert!(run.out.iter().all(|d| d.pid != 500), "{:#?}", run.out);
+    // Roomy: what it saw is no reason to quit.
+    run.exec(501, &["/usr/bin/python3", "serve.py"]);
+    run.statfs(501, "python3", 16 << 30, 15 << 30);
+    run.exit(501, "python3", 1);
+    assert!(run.out.iter().all(|d| d.pid != 501), "{:#?}", run.out);
+    // It looked, then made its file there anyway (Open MPI before each segment): the look
+    // stopped nothing, and an exit 1 after is for another reason.
+    run.exec(503, &["/usr/bin/python3", "rank.py"]);
+    run.statfs(503, "python3", 64 << 20, 64 << 20);
+    run.create(503, "python3", "/dev/shm/vader_segment.1", 5);
+    run.statfs(503, "python3", 64 << 20, 60 << 20);
+    run.exit(503, "python3", 1);
+    assert!(
+        run.out
+            .iter()
+            .all(|d| d.pid != 503 || d.cause != Cause::ShmFull),
+        "{:#?}",
+        run.out
+    );
+    // Small, and it quit on its own: that is what it decided from.
+    run.exec(502, &["/usr/bin/python3", "serve.py"]);
+    run.statfs(502, "python3", 64 << 20, 64 << 20);
+    run.exit(502, "python3", 1);
+    assert_eq!(run.of(502).cause, Cause::ShmFull);
+}

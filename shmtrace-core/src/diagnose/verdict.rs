@@ -2,7 +2,8 @@
 //! program it is, the size to give /dev/shm, and for a process that died of another's failure
 //! (a trainer after its worker), that other's cause.
 use super::{
-    DataloaderDemand, Demand, Diagnoser, Diagnosis, FileCountAdvice, Others, Role, RoleKind,
+    DataloaderDemand, Demand, Diagnoser, Diagnosis, FileCountAdvice, NamedPid, Others, RemovedName,
+    Role, RoleKind,
     failure::{Cause, Failure, FailureKind},
     file_count::advise_files,
     known,
@@ -25,6 +26,9 @@ pub(super) struct Diagnosed {
     recommendation: Option<Recommendation>,
     files: Option<FileCountAdvice>,
     explanation: Option<String>,
+    /// The /dev/shm whose files its processes grew by write, when its advice counted them:
+    /// a later diagnosis that follows it counts the writers seen by then.
+    written_on: Option<u32>,
     /// Its parent's entry for it in `failed_children`, to remove when it is forgotten.
     pub(super) filed_under: Option<(u32, u64)>,
 }
@@ -52,7 +56,7 @@ impl Diagnoser {
                 .first_failed_worker(pid)
                 .or_else(|| self.first_failed_child(pid, world));
             if failed_worker.is_none()
-                && let Some(refused) = self.refused_after_look(event, &status.describe())
+                && let Some(refused) = self.refused_after_look(event, status, &status.describe())
             {
                 return Some(self.diagnose(
                     pid,
@@ -83,7 +87,47 @@ impl Diagnoser {
             }
             return Some(diagnosis);
         }
+        // Ended on purpose by its launcher or parent after a sibling failed (the ranks of a
+        // parallel job stopped when one fails): that sibling's failure is why, not its own
+        // (a probe it recovered from, say).
+        if let Some(sender) = killed_by
+            && let Some(sibling) = self.failed_sibling(pid, sender, &failures, world)
+        {
+            let mut diagnosis = self.diagnose(
+                pid,
+                event.mntns,
+                event.ts_ns,
+                Some(status),
+                Vec::new(),
+                world,
+            );
+            self.follow(&mut diagnosis, sibling);
+            return Some(diagnosis);
+        }
         Some(self.diagnose(pid, event.mntns, event.ts_ns, Some(status), failures, world))
+    }
+
+    /// Of the children of `pid`'s parent and of `sender` (who killed it), other than `pid`,
+    /// the one diagnosed with the earliest failure, when it failed before any of `failures`.
+    fn failed_sibling(
+        &self,
+        pid: u32,
+        sender: u32,
+        failures: &[Failure],
+        world: &World,
+    ) -> Option<u32> {
+        let own_first = failures.iter().map(|f| f.ts_ns).min().unwrap_or(u64::MAX);
+        let parent = world.process(pid).and_then(|p| p.parent);
+        [parent, Some(sender)]
+            .into_iter()
+            .flatten()
+            .filter(|p| *p != 0)
+            .filter_map(|p| self.first_failed_child(p, world))
+            .filter(|child| *child != pid)
+            .filter_map(|child| Some((self.diagnosed.get(&child)?.first_failure_ns?, child)))
+            .filter(|(ns, _)| *ns < own_first)
+            .min()
+            .map(|(_, child)| child)
     }
 
     /// Of `trainer`'s diagnosed workers, the one whose failure came first; failing that (none
@@ -133,6 +177,26 @@ impl Diagnoser {
         }
         diagnosis.cause = other.cause;
         diagnosis.recommendation = other.recommendation.clone();
+        // Writers that started after it failed want what each other wanted.
+        if let (Some(dev), Some(r)) = (other.written_on, &mut diagnosis.recommendation)
+            && let Some(growth) = self.write_growth(dev)
+            && let Some(size) = growth.finished_size
+        {
+            let need = u64::from(growth.writers) * size;
+            if recommend::with_headroom(need) > r.min_bytes {
+                let started_by = diagnosis
+                    .container
+                    .as_ref()
+                    .map_or(StartedBy::Unknown, |c| c.started_by.clone());
+                let basis = format!(
+                    "{} processes each growing a file by write(), {} each (what one that \
+                     finished wrote)",
+                    growth.writers,
+                    crate::size::human(size)
+                );
+                *r = recommend::advise(need, &basis, &started_by);
+            }
+        }
         diagnosis.files = other.files.clone();
         diagnosis.explanation = other.explanation.clone();
         self.diagnosed.insert(
@@ -140,6 +204,7 @@ impl Diagnoser {
             Diagnosed {
                 first_failure_ns: None,
                 filed_under: None,
+                recommendation: diagnosis.recommendation.clone(),
                 ..other
             },
         );
@@ -156,6 +221,9 @@ impl Diagnoser {
         others: Option<&Others>,
         started_by: &StartedBy,
     ) -> Recommendation {
+        let written = self
+            .grown_by_write(primary)
+            .and_then(|g| Some((g.writers, g.finished_size?)));
         let traced = primary.held;
         let (burst, growth) = self.pressure.at(primary);
         let dataloader = role
@@ -201,6 +269,7 @@ impl Diagnoser {
                 growth,
                 dataloader,
                 capacity: capacity.map(|c| c.size),
+                written,
             },
             self.nccl_seen,
             started_by,
@@ -254,6 +323,23 @@ impl Diagnoser {
             .first()
             .filter(|f| f.cause == Cause::ShmFull && !f.leftovers.is_empty())
             .map(|f| summarise_leftovers(f, program, container.as_ref()));
+        // A write growing its file asks for a block of what it wants: room for that block
+        // says nothing of whether the rest would have fitted, when the files beside it are
+        // its siblings' (made by writers that ended while it ran), not an earlier run's.
+        let began = process.map_or(0, |p| p.first_seen_ns);
+        let grown = failures.first().is_some_and(|f| {
+            self.grown_by_write(f).is_some()
+                && f.leftovers.iter().any(|l| {
+                    world
+                        .process(l.creator_pid)
+                        .and_then(|p| p.exit_ns)
+                        .is_some_and(|ended| ended > began)
+                })
+        });
+        let leftovers = leftovers.map(|mut l| {
+            l.enough_without &= !grown;
+            l
+        });
         let cause = match (&leftovers, cause) {
             (Some(l), Cause::ShmFull) if l.enough_without => Cause::Leftovers,
             _ => cause,
@@ -285,11 +371,24 @@ impl Diagnoser {
             // A program that decided from the free space it saw: its own rule says what it
             // needs, or nothing does.
             Some(need) => need.map(|(need, basis)| recommend::advise(need, &basis, &started_by)),
-            None => (cause == Cause::ShmFull).then(|| {
+            None if cause == Cause::ShmFull => {
                 let primary = primary.expect("a cause from a failure");
-                self.recommend_for_full(pid, &role, primary, capacity, others.as_ref(), &started_by)
-            }),
+                match self.grown_by_write(primary) {
+                    // Grown by write and none finished: what each needs is in no call.
+                    Some(g) if g.finished_size.is_none() => None,
+                    _ => Some(self.recommend_for_full(
+                        pid,
+                        &role,
+                        primary,
+                        capacity,
+                        others.as_ref(),
+                        &started_by,
+                    )),
+                }
+            }
+            None => None,
         };
+        let growth_unseen = cause == Cause::ShmFull && recommendation.is_none() && looked.is_none();
         let files = (cause == Cause::InodesFull).then(|| {
             let dev = primary.and_then(|f| f.dev);
             let alternatives = match program.map(|k| k.program) {
@@ -311,9 +410,31 @@ impl Diagnoser {
                 &started_by,
             )
         });
-        let explanation = match (looked, &files) {
-            (Some(None), _) => Some(NEED_UNSEEN.to_owned()),
-            (_, Some(files)) => Some(files.cause_text()),
+        let removed = primary
+            .filter(|f| f.cause == Cause::NameRemoved)
+            .and_then(|f| Some((f, f.removal.as_ref()?)))
+            .map(|(f, r)| RemovedName {
+                path: r.path.to_string(),
+                by_pid: r.remover,
+                by_comm: r.remover_comm.clone(),
+                by_place: self.place(r.remover_mntns),
+                by_argv: r.remover_argv.clone(),
+                holders: r
+                    .holders
+                    .iter()
+                    .map(|(pid, comm)| NamedPid {
+                        pid: *pid,
+                        comm: comm.clone(),
+                    })
+                    .collect(),
+                made_by: r.maker,
+                ns_before: f.ts_ns.saturating_sub(r.ts_ns),
+            });
+        let explanation = match (looked, &files, &removed) {
+            _ if growth_unseen => Some(GROWTH_UNSEEN.to_owned()),
+            (Some(None), _, _) => Some(NEED_UNSEEN.to_owned()),
+            (_, Some(files), _) => Some(files.cause_text()),
+            (_, _, Some(removed)) => Some(removed.cause_text()),
             _ => explain(cause),
         };
         let filed_under = first_failure_ns
@@ -333,6 +454,10 @@ impl Diagnoser {
                 recommendation: recommendation.clone(),
                 files: files.clone(),
                 explanation: explanation.clone(),
+                written_on: primary
+                    .filter(|_| recommendation.is_some())
+                    .filter(|f| self.grown_by_write(f).is_some())
+                    .and_then(|f| f.dev),
                 filed_under,
             },
         );
@@ -372,11 +497,34 @@ impl Diagnoser {
             usage,
             recommendation,
             files,
+            removed,
             explanation,
             leftovers,
             others,
             program_alternatives,
             lost_events: self.lost_events,
+        }
+    }
+}
+
+/// For a /dev/shm filled by files grown with write() of which none was finished.
+const GROWTH_UNSEEN: &str = "/dev/shm is too small, but by how much is in no call: its files \
+     grow by write() with no size asked first, and none reached its full size before the \
+     failures. Measure it on a roomy /dev/shm (shmtrace size -- CMD, or shmtrace size \
+     --container NAME with a large --shm-size), and set that";
+
+impl Diagnoser {
+    /// When `failure` is a write to a file grown by writes (or a fault in one), what the
+    /// writers on its /dev/shm show.
+    fn grown_by_write(&self, failure: &Failure) -> Option<super::growth::WriteGrowth> {
+        match &failure.kind {
+            // A bulk write, as growers make: not a 32-byte semaphore's.
+            FailureKind::Call {
+                syscall: "write",
+                request,
+                ..
+            } if *request >= 4096 => self.write_growth(failure.dev?),
+            _ => None,
         }
     }
 }
@@ -437,4 +585,41 @@ fn explain(cause: Cause) -> Option<String> {
         Cause::Other => "no /dev/shm failure was seen before it ended: not a /dev/shm problem",
     };
     Some(text.to_owned())
+}
+
+impl RemovedName {
+    /// The cause, in words: what was removed, by whom, who still held it, and how long
+    /// before the open that failed.
+    pub fn cause_text(&self) -> String {
+        use crate::event::escape::text;
+        let holders = self
+            .holders
+            .iter()
+            .map(|h| format!("pid {} {}", h.pid, text(&h.comm)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let command = if self.by_argv.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", running `{}`",
+                self.by_argv
+                    .iter()
+                    .map(|a| text(a))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
+        };
+        format!(
+            "{} was removed {:.2} s before this call by pid {} {} (in {}{command}) while {holders} \
+             still held it: the name was gone, not /dev/shm's room. Find what removes names in \
+             use (a clean-up script or cron sweep, a start-up wipe of /dev/shm, systemd-logind's \
+             RemoveIPC=yes, a sibling's clean-up) and keep it from them",
+            text(&self.path),
+            self.ns_before as f64 / 1e9,
+            self.by_pid,
+            text(&self.by_comm),
+            text(&self.by_place)
+        )
+    }
 }

@@ -113,6 +113,11 @@ impl Call {
         let flags = self.args[2];
         let creates = flags & libc::O_CREAT as u64 != 0;
         match (self.syscall, errno) {
+            // Libraries ask for huge pages first and take ordinary ones when refused; one
+            // that does not fall back is diagnosed for it (the pool, vm.nr_hugepages).
+            _ if self.asks_for_huge_pages() => {
+                Some("a huge-page request (programs fall back to ordinary pages)")
+            }
             // Chromium calls memfd_create("", invalid flags) to learn what the kernel
             // supports; EINVAL only ever means bad flags or a bad name, never a lack of room.
             (Syscall::MemfdCreate, libc::EINVAL) => Some("a feature probe"),

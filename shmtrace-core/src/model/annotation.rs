@@ -2,7 +2,7 @@
 //! what it freed.
 use std::sync::Arc;
 
-use crate::event::{Event, InodeId};
+use crate::event::{Call, Event, InodeId};
 
 /// What the model adds to an event for display and diagnosis.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +24,26 @@ pub struct Annotation {
     /// For an unsuccessful exit: the process had nothing to do with shared memory (see
     /// [`crate::model::Process::involved`]), so its status is its own business.
     pub uninvolved_exit: bool,
+    /// For an open that found no such name: the name was there in this trace, and another
+    /// process than its maker removed it while others still held it (a clean-up script, a
+    /// sibling's clean-up). Such an ENOENT is a failure, not an existence check.
+    pub name_removed: Option<Removal>,
+}
+
+/// A /dev/shm name removed by a process other than its maker while others still held it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removal {
+    pub path: Arc<str>,
+    pub ts_ns: u64,
+    pub remover: u32,
+    pub remover_comm: String,
+    /// The remover's mount namespace (its container).
+    pub remover_mntns: u32,
+    /// Its command line, as its exec showed it.
+    pub remover_argv: Vec<String>,
+    /// Who still had it open or mapped: pid and name.
+    pub holders: Vec<(u32, String)>,
+    pub maker: Option<u32>,
 }
 
 impl Annotation {
@@ -31,7 +51,18 @@ impl Annotation {
     /// a death another process asked for or the exit status of a process that never touched
     /// shared memory.
     pub fn is_failure(&self, event: &Event) -> bool {
-        event.is_failure() && self.killed_by.is_none() && !self.uninvolved_exit
+        (event.is_failure() || self.name_removed.is_some())
+            && self.killed_by.is_none()
+            && !self.uninvolved_exit
+    }
+
+    /// Why a failed call is part of the program's normal work ([`Call::expected_error`]),
+    /// unless what the model knows says otherwise: an open of a name someone else removed.
+    pub fn expected_error(&self, call: &Call) -> Option<&'static str> {
+        if self.name_removed.is_some() {
+            return None;
+        }
+        call.expected_error()
     }
 }
 

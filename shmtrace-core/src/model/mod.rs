@@ -13,7 +13,7 @@ mod snapshot;
 mod usage;
 mod world;
 
-pub use annotation::{Annotation, FaultSite};
+pub use annotation::{Annotation, FaultSite, Removal};
 pub use container_info::{ContainerInfo, StartedBy, container_label, short_id};
 pub use holders::{HeldFile, Holder, ShmHolders};
 pub use object::{ObjectState, ShmObject};

@@ -339,6 +339,7 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
         })),
         "recommendation": d.recommendation,
         "files": d.files,
+        "removed": d.removed,
         "explanation": d.explanation,
         "leftovers": d.leftovers.as_ref().map(|l| json!({
             "files": l.files,
@@ -387,6 +388,7 @@ mod tests {
             workers_allocating: 0,
             recommendation: None,
             files: None,
+            removed: None,
             explanation: None,
             leftovers: None,
             others: None,

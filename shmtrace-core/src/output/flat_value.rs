@@ -470,31 +470,6 @@ mod tests {
     }
 
     #[test]
-    fn verbatim_text_comes_out_as_serde_json_writes_it() {
-        #[derive(Serialize)]
-        struct Line<'a> {
-            #[serde(serialize_with = "verbatim")]
-            ts: &'a str,
-            #[serde(serialize_with = "verbatim_option")]
-            flags: Option<std::borrow::Cow<'a, str>>,
-            #[serde(serialize_with = "verbatim_option")]
-            none: Option<&'a str>,
-        }
-        let line = Line {
-            ts: "2026-12-01T05:15:31.650715499Z",
-            flags: Some("O_RDWR|O_CREAT".into()),
-            none: None,
-        };
-        let mut out = Vec::new();
-        crate::output::flat_struct::write(&mut out, &line).unwrap();
-        assert_eq!(out, serde_json::to_vec(&line).unwrap());
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            r#"{"ts":"2026-12-01T05:15:31.650715499Z","flags":"O_RDWR|O_CREAT","none":null}"#
-        );
-    }
-
-    #[test]
     fn put_between_frames_every_length() {
         let source: Vec<u8> = (0..100u8).collect();
         for n in 0..=source.len() {

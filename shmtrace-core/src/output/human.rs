@@ -48,7 +48,7 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
     }
     let (pid, comm, text, severity) = match &event.body {
         Body::Call(call) => {
-            let expected = call.expected_error();
+            let expected = note.expected_error(call);
             let severity = if call.failed() && expected.is_none() {
                 Severity::Failure
             } else {
@@ -57,6 +57,14 @@ pub fn format(event: &Event, note: &Annotation, role: &Role, clock: &Clock) -> O
             let mut text = format!("{} = {}", call_text(call, note), result_text(call));
             if let Some(why) = expected {
                 text.push_str(&format!("  ({why}, not a failure)"));
+            }
+            if let Some(removal) = &note.name_removed {
+                text.push_str(&format!(
+                    "  (removed by pid {} {} {:.2} s before, while still held)",
+                    removal.remover,
+                    crate::event::escape::text(&removal.remover_comm),
+                    event.ts_ns.saturating_sub(removal.ts_ns) as f64 / 1e9
+                ));
             }
             for freed in &note.freed {
                 text.push_str(&format!("  [freed {freed}]"));

@@ -337,7 +337,7 @@ fn fill_call<'a>(
     out.fd = call.fd;
     out.ret = Some(call.ret);
     out.errno = call.errno().map(errno_name);
-    out.expected = call.expected_error();
+    out.expected = note.expected_error(call);
     out.path = match &note.object_path {
         Some(path) => Some(Cow::Borrowed(path)),
         None => call.display_path().map(Cow::Owned),

@@ -52,6 +52,9 @@ struct Shm {
     batch_bytes: u64,
     /// Ray's object store kept here: Ray asks for its size free, not for its pages.
     ray_store: Option<RayStore>,
+    /// The most the live objects' sizes (not their pages) came to at once: what a program
+    /// that looks at the free space before making its files (Open MPI) compares with it.
+    sizes_peak: u64,
 }
 
 /// Object at the peak.
@@ -80,6 +83,8 @@ pub struct Sizer {
     /// DataLoader workers alive now, and the most alive at once (each epoch starts new ones).
     workers: BTreeSet<u32>,
     most_workers: u32,
+    /// A traced process looked at a /dev/shm's free space (statfs).
+    looked_at_space: bool,
 }
 
 impl Sizer {
@@ -105,6 +110,11 @@ impl Sizer {
             self.most_workers = self.most_workers.max(self.workers.len() as u32);
         }
         let mut touched = None;
+        if let Body::Call(call) = &event.body
+            && call.space_seen().is_some()
+        {
+            self.looked_at_space = true;
+        }
         if let Body::Call(call) = &event.body
             && let Some(file) = call.file
         {
@@ -227,6 +237,8 @@ impl Sizer {
             let peak = shm.roles.entry(role).or_default();
             *peak = (*peak).max(bytes);
         }
+        let sizes: u64 = live.iter().map(|o| o.size.max(0) as u64).sum();
+        shm.sizes_peak = shm.sizes_peak.max(sizes);
         live_now
             .sort_by(|a, b| (b.bytes.max(b.size), &a.name).cmp(&(a.bytes.max(a.size), &b.name)));
         if shm.now > shm.peak {
@@ -324,6 +336,20 @@ impl Sizer {
                 format!("{basis}; but {}", store.rule_text()),
             ),
             _ => (need, basis),
+        };
+        // A program that looks at the free space before it makes its files asks for their
+        // sizes free, whatever pages they come to hold.
+        let (need, basis) = if self.looked_at_space && shm.sizes_peak > need {
+            (
+                shm.sizes_peak,
+                format!(
+                    "{basis}; but it looks at /dev/shm's free space before making its files \
+                     (statfs), and their sizes came to {} at once",
+                    human(shm.sizes_peak)
+                ),
+            )
+        } else {
+            (need, basis)
         };
         let advice = advise(need, &basis, &started_by);
         let dataloader_bound = loader.map(|loader| {

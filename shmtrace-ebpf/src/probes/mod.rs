@@ -4,14 +4,16 @@
 //!
 //! What the syscall programs share lives beside them, one job a file: `tracepoint` (the
 //! tracepoints' records, a call's arguments at its exit), `stash` (a call seen at its entry,
-//! waiting for its exit), `shm_check` (whether a path or a descriptor is on /dev/shm) and
-//! `report` (a finished call's record).
+//! waiting for its exit), `shm_check` (whether a path or a descriptor is on /dev/shm),
+//! `report` (a finished call's record) and `recvmsg_exit` (what a `recvmsg` left in its
+//! message, which `stash`'s exit reads).
 mod fd_calls;
 mod memfd;
 mod oom;
 mod open;
 mod process;
 mod recvmsg;
+mod recvmsg_exit;
 mod report;
 mod shm_check;
 mod signal;

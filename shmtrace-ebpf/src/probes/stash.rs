@@ -11,7 +11,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{Loss, Syscall, flags, targets::followed_bit};
 
 use super::{
-    recvmsg, report,
+    recvmsg_exit, report,
     shm_check::{self, PathIs},
     tracepoint::{AT_FDCWD, exit_ret, ids},
 };
@@ -111,14 +111,14 @@ fn on_exit(ctx: &TracePointContext) {
         return;
     }
     if pending.flags & flags::RECEIVES != 0 {
-        if recvmsg::received_shm_descriptor(&pending, ret) {
+        if recvmsg_exit::received_shm_descriptor(&pending, ret) {
             scope::follow(tgid);
         }
         return;
     }
     if pending.flags & flags::FD_LIMIT_ONLY != 0 {
         if pending.syscall == Syscall::Recvmsg {
-            match recvmsg::dropped_descriptors(&pending, ret) {
+            match recvmsg_exit::dropped_descriptors(&pending, ret) {
                 Some(msg_flags) => pending.args[3] = msg_flags as u64,
                 None => return,
             }

@@ -21,9 +21,6 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
         let out = args.output.as_deref().context("--redact needs -o FILE")?;
         return redact(&args.file, out);
     }
-    if args.size {
-        return super::size::from_trace(args);
-    }
     let set = open(&args.file)?;
     let header = set.header().clone();
     let inputs = set.file_ids().to_vec();

@@ -54,6 +54,9 @@ pub enum Tally {
     Sigbus {
         count: u64,
     },
+    /// An open of a /dev/shm name another process removed while it was held, counted for the
+    /// remover's container.
+    NameRemoved,
     /// Deaths of a full /dev/shm, as the probes count them (`flags::SHM_DEATH`); `role` is
     /// `unknown` for those whose records were lost.
     Death {
@@ -719,6 +722,9 @@ impl Fleet {
             }
             Tally::Sigbus { count } => {
                 m.sigbus.get_or_create(labels).inc_by(count);
+            }
+            Tally::NameRemoved => {
+                m.names_removed.get_or_create(labels).inc();
             }
             Tally::Death { role, count } => {
                 m.deaths

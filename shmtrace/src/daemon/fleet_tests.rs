@@ -550,3 +550,20 @@ fn a_gone_containers_namespace_number_someone_else_is_in_is_not_credited_to_it()
     assert!(!text.contains(r#"container="ended""#), "{text}");
     assert!(text.contains(r#"runtime="unknown""#), "{text}");
 }
+
+#[test]
+fn a_name_removed_under_its_holders_counts_for_the_removers_container() {
+    let (mut fleet, registry) = fleet(Duration::from_secs(60));
+    let me = std::process::id();
+    fleet.survey(&[container("cleaner", NS, me)], Instant::now());
+    fleet.tally_in(NS, Tally::NameRemoved, boot_ns().unwrap(), Instant::now());
+    fleet.tally_in(NS, Tally::NameRemoved, boot_ns().unwrap(), Instant::now());
+    let text = text(&registry);
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("shmtrace_names_removed_total{") && l.contains(r#"container="cleaner""#)
+        })
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.ends_with(" 2"), "{line}");
+}

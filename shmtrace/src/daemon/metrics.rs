@@ -119,6 +119,7 @@ pub struct Metrics {
     pub recommended: Family<ContainerLabels, Gauge>,
     pub failures: Family<FailureLabels, Counter>,
     pub sigbus: Family<ContainerLabels, Counter>,
+    pub names_removed: Family<ContainerLabels, Counter>,
     pub deaths: Family<DeathLabels, Counter>,
     pub events: Counter,
     pub lost: Family<KindLabels, Counter>,
@@ -177,6 +178,12 @@ impl Metrics {
             "sigbus",
             "SIGBUS faults on /dev/shm mappings (a page the full tmpfs could not provide)",
             m.sigbus,
+        );
+        registry.register(
+            "names_removed",
+            "/dev/shm names removed by a process other than their maker while others still held \
+             them, and then opened in vain, by the remover's container",
+            m.names_removed.clone(),
         );
         registry.register(
             "process_deaths",
@@ -278,6 +285,7 @@ impl Metrics {
         }
         self.recommended.remove(labels);
         self.sigbus.remove(labels);
+        self.names_removed.remove(labels);
         for (syscall, errno) in failures {
             self.failures
                 .remove(&FailureLabels::new(labels, syscall, errno));

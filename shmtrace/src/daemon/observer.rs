@@ -38,6 +38,12 @@ impl Observer for FleetObserver {
         for tally in tallies(event, note, role) {
             fleet.tally_from(event.pid, event.mntns, tally, event.ts_ns, now);
         }
+        // Counted where the remover ran: another container, the host's clean-up.
+        if let (Some(removal), Body::Call(call)) = (&note.name_removed, &event.body)
+            && call.syscall.opens_a_path()
+        {
+            fleet.tally_in(removal.remover_mntns, Tally::NameRemoved, event.ts_ns, now);
+        }
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
         }

@@ -22,7 +22,7 @@ use shmtrace_tests::{
     docker::{Container, wait_for},
     pytorch, ray, read_json_lines,
     recording::Recorder,
-    sizing::{Job, MIB, PostgresQuery, Script, Started, workloads_mount},
+    sizing::{self, Job, MIB, PostgresQuery, Script, Started, workloads_mount},
     tempdir,
 };
 
@@ -44,6 +44,9 @@ struct Recipe {
     /// The job again with a /dev/shm of this many files (`nr_inodes`), to apply a file-count
     /// advice.
     with_files: Option<fn(u64) -> Box<dyn Job>>,
+    /// When the diagnosis can give no size and sends to `shmtrace size`: the roomy /dev/shm
+    /// to measure the job on, whose advice is then applied.
+    size_on: Option<u64>,
 }
 
 const PYTHON: &str = "/usr/bin/python3 -B";
@@ -66,6 +69,7 @@ fn recipes() -> Vec<Recipe> {
             causes: &[("dataloader_worker", "shm_full"), ("trainer", "shm_full")],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "pytorch-file-system-enospc",
@@ -83,6 +87,7 @@ fn recipes() -> Vec<Recipe> {
             causes: &[("dataloader_worker", "shm_full"), ("trainer", "shm_full")],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "postgres-parallel-hash-join-enospc",
@@ -96,6 +101,7 @@ fn recipes() -> Vec<Recipe> {
             causes: &[("postgres", "shm_full")],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "ray-object-store-to-tmp",
@@ -108,6 +114,7 @@ fn recipes() -> Vec<Recipe> {
             causes: &[("raylet", "shm_full")],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "shared-dev-shm-other-container",
@@ -121,6 +128,7 @@ fn recipes() -> Vec<Recipe> {
             causes: &[("python3", "shm_full")],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "leftovers-of-a-killed-job",
@@ -137,6 +145,7 @@ fn recipes() -> Vec<Recipe> {
                 "docker_causes::leftovers_of_killed_processes_are_named_and_the_size_is_not_blamed",
             ),
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "no-dev-shm",
@@ -151,6 +160,7 @@ fn recipes() -> Vec<Recipe> {
                 "docker_causes::no_dev_shm_is_named_as_the_cause_and_its_fix_works",
             ),
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "read-only-dev-shm",
@@ -170,6 +180,7 @@ fn recipes() -> Vec<Recipe> {
                 "docker_causes::read_only_dev_shm_is_named_as_the_cause_and_its_fix_works",
             ),
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "healthy-chromium",
@@ -183,6 +194,7 @@ fn recipes() -> Vec<Recipe> {
             causes: &[],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "healthy-pytorch-training",
@@ -195,6 +207,7 @@ fn recipes() -> Vec<Recipe> {
             causes: &[],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "healthy-postgres-parallel-query",
@@ -207,6 +220,36 @@ fn recipes() -> Vec<Recipe> {
             causes: &[],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "mpi-job-in-a-small-dev-shm",
+            about: "the Open MPI job of healthy-mpi-job in a 4 MiB /dev/shm: a rank looks at \
+                    the free space, finds no room for its 4 MiB segment and exits 1 (\"target \
+                    full\"), mpirun ends the others; no call fails, so no size is given, and \
+                    shmtrace size on a roomy /dev/shm measures one that works",
+            program: "Open MPI 4.1 and mpi4py from Debian (openmpi-bin, python3-mpi4py)",
+            shm_bytes: Some(4 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", "")),
+            succeeds: false,
+            causes: &[("python3", "shm_full"), ("mpirun", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+            size_on: Some(256 * MIB),
+        },
+        Recipe {
+            name: "mpi-job-without-its-transport",
+            about: "the Open MPI job asked for UCX (--mca pml ucx), which finds no transport \
+                    here: its ranks look at /dev/shm's free space, make their segments there \
+                    all the same, and exit 1 for want of UCX; not a /dev/shm problem",
+            program: "Open MPI 4.1 and mpi4py from Debian (openmpi-bin, python3-mpi4py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", "--mca pml ucx")),
+            succeeds: false,
+            causes: &[("python3", "other")],
+            remedy_checked: None,
+            with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "healthy-mpi-job",
@@ -215,11 +258,12 @@ fn recipes() -> Vec<Recipe> {
                     /dev/shm; it succeeds",
             program: "Open MPI 4.1 and mpi4py from Debian (openmpi-bin, python3-mpi4py)",
             shm_bytes: Some(64 * MIB),
-            job: || Box::new(mpi_ring(4, "--bytes 1M")),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", "")),
             succeeds: true,
             causes: &[],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
         },
         Recipe {
             name: "pytorch-file-system-out-of-files",
@@ -237,6 +281,7 @@ fn recipes() -> Vec<Recipe> {
             ],
             remedy_checked: None,
             with_files: Some(|files| Box::new(many_files(files))),
+            size_on: None,
         },
         Recipe {
             name: "healthy-pytorch-file-system-enough-files",
@@ -248,8 +293,121 @@ fn recipes() -> Vec<Recipe> {
             causes: &[],
             remedy_checked: None,
             with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "shared-memory-name-removed",
+            about: "Python's multiprocessing.shared_memory: an owner process holds an 8 MiB \
+                    /dev/shm/job_buf mapped; another process of the job removes it with rm; a \
+                    reader attaching by name 0.7 s later gets FileNotFoundError (ENOENT), exit 2",
+            program: "Python 3.11's multiprocessing.shared_memory and rm (Debian, busybox)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(python("shared_name.py --wait 0.7 --remove-with-rm")),
+            succeeds: false,
+            causes: &[("python3", "name_removed")],
+            remedy_checked: Some("healthy-shared-memory-name-kept: the same job without the rm"),
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "healthy-shared-memory-name-kept",
+            about: "the same job with nothing removing the name: the reader attaches; it \
+                    succeeds",
+            program: "Python 3.11's multiprocessing.shared_memory (Debian)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(python("shared_name.py --wait 0.7")),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "writers-growing-files-by-write",
+            about: "eight dd processes each writing a 4.25 MiB /dev/shm file in 64 KiB blocks \
+                    (no size asked first) in an 8 MiB /dev/shm: each write that fails asks for \
+                    64 KiB while the job needs 34 MiB; no size is advised, shmtrace size on a \
+                    roomy /dev/shm measures one that works",
+            program: "dd (busybox) in sh, Debian's busybox-static",
+            shm_bytes: Some(8 * MIB),
+            job: || Box::new(eight_writers()),
+            succeeds: false,
+            causes: &[("dd", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+            size_on: Some(256 * MIB),
+        },
+        Recipe {
+            name: "healthy-writers-growing-files-by-write",
+            about: "the same eight writers in a 64 MiB /dev/shm: they succeed",
+            program: "dd (busybox) in sh, Debian's busybox-static",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(eight_writers()),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "missing-directory-under-dev-shm",
+            about: "Python creating /dev/shm/app/state when /dev/shm/app was never made: ENOENT \
+                    on a host whose /dev/shm exists, exit 1",
+            program: "Python 3.11 (Debian)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(Fixed::new(&[], MISSING_DIRECTORY)),
+            succeeds: false,
+            causes: &[("python3", "no_directory")],
+            remedy_checked: Some(
+                "healthy-directory-under-dev-shm: the same with the directory made",
+            ),
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "healthy-directory-under-dev-shm",
+            about: "the same program after mkdir /dev/shm/app: it succeeds",
+            program: "Python 3.11 (Debian)",
+            shm_bytes: Some(64 * MIB),
+            job: || {
+                Box::new(Fixed::new(
+                    &[],
+                    &format!("mkdir /dev/shm/app && {MISSING_DIRECTORY}"),
+                ))
+            },
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+            size_on: None,
         },
     ]
+}
+
+const MISSING_DIRECTORY: &str =
+    "/usr/bin/python3 -B -c 'open(\"/dev/shm/app/state\", \"w\").write(\"ok\")'";
+
+fn python(script_and_args: &str) -> Script {
+    let mut flags = workloads_mount();
+    flags.extend(["-w".to_owned(), "/w".to_owned()]);
+    Script {
+        what: script_and_args.to_owned(),
+        flags,
+        command: format!("{PYTHON} {script_and_args}"),
+    }
+}
+
+/// Eight dd processes, each growing its own file by 64 KiB writes to 4.25 MiB; the shell
+/// fails when one of them does.
+fn eight_writers() -> Script {
+    Script {
+        what: "eight writers".to_owned(),
+        flags: Vec::new(),
+        command: "pids=; for i in 1 2 3 4 5 6 7 8; do dd if=/dev/zero of=/dev/shm/part$i \
+                  bs=64k count=68 2>/dev/null & pids=\"$pids $!\"; done; rc=0; for p in $pids; \
+                  do wait $p || rc=1; done; rm -f /dev/shm/part*; exit $rc"
+            .to_owned(),
+    }
 }
 
 /// The file_system strategy's DataLoader making many small files, in a /dev/shm of `files`
@@ -258,7 +416,7 @@ fn many_files(files: u64) -> Tmpfs {
     Tmpfs {
         files,
         script: dataloader(
-            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 400 --step 0.001 --timeout 5 \
+            "--workers 4 --batch-bytes 64K --prefetch 64 --batches 300 --step 0.001 --timeout 30 \
              --strategy file_system",
         ),
     }
@@ -360,7 +518,7 @@ fn chromium() -> Script {
     }
 }
 
-fn mpi_ring(ranks: u32, args: &str) -> Script {
+fn mpi_ring(ranks: u32, args: &str, mpirun: &str) -> Script {
     let mut flags = workloads_mount();
     flags.extend(
         [
@@ -382,8 +540,8 @@ fn mpi_ring(ranks: u32, args: &str) -> Script {
         what: "an Open MPI ring".to_owned(),
         flags,
         command: format!(
-            "cd /w && mpirun --allow-run-as-root --oversubscribe -np {ranks} {PYTHON} mpi_ring.py \
-             {args}"
+            "cd /w && mpirun --allow-run-as-root --oversubscribe {mpirun} -np {ranks} {PYTHON} \
+             mpi_ring.py {args}"
         ),
     }
 }
@@ -506,8 +664,25 @@ fn main() {
                 record(recipe, &corpus::dir());
             }
         }
+        // As `record`, into a scratch directory: the end-to-end tests run the real programs
+        // again, check the causes, and apply the advice, leaving the corpus as it is.
+        Some("check") if args.len() > 1 => {
+            shmtrace_tests::require_root();
+            let scratch = tempdir();
+            for name in &args[1..] {
+                let recipe = recipes
+                    .iter()
+                    .find(|r| r.name == name)
+                    .unwrap_or_else(|| panic!("no entry {name}: see `corpus list`"));
+                record(recipe, &scratch);
+            }
+            let _ = std::fs::remove_dir_all(scratch);
+        }
         _ => {
-            eprintln!("usage: corpus list | corpus record NAME... | corpus record all");
+            eprintln!(
+                "usage: corpus list | corpus record NAME... | corpus record all | corpus check \
+                 NAME..."
+            );
             std::process::exit(2);
         }
     }
@@ -575,6 +750,29 @@ fn record(recipe: &Recipe, dir: &Path) {
         }
         (None, true) => recipe.shm_bytes,
         (None, false) => None,
+    };
+    // No size given, and sent to `shmtrace size`: measure on a roomy /dev/shm, apply that.
+    let works_at = match (works_at, recipe.size_on) {
+        (None, Some(roomy)) => {
+            let sized = sizing::size(job.as_ref(), roomy, &[]);
+            assert!(
+                sized.succeeded,
+                "{}: failed on a roomy /dev/shm",
+                recipe.name
+            );
+            let measured = sized.advised();
+            eprintln!(
+                "corpus: {} applies shmtrace size's {measured} bytes",
+                recipe.name
+            );
+            assert!(
+                job.start(measured).go(),
+                "{}: shmtrace size's {measured} bytes did not work",
+                recipe.name
+            );
+            Some(measured)
+        }
+        (works_at, _) => works_at,
     };
     let files = replayed.iter().filter_map(|v| v.files).max();
     if let Some(files) = files {

@@ -33,7 +33,7 @@ use super::{
     probes,
     stats::Spread,
     table::markdown,
-    targets::Row,
+    targets::{self, Row},
     variants::{self, Setup},
 };
 
@@ -69,8 +69,6 @@ struct Workload {
     /// The programs whose runs its calls are (as bpftool names them), with
     /// the call each stands for.
     programs: &'static [(&'static str, &'static str)],
-    /// The ratio to the floor's run that shmtrace's programs may cost it.
-    bound: f64,
 }
 
 const WORKLOADS: [Workload; 4] = [
@@ -79,7 +77,6 @@ const WORKLOADS: [Workload; 4] = [
         load: Load::Write,
         hold_shm: false,
         programs: &[("sys_exit_write", "write")],
-        bound: 1.5,
     },
     Workload {
         name: "open and close /etc/hostname",
@@ -90,21 +87,18 @@ const WORKLOADS: [Workload; 4] = [
             ("sys_exit", "openat (exit)"),
             ("sys_enter_close", "close"),
         ],
-        bound: 1.5,
     },
     Workload {
         name: "mmap and munmap 64 KiB anonymous",
         load: Load::MapUnmap,
         hold_shm: false,
         programs: &[("sys_exit_mmap", "mmap"), ("sys_exit_munmap", "munmap")],
-        bound: 1.5,
     },
     Workload {
         name: "write 64 B to /dev/null, holding /dev/shm",
         load: Load::Write,
         hold_shm: true,
         programs: &[("sys_exit_write", "write")],
-        bound: 2.0,
     },
 ];
 
@@ -432,25 +426,20 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
                 floor.map_or("-".to_owned(), |f| format!("{f:.0}")),
                 cell(Beside::All),
                 cell(Beside::Daemon),
-                format!("{:.1}×", workload.bound),
+                targets::bystander_target(workload.hold_shm)
+                    .bound
+                    .to_owned(),
             ]);
             let worst = [Beside::All, Beside::Daemon]
                 .iter()
                 .filter_map(|b| figures.get(b.name()))
                 .fold(f64::NAN, |a, b| a.max(*b));
             if let Some(floor) = floor {
-                let whose = if workload.hold_shm {
-                    "holding /dev/shm"
-                } else {
-                    "not concerning /dev/shm"
-                };
-                rows.push(Row::new(
-                    &format!(
-                        "{call} {whose} ≤ {:.1}× an empty program, under --all and the daemon",
-                        workload.bound
-                    ),
-                    format!("{worst:.0} ns against {floor:.0} ({:.2}×)", worst / floor),
-                    Some(worst / floor <= workload.bound),
+                rows.push(targets::bystander_call(
+                    call,
+                    workload.hold_shm,
+                    worst,
+                    floor,
                 ));
             }
             saved_costs.push(json!({
@@ -523,14 +512,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
             ms(&daemon),
             format!("{ratio:.3}"),
         ]);
-        rows.push(Row::new(
-            &format!(
-                "{}: beside the daemon within 2% of beside empty programs",
-                workload.name
-            ),
-            format!("{ratio:.3}× (medians of {rounds} rounds)"),
-            Some(ratio <= 1.02),
-        ));
+        rows.push(targets::bystander_timed(workload.name, ratio, rounds));
         saved_times.push(json!({
             "loop": workload.name,
             "seconds": {

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
-use super::{ChurnArgs, pairs};
+use super::ChurnArgs;
 
 /// The calls an iteration makes, in order (`write` only with `--write-call`). Also the
 /// `strace` and `perf trace` filter.
@@ -91,16 +91,19 @@ pub fn remove_leftovers(tag: &str) -> usize {
         .count()
 }
 
-pub fn run(args: &ChurnArgs) -> Result<()> {
+/// Refuses arguments no run can use, paired or not.
+pub fn check_args(args: &ChurnArgs) -> Result<()> {
     if args.size == 0 || args.workers == 0 {
         bail!("--size and --workers must be positive");
     }
     if args.tag.contains(['/', '\0']) {
         bail!("--tag must not contain '/' or NUL");
     }
-    if args.pair_block > 0 {
-        return pairs::workload(args);
-    }
+    Ok(())
+}
+
+/// The workload unpaired (`--pair-block 0`; the paired one is `pairs::workload`).
+pub fn run(args: &ChurnArgs) -> Result<()> {
     if args.hold {
         // Let the benchmark read probe statistics before the loop.
         println!("{}", json!({ "ready": true }));

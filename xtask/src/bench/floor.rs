@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use shmtrace_common::{Syscall, SyscallEvent};
 
-use super::floor_ring::DrainedRing;
+use super::{bpf_syscall::bpf, floor_ring::DrainedRing};
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
@@ -87,23 +87,6 @@ struct PerfEventAttr {
     config: u64,
     sample_period: u64,
     rest: [u64; 14],
-}
-
-pub(super) fn bpf<T>(command: libc::c_long, attr: &mut T) -> Result<OwnedFd> {
-    // SAFETY: `attr` is a valid, zero-padded attribute of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            attr as *mut T,
-            std::mem::size_of::<T>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// One instruction: opcode, registers, offset and immediate, as the kernel reads them.

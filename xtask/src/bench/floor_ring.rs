@@ -1,7 +1,7 @@
 //! The record floor's ring buffer, and the thread that drains it.
 //!
 //! The record floor's programs reserve a record and submit it unwritten, without waking
-//! anyone ([`floor`](super::floor)). Records must still be consumed, or the ring fills and
+//! anyone (`floor`). Records must still be consumed, or the ring fills and
 //! every reservation after fails early, which is cheaper than a tracer that keeps up. A thread
 //! moves the consumer position past every submitted record each millisecond, as a reader that
 //! copied nothing out would.
@@ -54,7 +54,8 @@ impl DrainedRing {
             max_entries: RING_BYTES,
             ..Default::default()
         };
-        let map = super::floor::bpf(BPF_MAP_CREATE, &mut attr).context("creating a ring buffer")?;
+        let map =
+            super::bpf_syscall::bpf(BPF_MAP_CREATE, &mut attr).context("creating a ring buffer")?;
         let mapping = Mapping::new(&map)?;
         let stop = Arc::new(AtomicBool::new(false));
         let drain = {

@@ -1,4 +1,4 @@
-//! Two small workloads for issue 12's targets: a fork storm (`cargo xtask storm`), where each
+//! Two small workloads for the targets: a fork storm (`cargo xtask storm`), where each
 //! child creates and unlinks one /dev/shm object and exits, and a time stamp (`cargo xtask
 //! stamp`), which prints the monotonic clock so that a tracer's start-up and teardown around it
 //! can be timed.

@@ -107,7 +107,7 @@ pub fn bullseye(binary: &Path, scratch: &Path) -> Result<()> {
         run(Command::new("debootstrap")
             .args(["--variant=minbase", "bullseye"])
             .arg(&rootfs)
-            .arg(crate::vm::debian_mirror()?))
+            .arg(crate::debian::debian_mirror()?))
         .context("making a Debian 11 root file system (apt-get install debootstrap)")?;
         fs::write(&made, "")?;
     }

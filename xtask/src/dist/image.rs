@@ -24,8 +24,8 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::{
+    debian::{self, Arch},
     root, run,
-    vm::{self, Arch},
 };
 
 /// The Debian release the image's libraries come from.
@@ -60,7 +60,7 @@ pub fn tag(version: &str, arch: Arch) -> String {
 /// Writes `arch`'s root file system, holding `binary`, with the Dockerfile beside it, and the
 /// image archive made of them. Returns the archive.
 pub fn write(dist: &Path, version: &str, arch: Arch, binary: &Path) -> Result<PathBuf> {
-    let sysroot = vm::unpacked(&vm::cache_dir(), SUITE, arch, &PACKAGES)
+    let sysroot = debian::unpacked(&debian::cache_dir(), SUITE, arch, &PACKAGES)
         .with_context(|| format!("fetching Debian {SUITE}'s glibc for {}", arch.debian()))?;
     let context = context_dir(dist);
     let staging = context.join(format!("rootfs-{}", arch.oci()));
@@ -73,7 +73,7 @@ pub fn write(dist: &Path, version: &str, arch: Arch, binary: &Path) -> Result<Pa
         Ok(())
     };
     place(Path::new(BINARY_IN_IMAGE), binary)?;
-    for (target, host) in vm::libraries_of(&sysroot, arch, binary)? {
+    for (target, host) in debian::libraries_of(&sysroot, arch, binary)? {
         place(&target, &host)?;
     }
     // Mount points the runtime fills, and a scratch directory; the rest is read-only.

@@ -1,4 +1,6 @@
-use super::*;
+use std::fs;
+
+use super::{circles::ModuleTree, *};
 
 fn edges_of(text: &str, module: &str) -> Vec<Edge> {
     let module: Vec<String> = module.split("::").map(str::to_owned).collect();
@@ -112,10 +114,118 @@ fn finds_a_cycle() {
 
 #[test]
 fn names_modules_by_their_files() {
-    let of = |path: &str| module_of(Path::new(path)).join("::");
-    assert_eq!(of("diagnose/mod.rs"), "diagnose");
-    assert_eq!(of("diagnose/evidence.rs"), "diagnose::evidence");
-    assert_eq!(of("lib.rs"), "");
-    assert_eq!(of("safe_open_tests.rs"), "safe_open::tests");
-    assert_eq!(of("record/tests/redaction.rs"), "record::tests::redaction");
+    let src = crate::root().join("shmtrace-core/src");
+    let tree = ModuleTree::walk(&src.join("lib.rs")).unwrap();
+    let file_of = |module: &str| {
+        let path: Vec<String> = module
+            .split("::")
+            .filter(|part| !part.is_empty())
+            .map(str::to_owned)
+            .collect();
+        tree.files[&path].strip_prefix(&src).unwrap().to_owned()
+    };
+    assert_eq!(file_of("diagnose"), Path::new("diagnose/mod.rs"));
+    assert_eq!(
+        file_of("diagnose::evidence"),
+        Path::new("diagnose/evidence.rs")
+    );
+    assert_eq!(file_of(""), Path::new("lib.rs"));
+    // A `#[path]` file is the module that declares it.
+    assert_eq!(file_of("safe_open::tests"), Path::new("safe_open_tests.rs"));
+    assert_eq!(
+        file_of("record::tests::redaction"),
+        Path::new("record/tests/redaction.rs")
+    );
+    // An inline module is part of its file.
+    assert_eq!(
+        tree.module_holding(&["diagnose".into(), "evidence".into(), "tests".into()]),
+        ["diagnose", "evidence"]
+    );
+}
+
+/// A crate written to a scratch directory: `files` as (path under src, text).
+fn scratch_crate(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xtask-circles-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("src")).unwrap();
+    fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"{name}\"\nversion = \"0.0.0\"\nedition = \"2024\"\n\n[workspace]\n"
+        ),
+    )
+    .unwrap();
+    for (path, text) in files {
+        let path = dir.join("src").join(path);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+    dir
+}
+
+/// What CI holds the sources to: not one circle in any crate of the workspace.
+#[test]
+fn no_crate_of_the_workspace_has_a_circle() {
+    let (targets, problems) = circles::check_workspace(&crate::root()).unwrap();
+    // Every crate was seen: the libraries, binaries and test targets of seven packages.
+    assert!(targets >= 10, "{targets} targets");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// A planted circle fails the check, named with its files; one between files below two
+/// siblings counts between the siblings; a parent and its children are no circle.
+#[test]
+fn a_planted_circle_fails() {
+    let dir = scratch_crate(
+        "planted",
+        &[
+            (
+                "lib.rs",
+                "mod a; mod b; mod c; mod d; pub struct Root; fn f() { a::A; }",
+            ),
+            // a and b: each names the other.
+            ("a.rs", "pub struct A; fn f() -> crate::b::B { todo!() }"),
+            ("b.rs", "pub struct B; use super::a::A;"),
+            // c/inner.rs names d, and d names c/inner.rs: c and d.
+            (
+                "c.rs",
+                "pub mod inner; use self::inner::I; use super::Root;",
+            ),
+            (
+                "c/inner.rs",
+                "pub struct I; use crate::d::D; use super::super::Root;",
+            ),
+            ("d.rs", "pub struct D; use crate::c::inner::I;"),
+        ],
+    );
+    let (_, problems) = circles::check_workspace(&dir).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert!(
+        problems[0].contains("a, b import each other")
+            && problems[0].contains("src/a.rs (crate::b::B)")
+            && problems[0].contains("src/b.rs (super::a::A)"),
+        "{}",
+        problems[0]
+    );
+    assert!(
+        problems[1].contains("c, d import each other")
+            && problems[1].contains("src/c/inner.rs (crate::d::D)"),
+        "{}",
+        problems[1]
+    );
+
+    // Broken the way the real ones were: what both use moved to a leaf.
+    let dir = scratch_crate(
+        "unplanted",
+        &[
+            ("lib.rs", "mod a; mod b; mod leaf;"),
+            ("a.rs", "use crate::{b::B, leaf::L};"),
+            ("b.rs", "pub struct B; use crate::leaf::L;"),
+            ("leaf.rs", "pub struct L;"),
+        ],
+    );
+    let (_, problems) = circles::check_workspace(&dir).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::arch::Arch;
+use crate::debian::Arch;
 
 /// Marks the guest's own lines among the tests' output.
 pub const MARK: &str = "shmtrace-vm:";

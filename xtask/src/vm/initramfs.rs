@@ -2,7 +2,8 @@
 //! under TCG spends no time inflating it) holding busybox, the programs the tests run with the
 //! shared libraries they load, and an `/init` script. A guest of the host's architecture gets
 //! the host's libraries, as `ldd` names them; another gets those of a directory of unpacked
-//! Debian packages (`vm/userland.rs`), found by the names in the programs' ELF headers.
+//! Debian packages (`vm/userland.rs`, `debian/unpack.rs`), found by the names in the programs'
+//! ELF headers.
 //!
 //! The Debian cloud kernels have virtio and 9p as modules, if at all; an initramfs needs
 //! neither, and the kernel unpacks it before running `/init`.
@@ -17,7 +18,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::arch::Arch;
+use crate::debian::Arch;
 
 enum Entry {
     Dir,
@@ -189,7 +190,7 @@ impl Initramfs {
         let Libraries::Sysroot(root, _) = &self.libraries else {
             bail!("no sysroot to take {} from", in_root.display());
         };
-        let host = super::userland::resolve(root, in_root)?;
+        let host = crate::debian::resolve(root, in_root)?;
         self.file(&host, guest)?;
         self.libraries_of(&host)
     }
@@ -208,7 +209,7 @@ impl Initramfs {
     /// What `program` needs, from its ELF headers, found in `root`'s library directories and
     /// put at the same paths in the guest, where the loader looks without a cache.
     fn sysroot_libraries_of(&mut self, root: &Path, arch: Arch, program: &Path) -> Result<()> {
-        for (guest, host) in super::userland::libraries_of(root, arch, program)? {
+        for (guest, host) in crate::debian::libraries_of(root, arch, program)? {
             if !self.entries.contains_key(&guest) {
                 self.file(&host, &guest)?;
             }

@@ -1,4 +1,4 @@
-//! The kernel matrix: Debian's own kernel packages, fetched with apt (`vm/apt.rs`) into a
+//! The kernel matrix: Debian's own kernel packages, fetched with apt (`debian/apt.rs`) into a
 //! cache.
 use std::{
     fs,
@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{apt::Apt, arch::Arch};
+use crate::debian::{Apt, Arch};
 
 /// What a kernel of the matrix is expected to do with shmtrace.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -140,14 +140,6 @@ pub fn select(names: &[String]) -> Result<Vec<&'static Kernel>> {
             })
         })
         .collect()
-}
-
-/// Where kernels and apt states are kept between runs: `SHMTRACE_VM_CACHE`, or
-/// `/var/cache/shmtrace-vm` (the tests run as root).
-pub fn cache_dir() -> PathBuf {
-    std::env::var_os("SHMTRACE_VM_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/shmtrace-vm"))
 }
 
 /// A kernel image ready to boot, and the package it came from.

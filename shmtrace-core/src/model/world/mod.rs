@@ -11,8 +11,8 @@ mod test_events;
 pub use retention::{Evictions, QUIET_LINGER_NS, Retention};
 
 use super::{
-    Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, ShmObject,
-    ShmUsage, Totals, process::MAX_NAMES,
+    Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, Removal,
+    ShmObject, ShmUsage, Totals, process::MAX_NAMES,
 };
 use crate::event::{Body, Event, Exit, ExitStatus, InodeId};
 
@@ -35,6 +35,10 @@ pub struct World {
     /// Names of objects recently freed, by inode: a descriptor passed to another process
     /// (SCM_RIGHTS, which is not traced) brings one back.
     recently_freed: FastMap<InodeId, Arc<str>>,
+    /// Names removed by someone other than their maker while others held them, with the
+    /// file system they were on, newest last ([`REMOVALS`] at most): an open of one that
+    /// fails is told.
+    removals: VecDeque<(u32, Removal)>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
     forgetting: Option<retention::Forgetting>,
     /// The live processes of each mount namespace: whether a container's last process has
@@ -53,6 +57,9 @@ const CHANGE_LOG: usize = 1 << 16;
 
 /// Bound on `recently_freed`.
 const RECENTLY_FREED: usize = 4096;
+
+/// Bound on `removals`.
+const REMOVALS: usize = 256;
 
 impl World {
     pub fn new() -> World {

@@ -11,7 +11,10 @@
 //!   `sys_enter_unlink` tracepoint to attach to.
 use shmtrace_common::Syscall;
 
-use super::{BpfError, btf::KernelBtf, offsets::field_offset};
+use super::{
+    BpfError,
+    btf::{KernelBtf, field_offset},
+};
 
 /// An architecture shmtrace's probes run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,11 @@ use std::path::Path;
 
 use shmtrace_common::KernelOffsets;
 
-use super::{BpfError, arch::Arch, btf::KernelBtf};
+use super::{
+    BpfError,
+    arch::Arch,
+    btf::{KernelBtf, field_bit_offset, field_offset},
+};
 
 /// Resolves every offset the programs need, or names the first one this kernel lacks.
 pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
@@ -64,59 +68,6 @@ pub fn parse_btf<'a>(bytes: &'a [u8], path: &Path) -> Result<KernelBtf<'a>, BpfE
         path: path.to_owned(),
         reason,
     })
-}
-
-/// Bit offset of a (possibly bit-) field `path` inside `struct ty`.
-pub fn field_bit_offset(btf: &KernelBtf<'_>, ty: &str, path: &str) -> Result<u32, BpfError> {
-    let missing = || BpfError::MissingField {
-        field: format!("{ty}.{path}"),
-    };
-    let mut current = btf.struct_named(ty).ok_or_else(missing)?;
-    let mut total_bits = 0u32;
-    let mut fields = path.split('.').peekable();
-    while let Some(field) = fields.next() {
-        let (bits, member_type) = find_member(btf, current, field, 0).ok_or_else(missing)?;
-        total_bits = total_bits.checked_add(bits).ok_or_else(missing)?;
-        if fields.peek().is_some() {
-            current = btf.as_struct(member_type).ok_or_else(missing)?;
-        }
-    }
-    Ok(total_bits)
-}
-
-/// Byte offset of `path` (dotted, e.g. `pwd.dentry`) inside `struct ty`. Anonymous struct and
-/// union members are searched through, as C does.
-pub fn field_offset(btf: &KernelBtf<'_>, ty: &str, path: &str) -> Result<u32, BpfError> {
-    let bits = field_bit_offset(btf, ty, path)?;
-    if bits % 8 != 0 {
-        return Err(BpfError::MissingField {
-            field: format!("{ty}.{path} (a bitfield)"),
-        });
-    }
-    Ok(bits / 8)
-}
-
-/// Anonymous members nest a few levels in real kernels; a deeper chain is a corrupt file.
-const MAX_ANONYMOUS_DEPTH: u32 = 16;
-
-/// Finds `name` among the members of struct or union `id`, descending into anonymous members.
-/// Returns its bit offset from the start of `id`, and its type.
-fn find_member(btf: &KernelBtf<'_>, id: u32, name: &str, depth: u32) -> Option<(u32, u32)> {
-    if depth > MAX_ANONYMOUS_DEPTH {
-        return None;
-    }
-    for member in btf.members(id)? {
-        if member.name == name {
-            return Some((member.bit_offset, member.type_id));
-        }
-        if member.name.is_empty()
-            && let Some(inner) = btf.as_struct(member.type_id)
-            && let Some((bits, ty)) = find_member(btf, inner, name, depth + 1)
-        {
-            return Some((member.bit_offset.checked_add(bits)?, ty));
-        }
-    }
-    None
 }
 
 #[cfg(test)]
