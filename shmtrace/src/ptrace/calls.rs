@@ -14,6 +14,7 @@ use super::{
     arch, filter,
     inject::{self, Injected},
     memory::Mem,
+    pending::{Pending, What},
     records::Call,
     tracer::{Mode, Tracer, file_of},
 };
@@ -39,30 +40,6 @@ const FD_LIMIT_MARGIN: u64 = 64;
 /// Instructions a process's filter chain may reach before its descriptors are no longer
 /// armed (the kernel's limit is 32768, with 4 more per filter).
 const CHAIN_BUDGET: usize = 24_000;
-
-/// A call awaiting its exit.
-pub(super) struct Pending {
-    what: What,
-    flags: u16,
-    args: [u64; 6],
-    fd: i32,
-    file: Option<FileRef>,
-    path: Vec<u8>,
-}
-
-/// What to do at the exit.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum What {
-    /// Report it.
-    Report(Syscall),
-    /// An open elsewhere: report it only if it failed for want of descriptors.
-    FdLimitOnly(Syscall),
-    /// A `recvmsg` that may carry descriptors: those on /dev/shm are watched, and it is
-    /// reported if it dropped some.
-    Receive,
-    /// A `dup` of a /dev/shm descriptor: the copy is watched too.
-    Duplicate,
-}
 
 /// What a path names.
 enum PathIs {

@@ -6,7 +6,8 @@
 //!
 //! `filter` writes the seccomp filters and `inject` adds one to a running process; `spawn`
 //! starts the command, `attach` follows processes already running; `tracer` answers every stop (signals, job control, new processes and
-//! threads, exits) and `calls` turns the stops that matter into records (`records`); `memory`
+//! threads, exits) and `calls` turns the stops that matter into records (`records`), a call
+//! awaiting its exit being `pending`; `memory`
 //! reads the traced program's memory, `wait` classifies stops, `arch` holds what differs
 //! between x86-64 and arm64, `oom` tells the OOM killer's kills, and `feed` hands it all to
 //! the session.
@@ -18,6 +19,7 @@ mod filter;
 mod inject;
 mod memory;
 mod oom;
+mod pending;
 mod records;
 mod spawn;
 mod tracer;

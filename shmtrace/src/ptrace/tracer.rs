@@ -41,7 +41,7 @@ pub(super) struct Thread {
     pub tgid: i32,
     pub comm: [u8; COMM_LEN],
     /// The call whose exit is awaited.
-    pub pending: Option<super::calls::Pending>,
+    pub pending: Option<super::pending::Pending>,
 }
 
 /// A traced process (thread group).
