@@ -20,41 +20,35 @@ pub fn measure(setup: &Setup, rounds: u32) -> Result<Vec<(&'static str, Spread)>
         bail!("{PYTHON} is missing: .ci/run installs the PyTorch venv");
     }
     let import = ["-c", "import torch"];
-    let ways: [(&str, Box<dyn Fn() -> Command>); 3] = [
-        (
-            "untraced",
-            Box::new(|| {
-                let mut c = Command::new(PYTHON);
-                c.args(import);
-                c
-            }),
-        ),
-        (
-            "shmtrace --backend ptrace",
-            Box::new(|| {
+    let command = |way: Way| {
+        let mut c = match way {
+            Way::Untraced => Command::new(PYTHON),
+            Way::Ptrace => {
                 let mut c = Command::new(&setup.shmtrace);
-                c.args(["--backend", "ptrace", "-o", "/dev/null", "--", PYTHON])
-                    .args(import);
+                c.args(["--backend", "ptrace", "-o", "/dev/null", "--", PYTHON]);
                 c
-            }),
-        ),
-        (
-            "strace -f",
-            Box::new(|| {
+            }
+            Way::Strace => {
                 let mut c = Command::new("strace");
-                c.args(["-f", "-qq", "-o", "/dev/null", "--", PYTHON])
-                    .args(import);
+                c.args(["-f", "-qq", "-o", "/dev/null", "--", PYTHON]);
                 c
-            }),
-        ),
+            }
+        };
+        c.args(import);
+        c
+    };
+    let ways = [
+        (Way::Untraced, "untraced"),
+        (Way::Ptrace, "shmtrace --backend ptrace"),
+        (Way::Strace, "strace -f"),
     ];
     let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
     // Once first, untimed: the files it reads come into the page cache.
-    let _ = (ways[0].1)().stdout(Stdio::null()).status();
+    let _ = command(Way::Untraced).stdout(Stdio::null()).status();
     for _ in 0..rounds {
-        for (i, (name, command)) in ways.iter().enumerate() {
+        for (i, (way, name)) in ways.iter().enumerate() {
             let started = Instant::now();
-            let status = command()
+            let status = command(*way)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
@@ -68,6 +62,13 @@ pub fn measure(setup: &Setup, rounds: u32) -> Result<Vec<(&'static str, Spread)>
     Ok(ways
         .iter()
         .zip(seconds)
-        .filter_map(|((name, _), s)| Some((*name, Spread::of(&s)?)))
+        .filter_map(|((_, name), s)| Some((*name, Spread::of(&s)?)))
         .collect())
+}
+
+#[derive(Clone, Copy)]
+enum Way {
+    Untraced,
+    Ptrace,
+    Strace,
 }
