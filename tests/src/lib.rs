@@ -30,8 +30,16 @@ use std::{
 use serde_json::Value;
 
 /// Fails the test, loudly, unless it runs as root: these tests load eBPF programs and mount
-/// file systems, and a skipped test would pass silently.
+/// file systems, and a skipped test would pass silently. A suite that needs root is declared
+/// in tests/Cargo.toml with `required-features = ["root"]`, so that a plain `cargo test` leaves
+/// it out; one that is not fails here even as root.
 pub fn require_root() {
+    if !cfg!(feature = "root") {
+        panic!(
+            "this suite needs root: declare it in tests/Cargo.toml with required-features = \
+             [\"root\"] (cargo xtask test turns the feature on)"
+        );
+    }
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     assert_eq!(

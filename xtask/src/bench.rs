@@ -25,7 +25,9 @@
 //!   CPU);
 //! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
 //!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
-//!   load), `neighbours` (other BPF users on the machine, which would skew the results).
+//!   load), `neighbours` (other BPF users on the machine, which would skew the results),
+//!   `benchmarks_doc` (docs/BENCHMARKS.md's targets and latest full run, `--save`).
+mod benchmarks_doc;
 mod beside_storms;
 mod bpf_syscall;
 mod bystanders;
@@ -54,7 +56,10 @@ use std::{
     collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Instant,
 };
 
@@ -146,7 +151,36 @@ pub struct BenchArgs {
     only_ptrace: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
-    save: Option<PathBuf>,
+    json: Option<PathBuf>,
+    /// Write this run into docs/BENCHMARKS.md as its latest full run, and the targets' table
+    /// with it (a full run only: no option that changes what is measured).
+    #[arg(long)]
+    save: bool,
+}
+
+impl BenchArgs {
+    /// Whether the run measures everything a full run does, the way it does.
+    fn is_full(&self) -> bool {
+        !self.quick
+            && self.sizes.is_empty()
+            && self.iterations.is_none()
+            && self.workers == 1
+            && self.rounds.is_none()
+            && self.variants.is_empty()
+            && !self.write_call
+            && !self.fill
+            && !self.no_probe_costs
+            && !self.no_pairs
+            && !self.no_targets
+            && !self.only_replay
+            && self.shmtrace.is_none()
+            && self.daemon_idle.is_none()
+            && !self.only_daemon_idle
+            && !self.only_fork_storm
+            && !self.only_bystanders
+            && !self.no_bystanders
+            && !self.only_startup
+    }
 }
 
 /// Options of the workload (`cargo xtask churn`), which `bench` runs under each tracer.
@@ -209,6 +243,27 @@ pub fn stamp() {
 /// The benchmark's scheduling priority, and so its children's.
 const NICE: libc::c_int = -10;
 
+/// The report as printed so far: what `--save` writes into docs/BENCHMARKS.md.
+static REPORT: Mutex<String> = Mutex::new(String::new());
+
+/// Prints a part of the report (Markdown, on stdout; progress goes to stderr) and keeps it.
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        let text = format!($($arg)*);
+        println!("{text}");
+        let mut kept = REPORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        kept.push_str(&text);
+        kept.push('\n');
+    }};
+}
+
+fn report_text() -> String {
+    REPORT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+}
+
 /// Set by SIGINT/SIGTERM; checked between runs.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -234,6 +289,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the benchmark needs root: shmtrace loads BPF programs, strace and perf trace trace");
+    }
+    if args.save && !args.is_full() {
+        bail!(
+            "--save writes docs/BENCHMARKS.md's latest full run: run without options that change \
+             what is measured (--json FILE keeps any run's figures)"
+        );
     }
     let started = Instant::now();
     // Ahead of unrelated work on the machine (builds, other tests), which would otherwise add
@@ -281,25 +342,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.only_startup {
         let runs = args.rounds.unwrap_or(if args.quick { 5 } else { 15 });
         let rows = measure_startup(&setup, &exe, runs);
-        println!("## Start-up and teardown\n\n{}", targets::table(&rows));
+        report!("## Start-up and teardown\n\n{}", targets::table(&rows));
         return Ok(());
     }
     if args.only_ptrace {
         return ptrace_only(args, &setup, &exe, &tag);
     }
     if args.only_bystanders {
-        println!("# shmtrace benchmark: bystanders\n");
-        println!("{}\n", machine_description(&setup));
-        let saved = bystanders_section(&setup, &exe, args.quick)?;
-        if let Some(path) = &args.save {
+        report!("# shmtrace benchmark: bystanders\n");
+        report!("{}\n", machine_description(&setup));
+        let (saved, rows) = bystanders_section(&setup, &exe, args.quick)?;
+        report!(
+            "## Targets, measured in this run\n\n{}",
+            targets::table(&rows)
+        );
+        if let Some(path) = &args.json {
             fs::write(path, serde_json::to_string_pretty(&saved)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         return Ok(());
     }
 
-    println!("# shmtrace benchmark\n");
-    println!("{}\n", machine_description(&setup));
+    report!("# shmtrace benchmark\n");
+    report!("{}\n", machine_description(&setup));
     let unavailable: Vec<Option<String>> = selected
         .iter()
         .map(|v| v.available(&setup).err().map(|e| format!("{e:#}")))
@@ -321,7 +386,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for size in sizes {
         let case = Case::new(args, size, &exe, &tag);
         check_room(size, args.workers)?;
-        println!("## {}\n", case.title);
+        report!("## {}\n", case.title);
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
         target_rows.extend(targets::from_case(
@@ -330,12 +395,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ));
         target_rows.extend(targets::ptrace(&shmtrace_core::size::human(size), &results));
         let (text, notes) = table::variants(&results);
-        println!("{text}");
+        report!("{text}");
         for note in &notes {
-            println!("- {note}");
+            report!("- {note}");
         }
         if !notes.is_empty() {
-            println!();
+            report!("");
         }
         others.extend(neighbours::foreign_bpf_holders());
         let (pairs, reference) = match args.no_pairs {
@@ -353,7 +418,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         });
         others.extend(neighbours::foreign_bpf_holders());
         if !others.is_empty() {
-            println!(
+            report!(
                 "**Warning**: other processes held BPF programs during this case, and may have \
                  traced the workload too (skewing every ratio): {}.\n",
                 describe(&others)
@@ -396,18 +461,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &setup, &exe, &tag, replayed,
         )));
         churn::remove_leftovers(&tag);
+        let storm = if args.quick { 10_000 } else { 100_000 };
+        let seconds = replay::report_times(&setup, &exe, &tag, [storm, storm * 10]);
+        target_rows.push(targets::report_scaling(storm, &seconds));
+        churn::remove_leftovers(&tag);
     }
-    let targets_text = targets::table(&target_rows);
-    println!("## Targets, measured in this run\n\n{targets_text}");
     if !args.no_bystanders
         && !args.only_daemon_idle
         && !args.only_fork_storm
         && !INTERRUPTED.load(Ordering::SeqCst)
     {
-        saved.push(json!({
-            "case": "bystanders",
-            "bystanders": bystanders_section(&setup, &exe, args.quick)?,
-        }));
+        let (bystanders, rows) = bystanders_section(&setup, &exe, args.quick)?;
+        target_rows.extend(rows);
+        saved.push(json!({ "case": "bystanders", "bystanders": bystanders }));
     }
     let idle_seconds = match args.only_fork_storm {
         true => 0,
@@ -416,15 +482,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if idle_seconds > 0 {
         let figures = daemon_idle::measure(&setup.shmtrace, &setup.scratch, idle_seconds)?;
         let (text, json) = daemon_idle::report(&figures);
-        println!("{text}");
+        report!("{text}");
         saved.push(json!({ "case": "daemon-idle", "daemon_idle": json }));
+        target_rows.push(targets::daemon_idle(figures.cpu_percent, figures.seconds));
     }
+    let targets_text = targets::table(&target_rows);
+    report!("## Targets, measured in this run\n\n{targets_text}");
     let elapsed = started.elapsed().as_secs_f64();
-    println!(
+    report!(
         "Benchmark took {elapsed:.0} s. Load average at the end: {}.",
         load_average()
     );
-    if let Some(path) = &args.save {
+    if args.save && !INTERRUPTED.load(Ordering::SeqCst) {
+        benchmarks_doc::save(&report_text())?;
+    }
+    if let Some(path) = &args.json {
         let all = json!({
             "machine": machine_description(&setup),
             "seconds": elapsed,
@@ -497,21 +569,22 @@ fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
     Ok(())
 }
 
-/// Measures and prints the bystanders' section and its targets; returns what to save.
-fn bystanders_section(setup: &Setup, exe: &Path, quick: bool) -> Result<serde_json::Value> {
+/// Measures and prints the bystanders' section; returns what to save and its targets' rows.
+fn bystanders_section(
+    setup: &Setup,
+    exe: &Path,
+    quick: bool,
+) -> Result<(serde_json::Value, Vec<targets::Row>)> {
     let (text, rows, saved) = bystanders::measure(setup, exe, quick)?;
-    println!(
-        "{text}\n## Bystanders' targets, measured in this run\n\n{}",
-        targets::table(&rows)
-    );
-    Ok(saved)
+    report!("{text}");
+    Ok((saved, rows))
 }
 
 /// `--only-replay`: the replay target alone, --rounds times, each a row of the table; then
 /// report's scaling.
 fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
-    println!("# shmtrace benchmark: replay only\n");
-    println!("{}\n", machine_description(setup));
+    report!("# shmtrace benchmark: replay only\n");
+    report!("{}\n", machine_description(setup));
     let replayed = if args.quick { 20_000 } else { 100_000 };
     let mut rows = Vec::new();
     for _ in 0..args.rounds.unwrap_or(1) {
@@ -529,16 +602,16 @@ fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
         rows.push(targets::report_scaling(storm, &seconds));
         churn::remove_leftovers(tag);
     }
-    println!("{}", targets::table(&rows));
-    println!("Load average at the end: {}.", load_average());
+    report!("{}", targets::table(&rows));
+    report!("Load average at the end: {}.", load_average());
     Ok(())
 }
 
-/// Runs and prints the paired measurement. Returns its table for `--save`, and the per-object
+/// Runs and prints the paired measurement. Returns its table for `--json`, and the per-object
 /// times of the run with shmtrace's defaults, the best reference for the probe costs.
 fn paired(setup: &Setup, case: &Case, quick: bool) -> (String, Option<table::Reference>) {
     let block = pairs::default_block(case.size);
-    println!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
+    report!("### Paired: workers A and B take turns, {block} objects a turn; only A is traced\n");
     // --quick skips the --failed run; the control (nothing traced) costs no shmtrace start.
     let modes = if quick {
         &pairs::MODES[..2]
@@ -555,7 +628,7 @@ fn paired(setup: &Setup, case: &Case, quick: bool) -> (String, Option<table::Ref
         })
         .collect();
     let text = table::pairs(&outcomes);
-    println!("{text}");
+    report!("{text}");
     let reference = outcomes.iter().find_map(|(mode, outcome)| {
         let o = outcome
             .as_ref()
@@ -570,7 +643,7 @@ fn paired(setup: &Setup, case: &Case, quick: bool) -> (String, Option<table::Ref
     (text, reference)
 }
 
-/// Runs and prints the per-probe analysis; returns its text for `--save`. Its figures are set
+/// Runs and prints the per-probe analysis; returns its text for `--json`. Its figures are set
 /// against `reference`, or else against the medians of the timed rounds.
 fn probe_costs(
     setup: &Setup,
@@ -580,7 +653,7 @@ fn probe_costs(
     with_failed: bool,
 ) -> (String, Vec<targets::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
-    println!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
+    report!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
         results
             .iter()
@@ -632,9 +705,9 @@ fn probe_costs(
         }
         (Err(error), _) => format!("Not measured: {error:#}\n"),
     };
-    println!("{text}");
+    report!("{text}");
     let (others, row) = cost_to_others(setup, case, median_loop("untraced"));
-    println!("{others}");
+    report!("{others}");
     rows.extend(row);
     text += "\n";
     text += &others;
@@ -648,7 +721,7 @@ fn cost_to_others(
     untraced_us: Option<f64>,
 ) -> (String, Option<targets::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
-    println!("### What shmtrace's programs cost a process they do not trace\n");
+    report!("### What shmtrace's programs cost a process they do not trace\n");
     let idle = probes::measure(setup, Subject::BesideIdle, workload, objects);
     churn::remove_leftovers(&case.tag);
     let floor = probes::measure(setup, Subject::Floor { records: false }, workload, objects);

@@ -4,7 +4,8 @@
 //!   it to `shmtrace/bpf/`, with a hash of the inputs it was built from.
 //! - `check-ebpf`: fail if the committed object is stale against those inputs.
 //! - `lint-ebpf`: clippy on the eBPF crate for its real target (nightly), warnings as errors.
-//! - `test`: build everything and run every test, the real-kernel ones included (root).
+//! - `test`: build everything and run every test, the suites that need root included (a plain
+//!   `cargo test` leaves those out).
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
 //! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor), or
 //!   with `--records`, one record per call (the bench's record floor).
@@ -49,7 +50,7 @@ enum Task {
     LintEbpf,
     /// Check that no module imports upwards against docs/architecture.md's layers.
     CheckLayers,
-    /// Build, then run the whole test suite (needs root for the kernel and Docker tests).
+    /// Build, then run the whole test suite, the suites that need root included (root).
     Test {
         /// Extra arguments for `cargo test`, after `--`.
         #[arg(last = true)]
@@ -142,12 +143,67 @@ pub fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// The feature that declares the test suites that need root (tests/Cargo.toml).
+pub const ROOT_SUITES: &str = "shmtrace-tests/root";
+
 fn test(extra: &[String]) -> Result<()> {
     // The default members: everything but the eBPF crate, which builds only for the BPF
-    // target (`build-ebpf`).
-    run(cargo().current_dir(root()).args(["build", "--all-targets"]))?;
+    // target (`build-ebpf`); with the suites that need root, which a plain `cargo test`
+    // leaves out.
     run(cargo()
         .current_dir(root())
-        .args(["test", "--no-fail-fast"])
+        .args(["build", "--all-targets", "--features", ROOT_SUITES]))?;
+    run(cargo()
+        .current_dir(root())
+        .args(["test", "--no-fail-fast", "--features", ROOT_SUITES])
         .args(extra))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The tests crate's suites that need root, by their names (docs/architecture.md): each is
+    /// behind the `root` feature, so that a plain `cargo test` as any user leaves it out, and no
+    /// other is, so that a plain `cargo test` runs it.
+    #[test]
+    fn the_suites_that_need_root_and_only_they_are_behind_the_feature() {
+        let output = super::cargo()
+            .current_dir(super::root())
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let tests = metadata["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|package| package["name"] == "shmtrace-tests")
+            .unwrap();
+        let mut seen = 0;
+        for target in tests["targets"].as_array().unwrap() {
+            if !target["kind"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|k| k == "test")
+            {
+                continue;
+            }
+            let name = target["name"].as_str().unwrap();
+            let needs_root = ["kernel_", "docker_", "podman_", "containerd_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+                || name == "prometheus_daemon";
+            let behind = target["required-features"]
+                .as_array()
+                .is_some_and(|features| features.iter().any(|f| f == "root"));
+            assert_eq!(
+                needs_root, behind,
+                "{name}: needs root: {needs_root}; behind the root feature: {behind} \
+                 (tests/Cargo.toml)"
+            );
+            seen += 1;
+        }
+        assert!(seen >= 30, "{seen} test targets");
+    }
 }

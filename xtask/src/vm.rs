@@ -295,7 +295,13 @@ fn target_dir() -> PathBuf {
 fn build_tests(arch: Arch, tests: &[String]) -> Result<Vec<(String, PathBuf)>> {
     let mut command = guest_cargo(arch, "test");
     command
-        .args(["--no-run", "--package", "shmtrace-tests"])
+        .args([
+            "--no-run",
+            "--package",
+            "shmtrace-tests",
+            "--features",
+            "root",
+        ])
         .args(["--message-format", "json-render-diagnostics"]);
     for test in tests {
         command.args(["--test", test]);

@@ -259,8 +259,8 @@ pub(super) fn random_id() -> String {
 /// The container fields with no slot of their own travel in `extra`, under these keys.
 const EXTRA_POD: &str = "pod";
 const EXTRA_NAMESPACE: &str = "namespace";
-const EXTRA_IPC: &str = "ipc";
-const EXTRA_STARTED_BY: &str = "started_by";
+pub(super) const EXTRA_IPC: &str = "ipc";
+pub(super) const EXTRA_STARTED_BY: &str = "started_by";
 
 impl From<&crate::model::ContainerInfo> for ContainerDescription {
     fn from(info: &crate::model::ContainerInfo) -> ContainerDescription {

@@ -7,12 +7,16 @@
 //!
 //! /dev/shm names keep their shape, because the shape is the diagnosis: `torch_4242_17` stays
 //! `torch_4242_17`, `psm_3fa9c2d1` becomes `psm_` and eight other characters of the same
-//! classes. Numbers and words of a fixed vocabulary (library prefixes) are kept; every other
-//! word is replaced letter for letter.
+//! classes. Numbers, the words of the known programs' object names (`diagnose::known`) and
+//! of other libraries' prefixes are kept; every other word is replaced letter for letter.
+//! Process names and command-line words that name a program (the known programs', shells,
+//! interpreters) or an option are kept too: they say what ran, not who ran it.
 use std::{collections::HashMap, io};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+
+use crate::diagnose::known::KNOWN;
 
 /// Fills `buf` from the kernel's random source.
 pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
@@ -65,20 +69,14 @@ impl Role {
     }
 }
 
-/// Words kept in /dev/shm names: prefixes that libraries put there, which say who made an
+/// Words kept in /dev/shm names besides the known programs' own ([`known_object_word`]):
+/// prefixes that other libraries put there, and words of their shape, which say who made an
 /// object and identify no one.
 const SHM_VOCABULARY: &[&str] = &[
-    "torch",
     "pymp",
-    "psm",
-    "mp",
-    "sem",
-    "shm",
-    "nccl",
     "cuda",
     "cudnn",
     "ray",
-    "plasma",
     "arrow",
     "jax",
     "xla",
@@ -104,8 +102,6 @@ const SHM_VOCABULARY: &[&str] = &[
     "jack",
     "wayland",
     "dbus",
-    "chromium",
-    "chrome",
     "memfd",
     "file",
     "fd",
@@ -113,7 +109,6 @@ const SHM_VOCABULARY: &[&str] = &[
     "pool",
     "cache",
     "seg",
-    "segment",
     "ipc",
     "boost",
     "vllm",
@@ -121,11 +116,8 @@ const SHM_VOCABULARY: &[&str] = &[
     "hf",
     "datasets",
     "multiprocessing",
-    "joblib",
     "loky",
     "ompi",
-    "vader",
-    "ucx",
     "gloo",
     "deleted",
 ];
@@ -133,8 +125,9 @@ const SHM_VOCABULARY: &[&str] = &[
 /// Separators kept in /dev/shm names; any other non-alphanumeric character becomes `_`.
 const SHM_SEPARATORS: &[char] = &['.', '_', '-', '+', '=', '@', ':', '/', ','];
 
-/// Process names kept as they are: interpreters, shells and PyTorch's own thread names, which
-/// say what a process is (a DataLoader worker) and nothing about who runs it.
+/// Process names kept as they are besides the known programs' ([`KNOWN`]) and PyTorch's
+/// thread names: interpreters, shells, tools and container runtimes' own processes, which say
+/// what a process is and nothing about who runs it.
 const GENERIC_COMMS: &[&str] = &[
     "torchrun",
     "sh",
@@ -253,14 +246,31 @@ impl Pseudonyms {
         })
     }
 
-    /// One command-line argument: short, so that a whole command line fits the kernel record.
+    /// One command-line argument: kept when it names a program ([`is_program_name`]) or an
+    /// option (`-m`, `--nproc-per-node`), or is a number; an option's value (`--store=...`)
+    /// as a lone argument would be, a /dev/shm path as a path; else replaced by a short
+    /// pseudonym, so that a whole command line fits the kernel record.
     pub fn arg(&mut self, value: &str) -> String {
+        if is_program_name(value) || is_option_name(value) || is_number(value) {
+            return value.to_owned();
+        }
+        if let Some((option, given)) = value.split_once('=')
+            && is_option_name(option)
+        {
+            let given = if given.starts_with("/dev/shm") {
+                self.path(given)
+            } else {
+                self.arg(given)
+            };
+            return format!("{option}={given}");
+        }
         self.cached(Role::Arg, value, |p| {
             format!("arg-{}", p.hex(Role::Arg, value, 6))
         })
     }
 
-    /// A path: /dev/shm paths keep their shape, others become `/redacted/<hex>`.
+    /// A path: /dev/shm paths keep their shape, others become `/redacted/<hex>`, followed by
+    /// the file's name when it names a program (`/redacted/<hex>/raylet`).
     pub fn path(&mut self, value: &str) -> String {
         if let Some(name) = value.strip_prefix("/dev/shm/") {
             return format!("/dev/shm/{}", self.shm_name(name));
@@ -270,18 +280,31 @@ impl Pseudonyms {
         }
         self.cached(Role::Path, value, |p| {
             let hex = p.hex(Role::Path, value, 12);
-            if value.starts_with('/') {
-                format!("/redacted/{hex}")
-            } else {
-                format!("redacted-{hex}")
+            let program = value
+                .rsplit_once('/')
+                .map(|(_, name)| name)
+                .filter(|name| !name.is_empty() && is_program_name(name));
+            match (value.starts_with('/'), program) {
+                (true, Some(program)) => format!("/redacted/{hex}/{program}"),
+                (true, None) => format!("/redacted/{hex}"),
+                (false, _) => format!("redacted-{hex}"),
             }
         })
     }
 
-    /// A name inside /dev/shm (relative to it), shape kept.
+    /// A name inside /dev/shm (relative to it), shape kept, and a known program's prefix kept
+    /// whole (`plasma` of Ray's `plasmaXXXXXX`, which has no separator after it).
     pub fn shm_name(&mut self, name: &str) -> String {
         let mut out = String::with_capacity(name.len());
-        let mut rest = name;
+        let known = KNOWN
+            .iter()
+            .flat_map(|known| known.objects)
+            .filter(|prefix| name.starts_with(*prefix))
+            .max_by_key(|prefix| prefix.len());
+        if let Some(prefix) = known {
+            out.push_str(prefix);
+        }
+        let mut rest = &name[known.map_or(0, |prefix| prefix.len())..];
         while let Some(c) = rest.chars().next() {
             if c.is_ascii_alphanumeric() {
                 let end = rest
@@ -300,7 +323,10 @@ impl Pseudonyms {
 
     fn shm_word(&mut self, word: &str) -> String {
         let lower = word.to_ascii_lowercase();
-        if word.bytes().all(|b| b.is_ascii_digit()) || SHM_VOCABULARY.contains(&lower.as_str()) {
+        if word.bytes().all(|b| b.is_ascii_digit())
+            || SHM_VOCABULARY.contains(&lower.as_str())
+            || known_object_word(&lower)
+        {
             return word.to_owned();
         }
         self.cached(Role::ShmWord, word, |p| {
@@ -322,10 +348,10 @@ impl Pseudonyms {
         })
     }
 
-    /// A process name: generic ones kept (`python3`, `pt_data_worker`), others replaced by a
-    /// name that fits the kernel's 15 characters.
+    /// A process name: those of programs kept (`python3`, `pt_data_worker`, `postgres`),
+    /// others replaced by a name that fits the kernel's 15 characters.
     pub fn comm(&mut self, value: &str) -> String {
-        if is_generic_comm(value) {
+        if is_program_name(value) {
             return value.to_owned();
         }
         self.cached(Role::Comm, value, |p| {
@@ -334,15 +360,47 @@ impl Pseudonyms {
     }
 }
 
-fn is_generic_comm(comm: &str) -> bool {
-    if GENERIC_COMMS.contains(&comm) || comm.is_empty() {
+/// Whether `name` (a process name, a command's first word) names a program rather than
+/// anything of its user's: one of the known programs' ([`KNOWN`]), a generic one
+/// ([`GENERIC_COMMS`]), a Python interpreter, or a PyTorch thread.
+fn is_program_name(name: &str) -> bool {
+    if GENERIC_COMMS.contains(&name) || name.is_empty() {
         return true;
     }
+    if KNOWN.iter().any(|known| known.processes.contains(&name)) {
+        return true;
+    }
+    let comm = name;
     if let Some(version) = comm.strip_prefix("python") {
         return version.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     }
     // PyTorch names its threads pt_main_thread, pt_data_worker, pt_autograd_0, ...
     comm.starts_with("pt_") && comm.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// An option's name, with no value (`-m`, `--nproc-per-node`; not `--data=/home/alice`).
+fn is_option_name(arg: &str) -> bool {
+    let Some(name) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+        return false;
+    };
+    name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn is_number(arg: &str) -> bool {
+    !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `word` (lower case) is a word of a known program's object names (`torch` of
+/// `torch_`, `postgresql` of `PostgreSQL.`, `vader` and `segment` of `vader_segment.`).
+fn known_object_word(word: &str) -> bool {
+    KNOWN
+        .iter()
+        .flat_map(|known| known.objects)
+        .flat_map(|prefix| prefix.split(|c: char| !c.is_ascii_alphanumeric()))
+        .any(|known| known.eq_ignore_ascii_case(word))
 }
 
 #[cfg(test)]
@@ -379,6 +437,64 @@ mod tests {
         // Same word, same pseudonym, wherever it appears.
         let a = p.shm_name("acme_1");
         assert_eq!(&a[..4], &secret[..4]);
+    }
+
+    /// Each known program is still recognised after redaction: by its objects, its process
+    /// names, and its name in a command line; what names its user is not kept.
+    #[test]
+    fn known_programs_survive_redaction() {
+        use crate::diagnose::known::{by_object, by_process};
+        let mut p = Pseudonyms::with_key([5; 32]);
+        for known in KNOWN {
+            for prefix in known.objects {
+                let path = format!("/dev/shm/{prefix}4242ab");
+                let redacted = p.path(&path);
+                assert_eq!(
+                    by_object(&redacted).map(|k| k.program),
+                    Some(known.program),
+                    "{path} became {redacted}"
+                );
+            }
+            for name in known.processes {
+                assert_eq!(p.comm(name), *name);
+                assert_eq!(p.arg(name), *name);
+                assert_eq!(
+                    by_process(&p.comm(name), None).map(|k| k.program),
+                    Some(known.program)
+                );
+            }
+        }
+        // A command line keeps its program and options, not its user's files and values.
+        assert_eq!(p.arg("python"), "python");
+        assert_eq!(p.arg("python3.11"), "python3.11");
+        assert_eq!(p.arg("-m"), "-m");
+        assert_eq!(p.arg("--nproc-per-node"), "--nproc-per-node");
+        assert_eq!(p.arg("4"), "4");
+        for secret in ["train.py", "/home/alice/train.py", "alice"] {
+            let redacted = p.arg(secret);
+            assert!(
+                redacted.starts_with("arg-") && !redacted.contains("alice"),
+                "{secret}"
+            );
+        }
+        // An option keeps its name, and its value what a lone argument would keep.
+        let data = p.arg("--data=/home/alice");
+        assert!(
+            data.starts_with("--data=arg-") && !data.contains("alice"),
+            "{data}"
+        );
+        assert_eq!(
+            p.arg("--object_store_memory=209715200"),
+            "--object_store_memory=209715200"
+        );
+        assert_eq!(
+            p.arg("--plasma_directory=/dev/shm"),
+            "--plasma_directory=/dev/shm"
+        );
+        // An executable keeps its program's name, not its directories.
+        let raylet = p.path("/home/alice/venv/ray/core/src/ray/raylet/raylet");
+        assert!(raylet.starts_with("/redacted/") && raylet.ends_with("/raylet"));
+        assert!(!raylet.contains("alice") && !raylet.contains("venv"));
     }
 
     #[test]

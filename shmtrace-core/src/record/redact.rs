@@ -2,10 +2,13 @@
 //! attach to a public bug report.
 //!
 //! Replaced by pseudonyms (see `pseudonym`): host names, container ids, names, images, labels
-//! and cgroup paths; command lines (exec arguments, snapshot argv); executables and every other
-//! path outside /dev/shm; process names other than generic ones (`python3`, `pt_data_worker`);
+//! and cgroup paths; the words of command lines (exec arguments, snapshot argv) other than
+//! program names, options and numbers; executables and every other path outside /dev/shm;
+//! process names other than programs' (`python3`, `pt_data_worker`, `postgres`); the names in
+//! a container's description (whose /dev/shm it shares, its compose project), not its words;
 //! free text. /dev/shm names keep their shape. Numbers (pids, sizes, addresses, times, inode
-//! numbers) are kept: they are what the diagnosis is made of.
+//! numbers) are kept: they are what the diagnosis is made of. What shmtrace itself wrote, and
+//! the names of programs, are no one's: redaction keeps them, and so the diagnosis.
 //!
 //! Kernel records are rewritten in place: decoded with the `shmtrace-common` layouts, their
 //! string fields replaced (and zero-filled to the end, so no stale bytes of the ring buffer
@@ -21,14 +24,14 @@ use shmtrace_common::{
 use zerocopy::FromBytes;
 
 use super::{
-    header::{ContainerDescription, TraceHeader, random_id},
+    header::{ContainerDescription, EXTRA_IPC, EXTRA_STARTED_BY, TraceHeader, random_id},
     pseudonym::Pseudonyms,
     reader::ReadError,
     set::TraceSet,
     user::{ProcessSnapshot, Record, UserRecord},
     writer::{TraceWriter, WriteError, WriteStats, WriterOptions, no_carry},
 };
-use crate::event::escape;
+use crate::{event::escape, model::StartedBy};
 
 #[derive(Debug, Default)]
 pub struct RedactStats {
@@ -190,7 +193,7 @@ impl Redactor {
             extra: c
                 .extra
                 .iter()
-                .map(|(k, v)| (k.clone(), redact_value(names, v)))
+                .map(|(k, v)| (k.clone(), redact_extra(names, k, v)))
                 .collect::<BTreeMap<_, _>>(),
         }
     }
@@ -386,6 +389,62 @@ fn label_key(names: &mut Pseudonyms, key: &str) -> String {
     }
 }
 
+/// A container field that travels in `extra`: whose /dev/shm it uses and what started it keep
+/// their words and lose the names in them; any other, every string inside.
+fn redact_extra(names: &mut Pseudonyms, key: &str, value: &ciborium::Value) -> ciborium::Value {
+    match (key, value) {
+        (EXTRA_IPC, ciborium::Value::Text(ipc)) => ciborium::Value::Text(redact_ipc(names, ipc)),
+        (EXTRA_STARTED_BY, value) => match value.deserialized::<StartedBy>() {
+            Ok(StartedBy::Compose { project, service }) => {
+                ciborium::Value::serialized(&StartedBy::Compose {
+                    project: names.label(&project),
+                    service: names.label(&service),
+                })
+                .unwrap_or(ciborium::Value::Null)
+            }
+            Ok(_) => value.clone(),
+            Err(_) => redact_value(names, value),
+        },
+        _ => redact_value(names, value),
+    }
+}
+
+/// Whose /dev/shm a container uses, in shmtrace's words (`private`, `the host's (--ipc=host)`,
+/// `shared with container db`): the words kept, a container's name or a sandbox's id
+/// replaced. Anything else is replaced whole.
+fn redact_ipc(names: &mut Pseudonyms, ipc: &str) -> String {
+    const WORDS: &[&str] = &[
+        "private",
+        "shareable",
+        "the",
+        "host's",
+        "ipc",
+        "host",
+        "none",
+        "unknown",
+    ];
+    if let Some(other) = ipc.strip_prefix("shared with container ") {
+        return format!("shared with container {}", names.container_name(other));
+    }
+    if let Some(sandbox) = ipc
+        .strip_prefix("shared by the pod (sandbox ")
+        .and_then(|rest| rest.strip_suffix(')'))
+    {
+        return format!(
+            "shared by the pod (sandbox {})",
+            names.container_id(sandbox)
+        );
+    }
+    let only_words = ipc
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '\''))
+        .all(|word| word.is_empty() || WORDS.contains(&word));
+    if only_words {
+        ipc.to_owned()
+    } else {
+        names.text(ipc)
+    }
+}
+
 /// Container fields this version has no name for: every string inside is replaced.
 fn redact_value(names: &mut Pseudonyms, value: &ciborium::Value) -> ciborium::Value {
     use ciborium::Value;
@@ -401,5 +460,48 @@ fn redact_value(names: &mut Pseudonyms, value: &ciborium::Value) -> ciborium::Va
         ),
         Value::Tag(tag, inner) => Value::Tag(*tag, Box::new(redact_value(names, inner))),
         other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// shmtrace's own words stay; the names in them go.
+    #[test]
+    fn a_containers_ipc_and_start_keep_their_words() {
+        let mut names = Pseudonyms::with_key([6; 32]);
+        for words in [
+            "private",
+            "private (shareable)",
+            "the host's (--ipc=host)",
+            "none (--ipc=none)",
+        ] {
+            assert_eq!(redact_ipc(&mut names, words), words);
+        }
+        let shared = redact_ipc(&mut names, "shared with container acme-db");
+        assert!(
+            shared.starts_with("shared with container container-"),
+            "{shared}"
+        );
+        assert!(!shared.contains("acme"));
+        let pod = redact_ipc(&mut names, "shared by the pod (sandbox 0123456789ab)");
+        assert!(pod.starts_with("shared by the pod (sandbox ") && !pod.contains("0123456789ab"));
+        assert!(redact_ipc(&mut names, "something about acme").starts_with("redacted-"));
+
+        let compose = ciborium::Value::serialized(&StartedBy::Compose {
+            project: "acme".into(),
+            service: "trainer".into(),
+        })
+        .unwrap();
+        let redacted: StartedBy = redact_extra(&mut names, EXTRA_STARTED_BY, &compose)
+            .deserialized()
+            .unwrap();
+        let StartedBy::Compose { project, service } = redacted else {
+            panic!("{redacted:?}");
+        };
+        assert!(project.starts_with("label-") && service.starts_with("label-"));
+        let run = ciborium::Value::serialized(&StartedBy::DockerRun).unwrap();
+        assert_eq!(redact_extra(&mut names, EXTRA_STARTED_BY, &run), run);
     }
 }

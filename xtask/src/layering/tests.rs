@@ -229,3 +229,34 @@ fn a_planted_circle_fails() {
     fs::remove_dir_all(&dir).unwrap();
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// docs/architecture.md's table of layers is `CRATES`, row by row.
+#[test]
+fn the_architecture_doc_shows_these_layers() {
+    let text = fs::read_to_string(crate::root().join("docs/architecture.md")).unwrap();
+    let spans = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    let rows: Vec<Vec<String>> = text
+        .lines()
+        .skip_while(|line| !line.starts_with("| layer |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| line.split('|').map(str::to_owned).collect())
+        .collect();
+    let [core, binary] = &CRATES;
+    assert_eq!(rows.len(), core.layers.len(), "{rows:?}");
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(spans(&row[2]), core.layers[i], "row {}", i + 1);
+        // The binary's bottom layer is the whole core, another crate.
+        let expected: &[&str] = match i {
+            0 => &[],
+            i => binary.layers.get(i - 1).copied().unwrap_or(&[]),
+        };
+        assert_eq!(spans(&row[3]), expected, "row {}", i + 1);
+    }
+}

@@ -1,0 +1,79 @@
+//! The lists README.md and docs/ keep of what the code holds, checked against the code: a list
+//! that can drift is one that is tested. No root, no containers: the files and the crates.
+//! (xtask's own lists, the kernel matrix and the benchmark's targets, are checked by xtask's
+//! tests.)
+use std::{collections::BTreeSet, fs, path::Path};
+
+use shmtrace_common::{Syscall, TracedAt};
+
+fn read(relative: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The `code` spans of `text`.
+fn code_spans(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// The README's list item that starts with `start`, through its last line.
+fn item<'a>(text: &'a str, start: &str) -> &'a str {
+    let at = text
+        .find(start)
+        .unwrap_or_else(|| panic!("no item starting {start:?}"));
+    let rest = &text[at..];
+    let end = rest[2..]
+        .find("\n  - ")
+        .or_else(|| rest.find("\n\n"))
+        .map_or(rest.len(), |end| end + 2);
+    &rest[..end]
+}
+
+/// README's "How it works" names every traced call once, under where it is traced, and the
+/// count: what `Syscall::ALL` and `Syscall::traced_at` say.
+#[test]
+fn the_readme_names_each_traced_call_where_it_is_traced() {
+    let readme = read("README.md");
+    let names: BTreeSet<&str> = Syscall::ALL.iter().map(|call| call.name()).collect();
+    let listed = |start: &str| -> BTreeSet<String> {
+        code_spans(item(&readme, start))
+            .into_iter()
+            .filter(|span| names.contains(span))
+            .map(str::to_owned)
+            .collect()
+    };
+    let of = |at: TracedAt| -> BTreeSet<String> {
+        Syscall::ALL
+            .iter()
+            .filter(|call| call.traced_at() == at)
+            .map(|call| call.name().to_owned())
+            .collect()
+    };
+    assert_eq!(listed("  - at both ends"), of(TracedAt::BothEnds));
+    assert_eq!(listed("  - at their exit only"), of(TracedAt::Exit));
+    assert_eq!(listed("  - at its entry only"), of(TracedAt::Entry));
+    let count = format!("tracepoints of\n  {} calls", Syscall::ALL.len());
+    assert!(readme.contains(&count), "README.md should say {count:?}");
+}
+
+/// docs/json.md's `event` field names every call a record can be of.
+#[test]
+fn the_json_schema_names_every_traced_call() {
+    let json = read("docs/json.md");
+    let row = json
+        .lines()
+        .find(|line| line.starts_with("| `event` |"))
+        .expect("docs/json.md has the `event` row");
+    let spans: BTreeSet<&str> = code_spans(row).into_iter().collect();
+    let missing: Vec<&str> = Syscall::ALL
+        .iter()
+        .map(|call| call.name())
+        .filter(|name| !spans.contains(name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/json.md's `event` lacks {missing:?}"
+    );
+}
