@@ -22,7 +22,8 @@
 //!   `bystanders` (what host-wide tracing costs calls that do not concern /dev/shm),
 //!   `beside_storms` (tracers beside fork storms), `startup` (start-up and teardown),
 //!   `replay` (replay throughput and `report`'s scaling), `daemon_idle` (an idle daemon's
-//!   CPU);
+//!   CPU), `import_torch` (a Python start-up importing torch, untraced, under the ptrace source
+//!   and under `strace -f`);
 //! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
 //!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
 //!   load), `neighbours` (other BPF users on the machine, which would skew the results),

@@ -214,6 +214,7 @@ pub const PTRACE_CHURN: Target = Target {
     bound: "≤ 1.3× untraced",
     side: Side::AtMost,
     limit: 1.3,
+    how: "`shmtrace --backend ptrace -o FILE` running the churn, median of round-by-round ratios to untraced over the timed rounds of the 256 KiB case (`--only-ptrace`, or a full run)",
 };
 /// Its overhead (ratio − 1) against `strace -f`'s on the same work.
 pub const PTRACE_AGAINST_STRACE: Target = Target {
@@ -221,6 +222,7 @@ pub const PTRACE_AGAINST_STRACE: Target = Target {
     bound: "≤ 0.5× strace -f's",
     side: Side::AtMost,
     limit: 0.5,
+    how: "(ptrace − 1) against (`strace -f -o /dev/null` − 1), each the median of its round-by-round ratios to untraced, in the same rounds",
 };
 /// From `shmtrace --backend ptrace`'s start to the traced command's first instruction (median).
 pub const PTRACE_STARTUP: Target = Target {
@@ -228,6 +230,7 @@ pub const PTRACE_STARTUP: Target = Target {
     bound: "≤ 100 ms",
     side: Side::AtMost,
     limit: 100.0,
+    how: "from starting `shmtrace --backend ptrace -o /dev/null -- xtask stamp` to the monotonic clock the stamp prints first thing, median of 15 runs back to back",
 };
 
 /// Every target, in the order docs/BENCHMARKS.md lists them.
