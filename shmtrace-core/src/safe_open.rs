@@ -123,11 +123,12 @@ pub enum OpenError {
          nothing was written: try again, or choose a directory only you can write"
     )]
     Raced { path: PathBuf },
-    #[error("cannot {what} {path}: {source}")]
+    /// The reason is in the message, not a source of its own: shown once.
+    #[error("cannot {what} {path}: {error}{}", hint(what, error))]
     Io {
         what: &'static str,
         path: PathBuf,
-        source: io::Error,
+        error: io::Error,
     },
 }
 
@@ -166,13 +167,13 @@ pub fn create(path: &Path, options: &OpenOptions) -> Result<File, OpenError> {
             .map_err(|source| OpenError::Io {
                 what: "open",
                 path: path.to_path_buf(),
-                source,
+                error: source,
             });
     }
     let io = |what, source| OpenError::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        error: source,
     };
     let before = match std::fs::symlink_metadata(path) {
         Ok(metadata) => {
@@ -272,14 +273,24 @@ impl Replacement {
         getrandom(&mut random).map_err(|source| OpenError::Io {
             what: "pick a temporary name next to",
             path: path.to_path_buf(),
-            source,
+            error: source,
         })?;
         let temp = path.with_file_name(format!(
             ".{}.{:016x}.tmp",
             name.to_string_lossy(),
             u64::from_ne_bytes(random)
         ));
-        let file = create(&temp, &OpenOptions::new().create_new())?;
+        // Its failure is said of the file asked for: the temporary name means nothing to
+        // whoever typed the path.
+        let file =
+            create(&temp, &OpenOptions::new().create_new()).map_err(|error| match error {
+                OpenError::Io { what, error, .. } => OpenError::Io {
+                    what,
+                    path: path.to_path_buf(),
+                    error,
+                },
+                other => other,
+            })?;
         Ok(Replacement {
             file: Some(file),
             temp,
@@ -308,7 +319,7 @@ impl Replacement {
         let io = |what, source| OpenError::Io {
             what,
             path: self.path.clone(),
-            source,
+            error: source,
         };
         file.sync_all().map_err(|e| io("write", e))?;
         drop(file);
@@ -338,7 +349,7 @@ fn check_target(path: &Path, options: &OpenOptions) -> Result<(), OpenError> {
         Err(source) => Err(OpenError::Io {
             what: "look at",
             path: path.to_path_buf(),
-            source,
+            error: source,
         }),
     }
 }
@@ -423,7 +434,7 @@ fn dup_stdio(path: &Path, fd: i32) -> Result<File, OpenError> {
         .map_err(|source| OpenError::Io {
             what: "write to",
             path: path.to_path_buf(),
-            source,
+            error: source,
         })
 }
 
@@ -455,7 +466,7 @@ fn lock(file: &File, path: &Path) -> Result<(), OpenError> {
         Err(OpenError::Io {
             what: "lock",
             path: path.to_path_buf(),
-            source: error,
+            error,
         })
     }
 }
@@ -473,3 +484,12 @@ fn getrandom(buf: &mut [u8]) -> io::Result<()> {
 #[cfg(test)]
 #[path = "safe_open_tests.rs"]
 mod tests;
+
+/// What to check after a failure that says too little on its own.
+fn hint(what: &str, error: &io::Error) -> &'static str {
+    match (what, error.kind()) {
+        ("create", io::ErrorKind::NotFound) => " (its directory does not exist)",
+        ("create", io::ErrorKind::PermissionDenied) => " (its directory is not writable)",
+        _ => "",
+    }
+}

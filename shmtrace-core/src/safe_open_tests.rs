@@ -170,7 +170,7 @@ fn create_new_refuses_what_exists() {
     let missing = dir.path("no-such-dir/t");
     let error = create(&missing, &OpenOptions::new()).unwrap_err();
     assert!(
-        matches!(&error, OpenError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound),
+        matches!(&error, OpenError::Io { error: source, .. } if source.kind() == io::ErrorKind::NotFound),
         "{error}"
     );
 }

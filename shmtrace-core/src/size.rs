@@ -21,6 +21,8 @@ pub fn count(n: impl Into<u64>, thing: &str) -> String {
     let n = n.into();
     if n == 1 {
         format!("1 {thing}")
+    } else if thing.ends_with('s') || thing.ends_with('x') || thing.ends_with("ch") {
+        format!("{n} {thing}es")
     } else {
         format!("{n} {thing}s")
     }

@@ -6,6 +6,51 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::diagnose::RoleKind;
 
+/// Parses the command line as [`Cli::parse`] does, and exits the same way on an error; a
+/// misspelt subcommand (`shmtrace reprot`) gets the subcommand it resembles, which clap does
+/// not offer here (anything may follow as the command to trace). `--help` starts with which
+/// source a trace would use here.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let parsed = Cli::command()
+        .before_help(crate::mode_here())
+        .try_get_matches_from(&args)
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    match parsed {
+        Ok(cli) => cli,
+        Err(error) => {
+            if error.kind() == clap::error::ErrorKind::UnknownArgument
+                && let Some(word) = args.get(1).and_then(|a| a.to_str())
+                && let Some(near) = similar_subcommand(word)
+            {
+                eprintln!(
+                    "shmtrace: error: no command {word:?}; did you mean `shmtrace {near}`? \
+                     (a program to trace goes after --: shmtrace -- {word} ...)"
+                );
+                std::process::exit(2);
+            }
+            error.exit()
+        }
+    }
+}
+
+/// The visible subcommand `word` is a slip of (at most two letters off), if any.
+fn similar_subcommand(word: &str) -> Option<String> {
+    use clap::CommandFactory;
+    if word.starts_with('-') {
+        return None;
+    }
+    Cli::command()
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_owned())
+        .map(|name| (strsim::damerau_levenshtein(word, &name), name))
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map(|(_, name)| name)
+}
+
 /// Explain why programs in containers run out of shared memory.
 ///
 /// shmtrace follows every /dev/shm object a process creates, sizes, maps and removes (and System
@@ -15,11 +60,13 @@ use crate::diagnose::RoleKind;
 /// what /dev/shm size to set.
 ///
 /// Examples:
+///   sudo shmtrace --container trainer       every process of a container, by name
 ///   sudo shmtrace -- python train.py        trace a command and its children
 ///   sudo shmtrace --pid 4242                trace a running process tree
 ///   sudo shmtrace --all --failed            every /dev/shm failure on the host
-///   sudo shmtrace record -o t.shmtrace -- python train.py     record, then:
+///   sudo shmtrace record -o t.shmtrace --container trainer    record, then:
 ///   shmtrace report t.shmtrace              the diagnosis, from the file
+///   sudo shmtrace size --container trainer  the /dev/shm size it needs, measured
 ///   sudo shmtrace demo                      see it explain a real failure, no setup needed
 #[derive(Parser, Debug)]
 #[command(name = "shmtrace", version, verbatim_doc_comment)]
@@ -40,7 +87,8 @@ pub enum Command {
     /// Record a trace to a file, to look at later or attach to a bug report.
     ///
     /// Takes the same target options as live tracing. Prints diagnoses as they happen and a
-    /// summary at the end; the file holds every event. Writing is crash-safe: if shmtrace is
+    /// summary at the end; the file holds every event; on a terminal, a status line (events,
+    /// /dev/shm use, peak so far) shows it recording. Writing is crash-safe: if shmtrace is
     /// killed, everything up to the last flush (at most 100 ms earlier) reads back.
     Record(RecordArgs),
     /// Print the diagnosis and summary of a recorded trace.
@@ -57,8 +105,11 @@ pub enum Command {
     ///
     /// Exit status: the command's (130 after Ctrl-C without one). With --budget it is a CI
     /// gate, and the status is the verdict, never the command's: 0 fits, 3 does not fit,
-    /// 4 fits but the command failed; the command's own status is printed (`command` line,
+    /// 4 fits but the command failed, 5 not measured (processes failed for lack of /dev/shm:
+    /// the peak is what fitted); the command's own status is printed (`command` line,
     /// `command.exit_code` and `command.signal` with --json).
+    ///
+    /// On a terminal, a status line (events, /dev/shm use, peak so far) shows it is measuring.
     ///
     /// Examples:
     ///   sudo shmtrace size -- python train.py
@@ -110,6 +161,13 @@ pub enum Command {
 /// What to trace.
 #[derive(Args, Debug, Default, Clone)]
 pub struct TargetArgs {
+    /// Trace every process of these containers, by exact name: those running now, those
+    /// started later (docker exec), and their children, following restarts. Docker, Podman,
+    /// containerd and CRI-O are asked; with none answering, /proc is scanned. Repeat the flag
+    /// or separate names with commas.
+    #[arg(short, long, value_name = "NAME", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
+    pub container: Vec<String>,
+
     /// Trace running processes (and their descendants, present and future).
     /// Repeat the flag or separate pids with commas.
     #[arg(short, long, value_name = "PID", value_delimiter = ',')]
@@ -118,13 +176,6 @@ pub struct TargetArgs {
     /// Trace /dev/shm use by every process on the host, each labelled with its container.
     #[arg(short, long, conflicts_with = "pid")]
     pub all: bool,
-
-    /// Trace every process of these containers, by exact name: those running now, those
-    /// started later (docker exec), and their children, following restarts. Docker, Podman,
-    /// containerd and CRI-O are asked; with none answering, /proc is scanned. Repeat the flag
-    /// or separate names with commas.
-    #[arg(short, long, value_name = "NAME", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
-    pub container: Vec<String>,
 
     /// Like --container, by container id or a unique prefix of it.
     #[arg(long, value_name = "ID", value_delimiter = ',', conflicts_with_all = ["pid", "all"])]
@@ -199,6 +250,13 @@ pub struct OutputArgs {
     /// When to use colour.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub color: ColorWhen,
+
+    /// Show every event: also POSIX semaphores (/dev/shm/sem.*, a page each) and processes
+    /// that touched no /dev/shm object, failed nothing and started none that did (a shell's
+    /// sleep, a compiler Python runs to find a library). Without it, each of the two is one
+    /// line of the summary. JSON output always has every event.
+    #[arg(long)]
+    pub show_all: bool,
 
     /// Also print shmtrace's own diagnostics.
     #[arg(short, long)]
@@ -291,7 +349,8 @@ pub struct SizeArgs {
 pub struct SizeOptions {
     /// Fail (exit status 3) when the peak plus headroom, rounded as advised, is bigger than
     /// SIZE: 512m, 1g, 1Gi, 67108864. Then the exit status is the verdict: 0 fits, 3 does not
-    /// fit, 4 fits but the traced command failed (its status is printed).
+    /// fit, 4 fits but the traced command failed (its status is printed), 5 not measured:
+    /// processes ran out of /dev/shm, so the peak is only what fitted.
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     pub budget: Option<u64>,
 }
@@ -407,6 +466,11 @@ pub struct ReportArgs {
     /// instants, /dev/shm use as counters.
     #[arg(long, value_name = "FILE", conflicts_with = "redact")]
     pub perfetto: Option<PathBuf>,
+
+    /// With --html or --perfetto: draw POSIX semaphores (/dev/shm/sem.*, a page each) too;
+    /// without it their holds are counted, not drawn.
+    #[arg(long)]
+    pub show_all: bool,
 
     /// When to use colour.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
@@ -559,6 +623,15 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_misspelt_subcommand_is_named() {
+        assert_eq!(similar_subcommand("reprot").as_deref(), Some("report"));
+        assert_eq!(similar_subcommand("szie").as_deref(), Some("size"));
+        assert_eq!(similar_subcommand("python"), None);
+        assert_eq!(similar_subcommand("--reprot"), None);
+        assert!(Cli::try_parse_from(["shmtrace", "reprot", "t.shmtrace"]).is_err());
     }
 
     #[test]

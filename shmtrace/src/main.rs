@@ -1,19 +1,10 @@
 //! The `shmtrace` command; everything it does is in the library (`lib.rs`).
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
-use shmtrace::cli::Cli;
+use shmtrace::cli;
 
 fn main() -> ExitCode {
-    // `--help` starts with which source a trace would use here.
-    let matches = Cli::command()
-        .before_help(shmtrace::mode_here())
-        .get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(error) => error.exit(),
-    };
-    match shmtrace::run(cli) {
+    match shmtrace::run(cli::parse()) {
         Ok(code) => code,
         // The reader of the output went away (`| head -1`): end quietly, with the status of
         // a tool killed by SIGPIPE, as other command-line tools do.

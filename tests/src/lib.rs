@@ -15,6 +15,7 @@ pub mod pytorch;
 pub mod ray;
 pub mod recording;
 pub mod runtimes;
+pub mod shared_shm;
 pub mod sizing;
 pub mod unprivileged;
 pub mod venv;

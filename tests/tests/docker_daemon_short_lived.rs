@@ -98,15 +98,23 @@ fn a_failure_in_a_containers_first_moments_is_named_by_its_container_in_the_json
     docker::require_docker();
     let _serial = serial();
     let daemon = Daemon::start(&["--interval", "1s"]);
-    // Fails at once, before any survey can have seen it, and stays up so that one does.
+    // Fails at once, before any survey can have seen it, removes what it wrote (so that no
+    // survey sees /dev/shm full), and stays up so that one sees it.
     let failing = Container::run(
         "daemon-young-fail",
         &["--shm-size", "1m"],
-        "dd if=/dev/zero of=/dev/shm/fill bs=2M count=1; sleep 600",
+        "dd if=/dev/zero of=/dev/shm/fill bs=2M count=1; rm /dev/shm/fill; sleep 600",
     );
     let name = failing.name.clone();
     daemon.wait_for_metric(Duration::from_secs(30), |l| {
         l.starts_with("shmtrace_shm_failures_total") && l.contains(&format!("\"{name}\""))
+    });
+    // Its /dev/shm was full at the failure, as the diagnosis says: the peak says so too, not
+    // the 0 B every survey measured (issue 33).
+    daemon.wait_for_metric(Duration::from_secs(10), |l| {
+        l.starts_with("shmtrace_shm_peak_bytes")
+            && l.contains(&format!("\"{name}\""))
+            && l.ends_with(" 1048576")
     });
     drop(failing);
     let (_, lines, stderr) = daemon.stop();

@@ -246,7 +246,14 @@ fn clear_errors() {
 
     let (code, text) = error_of(&[]);
     assert_eq!(code, Some(1));
-    assert!(text.contains("nothing to trace"), "{text}");
+    assert!(
+        text.contains("nothing to trace: give --container NAME, a command after --"),
+        "{text}"
+    );
+
+    let (code, text) = error_of(&["reprot", "t.shmtrace"]);
+    assert_eq!(code, Some(2));
+    assert!(text.contains("did you mean `shmtrace report`?"), "{text}");
 
     // With the probes asked for: by default a kernel they cannot load on falls back to ptrace.
     let (code, text) = error_of(&[
@@ -267,12 +274,30 @@ fn clear_errors() {
     assert_eq!(code, Some(1));
     assert!(text.contains("power of two"), "{text}");
 
+    // Every I/O error names the file and what failed, once.
     let (code, text) = error_of(&["-o", "/no/such/dir/trace.txt", "--", "true"]);
     assert_eq!(code, Some(1));
     assert!(
-        text.contains("cannot write the output to /no/such/dir/trace.txt"),
+        text.contains(
+            "cannot write the output (-o): cannot create /no/such/dir/trace.txt: No such file or \
+             directory (os error 2) (its directory does not exist)"
+        ),
         "{text}"
     );
+    assert_eq!(text.matches("os error").count(), 1, "{text}");
+    let (code, text) = error_of(&["-o", "/proc/self/status", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        text.contains("writing /proc/self/status: Invalid argument"),
+        "{text}"
+    );
+    let (code, text) = error_of(&["report", "/no/such/trace.shmtrace"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        text.contains("cannot open /no/such/trace.shmtrace: no such file"),
+        "{text}"
+    );
+    assert!(!text.contains("byte offset"), "{text}");
 }
 
 #[test]
@@ -413,6 +438,94 @@ fn the_demo_explains_both_failures_and_leaves_nothing_behind() {
         !mounts.contains("shmtrace-demo"),
         "the demo left its tmpfs mounted: {mounts}"
     );
+    readme_sample_is_what_the_demo_prints(&text);
+}
+
+/// The README's sample output is a real run of the demo: each of its lines, but for the times,
+/// pids and addresses that differ from run to run, is a line the demo printed now, in order.
+fn readme_sample_is_what_the_demo_prints(text: &str) {
+    // Built in: a guest of the kernel matrix has the test binary, not the checkout.
+    let readme = include_str!("../../README.md");
+    let sample = readme
+        .split("## Sample output")
+        .nth(1)
+        .and_then(|rest| rest.split("```text\n").nth(1))
+        .and_then(|block| block.split("```").next())
+        .expect("README.md has a ## Sample output with a ```text block");
+    let printed: Vec<String> = text.lines().map(run_independent).collect();
+    let mut from = 0;
+    for line in sample.lines() {
+        if line.starts_with("$ ") || line.trim() == "..." {
+            continue;
+        }
+        let wanted = run_independent(line);
+        match printed[from..].iter().position(|p| *p == wanted) {
+            Some(at) => from += at + 1,
+            None => panic!(
+                "README.md's sample output has a line the demo no longer prints (or not in this \
+                 order): update the sample from a real run of the demo\n  README: {line}\n\
+                 demo printed:\n{text}"
+            ),
+        }
+    }
+}
+
+/// A line of the demo's output without what changes from run to run: the time and pid
+/// columns, pids, the pids and counters in PyTorch's file names, addresses, and where the
+/// binary is.
+fn run_independent(line: &str) -> String {
+    // The totals (`46 events in 1.0s from 6 processes; ...`) vary with the kernel and the
+    // machine's speed: their figures do not count.
+    if line.starts_with("shmtrace: ") && line.contains(" in ") && line.contains(" from ") {
+        return line
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '#' } else { c })
+            .collect();
+    }
+    let mut words: Vec<String> = Vec::new();
+    let mut previous = "";
+    // Columns are padded to the pids' widths: spaces do not count.
+    for (i, word) in line.split_whitespace().enumerate() {
+        let digits = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
+        let is_time = word.len() == 15 && word.as_bytes().get(2) == Some(&b':');
+        let new = if i == 0 && is_time {
+            "TIME".to_owned()
+        } else if (digits(word) && previous == "TIME") || previous == "pid" || previous == "(pid" {
+            // The pid column (right-aligned after the time), and `pid N`.
+            word.trim_start_matches(|c: char| c.is_ascii_digit())
+                .to_owned()
+                + "PID"
+        } else if word.ends_with("/shmtrace") {
+            "SHMTRACE".to_owned()
+        } else if word.ends_with('s')
+            && word.len() > 1
+            && word[..word.len() - 1].parse::<f64>().is_ok()
+        {
+            "SECONDS".to_owned() // the summary's `in 1.0s`
+        } else {
+            word.to_owned()
+        };
+        previous = if new == "TIME" { "TIME" } else { word };
+        words.push(new);
+    }
+    let mut line = words.join(" ");
+    // torch_<pid>_<counter>_<index>: keep the index.
+    while let Some(at) = line.find("torch_") {
+        let rest = &line[at + "torch_".len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '_'))
+            .unwrap_or(rest.len());
+        let index = rest[..end].rsplit('_').next().unwrap_or("").to_owned();
+        line = format!("{}TORCH#{index}{}", &line[..at], &rest[end..]);
+    }
+    while let Some(at) = line.find("0x") {
+        let rest = &line[at + 2..];
+        let end = rest
+            .find(|c: char| !c.is_ascii_hexdigit())
+            .unwrap_or(rest.len());
+        line = format!("{}ADDR{}", &line[..at], &rest[end..]);
+    }
+    line
 }
 
 /// The leak check after the worst ending: SIGKILL gives shmtrace no chance to detach, and the

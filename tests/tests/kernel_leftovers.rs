@@ -74,7 +74,7 @@ fn a_truncated_leftover_holds_nothing_and_a_written_one_its_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!text.contains("/dev/shm/sized (16.0 MiB"), "{text}");
     assert!(
-        text.contains("1 objects still hold memory")
+        text.contains("1 object still holds memory")
             && text.contains("/dev/shm/written (512.0 KiB, still in /dev/shm)"),
         "{text}"
     );

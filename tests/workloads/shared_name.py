@@ -5,6 +5,7 @@ reader attaches by name with SharedMemory(name=...). When something removed the 
 between (a clean-up script, `rm`), the attach fails with FileNotFoundError and this exits 2.
 
     python3 shared_name.py --name job_buf --wait 1 [--remove-with-rm]
+    python3 shared_name.py --attach-after /sync/removed   (when a clean-up elsewhere is done)
 """
 
 import argparse
@@ -32,6 +33,8 @@ def main():
     p.add_argument("--wait", type=float, default=1.0)
     p.add_argument("--remove-with-rm", action="store_true",
                    help="another process of the job removes the name while the owner holds it")
+    p.add_argument("--attach-after", metavar="FILE",
+                   help="attach once FILE exists (up to a minute) instead of after --wait")
     args = p.parse_args()
     ready, done = mp.Event(), mp.Event()
     held = mp.Process(target=owner, args=(args.name, args.size, ready, done))
@@ -39,7 +42,12 @@ def main():
     ready.wait()
     if args.remove_with_rm:
         subprocess.run(["rm", "-f", f"/dev/shm/{args.name}"], check=True)
-    time.sleep(args.wait)
+    if args.attach_after:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(args.attach_after) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        time.sleep(args.wait)
     try:
         shm = shared_memory.SharedMemory(name=args.name)
     except FileNotFoundError as e:

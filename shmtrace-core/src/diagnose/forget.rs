@@ -113,6 +113,8 @@ impl Diagnoser {
             };
             self.group_peak.retain(|group, _| keep(group));
             self.forgotten.retain(|group, _| keep(group));
+            let peaks = &self.group_peak;
+            self.group_devs.retain(|group, _| peaks.contains_key(group));
             self.evicted_groups += dropped.len() as u64;
         }
     }

@@ -72,5 +72,33 @@ impl Diagnoser {
     }
 }
 
+/// When the burst of processes that `pid` belongs to began: it and its siblings (children of
+/// its parent) whose lives overlap, one after another, back from it. Eight writers started
+/// together by one shell are one job even when the first has finished before the last began,
+/// on a loaded machine, as long as each began while another still ran; a step the shell ran
+/// after the previous one ended is not of it. Asked rarely (a write-grown file failing beside
+/// files of finished processes): it scans the processes.
+pub(super) fn burst_began(pid: u32, world: &World) -> u64 {
+    let Some(process) = world.process(pid) else {
+        return 0;
+    };
+    let mut began = process.first_seen_ns;
+    let Some(parent) = process.parent else {
+        return began;
+    };
+    let mut siblings: Vec<(u64, u64)> = world
+        .processes()
+        .filter(|p| p.parent == Some(parent) && p.pid != pid && p.first_seen_ns <= began)
+        .map(|p| (p.first_seen_ns, p.exit_ns.unwrap_or(u64::MAX)))
+        .collect();
+    siblings.sort_unstable_by(|a, b| b.cmp(a));
+    for (started, ended) in siblings {
+        if ended >= began {
+            began = began.min(started);
+        }
+    }
+    began
+}
+
 /// The files grown by write, per /dev/shm.
 pub(super) type GrownFiles = crate::model::FastMap<u32, crate::model::FastMap<InodeId, Grown>>;

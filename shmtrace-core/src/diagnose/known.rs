@@ -249,6 +249,12 @@ pub fn same_setting(a: &str, b: &str) -> bool {
     settings(b).iter().any(|w| in_a.contains(w))
 }
 
+/// A POSIX semaphore (`sem_open`'s `/dev/shm/sem.NAME`): a page, never what fills /dev/shm
+/// unless making it fails.
+pub fn is_posix_semaphore(path: &str) -> bool {
+    super::base_name(path).starts_with("sem.")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

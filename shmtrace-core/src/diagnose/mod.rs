@@ -48,7 +48,7 @@ pub use known::KnownUser;
 pub use leftovers::Leftovers;
 pub use others::{OtherFile, OtherHolder, Others, Sharer};
 pub use recommend::{
-    DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
+    Burst, DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
 };
 pub use role::{Role, RoleKind, Roles};
 pub use table::RoleStats;
@@ -93,6 +93,9 @@ pub struct Diagnosis {
     pub capacity: Option<Capacity>,
     pub usage: Option<ShmUsage>,
     pub workers_allocating: u32,
+    /// The requests refused on that /dev/shm within a second of the decisive failure, this
+    /// one's included: what the processes asked at once.
+    pub burst: recommend::Burst,
     pub recommendation: Option<Recommendation>,
     /// When /dev/shm ran out of files rather than bytes: the file count to give it.
     pub files: Option<FileCountAdvice>,
@@ -151,7 +154,9 @@ pub struct Diagnoser {
     /// once), and the most bytes the group held at once.
     held: FastMap<u32, (FastSet<InodeId>, (String, RoleKind))>,
     group_now: FastMap<(String, RoleKind), FastMap<InodeId, u32>>,
-    group_peak: FastMap<(String, RoleKind), u64>,
+    group_peak: FastMap<(String, RoleKind), (u64, u64)>,
+    /// The /dev/shm file systems each group's objects were on.
+    group_devs: FastMap<(String, RoleKind), FastSet<u32>>,
     /// Processes the model forgot, counted per group for the closing table.
     forgotten: HashMap<(String, RoleKind), table::RoleStats>,
     /// Failures and deaths per process.
@@ -184,8 +189,10 @@ pub struct Diagnoser {
     shm_devs: FastMap<u32, u32>,
     /// Per /dev/shm, creates refused for want of inodes so far.
     inode_refusals: FastMap<u32, u64>,
-    /// Per thread, its latest call if it failed ([`fallback`]).
+    /// Per thread, its latest call if it failed, and its huge-page requests refused that no
+    /// ordinary request followed yet ([`fallback`]).
     last_failed: FastMap<u32, fallback::LastFailed>,
+    huge_refused: FastMap<u32, Vec<fallback::LastFailed>>,
     /// Processes that a termination request (SIGINT, SIGTERM, SIGHUP) from another reached:
     /// what they saw of /dev/shm's free space did not end them.
     interrupted: FastSet<u32>,
@@ -373,7 +380,9 @@ impl Diagnoser {
             }
             let group = self.group(event.pid, event.mntns);
             self.held_to(event.pid, FastSet::default(), group, world);
-            if !status.success() {
+            // A death the table counts: not the status of a process that never touched
+            // shared memory (a compiler probing for a library), nor an end another asked for.
+            if note.is_failure(event) {
                 self.outcomes.entry(event.pid).or_default().1 = true;
             } else if self
                 .grown
@@ -389,7 +398,7 @@ impl Diagnoser {
             self.looks.remove(&event.pid);
             self.interrupted.remove(&event.pid);
             self.went_ahead.remove(&event.pid);
-            self.last_failed.remove(&event.tid);
+            self.forget_fallbacks(event.pid, event.tid);
         }
         out
     }

@@ -99,6 +99,12 @@ const DECIDED_WITHIN_NS: u64 = 10_000_000_000;
 /// below a quarter of the file system.
 const SMALL_FREE: u64 = 1 << 30;
 
+/// The statuses a program exits with when a handler of SIGHUP, SIGINT (Ctrl-C) or SIGTERM
+/// (docker stop, a runtime's stop) ends it, 128 + the signal's number, as shells report such a
+/// death: stopped, not quitting. The probes report no signal that a handler catches, so the
+/// status is what tells.
+const STOPPED_STATUSES: [i32; 3] = [128 + libc::SIGHUP, 128 + libc::SIGINT, 128 + libc::SIGTERM];
+
 /// Whether a program's decisions need its whole command line, when an exec record holds only
 /// the start of it: the pipeline then reads it from /proc (and records it).
 pub fn needs_whole_command_line(filename: &str) -> bool {
@@ -124,8 +130,9 @@ impl Diagnoser {
 
     /// A process that looked at /dev/shm's free space and then ended unsuccessfully, with no
     /// failure of its own: what it saw is the likely reason. What it needed is not in any call.
-    /// Only when it ended on its own (an exit status, no termination request reached it), soon
-    /// after looking, and what it saw was small: a look is no decision to quit.
+    /// Only when it ended on its own (an exit status, not one of a stop, no termination request
+    /// reached it), soon after looking, and what it saw was small: a look is no decision to
+    /// quit.
     pub(super) fn refused_after_look(
         &self,
         event: &Event,
@@ -133,7 +140,8 @@ impl Diagnoser {
         ending: &str,
     ) -> Option<Failure> {
         let look = self.looks.get(&event.pid)?;
-        let on_its_own = matches!(status, ExitStatus::Code(code) if code != 0)
+        let on_its_own = matches!(status, ExitStatus::Code(code)
+                if code != 0 && !STOPPED_STATUSES.contains(&code))
             && !self.interrupted.contains(&event.pid)
             && !self.went_ahead.contains(&event.pid);
         let soon = event.ts_ns.saturating_sub(look.ts_ns) <= DECIDED_WITHIN_NS;

@@ -1,5 +1,6 @@
-//! The closing table: per place and role, how many processes, the most bytes they held in
-//! /dev/shm at once (an object several of them hold counts once), their failures and deaths.
+//! The closing table: per place and role, how many processes, the most they held in /dev/shm
+//! at once (an object several of them hold counts once), in pages and in the objects' sizes,
+//! their failures and deaths.
 use std::collections::BTreeMap;
 
 use super::{Diagnoser, RoleKind};
@@ -12,8 +13,15 @@ use crate::{
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoleStats {
     pub processes: u64,
-    /// Most bytes the role's processes held in /dev/shm at once.
+    /// The most the role's processes held in /dev/shm at once, counting each object by its
+    /// size (what it takes once written), written or not.
     pub peak_bytes: u64,
+    /// The most pages they held at once (an object mapped since its pages were last counted
+    /// counts by its size: pages written through a mapping show in no system call).
+    pub peak_held: u64,
+    /// The size of the /dev/shm file systems their objects were on, as last measured (the
+    /// sum when several); `None` when none was measured.
+    pub shm_size: Option<u64>,
     pub failures: u64,
     pub deaths: u64,
 }
@@ -38,8 +46,18 @@ impl Diagnoser {
             stats.failures += gone.failures;
             stats.deaths += gone.deaths;
         }
-        for (group, peak) in &self.group_peak {
-            table.entry(group.clone()).or_default().peak_bytes = *peak;
+        for (group, (peak, held)) in &self.group_peak {
+            let stats = table.entry(group.clone()).or_default();
+            stats.peak_bytes = *peak;
+            stats.peak_held = *held;
+            let sizes: Vec<u64> = self
+                .group_devs
+                .get(group)
+                .into_iter()
+                .flatten()
+                .filter_map(|dev| self.capacity.get(dev).map(|c| c.size))
+                .collect();
+            stats.shm_size = (!sizes.is_empty()).then(|| sizes.iter().sum());
         }
         table
             .into_iter()
@@ -66,7 +84,7 @@ impl Diagnoser {
             && let Some(counts) = self.group_now.get(group)
             && let Some(peak) = self.group_peak.get_mut(group)
         {
-            *peak = (*peak).max(footprint(counts, world));
+            *peak = max_of(*peak, footprint(counts, world));
             self.held_scratch = inodes;
             return;
         }
@@ -107,9 +125,16 @@ impl Diagnoser {
         }
         let now = footprint(counts, world);
         match self.group_peak.get_mut(&group) {
-            Some(peak) => *peak = (*peak).max(now),
+            Some(peak) => *peak = max_of(*peak, now),
             None => {
                 self.group_peak.insert(group.clone(), now);
+            }
+        }
+        if let Some(inode) = inodes.iter().next() {
+            // One per group in practice: a role's processes share their /dev/shm.
+            let devs = self.group_devs.entry(group.clone()).or_default();
+            if devs.len() < 8 {
+                devs.insert(inode.dev);
             }
         }
         if !inodes.is_empty() {
@@ -121,11 +146,16 @@ impl Diagnoser {
     }
 }
 
-/// Bytes a group's objects hold now.
-fn footprint(counts: &FastMap<InodeId, u32>, world: &World) -> u64 {
+/// What a group's objects take now: `(their sizes, their pages)`.
+fn footprint(counts: &FastMap<InodeId, u32>, world: &World) -> (u64, u64) {
     counts
         .keys()
         .filter_map(|inode| world.object(inode))
-        .map(|o| o.footprint().0)
-        .sum()
+        .fold((0, 0), |(sizes, pages), o| {
+            (sizes + o.footprint().0, pages + o.held())
+        })
+}
+
+fn max_of(a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
+    (a.0.max(b.0), a.1.max(b.1))
 }

@@ -325,16 +325,19 @@ impl Diagnoser {
             .map(|f| summarise_leftovers(f, program, container.as_ref()));
         // A write growing its file asks for a block of what it wants: room for that block
         // says nothing of whether the rest would have fitted, when the files beside it are
-        // its siblings' (made by writers that ended while it ran), not an earlier run's.
-        let began = process.map_or(0, |p| p.first_seen_ns);
+        // its siblings' (made by writers of its burst, that ended while it or they ran), not
+        // an earlier run's.
         let grown = failures.first().is_some_and(|f| {
-            self.grown_by_write(f).is_some()
-                && f.leftovers.iter().any(|l| {
-                    world
-                        .process(l.creator_pid)
-                        .and_then(|p| p.exit_ns)
-                        .is_some_and(|ended| ended > began)
-                })
+            if f.leftovers.is_empty() || self.grown_by_write(f).is_none() {
+                return false;
+            }
+            let began = super::growth::burst_began(pid, world);
+            f.leftovers.iter().any(|l| {
+                world
+                    .process(l.creator_pid)
+                    .and_then(|p| p.exit_ns)
+                    .is_some_and(|ended| ended > began)
+            })
         });
         let leftovers = leftovers.map(|mut l| {
             l.enough_without &= !grown;
@@ -491,6 +494,10 @@ impl Diagnoser {
             ending,
             cause,
             workers_allocating: primary.map(|f| f.workers_allocating).unwrap_or(0),
+            // The refusals seen, not the advice's estimate of who else would have asked.
+            burst: primary
+                .and_then(|f| Some(self.pressure.burst(f.dev?, f.ts_ns)))
+                .unwrap_or_default(),
             failures,
             follows: None,
             capacity,

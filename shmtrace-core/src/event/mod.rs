@@ -60,6 +60,11 @@ impl Event {
     /// Not failures: an error the program asked for (see [`Call::expected_error`]), and a
     /// signal one process sends another (a parent ending its children); the receiver's death
     /// is judged on its own.
+    ///
+    /// Judged from the event alone. The model has the last word on a call: an existence check
+    /// that finds a name someone else removed is a failure (`World::is_failure` before the
+    /// event is applied, `Annotation::is_failure` after). Without the model, ask
+    /// [`Call::may_be_failure`].
     pub fn is_failure(&self) -> bool {
         match &self.body {
             Body::Call(call) => call.failed() && call.expected_error().is_none(),
@@ -133,6 +138,19 @@ impl Call {
             (Syscall::Shmget, libc::EEXIST) => Some("a key already taken"),
             _ => None,
         }
+    }
+
+    /// Whether the model may judge this call a failure: every error but those it never does.
+    /// The errors [`Call::expected_error`] sets aside are the model's to take back only when
+    /// they meet a name someone else removed: an ENOENT opening or unlinking a name. For what
+    /// must act before the model has seen the call (reading a failing process's /proc at
+    /// once), so that it misses none of the model's failures.
+    pub fn may_be_failure(&self) -> bool {
+        self.failed()
+            && (self.expected_error().is_none()
+                || (self.errno() == Some(libc::ENOENT)
+                    && (self.syscall.opens_a_path()
+                        || matches!(self.syscall, Syscall::Unlink | Syscall::Unlinkat))))
     }
 
     /// A `shmget` with `SHM_HUGETLB` or an `mmap` with `MAP_HUGETLB`: refused, it says

@@ -58,6 +58,7 @@ impl Annotation {
 
     /// Why a failed call is part of the program's normal work ([`Call::expected_error`]),
     /// unless what the model knows says otherwise: an open of a name someone else removed.
+    /// The same answer as `World::expected_error` gave before the call was applied.
     pub fn expected_error(&self, call: &Call) -> Option<&'static str> {
         if self.name_removed.is_some() {
             return None;

@@ -7,7 +7,7 @@ use crate::{
     diagnose::{Diagnosis, Recommendation, RoleKind, RoleStats},
     event::LostCounts,
     model::{ObjectState, World},
-    size::human,
+    size::{count, human},
 };
 
 /// An object still present when tracing stops.
@@ -34,6 +34,8 @@ pub struct Advice {
     pub owner: Option<String>,
     /// The /dev/shm file system, when known.
     dev: Option<u32>,
+    /// When the first failure of `pid` happened: the earliest of those on this /dev/shm.
+    first_ns: u64,
 }
 
 /// Totals of a trace, taken when tracing stops.
@@ -94,8 +96,14 @@ impl Summary {
                         existing.place = format!("{}, {}", existing.place, d.place);
                     }
                     if existing.recommendation.min_bytes < r.min_bytes {
-                        existing.pid = d.pid;
                         existing.recommendation = r.clone();
+                    }
+                    // The diagnosis to read is that of the failure that came first, as the
+                    // trainer's says.
+                    let first = super::group::first_failure_ns(d);
+                    if first < existing.first_ns {
+                        existing.pid = d.pid;
+                        existing.first_ns = first;
                     }
                     existing.owner = existing.owner.take().or(owner);
                 }
@@ -105,6 +113,7 @@ impl Summary {
                     recommendation: r.clone(),
                     owner,
                     dev,
+                    first_ns: super::group::first_failure_ns(d),
                 }),
             }
         }
@@ -138,14 +147,13 @@ impl Summary {
 
     pub fn lines(&self) -> Vec<String> {
         let mut lines = vec![format!(
-            "shmtrace: {} events in {:.1}s from {} processes; {} failed calls, {} killed by a \
-             signal; {} events lost",
-            self.events,
+            "shmtrace: {} in {:.1}s from {}; {}, {} killed by a signal; {} lost",
+            count(self.events, "event"),
             self.seconds,
-            self.processes,
-            self.failed_calls,
+            count(self.processes, "process"),
+            count(self.failed_calls, "failed call"),
             self.deaths_by_signal,
-            self.lost.total()
+            count(self.lost.total(), "event")
         )];
         if self.lost.total() > 0 {
             lines[0] += &format!(" ({})", self.lost.describe());
@@ -166,18 +174,34 @@ impl Summary {
                 .unwrap_or(5)
                 .max(5);
             lines.push(format!(
-                "  {:<place_width$}  {:<22} {:>9} {:>10} {:>8} {:>6}",
-                "PLACE", "ROLE", "PROCESSES", "PEAK SHM", "FAILURES", "DEATHS"
+                "  {:<place_width$}  {:<22} {:>9} {:>11} {:>11} {:>8} {:>6}",
+                "PLACE", "ROLE", "PROCESSES", "PAGES HELD", "SIZES", "FAILURES", "DEATHS"
             ));
+            let mut capped = false;
             for (place, role, stats) in rows {
+                let (held, mark) = held_shown(stats);
+                capped |= mark;
                 lines.push(format!(
-                    "  {place:<place_width$}  {:<22} {:>9} {:>10} {:>8} {:>6}",
+                    "  {place:<place_width$}  {:<22} {:>9} {:>11} {:>11} {:>8} {:>6}",
                     role.describe(),
                     stats.processes,
+                    format!("{}{}", human(held), if mark { "*" } else { "" }),
                     human(stats.peak_bytes),
                     stats.failures,
                     stats.deaths
                 ));
+            }
+            lines.push(
+                "  (the most at once: PAGES HELD is the memory taken from /dev/shm, SIZES what \
+                 the objects were sized to, written or not)"
+                    .to_owned(),
+            );
+            if capped {
+                lines.push(
+                    "  * at most the size of /dev/shm: mapped objects count by their sizes, as \
+                     pages written through a mapping show in no system call"
+                        .to_owned(),
+                );
             }
         }
         lines.push(format!(
@@ -189,14 +213,16 @@ impl Summary {
         }
         let holding = self.remaining.iter().filter(|r| r.bytes > 0).count();
         if holding > 0 {
+            let objects = count(holding as u64, "object");
             lines.push(if self.cut {
                 format!(
-                    "shmtrace: {holding} objects held memory where the trace stops (it was cut \
-                     short: the calls after that, which may have freed them, are not in it):"
+                    "shmtrace: {objects} held memory where the trace stops (it was cut short: \
+                     the calls after that, which may have freed them, are not in it):"
                 )
             } else {
                 format!(
-                    "shmtrace: {holding} objects still hold memory (left behind, or still in use):"
+                    "shmtrace: {objects} still {} memory (left behind, or still in use):",
+                    if holding == 1 { "holds" } else { "hold" }
                 )
             });
         }
@@ -223,9 +249,14 @@ impl Summary {
         let empty: Vec<&Remaining> = self.remaining.iter().filter(|r| r.bytes == 0).collect();
         if !empty.is_empty() {
             lines.push(format!(
-                "shmtrace: {} objects remain that hold no memory (empty, or sized and never \
-                 written):",
-                empty.len()
+                "shmtrace: {} {} that {} no memory (empty, or sized and never written):",
+                count(empty.len() as u64, "object"),
+                if empty.len() == 1 {
+                    "remains"
+                } else {
+                    "remain"
+                },
+                if empty.len() == 1 { "holds" } else { "hold" }
             ));
             for r in empty.iter().take(10) {
                 let held = match r.size {
@@ -245,7 +276,8 @@ impl Summary {
                 .map(|owner| format!(" on container {owner}, whose /dev/shm it is"))
                 .unwrap_or_default();
             lines.push(format!(
-                "shmtrace: {}: give /dev/shm at least {} ({}{on}); see the diagnosis of pid {}",
+                "shmtrace: {}: give /dev/shm at least {} ({}{on}); see the diagnosis of pid {}, \
+                 which failed first",
                 a.place,
                 human(a.recommendation.min_bytes),
                 a.recommendation.docker,
@@ -287,7 +319,8 @@ impl Summary {
             })).collect::<Vec<_>>(),
             "roles": self.table.iter().map(|(place, role, s)| json!({
                 "place": place, "role": role, "processes": s.processes,
-                "peak_bytes": s.peak_bytes, "failures": s.failures, "deaths": s.deaths,
+                "peak_bytes": s.peak_bytes, "peak_held_bytes": held_shown(s).0,
+                "failures": s.failures, "deaths": s.deaths,
             })).collect::<Vec<_>>(),
             "recommendations": self.recommendations.iter().map(|a| json!({
                 "place": a.place, "pid": a.pid, "min_bytes": a.recommendation.min_bytes,
@@ -295,5 +328,14 @@ impl Summary {
                 "kubernetes": a.recommendation.kubernetes, "owner": a.owner,
             })).collect::<Vec<_>>(),
         })
+    }
+}
+
+/// The pages a role held at most, never more than its /dev/shm's size; whether it was cut to
+/// that (an estimate that counted mapped objects by their sizes).
+fn held_shown(stats: &RoleStats) -> (u64, bool) {
+    match stats.shm_size {
+        Some(size) if stats.peak_held > size => (size, true),
+        _ => (stats.peak_held, false),
     }
 }

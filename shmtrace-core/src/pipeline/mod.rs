@@ -13,7 +13,7 @@ mod retention_tests;
 mod tests;
 mod trigger;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 
 use crate::{
@@ -59,6 +59,28 @@ pub struct Pipeline {
     vanished: u64,
     /// See [`Pipeline::trace_was_cut`].
     cut: bool,
+    /// Per /dev/shm file system, its latest measurement and the most it was seen using.
+    measurements: FastMap<u32, (Capacity, u64)>,
+}
+
+/// What a status line shows while a trace that prints nothing else runs (`size`, `record`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    pub events: u64,
+    pub processes: u64,
+    /// The /dev/shm the traced processes use most, if one was measured.
+    pub shm: Option<ShmStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShmStatus {
+    /// As last measured (statfs), and the most measured.
+    pub size: u64,
+    pub used: u64,
+    pub peak_used: u64,
+    /// Pages the traced processes' objects hold on it, as system calls showed, now and at most.
+    pub traced: u64,
+    pub traced_peak: u64,
 }
 
 impl Pipeline {
@@ -83,6 +105,36 @@ impl Pipeline {
             evicted_diagnoses: 0,
             vanished: 0,
             cut: false,
+            measurements: FastMap::default(),
+        }
+    }
+
+    /// Whether events are shown as they come (a trace), or only diagnoses (`record`, `size`).
+    pub fn shows_events(&self) -> bool {
+        self.show_events
+    }
+
+    /// Where the trace stands: events so far, and the /dev/shm in most use.
+    pub fn status(&self) -> Status {
+        let totals = self.world.totals();
+        let shm = self
+            .measurements
+            .iter()
+            .map(|(dev, (latest, peak))| {
+                let usage = self.world.usage(*dev);
+                ShmStatus {
+                    size: latest.size,
+                    used: latest.used,
+                    peak_used: *peak,
+                    traced: usage.map_or(0, |u| u.allocated),
+                    traced_peak: usage.map_or(0, |u| u.peak_allocated),
+                }
+            })
+            .max_by_key(|s| (s.traced_peak, s.peak_used));
+        Status {
+            events: totals.events,
+            processes: totals.processes_seen,
+            shm,
         }
     }
 
@@ -127,6 +179,7 @@ impl Pipeline {
     /// after it too.
     pub fn forget_container(&mut self, mntns: u32, ts_ns: u64) -> Result<()> {
         self.diagnoser.forget_container(mntns);
+        self.world.forget_shm_dev(mntns);
         // Measured again when another container has the number.
         self.measured.remove(&mntns);
         self.tap_user(ts_ns, &UserRecord::ContainerEnd { mntns })
@@ -144,8 +197,17 @@ impl Pipeline {
         if let Some(observer) = &mut self.observer {
             observer.container(&info);
         }
-        self.diagnoser.set_container(info);
+        self.learn_container(info);
         self.tap_user(ts_ns, &record)
+    }
+
+    /// What a container is, for the diagnoser (its name, its /dev/shm) and the model (which
+    /// namespaces share a /dev/shm: a name one removes is gone from the others).
+    fn learn_container(&mut self, info: ContainerInfo) {
+        if let (Some(mntns), Some(dev)) = (info.mntns, info.shm_dev) {
+            self.world.learn_shm_dev(mntns, dev);
+        }
+        self.diagnoser.set_container(info);
     }
 
     /// A measurement of a /dev/shm taken outside a failure (the session samples containers).
@@ -210,15 +272,16 @@ impl Pipeline {
             observer.event(&event, &note, &role, &place, &self.world);
         }
         if self.show_events && self.filter.keep(&event, &note, &role, &place) {
-            self.output
-                .event(
-                    &event,
-                    &note,
-                    &role,
-                    &place,
-                    self.diagnoser.container(shown_mntns),
-                )
-                .context("writing output")?;
+            self.output.event(
+                &event,
+                &note,
+                &role,
+                &place,
+                self.diagnoser.container(shown_mntns),
+                &self.world,
+            )?;
+        } else {
+            self.output.tick(event.ts_ns)?;
         }
         if let Some(trigger) = trigger(&event, &note, &role)
             && let Some(tap) = &mut self.tap
@@ -247,9 +310,12 @@ impl Pipeline {
                 if let Some(observer) = &mut self.observer {
                     observer.container(&info);
                 }
-                self.diagnoser.set_container(info);
+                self.learn_container(info);
             }
-            UserRecord::ContainerEnd { mntns } => self.diagnoser.forget_container(*mntns),
+            UserRecord::ContainerEnd { mntns } => {
+                self.diagnoser.forget_container(*mntns);
+                self.world.forget_shm_dev(*mntns);
+            }
             UserRecord::WriterLoss(loss) => self.output.notice(&format!(
                 "the recorder could not write {} records ({}): the trace has a hole here",
                 loss.records,
@@ -288,6 +354,7 @@ impl Pipeline {
     }
 
     pub fn tick(&mut self, now_ns: u64) -> Result<()> {
+        self.output.tick(now_ns)?;
         match &mut self.tap {
             Some(tap) => tap.tick(&self.world, now_ns),
             None => Ok(()),
@@ -355,6 +422,11 @@ impl Pipeline {
     }
 
     fn learn_capacity(&mut self, sample: Capacity) {
+        let peak = self
+            .measurements
+            .get(&sample.dev)
+            .map_or(sample.used, |(_, peak)| (*peak).max(sample.used));
+        self.measurements.insert(sample.dev, (sample, peak));
         self.diagnoser.capacity(sample);
         if let Some(observer) = &mut self.observer {
             observer.capacity(&sample);
@@ -366,9 +438,7 @@ impl Pipeline {
             observer.diagnosis(&diagnosis);
         }
         if self.filter.keep_diagnosis(&diagnosis) {
-            self.output
-                .diagnosis(&diagnosis)
-                .context("writing output")?;
+            self.output.diagnosis(&diagnosis)?;
         }
         self.diagnoses.push(diagnosis);
         if self
@@ -421,7 +491,10 @@ impl Pipeline {
     /// replay shows the same.
     fn reread_title(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
         let (subject, failed) = match &event.body {
-            Body::Call(call) => (event.pid, call.failed() && call.expected_error().is_none()),
+            Body::Call(call) => (
+                event.pid,
+                call.failed() && self.world.expected_error(event, call).is_none(),
+            ),
             Body::Signal(signal) if signal.addr != 0 => (signal.target_pid, true),
             _ => return Ok(()),
         };
@@ -570,7 +643,7 @@ impl Pipeline {
         if !env.can_measure() {
             return Ok(());
         }
-        let failure = event.is_failure();
+        let failure = self.world.is_failure(event);
         let new_file_system = match &event.body {
             // Tried once per file system, whatever the outcome: a file system that is not
             // this namespace's /dev/shm (a descriptor passed from elsewhere) costs one try.

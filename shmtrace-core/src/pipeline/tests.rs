@@ -306,3 +306,121 @@ fn a_recorded_container_end_stops_naming_its_namespace() {
     assert!(place_of_failure(false).contains("pgboot"));
     assert!(!place_of_failure(true).contains("pgboot"));
 }
+
+/// What a pipeline writes, kept to read back.
+#[derive(Clone, Default)]
+struct Written(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Written {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A machine whose /proc is asked, and answers nothing.
+#[derive(Default)]
+struct Asked {
+    snapshots: Vec<u32>,
+}
+
+impl Environment for Asked {
+    fn snapshot(&mut self, pid: u32) -> Option<ProcSnapshot> {
+        self.snapshots.push(pid);
+        None
+    }
+
+    fn measure(&mut self, _: &[u32], _: u64) -> Option<Capacity> {
+        None
+    }
+}
+
+/// An open of a name someone else removed while its owner held it is a failure everywhere a
+/// failure is decided: in its event line, in the closing count of failed calls, for the read
+/// of the failing process's /proc at its first failure, and before the model (what the live
+/// side reads early). An open of a name that never existed is an existence check everywhere.
+#[test]
+fn an_open_of_a_removed_name_gets_one_answer_everywhere() {
+    let written = Written::default();
+    let mut pipeline = Pipeline::new(
+        World::new(),
+        Diagnoser::new(4026531841),
+        Output::new(
+            Box::new(written.clone()),
+            Format::Json,
+            Clock::with_offset(0, jiff::tz::TimeZone::UTC),
+            false,
+        ),
+        Filter::default(),
+    );
+    let mut machine = Asked::default();
+    let path_call = |syscall: Syscall, pid: u32, ts: u64, ret: i64, flags: u64, name: &str| {
+        let mut call = call(syscall, pid, ts, ret, [0, 0, flags, 0o600, 0, 0]);
+        call.header.kind = EventKind::Path as u16;
+        if ret < 0 || syscall == Syscall::Unlink {
+            call.header.flags = 0;
+        }
+        call.file.ino = 9 + u64::from(name.len() as u8 % 2);
+        let mut path = [0u8; PATH_LEN];
+        path[..name.len()].copy_from_slice(name.as_bytes());
+        bytes_of(&PathEvent { call, path })
+    };
+    let create = (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) as u64;
+    let records = [
+        // The owner makes the name and holds it; another process removes it.
+        path_call(Syscall::Openat, 10, 10, 3, create, "/dev/shm/job_buf"),
+        path_call(Syscall::Unlink, 20, 20, 0, 0, "/dev/shm/job_buf"),
+        // The reader works, then attaches by name; then looks for a name never made.
+        path_call(Syscall::Openat, 30, 30, 3, create, "/dev/shm/reader_a"),
+        path_call(
+            Syscall::Openat,
+            30,
+            40,
+            -(libc::ENOENT as i64),
+            libc::O_RDWR as u64,
+            "/dev/shm/job_buf",
+        ),
+        path_call(
+            Syscall::Openat,
+            31,
+            50,
+            -(libc::ENOENT as i64),
+            libc::O_RDWR as u64,
+            "/dev/shm/never_made",
+        ),
+    ];
+    for (i, record) in records.iter().enumerate() {
+        let event = decode(record).unwrap();
+        let Body::Call(call) = &event.body else {
+            unreachable!()
+        };
+        // Before the model: nothing it may call a failure is set aside.
+        if i >= 3 {
+            assert!(call.may_be_failure(), "{call:?}");
+        }
+        let before = pipeline.world.expected_error(&event, call);
+        let note_expected = {
+            pipeline.kernel_record(record, &mut machine).unwrap();
+            let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+            let line: serde_json::Value =
+                serde_json::from_str(text.lines().last().unwrap()).unwrap();
+            assert_eq!(line["failure"], before.is_none() && call.failed(), "{line}");
+            line["expected"].as_str().map(str::to_owned)
+        };
+        assert_eq!(note_expected.as_deref(), before, "record {i}");
+        match i {
+            3 => assert_eq!(before, None, "the removed name's open"),
+            4 => assert_eq!(before, Some("an existence check")),
+            _ => {}
+        }
+    }
+    assert_eq!(pipeline.world.totals().failed_calls, 1);
+    // /proc read once more for the reader, at its first failure, than for the process whose
+    // open was an existence check.
+    let reads = |pid: u32| machine.snapshots.iter().filter(|p| **p == pid).count();
+    assert_eq!(reads(30), reads(31) + 1, "{:?}", machine.snapshots);
+}

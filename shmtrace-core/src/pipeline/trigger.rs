@@ -45,7 +45,7 @@ pub(super) fn trigger(event: &Event, note: &Annotation, role: &Role) -> Option<T
         {
             (
                 TriggerReason::WorkerDeath,
-                format!("pid {} ({}) ended: {status:?}", event.pid, event.comm),
+                format!("pid {} ({}) {}", event.pid, event.comm, status.describe()),
             )
         }
         _ => return None,
@@ -59,4 +59,46 @@ pub(super) fn trigger(event: &Event, note: &Annotation, role: &Role) -> Option<T
         pid: Some(pid),
         detail,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ExitStatus;
+
+    /// Issue 33: incidents said `ended: Signal { signo: 15, core_dumped: false }`, and the
+    /// daemon's JSON `worker death` where docs/json.md says `worker_death`.
+    #[test]
+    fn a_death_is_told_in_words() {
+        let event = Event {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 42,
+            tid: 42,
+            comm: "pt_data_worker".to_owned(),
+            mntns: 1,
+            cgroup_id: 1,
+            container_match: false,
+            body: Body::Exit(
+                ExitStatus::Signal {
+                    signo: libc::SIGBUS,
+                    core_dumped: false,
+                }
+                .into(),
+            ),
+        };
+        let role = Role {
+            kind: RoleKind::DataloaderWorker,
+            worker_index: Some(0),
+            trainer: Some(1),
+        };
+        let trigger = trigger(&event, &Annotation::default(), &role).unwrap();
+        assert_eq!(trigger.detail, "pid 42 (pt_data_worker) killed by SIGBUS");
+        assert_eq!(trigger.reason.key(), "worker_death");
+        assert_eq!(
+            trigger.reason.as_str(),
+            "worker death",
+            "the trace format's word"
+        );
+    }
 }

@@ -140,7 +140,7 @@ impl FlightRecorder {
     ) -> Result<FlightRecorder, WriteError> {
         let existing = rotation::numbered_files(path).map_err(|source| WriteError::Create {
             path: path.to_path_buf(),
-            source,
+            error: source,
         })?;
         if let Some((_, old)) = existing.into_iter().next() {
             return Err(WriteError::Exists { path: old });

@@ -37,6 +37,10 @@ pub struct ReadError {
 
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.reason.at_opening() {
+            let path = self.path.as_deref().unwrap_or(std::path::Path::new("-"));
+            return write!(f, "cannot open {}: {}", path.display(), self.reason);
+        }
         if let Some(path) = &self.path {
             write!(f, "{}: ", path.display())?;
         }
@@ -165,6 +169,21 @@ pub enum Reason {
     Directory,
     #[error("reading failed: {0}")]
     Io(#[source] io::Error),
+    /// The file could not be opened (read as `cannot open PATH: ...`).
+    #[error("{0}")]
+    Open(io::Error),
+    #[error(
+        "no such file, and no rotated files named after it (NAME.000000.shmtrace, ...); check \
+         the name"
+    )]
+    Missing,
+}
+
+impl Reason {
+    /// Nothing was read: the file could not even be opened.
+    fn at_opening(&self) -> bool {
+        matches!(self, Reason::Open(_) | Reason::Missing | Reason::Directory)
+    }
 }
 
 /// How much is read from the file at a time. Records are cut out of what was read as [`Bytes`]
@@ -202,7 +221,7 @@ impl TraceReader<BufReader<File>> {
             path: Some(path.to_path_buf()),
             offset: 0,
             in_block: None,
-            reason: Reason::Io(error),
+            reason: Reason::Open(error),
         })?;
         TraceReader::from_file(file, path)
     }

@@ -64,15 +64,12 @@ impl TraceSet {
             Ok(metadata) if metadata.is_dir() => return Err(fail(Reason::Directory)),
             Ok(_) => vec![path.to_path_buf()],
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                rotation::discover(path).map_err(|e| fail(Reason::Io(e)))?
+                rotation::discover(path).map_err(|e| fail(Reason::Open(e)))?
             }
-            Err(error) => return Err(fail(Reason::Io(error))),
+            Err(error) => return Err(fail(Reason::Open(error))),
         };
         if all.is_empty() {
-            return Err(fail(Reason::Io(io::Error::new(
-                io::ErrorKind::NotFound,
-                "no such trace file, and no rotated files named after it",
-            ))));
+            return Err(fail(Reason::Missing));
         }
         let ids = all
             .iter()

@@ -371,6 +371,7 @@ pub enum TriggerReason {
 }
 
 impl TriggerReason {
+    /// As the trace file's header keeps it (docs/trace-format.md).
     pub fn as_str(self) -> &'static str {
         match self {
             TriggerReason::Enospc => "ENOSPC",
@@ -378,6 +379,14 @@ impl TriggerReason {
             TriggerReason::WorkerDeath => "worker death",
             TriggerReason::Manual => "manual",
             TriggerReason::Other => "other",
+        }
+    }
+
+    /// As JSON names it (docs/json.md): a word, `worker_death`.
+    pub fn key(self) -> &'static str {
+        match self {
+            TriggerReason::WorkerDeath => "worker_death",
+            other => other.as_str(),
         }
     }
 }

@@ -1,6 +1,6 @@
-//! The /dev/shm use chart, one per file system: what the traced objects took over time (their
-//! demand, from the model), what statfs measured in use, and the measured size as the ceiling,
-//! with the failures on that file system as vertical lines. Also the time scale and axes it
+//! The /dev/shm use chart, one per file system: the pages the traced objects held over time and
+//! their sizes (from the model), what statfs measured in use, and the measured size as the
+//! ceiling, with the failures on that file system as vertical lines. Also the time scale and axes it
 //! shares with the process lanes, so both line up on the page.
 use std::fmt::Write as _;
 
@@ -117,16 +117,33 @@ pub fn time_axis(out: &mut String, scale: &Scale, top: f64, bottom: f64) {
     let _ = writeln!(out, "</g>");
 }
 
-/// One file system's chart.
+/// How far above the most that was measured or held the byte axis goes, in percent: room to
+/// show the objects' sizes rising past the limit, which is what a failure is about, without
+/// letting a nominal total of many times the size crush the limit to a line at the bottom.
+const DEMAND_SHOWN_PERCENT: u64 = 150;
+/// Failure marks closer than this (in user units) share one label.
+const MARK_CLUSTER: f64 = 40.0;
+
+/// One file system's chart: the pages the traced objects held (filled), their sizes (an
+/// outline, cut at the top of the chart), the use statfs measured, and the size.
 pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale: &Scale) {
     let height = TOP + PLOT_HEIGHT + BOTTOM;
-    let measured_max = device.samples.iter().map(|s| s.size.max(s.used)).max();
-    let (top_bytes, ticks) = byte_ticks(measured_max.unwrap_or(0).max(device.peak_demand()));
-    let y = |bytes: u64| TOP + PLOT_HEIGHT - bytes as f64 / top_bytes as f64 * PLOT_HEIGHT;
+    let size = device.size().unwrap_or(0);
+    let ceiling = size.max(device.peak_used()).max(device.peak_held());
+    let shown_demand = match ceiling {
+        0 => device.peak_demand(),
+        ceiling => device
+            .peak_demand()
+            .min(ceiling * DEMAND_SHOWN_PERCENT / 100),
+    };
+    let (top_bytes, ticks) = byte_ticks(ceiling.max(shown_demand));
+    let y = |bytes: u64| {
+        TOP + PLOT_HEIGHT - bytes.min(top_bytes) as f64 / top_bytes as f64 * PLOT_HEIGHT
+    };
     let bottom = TOP + PLOT_HEIGHT;
     let _ = writeln!(
         out,
-        r#"<svg class="usage-chart" data-dev="{}" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="/dev/shm use over time">"#,
+        r#"<svg class="usage-chart" data-dev="{}" data-top="{top_bytes}" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="/dev/shm use over time">"#,
         dev_string(dev)
     );
     let _ = writeln!(out, r#"<g class="byte-axis">"#);
@@ -144,26 +161,28 @@ pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale:
     let _ = writeln!(out, "</g>");
     time_axis(out, scale, TOP, bottom);
 
-    // What the traced objects took: a filled step curve.
-    let demand = reduce(&device.demand, scale);
-    if !demand.is_empty() {
-        let mut d = format!("M{:.1},{bottom:.1}", scale.x(demand[0].0));
-        let mut last_y = bottom;
-        for (ts, bytes) in &demand {
-            let x = scale.x(*ts);
-            let _ = write!(d, " L{x:.1},{last_y:.1}");
-            last_y = y(*bytes);
-            let _ = write!(d, " L{x:.1},{last_y:.1}");
-        }
-        let _ = write!(
-            d,
-            " L{:.1},{last_y:.1} L{:.1},{bottom:.1} Z",
-            WIDTH - RIGHT,
-            WIDTH - RIGHT
-        );
+    // What the traced objects' pages took: a filled step curve.
+    if let Some(d) = step_path(&reduce(&device.held, scale), scale, &y, bottom, true) {
         let _ = writeln!(
             out,
-            r#"<path class="usage-demand" d="{d}"><title>/dev/shm held by traced processes' objects (peak {})</title></path>"#,
+            r#"<path class="usage-held" d="{d}"><title>pages held by the traced processes' objects, as their calls showed (at most {})</title></path>"#,
+            human(device.peak_held())
+        );
+    }
+    // Their sizes, which pages fill only as they are written: an outline, cut at the top.
+    if let Some(d) = step_path(&reduce(&device.demand, scale), scale, &y, bottom, false) {
+        let _ = writeln!(
+            out,
+            r#"<path class="usage-demand" d="{d}"><title>sizes of the traced processes' live objects (at most {})</title></path>"#,
+            human(device.peak_demand())
+        );
+    }
+    if device.peak_demand() > top_bytes {
+        let _ = writeln!(
+            out,
+            r#"<text class="demand-cut" x="{:.1}" y="{:.1}" text-anchor="end">sizes of the objects reach {} (cut at the top): more than /dev/shm can hold</text>"#,
+            WIDTH - RIGHT - 6.0,
+            TOP + 12.0,
             human(device.peak_demand())
         );
     }
@@ -237,30 +256,38 @@ pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale:
         );
     }
 
-    // Labels of failures close together go one under the other.
-    let mut label_end = f64::MIN;
-    let mut line = 0;
-    for mark in marks
+    // A line per failure; failures close together share one label (`ENOSPC ×3`), so that
+    // labels never sit on one another.
+    let mine: Vec<&Mark> = marks
         .iter()
         .filter(|m| m.dev == Some(dev) && !m.kind.is_death())
-    {
+        .collect();
+    for mark in &mine {
         let x = scale.x(mark.ts_ns);
-        line = if x + 3.0 < label_end {
-            (line + 1) % 4
-        } else {
-            0
-        };
-        label_end = label_end.max(x + 3.0 + mark.short.chars().count() as f64 * 7.0);
         let _ = writeln!(
             out,
-            r#"<g class="marker-line {}"><line x1="{x:.1}" y1="{TOP:.1}" x2="{x:.1}" y2="{bottom:.1}"/><text x="{:.1}" y="{:.1}">{}</text><title>{} (pid {}): {}</title></g>"#,
+            r#"<g class="marker-line {}"><line x1="{x:.1}" y1="{TOP:.1}" x2="{x:.1}" y2="{bottom:.1}"/><title>{} (pid {}): {}</title></g>"#,
             mark.kind.class(),
-            x + 3.0,
-            TOP + 10.0 + f64::from(line) * 12.0,
-            Html(&mark.short),
             scale.label(mark.ts_ns),
             mark.pid,
             Html(&mark.detail)
+        );
+    }
+    let mut label_end = f64::MIN;
+    for cluster in clusters(&mine, scale) {
+        let x = scale.x(cluster[0].ts_ns).max(label_end);
+        let label = match cluster.len() {
+            1 => cluster[0].short.clone(),
+            n => format!("{} ×{n}", cluster[0].short),
+        };
+        label_end = x + 3.0 + label.chars().count() as f64 * 7.5 + 12.0;
+        let _ = writeln!(
+            out,
+            r#"<g class="marker-line {}"><text x="{:.1}" y="{:.1}">{}</text></g>"#,
+            cluster[0].kind.class(),
+            x + 3.0,
+            bottom - 6.0,
+            Html(&label)
         );
     }
     let _ = writeln!(
@@ -268,6 +295,50 @@ pub fn usage(out: &mut String, dev: u32, device: &Device, marks: &[Mark], scale:
         r#"<line class="axis" x1="{LEFT}" y1="{bottom:.1}" x2="{:.1}" y2="{bottom:.1}"/></svg>"#,
         WIDTH - RIGHT
     );
+}
+
+/// Marks of one kind within [`MARK_CLUSTER`] of the first of their group, in time order.
+fn clusters<'a>(marks: &[&'a Mark], scale: &Scale) -> Vec<Vec<&'a Mark>> {
+    let mut sorted: Vec<&Mark> = marks.to_vec();
+    sorted.sort_by_key(|m| m.ts_ns);
+    let mut out: Vec<Vec<&Mark>> = Vec::new();
+    for mark in sorted {
+        match out.last_mut() {
+            Some(cluster)
+                if cluster[0].kind == mark.kind
+                    && scale.x(mark.ts_ns) - scale.x(cluster[0].ts_ns) < MARK_CLUSTER =>
+            {
+                cluster.push(mark)
+            }
+            _ => out.push(vec![mark]),
+        }
+    }
+    out
+}
+
+/// A step curve through `points`, to the right edge: closed down to `bottom` to be filled, or
+/// open (an outline). `None` without points.
+fn step_path(
+    points: &[(u64, u64)],
+    scale: &Scale,
+    y: &dyn Fn(u64) -> f64,
+    bottom: f64,
+    filled: bool,
+) -> Option<String> {
+    let first = points.first()?;
+    let mut d = format!("M{:.1},{bottom:.1}", scale.x(first.0));
+    let mut last_y = bottom;
+    for (ts, bytes) in points {
+        let x = scale.x(*ts);
+        let _ = write!(d, " L{x:.1},{last_y:.1}");
+        last_y = y(*bytes);
+        let _ = write!(d, " L{x:.1},{last_y:.1}");
+    }
+    let _ = write!(d, " L{:.1},{last_y:.1}", WIDTH - RIGHT);
+    if filled {
+        let _ = write!(d, " L{:.1},{bottom:.1} Z", WIDTH - RIGHT);
+    }
+    Some(d)
 }
 
 /// `major:minor`.

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     diagnose::{Cause, Diagnosis},
-    output::diagnosis,
+    output::{diagnosis, group},
     size::human,
 };
 
@@ -65,8 +65,9 @@ pub fn render(timeline: &Timeline, about: &About) -> String {
         scale.seconds(end),
         counts(timeline),
     );
-    diagnoses(&mut page, timeline.diagnoses());
+    // The picture first: what filled /dev/shm, against its size; then why, and who.
     usage(&mut page, timeline, &scale);
+    diagnoses(&mut page, timeline.diagnoses());
     processes(&mut page, timeline, &scale);
     let _ = writeln!(
         page,
@@ -96,8 +97,16 @@ fn counts(timeline: &Timeline) -> String {
         .iter()
         .filter(|m| m.kind.is_death())
         .count();
+    let semaphores = match timeline.semaphore_holds() {
+        0 => String::new(),
+        n => format!(
+            " {n} hold{} of POSIX semaphores (/dev/shm/sem.*, a page each) are left out of \
+             the picture.",
+            plural(n, "s")
+        ),
+    };
     format!(
-        r#"<p class="counts">{} process{} held /dev/shm objects, failed or died ({} more did neither); {} hold{} of /dev/shm objects; {} failure{}; {} abnormal exit{}.</p>"#,
+        r#"<p class="counts">{} process{} held /dev/shm objects, failed or died ({} more did none of that and are left out); {} hold{} of /dev/shm objects; {} failure{}; {} abnormal exit{}.{semaphores}</p>"#,
         timeline.lanes().len(),
         plural(timeline.lanes().len(), "es"),
         timeline.quiet_processes(),
@@ -122,25 +131,30 @@ fn diagnoses(page: &mut String, all: &[Diagnosis]) {
             r#"<p class="none">Nothing failed: no process ran out of /dev/shm or died of it.</p>"#
         );
     }
-    for d in all {
+    // One block per story (processes that failed the same way at the same time), the first
+    // open, the others folded under their headlines.
+    for (i, block) in group::blocks(all).iter().enumerate() {
+        let d = block[0];
         let class = if d.cause == Cause::ShmFull {
             "diagnosis shm-full"
         } else {
             "diagnosis"
         };
-        let lines = diagnosis::lines(d);
+        let lines = diagnosis::block_lines(block);
         let headline = lines.first().map(|(_, text)| text.as_str()).unwrap_or("");
+        let pids: Vec<String> = block.iter().map(|d| d.pid.to_string()).collect();
         let _ = writeln!(
             page,
-            r#"<article class="{class}" data-pid="{}"><h3>{}</h3><pre>"#,
-            d.pid,
+            r#"<details class="{class}" data-pid="{}"{}><summary>{}</summary><pre>"#,
+            pids.join(" "),
+            if i == 0 { " open" } else { "" },
             Html(headline)
         );
         for (label, text) in lines.iter().skip(1) {
             // Labels are shmtrace's own words; the text carries traced names.
             let _ = writeln!(page, "{label:<9} {}", Html(text));
         }
-        let _ = writeln!(page, "</pre></article>");
+        let _ = writeln!(page, "</pre></details>");
     }
     let _ = writeln!(page, "</section>");
 }
@@ -149,13 +163,14 @@ fn usage(page: &mut String, timeline: &Timeline, scale: &Scale) {
     let _ = writeln!(
         page,
         r#"<section id="usage"><h2>/dev/shm use over time</h2>
-<p class="legend"><span class="key demand"></span>demand: sizes of the traced processes' live objects
+<p class="legend"><span class="key held"></span>pages held by the traced processes' objects, as their calls showed
+<span class="key demand"></span>their sizes
 <span class="key measured"></span>in use, as measured (statfs)
 <span class="key capacity"></span>size
 <span class="key enospc"></span>ENOSPC <span class="key sigbus"></span>SIGBUS</p>
-<p class="note">Demand can exceed the size: a file's pages are taken only as they are written, so
-a size set with ftruncate costs nothing until it is filled, and filling it is where ENOSPC or
-SIGBUS strikes.</p>"#
+<p class="note">The sizes can exceed /dev/shm: a file's pages are taken only as they are written,
+so a size set with ftruncate costs nothing until it is filled, and filling it is where ENOSPC or
+SIGBUS strikes. Pages written through a mapping show in no call: statfs sees them.</p>"#
     );
     let mut any = false;
     // A /dev/shm only measured in passing (a namespace the workload left at once) holds no
@@ -167,11 +182,16 @@ SIGBUS strikes.</p>"#
             .size()
             .map(|s| format!(", {}", human(s)))
             .unwrap_or_else(|| ", size not measured".to_owned());
+        let measured = match device.peak_used() {
+            0 => String::new(),
+            used => format!(", statfs measured at most {} in use", human(used)),
+        };
         let _ = writeln!(
             page,
-            r#"<figure><figcaption>/dev/shm of {} (device {}{size}); traced objects took at most {}</figcaption>"#,
+            r#"<figure><figcaption>/dev/shm of {} (device {}{size}): the traced objects held at most {} in pages (their sizes reached {}){measured}</figcaption>"#,
             Html(label),
             dev_string(dev),
+            human(device.peak_held()),
             human(device.peak_demand())
         );
         chart::usage(page, dev, device, timeline.marks(), scale);

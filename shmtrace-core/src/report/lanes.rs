@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    chart::{LEFT, Scale, WIDTH, time_axis},
+    chart::{LEFT, RIGHT, Scale, WIDTH, time_axis},
     escape::Html,
     timeline::{Lane, Mark, Span, Timeline},
 };
@@ -23,6 +23,8 @@ const AXIS: f64 = 26.0;
 pub const MAX_LANES: usize = 200;
 /// Average width of a label character at the lanes' font size, for fitting labels in bars.
 const CHAR_WIDTH: f64 = 6.3;
+/// Marks of a kind closer than this (in user units) share one label.
+const MARK_CLUSTER: f64 = 60.0;
 
 /// Bars drawn as one: a single hold, or holds too short and close together to tell apart.
 struct Bar<'a> {
@@ -114,13 +116,14 @@ fn draw_lane(
     );
     for (r, row) in rows.iter().enumerate() {
         let y = top + PAD_TOP + r as f64 * ROW;
-        for bar in row {
-            draw_bar(out, bar, scale, y);
+        for (i, bar) in row.iter().enumerate() {
+            // Where the next bar of the row starts: room for a label beside a short bar.
+            let next = row.get(i + 1).map_or(WIDTH - RIGHT, |next| next.x1);
+            draw_bar(out, bar, scale, y, next);
         }
     }
     let mut label_end = f64::MIN;
-    let mut stagger = false;
-    for mark in marks {
+    for (i, mark) in marks.iter().enumerate() {
         let x = scale.x(mark.ts_ns);
         let (shape, label_y) = if mark.kind.is_death() {
             (
@@ -150,17 +153,30 @@ fn draw_lane(
                 top + 11.0,
             )
         };
-        // Marks close together get their labels on alternate lines, not on top of each other.
-        stagger = x < label_end && !stagger;
-        let label_y = if stagger { label_y + 11.0 } else { label_y };
-        let label_x = x + 8.0;
-        label_end = label_end.max(label_x + mark.short.chars().count() as f64 * CHAR_WIDTH);
+        // Marks of a kind close together share one label, `ENOSPC ×2`, given by the first:
+        // labels never sit on one another or on the bars.
+        let (label_x, label) = if x + 8.0 < label_end {
+            (x + 8.0, String::new())
+        } else {
+            let alike = marks[i..]
+                .iter()
+                .take_while(|m| m.kind == mark.kind && scale.x(m.ts_ns) - x < MARK_CLUSTER)
+                .count();
+            let label = match alike {
+                1 => mark.short.clone(),
+                n => format!("{} ×{n}", mark.short),
+            };
+            // After the last mark it stands for, clear of their shapes.
+            let label_x = scale.x(marks[i + alike - 1].ts_ns) + 8.0;
+            label_end = label_x + label.chars().count() as f64 * CHAR_WIDTH;
+            (label_x, label)
+        };
         let _ = writeln!(
             out,
             r#"<g class="marker {}" data-pid="{}"><path d="{shape}"/><text x="{label_x:.1}" y="{label_y:.1}">{}</text><title>{} · pid {}: {}</title></g>"#,
             mark.kind.class(),
             mark.pid,
-            Html(&mark.short),
+            Html(&label),
             scale.label(mark.ts_ns),
             mark.pid,
             Html(&mark.detail)
@@ -169,7 +185,7 @@ fn draw_lane(
     let _ = writeln!(out, "</g>");
 }
 
-fn draw_bar(out: &mut String, bar: &Bar<'_>, scale: &Scale, y: f64) {
+fn draw_bar(out: &mut String, bar: &Bar<'_>, scale: &Scale, y: f64, next: f64) {
     let width = (bar.x2 - bar.x1).max(1.5);
     let class = if bar.still_held() {
         "span held-at-end"
@@ -183,7 +199,8 @@ fn draw_bar(out: &mut String, bar: &Bar<'_>, scale: &Scale, y: f64) {
             None => "the end (still held)".to_owned(),
         };
         (
-            format!("{} · {}", short_name(&first.name), human(first.bytes)),
+            // The size first: what is left of a label cut short should be what matters.
+            format!("{} · {}", human(first.bytes), short_name(&first.name)),
             format!(
                 "{} ({}), held from {} to {}",
                 first.name,
@@ -226,7 +243,17 @@ fn draw_bar(out: &mut String, bar: &Bar<'_>, scale: &Scale, y: f64) {
         n if n > 1 && label.chars().count() > fits => format!("×{n}"),
         _ => label,
     };
-    if fits >= 4 && (bar.spans.len() == 1 || label.chars().count() <= fits) {
+    // Beside the bar when it is too short for its label and the row leaves room after it.
+    let beside = ((next - bar.x1 - width - 6.0) / CHAR_WIDTH).floor() as usize;
+    if fits < label.chars().count().min(12) && beside > fits && beside >= 8 {
+        let _ = write!(
+            out,
+            r#"<text class="beside" x="{:.1}" y="{:.1}">{}</text>"#,
+            bar.x1 + width + 3.0,
+            y + ROW - 5.0,
+            Html(&truncate(&label, beside))
+        );
+    } else if fits >= 4 && (bar.spans.len() == 1 || label.chars().count() <= fits) {
         let _ = write!(
             out,
             r#"<text x="{:.1}" y="{:.1}">{}</text>"#,

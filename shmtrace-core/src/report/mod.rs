@@ -62,11 +62,8 @@ impl Pictures {
     ) -> Result<Pictures> {
         let options = OpenOptions::new().not_over(inputs);
         let open = |path: Option<&Path>| {
-            path.map(|path| {
-                Replacement::new(path, &options)
-                    .with_context(|| format!("cannot write the report to {}", path.display()))
-            })
-            .transpose()
+            path.map(|path| Replacement::new(path, &options).context("cannot write the report"))
+                .transpose()
         };
         Ok(Pictures {
             timeline: Timeline::new(),
@@ -74,6 +71,14 @@ impl Pictures {
             html: open(html)?,
             perfetto: open(perfetto)?,
         })
+    }
+}
+
+impl Pictures {
+    /// Draws everything, POSIX semaphores too (`--show-all`).
+    pub fn show_all(mut self) -> Pictures {
+        self.timeline = self.timeline.show_all();
+        self
     }
 }
 
@@ -138,6 +143,7 @@ fn write(
     render(&mut out).context(context.clone())?;
     out.flush().context(context.clone())?;
     drop(out);
-    file.commit().context(context)?;
+    // Its error names the file already.
+    file.commit()?;
     Ok(())
 }

@@ -294,3 +294,98 @@ fn lost_events_are_said_on_the_page() {
     let (page, _) = pictures(&dataloader(), None, 0);
     assert!(!page.contains("were lost"));
 }
+
+/// Issue 33: a chart scaled to the objects' sizes (384 MiB asked of a 64 MiB /dev/shm) drew the
+/// limit as a thin line at the bottom, and three ENOSPC at one moment had three labels on top of
+/// one another.
+#[test]
+fn the_chart_is_scaled_to_the_limit_and_what_was_held_and_its_labels_do_not_overlap() {
+    use super::timeline::{Device, Mark};
+    const MIB: u64 = 1 << 20;
+    let device = Device {
+        label: Some("container trainer".to_owned()),
+        demand: vec![(T0, 0), (T0 + 10, 46 * MIB), (T0 + 20, 384 * MIB)],
+        held: vec![(T0, 0), (T0 + 10, 46 * MIB)],
+        samples: vec![Capacity {
+            dev: 26,
+            size: 64 * MIB,
+            used: 50 * MIB,
+            ts_ns: T0 + 20,
+            files: None,
+        }],
+    };
+    let marks: Vec<Mark> = (0..3)
+        .map(|i| Mark {
+            ts_ns: T0 + 20 + i,
+            pid: 100 + i as u32,
+            kind: MarkKind::Enospc,
+            short: "ENOSPC".to_owned(),
+            detail: "fallocate of 46.0 MiB returned ENOSPC".to_owned(),
+            dev: Some(26),
+        })
+        .collect();
+    let scale = chart::Scale::new(T0, (T0, T0 + 1_000_000_000));
+    let mut svg = String::new();
+    chart::usage(&mut svg, 26, &device, &marks, &scale);
+    let top: u64 = svg
+        .split("data-top=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(
+        (64 * MIB..=128 * MIB).contains(&top),
+        "the axis goes to {} MiB, not to the limit and what was held",
+        top / MIB
+    );
+    assert!(svg.contains("sizes of the objects reach 384.0 MiB (cut at the top)"));
+    assert_eq!(svg.matches(">ENOSPC ×3<").count(), 1, "{svg}");
+    assert!(!svg.contains(">ENOSPC<"), "one label for the three: {svg}");
+    assert_eq!(svg.matches("<line x1=").count(), 3, "a line per failure");
+}
+
+/// Semaphores are counted, not drawn, unless asked; a compiler's failed probe is no death.
+#[test]
+fn semaphores_and_uninvolved_exits_stay_out_of_the_picture() {
+    let sem = [
+        records::openat(T0, 4242, "/dev/shm/sem.mp-1", 5, 91),
+        call(
+            T0 + 5,
+            4242,
+            Call {
+                syscall: common::Syscall::Close,
+                fd: 5,
+                ino: 91,
+                ret: 0,
+                args: [5, 0, 0, 0, 0, 0],
+                size: 32,
+            },
+        ),
+    ];
+    // Python's ctypes.util.find_library runs gcc, which fails.
+    let probe = [
+        records::fork(T0 + 20, 4242, 4300),
+        records::exec(T0 + 25, 4300, "/usr/bin/gcc", &["gcc"]),
+        records::exit(T0 + 30, 4300, 1 << 8),
+    ];
+    let batch = records::openat(T0 + 40, 4242, "/dev/shm/torch_1", 6, 92);
+    let run = |timeline: Timeline| {
+        let mut timeline = timeline;
+        let mut world = World::new();
+        for record in sem.iter().chain(&probe).chain([&batch]) {
+            let event = decode(record).unwrap();
+            let note = world.apply(&event);
+            timeline.event(&event, &note, "host", &world);
+        }
+        timeline.finish(&world, &Roles::compute(&world), 0, T0 + 100);
+        timeline
+    };
+    let timeline = run(Timeline::new());
+    let names: Vec<&str> = timeline.spans().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["/dev/shm/torch_1"]);
+    assert_eq!(timeline.semaphore_holds(), 1);
+    assert!(timeline.marks().is_empty(), "{:?}", timeline.marks());
+    assert_eq!(timeline.lanes().len(), 1);
+    let everything = run(Timeline::new().show_all());
+    assert_eq!(everything.spans().len(), 2);
+}

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
     capacity::Capacity,
-    diagnose::{self, Cause, Diagnosis, FailureKind, Role, Roles},
+    diagnose::{self, Cause, Diagnosis, FailureKind, Role, Roles, known::is_posix_semaphore},
     event::{Body, Event, Exit, ExitStatus, InodeId, Syscall, names},
     model::{Annotation, ContainerInfo, World},
 };
@@ -87,8 +87,12 @@ pub struct Mark {
 pub struct Device {
     /// Whose it is: a container, `host`, a mount namespace (escaped).
     pub label: Option<String>,
-    /// `(ts, bytes)` whenever the traced objects' demand on it changed.
+    /// `(ts, bytes)` whenever the traced objects' demand on it (their sizes, written or not)
+    /// changed.
     pub demand: Vec<(u64, u64)>,
+    /// `(ts, bytes)` whenever the pages the traced objects hold, as system calls showed
+    /// them, changed.
+    pub held: Vec<(u64, u64)>,
     /// Measurements of its size and use (statfs), at failures and once a second per container.
     pub samples: Vec<Capacity>,
 }
@@ -96,6 +100,15 @@ pub struct Device {
 impl Device {
     pub fn peak_demand(&self) -> u64 {
         self.demand.iter().map(|(_, b)| *b).max().unwrap_or(0)
+    }
+
+    pub fn peak_held(&self) -> u64 {
+        self.held.iter().map(|(_, b)| *b).max().unwrap_or(0)
+    }
+
+    /// The most statfs measured in use.
+    pub fn peak_used(&self) -> u64 {
+        self.samples.iter().map(|s| s.used).max().unwrap_or(0)
     }
 
     /// The largest size measured: the capacity line.
@@ -147,6 +160,9 @@ pub struct Timeline {
     lanes: Vec<Lane>,
     /// Processes seen that held no /dev/shm object and neither failed nor died badly.
     quiet_processes: usize,
+    /// Draw POSIX semaphores too (`--show-all`); otherwise they are counted.
+    show_all: bool,
+    semaphore_holds: usize,
     /// Events the kernel dropped (its ring buffer was full): the pictures have gaps.
     lost: u64,
 }
@@ -154,6 +170,12 @@ pub struct Timeline {
 impl Timeline {
     pub fn new() -> Timeline {
         Timeline::default()
+    }
+
+    /// Draws everything: POSIX semaphores too, each hold a bar.
+    pub fn show_all(mut self) -> Timeline {
+        self.show_all = true;
+        self
     }
 
     pub fn event(&mut self, event: &Event, note: &Annotation, place: &str, world: &World) {
@@ -224,6 +246,12 @@ impl Timeline {
     pub fn finish(&mut self, world: &World, roles: &Roles, lost: u64, end_ns: u64) {
         self.saw(end_ns);
         self.lost = lost;
+        if !self.show_all {
+            // A page each, dozens a process: never what filled /dev/shm. Counted instead.
+            let before = self.spans.len();
+            self.spans.retain(|s| !is_posix_semaphore(&s.name));
+            self.semaphore_holds = before - self.spans.len();
+        }
         let mut drawn: BTreeSet<u32> = self.spans.iter().map(|s| s.pid).collect();
         drawn.extend(self.marks.iter().map(|m| m.pid));
         self.lanes = drawn
@@ -323,6 +351,11 @@ impl Timeline {
 
     pub fn quiet_processes(&self) -> usize {
         self.quiet_processes
+    }
+
+    /// Holds of POSIX semaphores left out of the picture.
+    pub fn semaphore_holds(&self) -> usize {
+        self.semaphore_holds
     }
 
     pub fn lost(&self) -> u64 {
@@ -438,7 +471,11 @@ impl Timeline {
                 dev,
             });
         }
-        if let Body::Exit(Exit { status, .. }) = &event.body {
+        // An exit another process asked for, or the status of one that never touched shared
+        // memory (a compiler probing for a library), is no failure to mark.
+        if let Body::Exit(Exit { status, .. }) = &event.body
+            && note.is_failure(event)
+        {
             let (kind, short) = match status {
                 ExitStatus::Signal { signo, .. } => (
                     MarkKind::Killed,
@@ -466,15 +503,21 @@ impl Timeline {
     fn track_demand(&mut self, ts_ns: u64, world: &World) {
         for (dev, usage) in world.usages() {
             let device = self.devices.entry(dev).or_default();
-            let last = device.demand.last().map(|(_, b)| *b);
-            if last != Some(usage.demand) {
-                if last.is_none() && usage.demand > 0 {
-                    // Start the line from nothing, not from the first value.
-                    device.demand.push((ts_ns, 0));
-                }
-                device.demand.push((ts_ns, usage.demand));
-            }
+            step(&mut device.demand, ts_ns, usage.demand);
+            step(&mut device.held, ts_ns, usage.allocated);
         }
+    }
+}
+
+/// Adds a point to a step series when its value changed.
+fn step(series: &mut Vec<(u64, u64)>, ts_ns: u64, bytes: u64) {
+    let last = series.last().map(|(_, b)| *b);
+    if last != Some(bytes) {
+        if last.is_none() && bytes > 0 {
+            // Start the line from nothing, not from the first value.
+            series.push((ts_ns, 0));
+        }
+        series.push((ts_ns, bytes));
     }
 }
 

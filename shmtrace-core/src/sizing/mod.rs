@@ -17,8 +17,8 @@ pub use render::text;
 use crate::{
     capacity::Capacity,
     diagnose::{
-        DEFAULT_PREFETCH, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise, role,
-        space_check::RayStore,
+        Cause, DEFAULT_PREFETCH, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise,
+        known, role, space_check::RayStore,
     },
     event::{Body, Event, ExitStatus, InodeId, names},
     model::{Annotation, ShmObject, StartedBy, World},
@@ -41,8 +41,6 @@ struct Shm {
     /// Live objects as of the last event, for the moment of a statfs peak.
     live_now: Vec<LiveObject>,
     statfs_at_peak: Vec<LiveObject>,
-    /// Each role's own peak.
-    roles: BTreeMap<RoleKind, u64>,
     /// statfs: its size, its use before the workload, the most used beyond that.
     size: Option<u64>,
     baseline: Option<u64>,
@@ -79,7 +77,9 @@ pub struct Sizer {
     owners: HashMap<InodeId, (u32, RoleKind)>,
     start_ns: Option<u64>,
     end_ns: u64,
-    failures: Vec<String>,
+    failures: Vec<SizeFailure>,
+    /// The largest size a diagnosis of a failure advised.
+    advised_after_failure: Option<Recommendation>,
     /// DataLoader workers alive now, and the most alive at once (each epoch starts new ones).
     workers: BTreeSet<u32>,
     most_workers: u32,
@@ -182,16 +182,21 @@ impl Sizer {
     }
 
     pub fn diagnosis(&mut self, diagnosis: &Diagnosis) {
+        if let Some(r) = &diagnosis.recommendation
+            && self
+                .advised_after_failure
+                .as_ref()
+                .is_none_or(|before| before.min_bytes < r.min_bytes)
+        {
+            self.advised_after_failure = Some(r.clone());
+        }
         if let Some(failure) = diagnosis.failures.first() {
-            let cause = serde_json::to_value(failure.cause)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            self.failures.push(format!(
-                "{} (pid {}): {cause}",
-                crate::event::escape::text(&diagnosis.comm),
-                diagnosis.pid
-            ));
+            self.failures.push(SizeFailure {
+                pid: diagnosis.pid,
+                comm: crate::event::escape::text(&diagnosis.comm),
+                cause: failure.cause,
+                what: failure.headline(),
+            });
         }
     }
 
@@ -202,7 +207,6 @@ impl Sizer {
             .collect();
         let shm = self.shms.get_mut(&dev).expect("checked by the caller");
         shm.now = world.usage(dev).map(|u| u.allocated).unwrap_or(0);
-        let mut by_role: BTreeMap<RoleKind, u64> = BTreeMap::new();
         let mut live_now: Vec<LiveObject> = Vec::with_capacity(live.len());
         for object in &live {
             let (pid, role) = self
@@ -218,7 +222,6 @@ impl Sizer {
             } else {
                 object.allocated
             };
-            *by_role.entry(role).or_default() += held;
             if object.path.as_deref().is_some_and(role::is_torch) {
                 shm.batch_bytes = shm.batch_bytes.max(object.allocated);
             }
@@ -232,10 +235,6 @@ impl Sizer {
                     role: role.describe(),
                 });
             }
-        }
-        for (role, bytes) in by_role {
-            let peak = shm.roles.entry(role).or_default();
-            *peak = (*peak).max(bytes);
         }
         let sizes: u64 = live.iter().map(|o| o.size.max(0) as u64).sum();
         shm.sizes_peak = shm.sizes_peak.max(sizes);
@@ -267,10 +266,15 @@ impl Sizer {
             shm: shms,
             failures: self.failures.clone(),
             lost_events: lost,
-            budget: budget.map(|budget| Budget {
-                bytes: budget,
-                needed: needed.unwrap_or(0),
-                fits: needed.unwrap_or(0) <= budget,
+            budget: budget.map(|budget| {
+                let unmeasured = self.failures.iter().any(SizeFailure::for_lack_of_shm);
+                Budget {
+                    bytes: budget,
+                    needed: needed.unwrap_or(0),
+                    fits: needed.unwrap_or(0) <= budget && !unmeasured,
+                    unmeasured,
+                    measure_on: unmeasured.then(|| needed.unwrap_or(0).max(budget)),
+                }
             }),
             command: None,
         }
@@ -351,7 +355,21 @@ impl Sizer {
         } else {
             (need, basis)
         };
-        let advice = advise(need, &basis, &started_by);
+        let mut advice = advise(need, &basis, &started_by);
+        // A run that failed for lack of /dev/shm measured only what fitted: the failures'
+        // diagnosis knows better what was asked.
+        if let Some(failed) = &self.advised_after_failure
+            && failed.min_bytes > advice.min_bytes
+        {
+            advice = Recommendation {
+                basis: format!(
+                    "{basis}, only what fitted, as processes failed for lack of /dev/shm; their \
+                     diagnosis: {}",
+                    failed.basis
+                ),
+                ..failed.clone()
+            };
+        }
         let dataloader_bound = loader.map(|loader| {
             DataloaderDemand {
                 in_flight: 0,
@@ -373,16 +391,11 @@ impl Sizer {
             measured_by,
             syscall_peak_bytes: shm.peak,
             statfs_peak_bytes: shm.size.map(|_| shm.statfs_peak),
-            roles: shm
-                .roles
-                .iter()
-                .filter(|(_, bytes)| **bytes > 0)
-                .map(|(role, bytes)| RolePeak {
-                    role: role.describe(),
-                    peak_bytes: *bytes,
-                })
+            roles: roles_at(peak, at_peak),
+            live_at_peak: collapse_semaphores(at_peak)
+                .into_iter()
+                .take(LIVE_AT_PEAK)
                 .collect(),
-            live_at_peak: at_peak.iter().take(LIVE_AT_PEAK).cloned().collect(),
             live_at_peak_total: live,
             // What is advised, floors included: a budget that fits the peak alone would pass a
             // DataLoader or a Ray store that the advice says needs more.
@@ -408,7 +421,7 @@ pub struct SizeReport {
     pub duration_s: f64,
     pub shm: Vec<ShmReport>,
     /// Processes that failed while it was measured: the peak may then be short of the need.
-    pub failures: Vec<String>,
+    pub failures: Vec<SizeFailure>,
     pub lost_events: u64,
     pub budget: Option<Budget>,
     /// How the traced command ended (`size -- CMD`): with `--budget` shmtrace's exit status
@@ -472,15 +485,100 @@ pub struct ShmReport {
     pub advice: Recommendation,
 }
 
+/// What the objects of one role's making held at the peak; the rows add up to the peak.
 #[derive(Clone, Debug, Serialize)]
 pub struct RolePeak {
+    /// The role of the process that made (or first touched) the objects; `unseen` for pages
+    /// statfs counted that the traced calls had not shown (calls still running, writes
+    /// through mappings, processes not traced).
     pub role: &'static str,
-    pub peak_bytes: u64,
+    pub bytes_at_peak: u64,
+}
+
+/// A process that failed while the workload was measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct SizeFailure {
+    pub pid: u32,
+    pub comm: String,
+    pub cause: Cause,
+    /// Its decisive failure: `fallocate of 46.0 MiB on /dev/shm/torch_1 returned ENOSPC`.
+    pub what: String,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Budget {
     pub bytes: u64,
     pub needed: u64,
+    /// The advice fits the budget, and the run measured what it needed: nothing failed for
+    /// lack of /dev/shm.
     pub fits: bool,
+    /// Processes failed for lack of /dev/shm while the workload was measured: the peak is
+    /// what fitted, so no budget can be said to fit.
+    pub unmeasured: bool,
+    /// When unmeasured: a /dev/shm size to measure again on (the failures' diagnoses' advice,
+    /// or more).
+    pub measure_on: Option<u64>,
 }
+
+impl SizeFailure {
+    /// It failed because /dev/shm was full: the workload got less than it asked for.
+    pub fn for_lack_of_shm(&self) -> bool {
+        matches!(self.cause, Cause::ShmFull | Cause::Leftovers)
+    }
+}
+
+/// The roles whose objects were live at the peak, largest first, and what statfs saw beyond
+/// them: rows that add up to `peak`.
+fn roles_at(peak: u64, at_peak: &[LiveObject]) -> Vec<RolePeak> {
+    let mut by_role: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for object in at_peak {
+        *by_role.entry(object.role).or_default() += object.bytes;
+    }
+    let seen: u64 = by_role.values().sum();
+    let mut rows: Vec<RolePeak> = by_role
+        .into_iter()
+        .filter(|(_, bytes)| *bytes > 0)
+        .map(|(role, bytes)| RolePeak {
+            role,
+            bytes_at_peak: bytes,
+        })
+        .collect();
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes_at_peak));
+    if peak > seen {
+        rows.push(RolePeak {
+            role: UNSEEN,
+            bytes_at_peak: peak - seen,
+        });
+    }
+    rows
+}
+
+/// `objects` (largest first) with the POSIX semaphores among them as one entry, after the
+/// rest: a page each, dozens of them, never what a size is about.
+fn collapse_semaphores(objects: &[LiveObject]) -> Vec<LiveObject> {
+    let (semaphores, mut rest): (Vec<&LiveObject>, Vec<&LiveObject>) = objects
+        .iter()
+        .partition(|o| known::is_posix_semaphore(&o.name));
+    let mut out: Vec<LiveObject> = rest.drain(..).cloned().collect();
+    match semaphores.as_slice() {
+        [] => {}
+        [one] => out.push((*one).clone()),
+        many => {
+            let mut pids: Vec<u32> = many.iter().filter_map(|o| o.pid).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            out.push(LiveObject {
+                name: format!("{} POSIX semaphores (/dev/shm/sem.*)", many.len()),
+                bytes: many.iter().map(|o| o.bytes).sum(),
+                size: many.iter().map(|o| o.size).sum(),
+                mapped: many.iter().any(|o| o.mapped),
+                pid: (pids.len() == 1).then(|| pids[0]),
+                role: many[0].role,
+            });
+        }
+    }
+    out
+}
+
+/// The row of [`roles_at`] for pages no system call showed.
+pub const UNSEEN: &str = "unseen";

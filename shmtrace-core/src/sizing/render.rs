@@ -1,6 +1,12 @@
 //! `shmtrace size` as text.
 use super::SizeReport;
-use crate::{event::escape, size::human};
+use crate::{
+    event::escape,
+    size::{count, human},
+};
+
+/// Failures listed one by one; the rest are counted.
+const MAX_FAILURES_LISTED: usize = 8;
 
 /// The report for people; `time` turns a kernel timestamp into a wall-clock time.
 pub fn text(report: &SizeReport, time: &dyn Fn(u64) -> String) -> String {
@@ -36,17 +42,45 @@ pub fn text(report: &SizeReport, time: &dyn Fn(u64) -> String) -> String {
                 shm.measured_by
             ),
         );
-        // Per role, an object mapped counts by its size: its pages written through the
-        // mapping show in no system call.
+        // What made up the peak, by the role of the process that made each object: rows
+        // that add up to it.
         for role in &shm.roles {
+            if role.role == super::UNSEEN {
+                add(
+                    "  unseen",
+                    format!(
+                        "{:<24}{:>10}  pages statfs counted that the traced calls had not shown \
+                         (calls still running, writes through mappings, processes not traced)",
+                        "",
+                        human(role.bytes_at_peak)
+                    ),
+                );
+            } else {
+                add(
+                    "  made by",
+                    format!("{:<24}{:>10}", role.role, human(role.bytes_at_peak)),
+                );
+            }
+        }
+        if shm.roles.len() > 1 {
             add(
-                "  by role",
-                format!("{:<24}{}", role.role, human(role.peak_bytes)),
+                "",
+                "(by the role of the process that made each object; the closing table counts \
+                 what each role's processes held, a batch for its worker and for the trainer)"
+                    .to_owned(),
             );
         }
-        let more = shm
-            .live_at_peak_total
-            .saturating_sub(shm.live_at_peak.len());
+        let listed: usize = shm
+            .live_at_peak
+            .iter()
+            .map(|o| {
+                o.name
+                    .split_once(" POSIX semaphores")
+                    .and_then(|(n, _)| n.parse().ok())
+                    .unwrap_or(1)
+            })
+            .sum();
+        let more = shm.live_at_peak_total.saturating_sub(listed);
         for (i, object) in shm.live_at_peak.iter().enumerate() {
             add(
                 if i == 0 { "live then" } else { "" },
@@ -95,10 +129,49 @@ pub fn text(report: &SizeReport, time: &dyn Fn(u64) -> String) -> String {
             );
         }
     }
-    for failure in &report.failures {
+    let short: Vec<&super::SizeFailure> = report
+        .failures
+        .iter()
+        .filter(|f| f.for_lack_of_shm())
+        .collect();
+    if !short.is_empty() {
+        let sizes: Vec<String> = report
+            .shm
+            .iter()
+            .filter_map(|shm| shm.size.map(human))
+            .collect();
         add(
             "failed",
-            format!("{failure}: the peak is what fitted, not what was needed"),
+            format!(
+                "{} failed for lack of /dev/shm while it was measured: the peak is what fitted{}, \
+                 not what the workload needs",
+                count(short.len() as u64, "process"),
+                match sizes.as_slice() {
+                    [size] => format!(" in its {size}"),
+                    _ => String::new(),
+                }
+            ),
+        );
+    }
+    let others = report.failures.iter().filter(|f| !f.for_lack_of_shm());
+    for (i, failure) in short.iter().copied().chain(others).enumerate() {
+        if i == MAX_FAILURES_LISTED {
+            add(
+                "",
+                format!(
+                    "... and {} more",
+                    report.failures.len() - MAX_FAILURES_LISTED
+                ),
+            );
+            break;
+        }
+        add(
+            if short.is_empty() && i == 0 {
+                "failed"
+            } else {
+                ""
+            },
+            format!("{} (pid {}): {}", failure.comm, failure.pid, failure.what),
         );
     }
     if report.lost_events > 0 {
@@ -124,7 +197,15 @@ pub fn text(report: &SizeReport, time: &dyn Fn(u64) -> String) -> String {
     if let Some(budget) = &report.budget {
         add(
             "budget",
-            if budget.fits {
+            if budget.unmeasured {
+                format!(
+                    "NOT MEASURED: the workload ran out of /dev/shm, so this run cannot tell \
+                     whether {} is enough (it needed more than it got); run it again on a \
+                     /dev/shm of at least {} and check again",
+                    human(budget.bytes),
+                    human(budget.measure_on.unwrap_or(budget.bytes))
+                )
+            } else if budget.fits {
                 format!(
                     "fits: {} needed with headroom, {} allowed",
                     human(budget.needed),

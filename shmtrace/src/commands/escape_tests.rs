@@ -220,6 +220,8 @@ fn check(strings: &[Vec<u8>]) {
         output: Some(text.clone()),
         html: Some(html.clone()),
         perfetto: Some(perfetto.clone()),
+        // Hostile names on every object drawn, semaphores' too.
+        show_all: true,
         color: ColorWhen::Never,
         size: false,
         budget: None,
@@ -238,6 +240,7 @@ fn check(strings: &[Vec<u8>]) {
             json: true,
             output: Some(json.clone()),
             color: ColorWhen::Never,
+            show_all: false,
             verbose: false,
         },
     })
@@ -256,6 +259,8 @@ fn check(strings: &[Vec<u8>]) {
             json: false,
             output: Some(shown.clone()),
             color: ColorWhen::Never,
+            // Every line, hostile names in processes that did nothing else too.
+            show_all: true,
             verbose: false,
         },
     })

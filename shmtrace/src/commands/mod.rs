@@ -56,11 +56,16 @@ pub fn open_output_not_over(
     clock: Clock,
     inputs: &[FileId],
 ) -> Result<Output> {
+    let name = match path {
+        Some(path) => path.display().to_string(),
+        None if default == DefaultStream::Stderr => "standard error".to_owned(),
+        None => "standard output".to_owned(),
+    };
     let (writer, terminal, to_file): (Box<dyn io::Write + Send>, bool, bool) = match path {
         Some(path) => {
             // `-o /dev/stdout` writes to what the shell opened, without truncating it.
             let file = safe_open::create(path, &OpenOptions::new().not_over(inputs))
-                .with_context(|| format!("cannot write the output to {}", path.display()))?;
+                .context("cannot write the output (-o)")?;
             let terminal = file.is_terminal();
             (
                 Box::new(io::BufWriter::with_capacity(OUTPUT_BUFFER, file)),
@@ -86,17 +91,21 @@ pub fn open_output_not_over(
     } else {
         Format::Human(color.enabled(terminal))
     };
-    Ok(Output::new(writer, format, clock, to_file))
+    Ok(Output::named(writer, &name, format, clock, to_file))
 }
 
 pub fn open_output_args(args: &OutputArgs, default: DefaultStream, clock: Clock) -> Result<Output> {
-    open_output(
+    let mut output = open_output(
         args.output.as_deref(),
         args.json,
         args.color,
         default,
         clock,
-    )
+    )?;
+    if args.show_all {
+        output.show_all();
+    }
+    Ok(output)
 }
 
 pub fn init_logging(verbose: bool) {

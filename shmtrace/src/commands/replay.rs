@@ -40,12 +40,15 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
             clock: header.clock(),
             tool_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
-        let pictures = Pictures::new(
+        let mut pictures = Pictures::new(
             about,
             args.html.as_deref(),
             args.perfetto.as_deref(),
             &inputs,
         )?;
+        if args.show_all {
+            pictures = pictures.show_all();
+        }
         pipeline = pipeline.with_observer(Box::new(pictures));
     }
     pipeline.notice(&describe(&header))?;
@@ -73,7 +76,7 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
             .map(|t| boot_time(&header, t))
             .transpose()?,
     };
-    let output = open_output_not_over(
+    let mut output = open_output_not_over(
         args.output.output.as_deref(),
         args.output.json,
         args.output.color,
@@ -81,6 +84,9 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
         header.clock(),
         set.file_ids(),
     )?;
+    if args.output.show_all {
+        output.show_all();
+    }
     let mut pipeline = Pipeline::new(World::new(), diagnoser(&header), output, filter);
     pipeline.notice(&describe(&header))?;
     replay(set, &mut pipeline)

@@ -2,6 +2,7 @@
 //! /dev/shm a workload allocated, and the size to give it.
 use std::{
     collections::HashMap,
+    fs::File,
     io::Write,
     path::Path,
     process::ExitCode,
@@ -30,6 +31,7 @@ use crate::{
     model::{Annotation, ContainerInfo, World},
     output::filter::Filter,
     pipeline::{Observer, Pipeline},
+    safe_open::{self, FileId, OpenOptions},
     sizing::{self, CommandEnd, SizeReport, Sizer},
 };
 
@@ -38,8 +40,11 @@ use crate::{
 /// the workload does not fit the budget,
 const OVER_BUDGET: u8 = 3;
 /// or it fits but the traced command failed (a non-zero status, a signal), so the measurement
-/// is of a run that did not finish its work.
+/// is of a run that did not finish its work,
 const COMMAND_FAILED: u8 = 4;
+/// or processes failed for lack of /dev/shm while it was measured: the peak is what fitted,
+/// and says nothing of the budget.
+const UNMEASURED: u8 = 5;
 /// How often a live run measures each /dev/shm the workload uses (statfs), to see pages
 /// written through mappings, which no system call shows.
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
@@ -48,6 +53,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
     let what = What::from_args(&args.target)?;
     let options = live::options(&what, &args.target);
+    let to = open_result(args.output.as_deref(), &[])?;
     let result = Arc::new(Mutex::new(None));
     let budget = args.size.budget;
     let make_pipeline = |_: &live::Launched<'_>| -> Result<Pipeline> {
@@ -71,11 +77,12 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
     let fits = write(
         &report,
         args.json,
-        args.output.as_deref(),
+        to,
         &Clock::now().context("reading the clocks")?,
     )?;
     Ok(match (&report.budget, &report.command) {
         (None, _) => exit_code(&outcome),
+        (Some(budget), _) if budget.unmeasured => ExitCode::from(UNMEASURED),
         (Some(_), _) if !fits => ExitCode::from(OVER_BUDGET),
         (Some(_), Some(command)) if !command.success() => ExitCode::from(COMMAND_FAILED),
         // Fits: an interrupted watch of containers or pids (Ctrl-C is how it ends) passes.
@@ -87,6 +94,7 @@ pub fn run(args: &SizeArgs) -> Result<ExitCode> {
 pub fn from_trace(args: &ReportArgs) -> Result<ExitCode> {
     let set = open(&args.file)?;
     let header = set.header().clone();
+    let to = open_result(args.output.as_deref(), set.file_ids())?;
     let output = open_output(
         None,
         false,
@@ -106,12 +114,12 @@ pub fn from_trace(args: &ReportArgs) -> Result<ExitCode> {
     let replayed = replay(set, &mut pipeline);
     drop(pipeline);
     let report = take(&result)?;
-    let fits = write(&report, args.json, args.output.as_deref(), &header.clock())?;
+    let fits = write(&report, args.json, to, &header.clock())?;
     let status = replayed?;
-    Ok(if fits {
-        status
-    } else {
-        ExitCode::from(OVER_BUDGET)
+    Ok(match &report.budget {
+        Some(budget) if budget.unmeasured => ExitCode::from(UNMEASURED),
+        _ if !fits => ExitCode::from(OVER_BUDGET),
+        _ => status,
     })
 }
 
@@ -124,7 +132,23 @@ fn take(result: &Mutex<Option<SizeReport>>) -> Result<SizeReport> {
 }
 
 /// Writes the report; returns whether it fits the budget (true without one).
-fn write(report: &SizeReport, json: bool, path: Option<&Path>, clock: &Clock) -> Result<bool> {
+/// Opens `-o` before the measurement, so that a bad path fails before a long run: as every
+/// output, never through a link, never over the trace being read.
+fn open_result<'a>(path: Option<&'a Path>, inputs: &[FileId]) -> Result<Option<(File, &'a Path)>> {
+    path.map(|path| {
+        safe_open::create(path, &OpenOptions::new().not_over(inputs))
+            .context("cannot write the result (-o)")
+            .map(|file| (file, path))
+    })
+    .transpose()
+}
+
+fn write(
+    report: &SizeReport,
+    json: bool,
+    to: Option<(File, &Path)>,
+    clock: &Clock,
+) -> Result<bool> {
     let text = if json {
         let mut text = serde_json::to_string(report).context("writing the result as JSON")?;
         text.push('\n');
@@ -132,9 +156,12 @@ fn write(report: &SizeReport, json: bool, path: Option<&Path>, clock: &Clock) ->
     } else {
         sizing::text(report, &|ns| clock.rfc3339(ns))
     };
-    match path {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("cannot write the result to {}", path.display()))?,
+    match to {
+        Some((mut file, path)) => {
+            file.write_all(text.as_bytes())
+                .and_then(|()| file.flush())
+                .with_context(|| format!("cannot write the result to {}", path.display()))?;
+        }
         None => {
             let mut stdout = std::io::stdout().lock();
             stdout.write_all(text.as_bytes())?;

@@ -64,6 +64,10 @@ pub enum Tally {
         count: u64,
     },
     Recommended(u64),
+    /// How full its /dev/shm was at a failure, as the diagnosis says (at least what the traced
+    /// objects held; a `size` of 0 when it was not measured then): a survey may never see it
+    /// so, the processes having freed it all.
+    FullAt(Capacity),
 }
 
 /// Bounds on what waits for a survey, so that a flood of events in unknown namespaces costs
@@ -705,6 +709,31 @@ impl Fleet {
                 Tally::Death { role, .. } => {
                     tracked.roles.insert(role.clone());
                 }
+                Tally::FullAt(capacity) => {
+                    // A size of 0: not measured at the failure (a survey sets it).
+                    let used = match capacity.size {
+                        0 => capacity.used,
+                        size => capacity.used.min(size),
+                    };
+                    tracked.peak = tracked.peak.max(used);
+                    let series = ShmLabels::new(labels, capacity.dev);
+                    if let Some(old) = tracked.shm_series.take()
+                        && old != series
+                    {
+                        self.metrics.retire_shm(&old);
+                    }
+                    if capacity.size > 0 {
+                        self.metrics
+                            .shm_size
+                            .get_or_create(&series)
+                            .set(clamp(capacity.size));
+                    }
+                    self.metrics
+                        .shm_peak
+                        .get_or_create(&series)
+                        .set(clamp(tracked.peak));
+                    tracked.shm_series = Some(series);
+                }
                 _ => {}
             }
         }
@@ -735,6 +764,8 @@ impl Fleet {
                 let gauge = m.recommended.get_or_create(labels);
                 gauge.set(gauge.get().max(clamp(bytes)));
             }
+            // Its series, set above, are its container's.
+            Tally::FullAt(_) => {}
         }
         // A container's first touch: its counters start at zero, so that `increase()` sees
         // its first failure.

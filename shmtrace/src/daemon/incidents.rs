@@ -163,7 +163,7 @@ impl Tap for Incidents {
 
     fn trigger(&mut self, ts_ns: u64, trigger: Trigger) -> Result<()> {
         let detail = trigger.detail.clone();
-        let reason = trigger.reason.as_str().to_owned();
+        let reason = trigger.reason.key();
         match self.recorder().trigger(ts_ns, trigger) {
             Ok(Triggered::Started(path)) => {
                 self.log.borrow_mut().push(json!({

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     capacity::Capacity,
-    diagnose::{Diagnosis, Role, Roles},
+    diagnose::{Cause, Diagnosis, FailureKind, Role, Roles},
     event::{Body, Event, names},
     model::{Annotation, ContainerInfo, World},
     pipeline::Observer,
@@ -60,20 +60,28 @@ impl Observer for FleetObserver {
 
     fn diagnosis(&mut self, diagnosis: &Diagnosis) {
         // Deaths are counted from the exits the probes judged (`tallies`), which stay exact
-        // when records are lost; a diagnosis brings the advice.
-        let Some(recommendation) = &diagnosis.recommendation else {
-            return;
-        };
-        let tally = Tally::Recommended(recommendation.min_bytes);
+        // when records are lost; a diagnosis brings the advice, and how full its /dev/shm was
+        // at the failure (at least what the traced objects held): the measurement at the
+        // failure came before the container had series, or read nothing, the processes having
+        // freed it all, as a survey may.
+        let tallies = [
+            diagnosis
+                .recommendation
+                .as_ref()
+                .map(|r| Tally::Recommended(r.min_bytes)),
+            full_at(diagnosis).map(Tally::FullAt),
+        ];
         let mut fleet = self.fleet.borrow_mut();
-        let unplaced = match &diagnosis.container {
-            Some(container) => fleet.tally_for_id(&container.id, tally),
-            None => Err(tally),
-        };
-        if let Err(tally) = unplaced {
-            match fleet.mntns_of(diagnosis.pid) {
-                Some(mntns) => fleet.tally_in(mntns, tally, diagnosis.ts_ns, Instant::now()),
-                None => log::debug!("diagnosis of pid {} not placed", diagnosis.pid),
+        for tally in tallies.into_iter().flatten() {
+            let unplaced = match &diagnosis.container {
+                Some(container) => fleet.tally_for_id(&container.id, tally),
+                None => Err(tally),
+            };
+            if let Err(tally) = unplaced {
+                match fleet.mntns_of(diagnosis.pid) {
+                    Some(mntns) => fleet.tally_in(mntns, tally, diagnosis.ts_ns, Instant::now()),
+                    None => log::debug!("diagnosis of pid {} not placed", diagnosis.pid),
+                }
             }
         }
     }
@@ -81,6 +89,26 @@ impl Observer for FleetObserver {
     fn finish(self: Box<Self>, _: &World, _: &Roles, _: u64, _: u64) -> Result<Option<String>> {
         Ok(None)
     }
+}
+
+/// How full the /dev/shm of a diagnosis's failure was: as measured then (the diagnosis
+/// counts what the traced objects held at least), or, unmeasured, what the traced objects held
+/// when a call found it full (its size then unknown: 0).
+fn full_at(diagnosis: &Diagnosis) -> Option<Capacity> {
+    if diagnosis.cause != Cause::ShmFull {
+        return None;
+    }
+    let failure = diagnosis.failures.first()?;
+    let capacity = diagnosis.capacity.or_else(|| {
+        matches!(failure.kind, FailureKind::Call { .. }).then_some(Capacity {
+            dev: failure.dev?,
+            size: 0,
+            used: failure.held,
+            ts_ns: failure.ts_ns,
+            files: None,
+        })
+    })?;
+    (capacity.used > 0).then_some(capacity)
 }
 
 /// What one event counts.

@@ -82,8 +82,8 @@ impl What {
             Ok(What::Pids(args.pid.clone()))
         } else {
             bail!(
-                "nothing to trace: give a command after --, --pid PID, or --all \
-                 (or try `shmtrace demo`; see shmtrace --help)"
+                "nothing to trace: give --container NAME, a command after --, --pid PID, or \
+                 --all (or try `shmtrace demo`; see shmtrace --help)"
             )
         }
     }
@@ -361,6 +361,9 @@ fn run_probes(
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            for container in &containers {
+                eprintln!("{}", watch::shm_state(container, ""));
+            }
             let mut watch = Watch::containers(resolver, containers);
             runtime.block_on(watch.name_sharers(&mut pipeline))?;
             Some(watch)

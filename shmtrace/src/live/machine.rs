@@ -30,7 +30,8 @@ impl LiveMachine {
                 continue;
             };
             let pid = match &event.body {
-                Body::Call(call) if call.failed() && call.expected_error().is_none() => event.pid,
+                // What the model may judge a failure, which it has not seen yet.
+                Body::Call(call) if call.may_be_failure() => event.pid,
                 Body::Signal(signal) if signal.addr != 0 => signal.target_pid,
                 _ => continue,
             };

@@ -16,6 +16,7 @@ pub mod holders;
 pub mod launch;
 pub mod machine;
 pub mod proc_scan;
+pub mod progress;
 pub mod session;
 pub mod signals;
 pub mod source;

@@ -15,6 +15,7 @@ use crate::{
         bpf::{EventReader, Tracer},
         hold::Hold,
         machine::LiveMachine,
+        progress::Progress,
         signals::{Received, Signals, Stop},
         source::{Probes, Source},
         target::RunningCommand,
@@ -73,6 +74,9 @@ pub struct Session {
     evicted: Evicted,
     /// With a traced command: the processes of its tree whose exit has not been read yet.
     command_tree: HashSet<u32>,
+    /// A status line, when nothing else shows that the trace goes on (`size`, `record`) and
+    /// stderr is a terminal.
+    progress: Option<Progress>,
 }
 
 impl Session {
@@ -101,6 +105,7 @@ impl Session {
             started: Instant::now(),
             evicted: Evicted::default(),
             command_tree: HashSet::new(),
+            progress: None,
         }
     }
 
@@ -132,6 +137,9 @@ impl Session {
             Some(signals) => signals,
             None => Signals::install()?,
         };
+        if !self.pipeline.shows_events() {
+            self.progress = Progress::on_terminal();
+        }
         let mut ticker = tokio::time::interval(TICK);
         let mut ticks = 0u32;
         let mut watch_ticker = tokio::time::interval(WATCH_EVERY);
@@ -199,6 +207,9 @@ impl Session {
                     break;
                 }
                 _ = watch_ticker.tick(), if self.watch.is_some() => {
+                    if let Some(progress) = &mut self.progress {
+                        progress.clear(); // a container's restart is told on stderr
+                    }
                     let watch = self.watch.as_mut().expect("guarded");
                     let tracer = self.source.tracer().context("containers are followed with the probes only")?;
                     watch.check(tracer, &mut self.pipeline, &mut self.hold).await?;
@@ -226,9 +237,16 @@ impl Session {
                         self.forget_what_ended()?;
                     }
                     self.pipeline.tick(boot_ns()?)?;
+                    if let Some(progress) = &mut self.progress {
+                        progress.show(|| self.pipeline.status());
+                    }
                 }
             }
         }
+        if let Some(progress) = &mut self.progress {
+            progress.clear();
+        }
+        self.progress = None;
 
         if all_exited(&ending) {
             self.pipeline.notice("every traced process has exited")?;
@@ -252,6 +270,12 @@ impl Session {
                     format!("command killed by {}", names::signal_name(signo))
                 }
             })?;
+        }
+        // The summary ends as the trace began: each container's /dev/shm, as it is now.
+        if let Some(watch) = &self.watch {
+            for line in watch.closing_lines() {
+                self.pipeline.output().closing_line(line);
+            }
         }
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
@@ -307,6 +331,10 @@ impl Session {
         }
         if batch.is_empty() {
             return Ok(());
+        }
+        // What the records print (a diagnosis) must not land on the status line.
+        if let Some(progress) = &mut self.progress {
+            progress.clear();
         }
         let mut machine = LiveMachine::default();
         machine.read_failing_early(batch);

@@ -336,3 +336,75 @@ fn sample(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
     }
     Ok(())
 }
+
+/// One line on a container's /dev/shm as it is now: its size, its use, and the files in it
+/// (a leftover of an earlier run shows here first). `when`: `` at the start, ` at the end`.
+pub fn shm_state(container: &Container, when: &str) -> String {
+    use crate::size::{count, human};
+    let name = container.display_name();
+    let Some(pid) = container.pid.filter(|_| container.state.is_running()) else {
+        let gone = if container.ipc.describe().starts_with("private") {
+            " (its private /dev/shm went with it)"
+        } else {
+            ""
+        };
+        return format!("shmtrace: container {name}{when}: not running{gone}");
+    };
+    let measured = match crate::container::measure_shm(pid) {
+        Ok(info) => info.measured,
+        Err(error) => return format!("shmtrace: container {name}{when}: /dev/shm: {error}"),
+    };
+    let Some(capacity) = measured else {
+        return format!("shmtrace: container {name}{when}: /dev/shm could not be measured");
+    };
+    let size = if capacity.is_bounded() {
+        human(capacity.size)
+    } else {
+        "no size limit".to_owned()
+    };
+    let percent = (capacity.used * 100)
+        .checked_div(capacity.size)
+        .map(|p| format!(" ({p}%)"))
+        .unwrap_or_default();
+    let mut files = crate::container::list_shm_files(pid)
+        .map(|(_, files)| files)
+        .unwrap_or_default();
+    files.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    let listed: Vec<String> = files
+        .iter()
+        .take(3)
+        .map(|f| {
+            format!(
+                "{} ({})",
+                crate::event::escape::bytes(f.name.as_encoded_bytes()),
+                human(f.bytes)
+            )
+        })
+        .collect();
+    let there = match files.len() {
+        0 => "no files in it".to_owned(),
+        n => format!(
+            "{} in it: {}{}",
+            count(n as u64, "file"),
+            listed.join(", "),
+            if n > 3 { ", ..." } else { "" }
+        ),
+    };
+    format!(
+        "shmtrace: container {name}{when}: /dev/shm {size}, {} used{percent}; {there}",
+        human(capacity.used)
+    )
+}
+
+impl Watch {
+    /// [`shm_state`] of each followed container now, for the end of the summary.
+    pub fn closing_lines(&self) -> Vec<String> {
+        match self {
+            Watch::Containers { followed, .. } => followed
+                .iter()
+                .map(|one| shm_state(&one.container, " at the end"))
+                .collect(),
+            Watch::Host { .. } => Vec::new(),
+        }
+    }
+}

@@ -19,9 +19,10 @@ use std::{
 
 use shmtrace_tests::{
     corpus::{self, Entry, Expectation, Verdict},
-    docker::{Container, wait_for},
+    docker::Container,
     pytorch, ray, read_json_lines,
     recording::Recorder,
+    shared_shm::{RemovedNextDoor, SharedShm},
     sizing::{self, Job, MIB, PostgresQuery, Script, Started, workloads_mount},
     tempdir,
 };
@@ -132,18 +133,36 @@ fn recipes() -> Vec<Recipe> {
         },
         Recipe {
             name: "leftovers-of-a-killed-job",
-            about: "the file_system strategy's files left in a 2 MiB /dev/shm by a job killed \
-                    with SIGKILL (trainer, workers and managers, as docker kill does); the same \
-                    job run again fails with ENOSPC although it fits alone",
-            program: "a stand-in: tests/workloads/file_system_strategy.py (stdlib Python making \
-                      PyTorch's calls), the scenario docker_causes tests",
-            shm_bytes: Some(2 * MIB),
+            about: "a PyTorch DataLoader with the file_system strategy (2 workers, 1 MiB \
+                    batches, prefetch 2) in an 8 MiB /dev/shm, killed with SIGKILL while its \
+                    workers' queues are full (trainer, workers and their torch_shm_managers \
+                    at once, as docker kill does): its batches stay in /dev/shm; the same job \
+                    run again fails with ENOSPC although it fits alone",
+            program: "PyTorch 2.15.0 from PyPI (tests/workloads/torch_dataloader.py --strategy \
+                      file_system --hold-after 3)",
+            shm_bytes: Some(8 * MIB),
             job: || Box::new(leftovers()),
             succeeds: false,
-            causes: &[("dataloader_worker", "leftovers")],
+            causes: &[("dataloader_worker", "leftovers"), ("trainer", "leftovers")],
             remedy_checked: Some(
                 "docker_causes::leftovers_of_killed_processes_are_named_and_the_size_is_not_blamed",
             ),
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "looked-at-dev-shm-then-stopped",
+            about: "two services that look at /dev/shm's free space as they start (statvfs) \
+                    and then serve, in Docker's default 64 MiB /dev/shm; one is stopped with \
+                    SIGINT (as Ctrl-C does) and exits 130, the other with SIGTERM (as docker \
+                    stop does) and exits 143: they were stopped, they decided nothing from \
+                    what they saw",
+            program: "Python 3.11's shutil.disk_usage (Debian; tests/workloads/look_then_serve.py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(look_then_stop()),
+            succeeds: false,
+            causes: &[],
+            remedy_checked: None,
             with_files: None,
             size_on: None,
         },
@@ -252,6 +271,40 @@ fn recipes() -> Vec<Recipe> {
             size_on: None,
         },
         Recipe {
+            name: "mpi-ucx-job-in-a-small-dev-shm",
+            about: "the Open MPI job over UCX (--mca pml ucx, its shared-memory transports) \
+                    in an 8 MiB /dev/shm: each rank asks for huge pages first (shmget with \
+                    SHM_HUGETLB: ENOMEM; mmap of its /dev/shm segment with MAP_HUGETLB: \
+                    EINVAL) and takes ordinary pages at once; one rank's write of zeros over \
+                    its 4 MiB segment fails with ENOSPC and it exits 1, mpirun ends the \
+                    others with SIGTERM: none is blamed for its huge-page probes (a rank whose \
+                    own write failed after the first's follows it)",
+            program: "Open MPI 4.1, UCX 1.13 and mpi4py from Debian (openmpi-bin, libucx0, \
+                      python3-mpi4py)",
+            shm_bytes: Some(8 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", UCX)),
+            succeeds: false,
+            causes: &[("python3", "shm_full"), ("mpirun", "shm_full")],
+            remedy_checked: None,
+            with_files: None,
+            size_on: Some(256 * MIB),
+        },
+        Recipe {
+            name: "healthy-mpi-ucx-job",
+            about: "the Open MPI job over UCX in a 64 MiB /dev/shm: every rank's huge-page \
+                    requests are refused (shmget SHM_HUGETLB ENOMEM, mmap MAP_HUGETLB EINVAL) \
+                    and each falls back to ordinary pages at once; it succeeds",
+            program: "Open MPI 4.1, UCX 1.13 and mpi4py from Debian (openmpi-bin, libucx0, \
+                      python3-mpi4py)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(mpi_ring(4, "--bytes 1M", UCX)),
+            succeeds: true,
+            causes: &[],
+            remedy_checked: None,
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
             name: "healthy-mpi-job",
             about: "an Open MPI job of 4 ranks (mpirun, shared-memory transport: its segments \
                     in /dev/shm) passing arrays around a ring and reducing them, in a 64 MiB \
@@ -303,6 +356,23 @@ fn recipes() -> Vec<Recipe> {
             program: "Python 3.11's multiprocessing.shared_memory and rm (Debian, busybox)",
             shm_bytes: Some(64 * MIB),
             job: || Box::new(python("shared_name.py --wait 0.7 --remove-with-rm")),
+            succeeds: false,
+            causes: &[("python3", "name_removed")],
+            remedy_checked: Some("healthy-shared-memory-name-kept: the same job without the rm"),
+            with_files: None,
+            size_on: None,
+        },
+        Recipe {
+            name: "shared-memory-name-removed-by-another-container",
+            about: "two containers sharing one /dev/shm (--ipc=shareable, --ipc=container:, as \
+                    a pod's containers do): in the first, Python's \
+                    multiprocessing.shared_memory owner holds an 8 MiB /dev/shm/job_buf \
+                    mapped; a clean-up in the second removes it with rm; the first's reader \
+                    then attaches by name and gets FileNotFoundError (ENOENT), exit 2. Both \
+                    containers traced",
+            program: "Python 3.11's multiprocessing.shared_memory and rm (Debian, busybox)",
+            shm_bytes: Some(64 * MIB),
+            job: || Box::new(RemovedNextDoor { host_wide: false }),
             succeeds: false,
             causes: &[("python3", "name_removed")],
             remedy_checked: Some("healthy-shared-memory-name-kept: the same job without the rm"),
@@ -383,6 +453,10 @@ fn recipes() -> Vec<Recipe> {
         },
     ]
 }
+
+/// Open MPI's UCX point-to-point layer, made to take UCX's shared-memory transports: Open MPI
+/// 4.1 otherwise keeps UCX for InfiniBand devices, which a container here has none of.
+const UCX: &str = "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any";
 
 const MISSING_DIRECTORY: &str =
     "/usr/bin/python3 -B -c 'open(\"/dev/shm/app/state\", \"w\").write(\"ok\")'";
@@ -484,14 +558,38 @@ fn hash_join() -> PostgresQuery {
     }
 }
 
+/// The file_system strategy's DataLoader killed with SIGKILL, every process of it at once, while
+/// its workers' batches are queued in /dev/shm; then run again beside what it left.
 fn leftovers() -> Script {
-    let job = format!("{PYTHON} file_system_strategy.py --workers 2 --batch-bytes 256K");
+    let mut job = dataloader(
+        "--workers 2 --batch-bytes 1M --prefetch 2 --batches 40 --step 0 --timeout 10 \
+         --strategy file_system",
+    );
+    // docker kill: SIGKILL to every process of the container but its shell (pid 1).
+    job.command = format!(
+        "{0} --hold-after 3 --ready /tmp/held & while [ ! -e /tmp/held ]; do sleep 0.05; done; \
+         for p in /proc/[0-9]*; do pid=${{p#/proc/}}; [ $pid != 1 ] && kill -9 $pid 2>/dev/null; \
+         done; wait; {0}",
+        job.command
+    );
+    job
+}
+
+/// Two services that look at /dev/shm's free space and serve, stopped by SIGINT and SIGTERM.
+/// The job ends as the first did (130) when the second ended as stopped too (143), and with 1
+/// otherwise... or 0 when the first was not stopped either, which the recorder refuses.
+fn look_then_stop() -> Script {
     let mut flags = workloads_mount();
     flags.extend(["-w".to_owned(), "/w".to_owned()]);
     Script {
-        what: "a job killed, then run again".to_owned(),
+        what: "two services stopped after looking at /dev/shm".to_owned(),
         flags,
-        command: format!("{job} --kill-at 3 --kill job; {job}"),
+        command: format!(
+            "{PYTHON} look_then_serve.py --ready /tmp/a & a=$!; {PYTHON} look_then_serve.py \
+             --ready /tmp/b & b=$!; while [ ! -e /tmp/a ] || [ ! -e /tmp/b ]; do sleep 0.05; \
+             done; kill -INT $a; kill -TERM $b; wait $a; ra=$?; wait $b; rb=$?; echo \
+             \"stopped: $ra $rb\"; [ $rb = 143 ] && exit $ra"
+        ),
     }
 }
 
@@ -539,9 +637,11 @@ fn mpi_ring(ranks: u32, args: &str, mpirun: &str) -> Script {
     Script {
         what: "an Open MPI ring".to_owned(),
         flags,
+        // Bounded: mpirun was once seen (its ranks under strace) to wait for good with no rank
+        // left after one failed; its own timeout ends the job and says so.
         command: format!(
-            "cd /w && mpirun --allow-run-as-root --oversubscribe {mpirun} -np {ranks} {PYTHON} \
-             mpi_ring.py {args}"
+            "cd /w && mpirun --allow-run-as-root --oversubscribe --timeout 300 {mpirun} -np \
+             {ranks} {PYTHON} mpi_ring.py {args}"
         ),
     }
 }
@@ -585,54 +685,6 @@ impl Started for ScriptRun {
     fn go(&mut self) -> bool {
         self.0.signal("go");
         self.0.wait() == 0
-    }
-}
-
-/// Two containers on one /dev/shm of the size asked for: the holder's 40 MiB, and the
-/// writer (traced) asking for 40 MiB more.
-struct SharedShm;
-
-struct SharedRun {
-    _holder: Container,
-    writer: Container,
-}
-
-impl Job for SharedShm {
-    fn describe(&self) -> String {
-        "a writer beside a holder on a shared /dev/shm".to_owned()
-    }
-
-    fn start(&self, shm_bytes: u64) -> Box<dyn Started> {
-        let size = format!("--shm-size={shm_bytes}b");
-        let holder = Container::run(
-            "corpus-holder",
-            &["--ipc=shareable", &size],
-            "dd if=/dev/zero of=/dev/shm/cache bs=1M count=40 2>/dev/null && touch /work/up && \
-             exec sleep 600 < /dev/shm/cache",
-        );
-        wait_for(&holder.work.join("up"));
-        let writer = Container::run(
-            "corpus-writer",
-            &[&format!("--ipc=container:{}", holder.name), &size],
-            "while [ ! -e /work/go ]; do sleep 0.05; done; /usr/bin/python3 -c 'import os; \
-             fd = os.open(\"/dev/shm/more\", os.O_CREAT | os.O_RDWR, 0o600); \
-             os.posix_fallocate(fd, 0, 40 << 20)'",
-        );
-        Box::new(SharedRun {
-            _holder: holder,
-            writer,
-        })
-    }
-}
-
-impl Started for SharedRun {
-    fn container(&self) -> &str {
-        &self.writer.name
-    }
-
-    fn go(&mut self) -> bool {
-        self.writer.signal("go");
-        self.writer.wait() == 0
     }
 }
 
@@ -834,8 +886,20 @@ fn record(recipe: &Recipe, dir: &Path) {
     }
 }
 
-/// The recipe's causes, each found among the verdicts; and no diagnosis for a healthy run.
+/// The recipe's causes, each found among the verdicts, and no verdict with a cause the recipe
+/// does not name (a rank blamed for its huge-page probe, a stopped service for its look); no
+/// diagnosis for a healthy run.
 fn check_causes(recipe: &Recipe, verdicts: &[Verdict]) {
+    for verdict in verdicts {
+        assert!(
+            recipe
+                .causes
+                .iter()
+                .any(|(_, cause)| verdict.cause == *cause),
+            "{}: {verdict} has a cause the recipe does not name: {verdicts:?}",
+            recipe.name
+        );
+    }
     if recipe.succeeds {
         assert!(
             verdicts.is_empty(),

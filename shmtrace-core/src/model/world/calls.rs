@@ -4,7 +4,7 @@ use std::sync::Arc;
 use super::World;
 use crate::{
     event::{Call, Event, InodeId, Syscall},
-    model::{Annotation, Mapping, OpenFd, Removal, ShmObject, process::MAX_NAMES},
+    model::{Annotation, Mapping, OpenFd, ShmObject, process::MAX_NAMES},
 };
 
 impl World {
@@ -26,10 +26,21 @@ impl World {
                 note.object_path = shared.clone();
                 if let Some(path) = path.as_deref() {
                     if ok {
-                        self.removals
-                            .retain(|(_, r)| !(&*r.path == path && r.remover_mntns == event.mntns));
-                    } else if call.errno() == Some(libc::ENOENT) {
-                        note.name_removed = self.removal_of(path, event.mntns);
+                        // The name is back (made again): a removal of it is over, in this
+                        // namespace and in those sharing its /dev/shm.
+                        let dev = call.file.map(|f| f.inode.dev);
+                        self.removals.retain(|(on, r)| {
+                            !(&*r.path == path
+                                && (r.remover_mntns == event.mntns || Some(*on) == dev))
+                        });
+                        if let Some(dev) = dev
+                            && path.starts_with("/dev/shm/")
+                        {
+                            self.learn_shm_dev(event.mntns, dev);
+                        }
+                    } else if let Some(removal) = self.removal_met(event, call) {
+                        self.confirm_removal(event.mntns, &removal, note);
+                        note.name_removed = Some(removal.1);
                     }
                 }
                 if let (true, Some(file), Some(fd), Some(path), Some(shared)) =
@@ -170,17 +181,16 @@ impl World {
                 };
                 note.object_path = Some(path.as_str().into());
                 // Its own name, removed under it by another: its clean-up fails for that.
-                if call.errno() == Some(libc::ENOENT) {
-                    note.name_removed = self
-                        .removal_of(&path, event.mntns)
-                        .filter(|r| r.holders.iter().any(|(pid, _)| *pid == event.pid));
-                }
-                if ok && let Some(inode) = self.names.remove(&(event.mntns, path)) {
-                    if let Some(object) = self.objects.get_mut(&inode) {
-                        object.linked = false;
+                note.name_removed = self.removal_met(event, call).map(|(_, r)| r);
+                if ok {
+                    match self.names.remove(&(event.mntns, path.clone())) {
+                        Some(inode) => {
+                            self.note_removal(event, inode);
+                            self.unlink_shared_name(event.mntns, &path, inode);
+                            self.unlink_object(inode, note);
+                        }
+                        None => self.unlink_elsewhere(event, &path, note),
                     }
-                    self.note_removal(event, inode);
-                    self.free_if_released(inode, note);
                 }
             }
             Syscall::MemfdCreate
@@ -227,74 +237,6 @@ impl World {
         if let Some(previous) = previous {
             self.release(vec![previous.inode], Vec::new(), note);
         }
-    }
-
-    /// An unlink of `inode`'s name: kept when someone other than its maker removed it while
-    /// others still held it, so that an open of the name that then fails is told.
-    fn note_removal(&mut self, event: &Event, inode: InodeId) {
-        let Some(object) = self.objects.get(&inode) else {
-            return;
-        };
-        if object.fds + object.mappings == 0 || object.creator == Some(event.pid) {
-            return;
-        }
-        let holders: Vec<(u32, String)> = self
-            .processes
-            .values()
-            .filter(|p| p.pid != event.pid && p.alive())
-            .filter(|p| {
-                p.fds.values().any(|fd| fd.inode == inode)
-                    || p.mappings.iter().any(|m| m.inode == inode)
-            })
-            .map(|p| (p.pid, p.comm.clone()))
-            .collect();
-        if holders.is_empty() {
-            return;
-        }
-        let Some(path) = object.path.clone() else {
-            return;
-        };
-        let remover = self.processes.get(&event.pid);
-        let removal = Removal {
-            path,
-            ts_ns: event.ts_ns,
-            remover: event.pid,
-            remover_comm: event.comm.clone(),
-            remover_mntns: event.mntns,
-            remover_argv: remover.map(|p| p.argv.clone()).unwrap_or_default(),
-            holders,
-            maker: object.creator,
-        };
-        if self.removals.len() >= super::REMOVALS {
-            self.removals.pop_front();
-        }
-        self.removals.push_back((inode.dev, removal));
-    }
-
-    /// The removal of `path` that an open from `mntns` finding no such name follows: one in
-    /// its own namespace, or on the same /dev/shm from another (a container sharing it, the
-    /// host's clean-up).
-    fn removal_of(&self, path: &str, mntns: u32) -> Option<Removal> {
-        let mut candidates = self.removals.iter().rev().filter(|(_, r)| &*r.path == path);
-        let own_dev = || {
-            self.objects
-                .values()
-                .find(|o| {
-                    o.mntns == mntns
-                        && o.path
-                            .as_deref()
-                            .is_some_and(|p| p.starts_with("/dev/shm/"))
-                })
-                .map(|o| o.inode.dev)
-        };
-        candidates
-            .clone()
-            .find(|(_, r)| r.remover_mntns == mntns)
-            .or_else(|| {
-                let dev = own_dev()?;
-                candidates.find(|(d, _)| *d == dev)
-            })
-            .map(|(_, r)| r.clone())
     }
 
     /// The name a descriptor was opened under, when the object has none yet.

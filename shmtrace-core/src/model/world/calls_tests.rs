@@ -1,9 +1,9 @@
 //! Calls applied to the model, fed decoded events built in code as the probes would send them.
 use crate::{
-    event::{Body, InodeId, Syscall},
+    event::{Body, Event, InodeId, Syscall},
     model::world::{
         World,
-        test_events::{DEV, SECOND, call, event},
+        test_events::{DEV, MNTNS, SECOND, call, event},
     },
 };
 
@@ -55,4 +55,60 @@ fn a_close_releases_what_its_descriptor_holds_when_it_comes() {
     close(&mut world, SECOND + 5, 2, 10);
     assert_eq!(fds(&world, 10), 1, "3 still holds object 10");
     assert_eq!(fds(&world, 11), 0, "the late close released object 11");
+}
+
+/// Namespaces sharing one /dev/shm (a pod, `--ipc=container:`): a name removed from one is
+/// gone from the other, and the other's open of it that fails is told who removed it, whether
+/// or not the remover's /dev/shm was known when it removed the name. In a private /dev/shm of
+/// its own, the same name is another file.
+#[test]
+fn a_name_removed_from_a_namespace_sharing_the_dev_shm_is_told_to_the_next_open() {
+    const OWNER: u32 = MNTNS;
+    const SIDECAR: u32 = MNTNS + 1;
+    const PRIVATE: u32 = MNTNS + 2;
+    let at = |ts: u64, pid: u32, mntns: u32, body: Body| Event {
+        mntns,
+        ..event(ts, pid, body)
+    };
+    let unlink = |path: &str| {
+        let Body::Call(mut call) = call(Syscall::Unlink, 0, Some(path), [0; 6]) else {
+            unreachable!()
+        };
+        (call.fd, call.file, call.ret) = (None, None, 0);
+        Body::Call(call)
+    };
+    let reopen = |path: &str| {
+        let Body::Call(mut call) = call(Syscall::Openat, 0, Some(path), [0; 6]) else {
+            unreachable!()
+        };
+        call.args[2] = libc::O_RDWR as u64;
+        (call.fd, call.file, call.ret) = (None, None, -(libc::ENOENT as i64));
+        Body::Call(call)
+    };
+    for remover_dev_known in [true, false] {
+        let mut world = World::new();
+        open(&mut world, SECOND, 10, 1);
+        if remover_dev_known {
+            world.learn_shm_dev(SIDECAR, DEV);
+        }
+        world.learn_shm_dev(PRIVATE, DEV + 1);
+        // The same name removed from a private /dev/shm of its own: not the owner's file.
+        world.apply(&at(2 * SECOND, 30, PRIVATE, unlink("/dev/shm/obj-1")));
+        let note = world.apply(&at(3 * SECOND, 11, OWNER, reopen("/dev/shm/obj-1")));
+        assert_eq!(
+            note.name_removed, None,
+            "removed from a /dev/shm of its own"
+        );
+        // The sidecar's rm, which opened nothing there.
+        world.apply(&at(4 * SECOND, 20, SIDECAR, unlink("/dev/shm/obj-1")));
+        let note = world.apply(&at(5 * SECOND, 11, OWNER, reopen("/dev/shm/obj-1")));
+        let removal = note.name_removed.unwrap_or_else(|| {
+            panic!("the sidecar's removal is not told (its /dev/shm known: {remover_dev_known})")
+        });
+        assert_eq!(removal.remover, 20);
+        assert_eq!(removal.remover_mntns, SIDECAR);
+        assert_eq!(removal.holders, vec![(10, "worker".to_owned())]);
+        // The owner's name is gone: its file is freed when its holder lets go.
+        assert!(!world.object(&InodeId { dev: DEV, ino: 1 }).unwrap().linked);
+    }
 }

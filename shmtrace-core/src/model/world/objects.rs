@@ -71,6 +71,7 @@ impl World {
     /// that namespace's private /dev/shm, unmounted when its last process ended (a container
     /// that stopped or restarted). Returns how many.
     pub fn retire_file_system(&mut self, dev: u32, mntns: u32) -> usize {
+        self.forget_shm_dev(mntns);
         let gone: Vec<InodeId> = self
             .objects
             .values()

@@ -57,7 +57,9 @@ fn full_disk_child() {
         match writer.flush(&mut no_carry) {
             Ok(_) => assert!(i < 100_000, "the tmpfs never filled"),
             Err(WriteError::Write {
-                dropped, source, ..
+                dropped,
+                error: source,
+                ..
             }) => {
                 assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
                 break dropped;

@@ -164,7 +164,7 @@ impl TraceWriter {
                 if let Some((_, old)) = rotation::numbered_files(path)
                     .map_err(|source| WriteError::Create {
                         path: path.to_path_buf(),
-                        source,
+                        error: source,
                     })?
                     .into_iter()
                     .next()
@@ -183,7 +183,7 @@ impl TraceWriter {
                 Some(level) => Some(zstd::bulk::Compressor::new(level).map_err(|source| {
                     WriteError::Create {
                         path: first.clone(),
-                        source,
+                        error: source,
                     }
                 })?),
                 None => None,
@@ -348,7 +348,7 @@ impl TraceWriter {
                 return Err(WriteError::Write {
                     path: self.path.clone(),
                     dropped,
-                    source,
+                    error: source,
                 });
             }
             self.stats.records += chunk.records;
@@ -374,7 +374,7 @@ impl TraceWriter {
         let error = self.flush(carry).err();
         let error = match self.close_file() {
             Err(close) if error.is_none() => {
-                if let WriteError::Write { source, .. } = &close {
+                if let WriteError::Write { error: source, .. } = &close {
                     self.note_stop(source);
                 }
                 Some(close)
@@ -408,7 +408,7 @@ impl TraceWriter {
         self.append(&block).map_err(|source| WriteError::Write {
             path: self.path.clone(),
             dropped: 0,
-            source,
+            error: source,
         })?;
         self.sync()
     }
@@ -451,7 +451,7 @@ impl TraceWriter {
         self.file.sync_data().map_err(|source| WriteError::Write {
             path: self.path.clone(),
             dropped: 0,
-            source,
+            error: source,
         })
     }
 
@@ -533,7 +533,7 @@ fn open_with_header(
 ) -> Result<(File, u64), WriteError> {
     let create = |source| WriteError::Create {
         path: path.to_path_buf(),
-        source,
+        error: source,
     };
     let mut file = safe_open::create(path, options).map_err(|e| WriteError::open(path, e))?;
     let bytes = format::encode_preamble(header.flags(), &header.to_cbor());

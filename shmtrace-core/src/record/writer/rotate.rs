@@ -68,7 +68,7 @@ impl TraceWriter {
                 return Err(WriteError::Write {
                     path: self.path.clone(),
                     dropped: carried.len() as u64,
-                    source,
+                    error: source,
                 });
             }
             self.stats.records += carried.len() as u64;
@@ -86,11 +86,14 @@ impl TraceWriter {
         };
         let files = rotation::numbered_files(&self.base).map_err(|source| WriteError::Prune {
             path: self.base.clone(),
-            source,
+            error: source,
         })?;
         for (sequence, path) in files {
             if sequence < oldest_kept {
-                std::fs::remove_file(&path).map_err(|source| WriteError::Prune { path, source })?;
+                std::fs::remove_file(&path).map_err(|source| WriteError::Prune {
+                    path,
+                    error: source,
+                })?;
                 self.stats.files_removed += 1;
             }
         }
