@@ -242,14 +242,16 @@ fn sigterm_is_passed_on() {
             "--inh-caps=-all",
         ])
         .arg(shmtrace_bin())
-        .args(["--backend", "ptrace", "--", "sleep", "30"])
+        // --show-all: the exec of a command that touches no /dev/shm is otherwise not shown,
+        // and it is the sign that the command runs.
+        .args(["--backend", "ptrace", "--show-all", "--", "sleep", "30"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting shmtrace");
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    // Its first line (the fallback's, or the exec) says it runs.
+    // The exec line says it runs.
     let mut line = String::new();
     let mut log = String::new();
     while !line.contains("execve") {
