@@ -291,3 +291,83 @@ fn a_nested_tracer_gets_a_clear_answer() {
         "{log}"
     );
 }
+
+/// `--pid` of one's own running process: it is followed from then on (a `dd` that fills a
+/// 1 MiB /dev/shm started before shmtrace: its failed write is diagnosed), and a process of
+/// another user is refused with the reason.
+#[test]
+fn pid_of_ones_own_process_is_followed_and_anothers_refused() {
+    let _guard = serial();
+    require_root();
+    let dir = shmtrace_tests::tempdir();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    // The workload waits for `go`, which comes once shmtrace says it traces it.
+    let script = r#"
+        d=$1; bin=$2
+        (while [ ! -e "$d/go" ]; do sleep 0.05; done
+         exec dd if=/dev/zero of=/dev/shm/big bs=256k count=8) &
+        w=$!
+        "$bin" --backend ptrace --json -o "$d/trace.jsonl" --pid "$w" 2>"$d/log" &
+        s=$!
+        i=0
+        until grep -q "with ptrace" "$d/log"; do
+            i=$((i+1)); [ $i -lt 400 ] || { echo "shmtrace did not start"; kill $w; break; }
+            sleep 0.05
+        done
+        touch "$d/go"
+        wait $w; echo "dd=$?"
+        wait $s; echo "shmtrace=$?"
+        "$bin" --backend ptrace --pid 1 2>&1; echo "pid1=$?"
+    "#;
+    let output = Command::new("unshare")
+        .args([
+            "-m",
+            "sh",
+            "-c",
+            "mount --make-rprivate / && mount -t tmpfs -o size=1m shmtrace-test /dev/shm && \
+             exec setpriv --reuid 1000 --regid 1000 --clear-groups --inh-caps=-all \
+             --bounding-set=-all sh -c \"$0\" sh \"$1\" \"$2\"",
+        ])
+        .arg(script)
+        .arg(&dir)
+        .arg(shmtrace_bin())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running unshare");
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned();
+    let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+    let records = shmtrace_tests::read_json_lines(&dir.join("trace.jsonl"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dump = || {
+        format!(
+            "{shown}{}\n--- shmtrace's log\n{log}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    };
+    assert!(output.status.success(), "{}", dump());
+    assert!(
+        shown.contains("dd=1"),
+        "dd failed for lack of room: {}",
+        dump()
+    );
+    assert!(shown.contains("shmtrace=0"), "{}", dump());
+    let failed_write = records
+        .iter()
+        .find(|r| r["event"] == "write" && r["errno"] == "ENOSPC")
+        .unwrap_or_else(|| panic!("no write ENOSPC: {}", dump()));
+    assert_eq!(failed_write["path"], "/dev/shm/big", "{}", dump());
+    let d = diagnoses(&records)
+        .into_iter()
+        .find(|d| d["comm"] == "dd")
+        .unwrap_or_else(|| panic!("no diagnosis of dd: {}", dump()));
+    assert_eq!(d["cause"], "shm_full", "{}", dump());
+    assert_eq!(d["shm"]["size"], MIB, "{}", dump());
+    // Root's process: refused, and why.
+    assert!(shown.contains("pid1=1"), "{}", dump());
+    assert!(
+        shown.contains("cannot trace pid 1 with ptrace")
+            && shown.contains("only a process's own user may trace it"),
+        "{}",
+        dump()
+    );
+}
