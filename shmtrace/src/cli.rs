@@ -8,10 +8,16 @@ use crate::diagnose::RoleKind;
 
 /// Parses the command line as [`Cli::parse`] does, and exits the same way on an error; a
 /// misspelt subcommand (`shmtrace reprot`) gets the subcommand it resembles, which clap does
-/// not offer here (anything may follow as the command to trace).
+/// not offer here (anything may follow as the command to trace). `--help` starts with which
+/// source a trace would use here.
 pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
     let args: Vec<OsString> = std::env::args_os().collect();
-    match Cli::try_parse_from(&args) {
+    let parsed = Cli::command()
+        .before_help(crate::mode_here())
+        .try_get_matches_from(&args)
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    match parsed {
         Ok(cli) => cli,
         Err(error) => {
             if error.kind() == clap::error::ErrorKind::UnknownArgument
@@ -212,6 +218,13 @@ pub struct TargetArgs {
         default_value = "/sys/kernel/btf/vmlinux"
     )]
     pub kernel_btf: PathBuf,
+
+    /// Where events come from: eBPF probes in the kernel (root, or CAP_BPF and CAP_PERFMON),
+    /// or ptrace with seccomp filters (no privilege: a command and its children, or your own
+    /// processes with --pid). `auto` uses the probes where they load, else ptrace, and says
+    /// so. See docs/unprivileged.md for what each sees.
+    #[arg(long, value_enum, value_name = "SOURCE", default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
 
     /// The command to run and trace, with its arguments, after `--`.
     /// shmtrace exits with the command's exit status. SIGINT, SIGTERM or SIGHUP sent to
@@ -511,6 +524,18 @@ pub struct ShowArgs {
 
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `--backend`.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The probes where they load, else ptrace.
+    #[default]
+    Auto,
+    /// eBPF probes in the kernel.
+    Ebpf,
+    /// ptrace with seccomp filters, unprivileged.
+    Ptrace,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]

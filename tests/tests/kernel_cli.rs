@@ -255,14 +255,22 @@ fn clear_errors() {
     assert_eq!(code, Some(2));
     assert!(text.contains("did you mean `shmtrace report`?"), "{text}");
 
-    let (code, text) = error_of(&["--kernel-btf", "/no/btf/here", "--", "true"]);
+    // With the probes asked for: by default a kernel they cannot load on falls back to ptrace.
+    let (code, text) = error_of(&[
+        "--backend",
+        "ebpf",
+        "--kernel-btf",
+        "/no/btf/here",
+        "--",
+        "true",
+    ]);
     assert_eq!(code, Some(1));
     assert!(
         text.contains("has no BTF") && text.contains("CONFIG_DEBUG_INFO_BTF"),
         "{text}"
     );
 
-    let (code, text) = error_of(&["--buffer-size", "5000", "--", "true"]);
+    let (code, text) = error_of(&["--backend", "ebpf", "--buffer-size", "5000", "--", "true"]);
     assert_eq!(code, Some(1));
     assert!(text.contains("power of two"), "{text}");
 
@@ -296,8 +304,9 @@ fn clear_errors() {
 fn unprivileged_users_are_told_what_to_do() {
     let _guard = serial();
     require_root();
+    // The probes, asked for: what is missing, and what to do.
     let output = shmtrace()
-        .args(["--", "true"])
+        .args(["--backend", "ebpf", "--", "true"])
         .uid(65534)
         .gid(65534)
         .output()
@@ -306,6 +315,24 @@ fn unprivileged_users_are_told_what_to_do() {
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(
         text.contains("needs root") && text.contains("CAP_BPF"),
+        "{text}"
+    );
+    // By default: the command is traced with ptrace, and one line says so and why.
+    let output = shmtrace()
+        .args(["--", "sh", "-c", "exit 7"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(7), "{text}");
+    let fallback: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("tracing with ptrace instead"))
+        .collect();
+    assert_eq!(fallback.len(), 1, "{text}");
+    assert!(
+        fallback[0].contains("needs root") && fallback[0].contains("does not see"),
         "{text}"
     );
 }

@@ -22,7 +22,9 @@
 //!   `bystanders` (what host-wide tracing costs calls that do not concern /dev/shm),
 //!   `beside_storms` (tracers beside fork storms), `startup` (start-up and teardown),
 //!   `replay` (replay throughput and `report`'s scaling), `daemon_idle` (an idle daemon's
-//!   CPU), `container_soak` (the daemon's memory through an hour of short-lived containers);
+//!   CPU), `container_soak` (the daemon's memory through an hour of short-lived containers),
+//!   `import_torch` (a Python start-up importing torch, untraced, under the ptrace source
+//!   and under `strace -f`);
 //! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
 //!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
 //!   load), `neighbours` (other BPF users on the machine, which would skew the results),
@@ -38,6 +40,7 @@ mod daemon;
 mod daemon_idle;
 mod floor;
 mod floor_ring;
+mod import_torch;
 mod machine;
 mod measure;
 mod neighbours;
@@ -94,8 +97,8 @@ pub struct BenchArgs {
     rounds: Option<u32>,
     /// Variants to run, by name [default: all; with --quick: untraced, floor, floor-records,
     /// shmtrace-null, shmtrace-idle, shmtrace-all]: untraced, floor, floor-records, shmtrace,
-    /// shmtrace-json, shmtrace-null, shmtrace-failed, shmtrace-idle, shmtrace-all, strace,
-    /// strace-seccomp, perf-trace.
+    /// shmtrace-json, shmtrace-null, shmtrace-failed, shmtrace-ptrace, shmtrace-idle,
+    /// shmtrace-all, strace, strace-seccomp, perf-trace.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Also write(2) a header into each object (exercises the write probe).
@@ -151,6 +154,11 @@ pub struct BenchArgs {
     /// [default: 15, or 5 with --quick].
     #[arg(long)]
     only_startup: bool,
+    /// Only the ptrace source's figures: the churn (256 KiB objects unless --sizes) untraced,
+    /// with `--backend ptrace` and under `strace -f`; a Python start-up importing torch the
+    /// same three ways; and the start-up to the command's first instruction.
+    #[arg(long)]
+    only_ptrace: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -364,6 +372,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if args.only_ptrace {
+        return ptrace_only(args, &setup, &exe, &tag);
+    }
     if args.only_bystanders {
         report!("# shmtrace benchmark: bystanders\n");
         report!("{}\n", machine_description(&setup));
@@ -409,6 +420,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &shmtrace_core::size::human(size),
             &results,
         ));
+        target_rows.extend(targets::ptrace(&shmtrace_core::size::human(size), &results));
         let (text, notes) = table::variants(&results);
         report!("{text}");
         for note in &notes {
@@ -468,6 +480,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     {
         let runs = if args.quick { 5 } else { 15 };
         target_rows.extend(measure_startup(&setup, &exe, runs));
+        if !args.quick {
+            target_rows.extend(targets::import_torch(&import_torch::measure(&setup, 3)));
+        }
         let replayed = if args.quick { 20_000 } else { 100_000 };
         target_rows.push(targets::replay(&replay::throughput(
             &setup, &exe, &tag, replayed,
@@ -523,9 +538,62 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 /// Start-up and teardown, `runs` times after a pause and `runs` times back to back, judged.
 fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<targets::Row> {
-    let paused = startup::measure(setup, exe, runs, false);
-    let back_to_back = startup::measure(setup, exe, runs, true);
-    targets::startup(&paused, &back_to_back)
+    let paused = startup::measure(setup, exe, runs, false, &[]);
+    let back_to_back = startup::measure(setup, exe, runs, true, &[]);
+    let mut rows = targets::startup(&paused, &back_to_back);
+    let ptrace = startup::measure(setup, exe, runs, true, &["--backend", "ptrace"]);
+    rows.push(targets::ptrace_startup(&ptrace));
+    rows
+}
+
+/// `--only-ptrace`: the ptrace source's rows (issue 34), beside untraced and `strace -f`.
+fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
+    println!("# shmtrace benchmark: the ptrace source\n");
+    println!("{}\n", machine_description(setup));
+    let selected = select_variants(
+        &["untraced", "shmtrace-ptrace", "strace"].map(String::from),
+        false,
+    )?;
+    let unavailable: Vec<Option<String>> = selected
+        .iter()
+        .map(|v| v.available(setup).err().map(|e| format!("{e:#}")))
+        .collect();
+    let sizes = match args.sizes.is_empty() {
+        true => vec![256 << 10],
+        false => args.sizes.clone(),
+    };
+    let mut rows = Vec::new();
+    for size in sizes {
+        let case = Case::new(args, size, exe, tag);
+        check_room(size, args.workers)?;
+        println!("## {}\n", case.title);
+        let mut others = BTreeMap::new();
+        let results = run_rounds(&case, setup, &selected, &unavailable, &mut others)?;
+        rows.extend(targets::ptrace(&shmtrace_core::size::human(size), &results));
+        let (text, notes) = table::variants(&results);
+        println!("{text}");
+        for note in &notes {
+            println!("- {note}");
+        }
+        println!();
+        churn::remove_leftovers(tag);
+    }
+    let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 });
+    rows.extend(targets::import_torch(&import_torch::measure(setup, rounds)));
+    let runs = if args.quick { 5 } else { 15 };
+    rows.push(targets::ptrace_startup(&startup::measure(
+        setup,
+        exe,
+        runs,
+        true,
+        &["--backend", "ptrace"],
+    )));
+    println!(
+        "## Targets, measured in this run\n\n{}",
+        targets::table(&rows)
+    );
+    println!("Load average at the end: {}.", load_average());
+    Ok(())
 }
 
 /// Measures and prints the bystanders' section; returns what to save and its targets' rows.

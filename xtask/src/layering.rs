@@ -73,9 +73,11 @@ pub const CRATES: [Layers; 2] = [
         src: "shmtrace/src",
         layers: &[
             // Device numbers and namespaces; the command line's types and parsers.
-            &["kernel_ids", "cli"],
+            &["kernel_ids", "cli", "child"],
             // Runtimes' APIs, the cgroup scan, /dev/shm measurement.
             &["container"],
+            // The unprivileged source: ptrace and seccomp filters, making the probes' records.
+            &["ptrace"],
             // The probes, the session that feeds the core, the watcher, the targets.
             &["live"],
             // The subcommands, then the daemon, which reuses their output helpers.

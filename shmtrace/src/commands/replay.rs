@@ -158,6 +158,9 @@ pub fn describe(header: &TraceHeader) -> String {
         "trace of {what} on {host} (Linux {}), recorded {start}",
         escape::text(&header.kernel_release)
     );
+    if header.source.as_deref() == Some("ptrace") {
+        text.push_str(", with ptrace (unprivileged)");
+    }
     if header.redacted {
         text.push_str(", redacted");
     }

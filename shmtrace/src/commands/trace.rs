@@ -19,7 +19,7 @@ use crate::{
 pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
     init_logging(output.verbose);
     let what = What::from_args(target)?;
-    let options = launch::tracer_options(&what, target);
+    let options = launch::options(&what, target);
     let default = if what.is_command() {
         DefaultStream::Stderr
     } else {

@@ -10,7 +10,8 @@
 //!   gone; `cgroup_watch` sees containers' cgroups as the runtimes make them.
 //! - `docker_events` follows the Docker (and Podman) event stream: containers named as they
 //!   start, however soon they are removed.
-//! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`).
+//! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`); `memory` reads
+//!   the memory limit of this process's own cgroup and what it counts.
 //! - `resolve` ties them together: look up by name or id, wait for a container to start, notice
 //!   a restart. `index` labels processes (by pid or mount namespace) with their container.
 //!
@@ -31,6 +32,7 @@ mod error;
 pub mod fuzzing;
 mod host;
 mod http;
+pub mod memory;
 mod resolve;
 mod rootfs;
 mod scan;
@@ -49,6 +51,7 @@ pub use shm::{ShmFile, ShmInfo, list_shm_files, measure_shm};
 pub use cgroup::{CgroupMatch, PathClass, QosClass, parse_proc_cgroup};
 pub use cri::{channel, proto};
 pub use endpoints::Endpoint;
+pub use host::cgroup_v2_id;
 pub use shm::{ShmError, ShmSource, host_shm_dev};
 // The one short-id and name formatters, for the runtime clients and the live side.
 pub use crate::model::short_id;

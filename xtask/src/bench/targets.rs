@@ -237,9 +237,33 @@ pub const CONTAINER_SOAK_COUNTS: Target = Target {
     limit: 0.0,
     how: "the same soak, at its end: the failing containers' names have exactly the failures that ran, the healthy ones' none, and nothing is unrecorded unless records were lost",
 };
+/// The ptrace source (no privilege) tracing the 256 KiB churn, as a ratio to untraced.
+pub const PTRACE_CHURN: Target = Target {
+    bounds: "ptrace source: traced churn",
+    bound: "≤ 1.3× untraced",
+    side: Side::AtMost,
+    limit: 1.3,
+    how: "`shmtrace --backend ptrace -o FILE` running the churn, median of round-by-round ratios to untraced over the timed rounds of the 256 KiB case (`--only-ptrace`, or a full run)",
+};
+/// Its overhead (ratio − 1) against `strace -f`'s on the same work.
+pub const PTRACE_AGAINST_STRACE: Target = Target {
+    bounds: "ptrace source: overhead",
+    bound: "≤ 0.5× strace -f's",
+    side: Side::AtMost,
+    limit: 0.5,
+    how: "(ptrace − 1) against (`strace -f -o /dev/null` − 1), each the median of its round-by-round ratios to untraced, in the same rounds",
+};
+/// From `shmtrace --backend ptrace`'s start to the traced command's first instruction (median).
+pub const PTRACE_STARTUP: Target = Target {
+    bounds: "ptrace source: command starts after shmtrace",
+    bound: "≤ 100 ms",
+    side: Side::AtMost,
+    limit: 100.0,
+    how: "from starting `shmtrace --backend ptrace -o /dev/null -- xtask stamp` to the monotonic clock the stamp prints first thing, median of 15 runs back to back",
+};
 
 /// Every target, in the order docs/BENCHMARKS.md lists them.
-pub const TARGETS: [&Target; 19] = [
+pub const TARGETS: [&Target; 22] = [
     &TRACED_OVERHEAD,
     &BESIDE_ALL,
     &BESIDE_OTHER,
@@ -259,6 +283,9 @@ pub const TARGETS: [&Target; 19] = [
     &CONTAINER_SOAK_GROWTH,
     &CONTAINER_SOAK_PEAK,
     &CONTAINER_SOAK_COUNTS,
+    &PTRACE_CHURN,
+    &PTRACE_AGAINST_STRACE,
+    &PTRACE_STARTUP,
 ];
 
 /// One target as a run found it: what it asks, what was measured, and whether that meets it.
@@ -621,6 +648,80 @@ pub fn startup(
         Err(error) => rows.push(STARTUP.failed("back to back", error)),
     }
     rows
+}
+
+/// The ptrace source's targets the timed rounds of one case answer: against untraced, and
+/// against `strace -f`.
+pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let Some(base) = find(results, "untraced") else {
+        return rows;
+    };
+    let Some(traced) = find(results, "shmtrace-ptrace").and_then(|r| ratios(r, base)) else {
+        return rows;
+    };
+    rows.push(PTRACE_CHURN.row(case, traced.median, describe(&traced)));
+    if let Some(strace) = find(results, "strace").and_then(|r| ratios(r, base)) {
+        let (t, s) = (traced.median - 1.0, strace.median - 1.0);
+        let measured = format!(
+            "ptrace {}, strace -f {}: {:.2}× its overhead",
+            describe(&traced),
+            describe(&strace),
+            t / s
+        );
+        rows.push(PTRACE_AGAINST_STRACE.row(case, t / s, measured));
+    }
+    rows
+}
+
+/// [`PTRACE_STARTUP`] from start-ups with `--backend ptrace`.
+pub fn ptrace_startup(figures: &Result<StartupFigures>) -> Row {
+    match figures {
+        Ok(figures) => match Spread::of(&figures.starts) {
+            Some(start) => PTRACE_STARTUP.row(
+                "",
+                start.median * 1e3,
+                format!(
+                    "{:.0} ms median ({:.0}–{:.0}, {} runs)",
+                    start.median * 1e3,
+                    start.min * 1e3,
+                    start.max * 1e3,
+                    figures.starts.len()
+                ),
+            ),
+            None => PTRACE_STARTUP.failed("", &anyhow::anyhow!("no run")),
+        },
+        Err(error) => PTRACE_STARTUP.failed("", error),
+    }
+}
+
+/// Context: a Python start-up importing torch, untraced and traced, as medians.
+pub fn import_torch(seconds: &Result<Vec<(&'static str, Spread)>>) -> Vec<Row> {
+    match seconds {
+        Ok(rows) => {
+            let base = rows
+                .iter()
+                .find(|(name, _)| *name == "untraced")
+                .map(|(_, s)| s.median);
+            rows.iter()
+                .map(|(name, spread)| {
+                    let ratio =
+                        base.map_or(String::new(), |b| format!(", {:.2}×", spread.median / b));
+                    Row::context(
+                        &format!("Python start-up importing torch, {name}"),
+                        format!(
+                            "{:.2} s median ({:.2}–{:.2}){ratio}",
+                            spread.median, spread.min, spread.max
+                        ),
+                    )
+                })
+                .collect()
+        }
+        Err(error) => vec![Row::context(
+            "Python start-up importing torch",
+            format!("not measured: {error:#}"),
+        )],
+    }
 }
 
 /// [`REPLAY_RATE`] from the lines `show --json` wrote and its seconds.

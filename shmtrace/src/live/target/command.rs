@@ -17,7 +17,7 @@ use nix::{
     unistd::{ForkResult, Pid, fork, pipe2},
 };
 
-use crate::event::ExitStatus;
+use crate::{child, event::ExitStatus};
 
 /// A forked child waiting for [`PausedCommand::start`] before it runs the command.
 pub struct PausedCommand {
@@ -49,25 +49,13 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
         ForkResult::Child => {
             drop(go_write);
             drop(status_read);
-            let mut byte = [0u8; 1];
-            // SAFETY: reading one byte into a local buffer.
-            let n = unsafe { libc::read(go_read.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
-            if n != 1 {
+            if !child::wait_for_release(&go_read) {
                 // shmtrace gave up before releasing us.
                 // SAFETY: _exit is async-signal-safe and never returns.
                 unsafe { libc::_exit(127) };
             }
-            reset_signals();
-            let errno = match nix::unistd::execvp(&c_argv[0], &c_argv) {
-                Err(errno) => errno as i32,
-                Ok(never) => match never {},
-            };
-            let bytes = errno.to_ne_bytes();
-            // SAFETY: writing four bytes from a local buffer, then exiting without unwinding.
-            unsafe {
-                libc::write(status_write.as_raw_fd(), bytes.as_ptr().cast(), 4);
-                libc::_exit(127);
-            }
+            child::reset_signals();
+            child::exec(&c_argv, &status_write)
         }
         ForkResult::Parent { child } => Ok(PausedCommand {
             pid: child,
@@ -75,30 +63,6 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
             go: go_write,
             exec_status: status_read,
         }),
-    }
-}
-
-/// Gives the command the signal state a shell would: every disposition at its default and
-/// nothing blocked. Rust's runtime ignores SIGPIPE, and an ignored signal survives exec, so
-/// without this `yes | head -1` under shmtrace would make `yes` fail with EPIPE instead of
-/// dying of SIGPIPE: a tracer must not change the program it traces.
-///
-/// Runs in the forked child before exec: only async-signal-safe calls (sigaction,
-/// sigprocmask).
-fn reset_signals() {
-    // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction and sigprocmask are
-    // async-signal-safe, and an error (SIGKILL, SIGSTOP, the reserved real-time signals of
-    // the C library) leaves that signal as it was, which is the default already.
-    unsafe {
-        let mut default: libc::sigaction = std::mem::zeroed();
-        default.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut default.sa_mask);
-        for signo in 1..=libc::SIGRTMAX() {
-            libc::sigaction(signo, &default, std::ptr::null_mut());
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 
@@ -154,6 +118,16 @@ fn pidfd_open(pid: Pid) -> Option<OwnedFd> {
 }
 
 impl RunningCommand {
+    /// The command another tracer started (ptrace's), our child: to signal it. Its end is
+    /// that tracer's to wait for, not [`RunningCommand::wait`]'s.
+    pub fn of_child(pid: u32) -> RunningCommand {
+        let pid = Pid::from_raw(pid as i32);
+        RunningCommand {
+            pid,
+            pidfd: pidfd_open(pid).map(Arc::new),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.pid.as_raw() as u32
     }
