@@ -504,7 +504,11 @@ fn run_independent(line: &str) -> String {
             // The descriptor an open returns: a guest of the kernel matrix starts the demo
             // with one more open than a terminal does.
             "FD".to_owned()
-        } else if word.ends_with("/shmtrace") {
+        } else if word.ends_with("/shmtrace")
+            || (word.contains("/shmtrace-") && !word.contains("/dev/shm"))
+        {
+            // The binary: target/release/shmtrace, or a release artifact
+            // (shmtrace-VERSION-TARGET), as the kernel matrix's guests run it.
             "SHMTRACE".to_owned()
         } else if word.ends_with('s')
             && word.len() > 1
