@@ -144,6 +144,13 @@ impl Series {
         let first_touch = tracked.as_ref().is_some_and(|t| !t.touched);
         if let Some(tracked) = tracked {
             tracked.touched = true;
+            // A count for a container gone (one of a name reused by containers no survey saw
+            // running): its series were just changed, and stay `--retain` from now, for
+            // Prometheus to scrape them; retired from the first one's end, each reuse after
+            // `--retain` would start the counts again.
+            if tracked.gone_since.is_some() {
+                tracked.gone_since = Some(Instant::now());
+            }
             if let Tally::FullAt(capacity) = &tally {
                 full_at(&self.metrics, labels, tracked, capacity);
             }
