@@ -18,7 +18,7 @@ use super::{
     http::{self, HttpError},
     shm::{ShmInfo, ShmSource},
 };
-use crate::event::escape;
+use shmtrace_core::event::escape;
 
 /// Newest API version this client was written against. The fields it reads exist since 1.25.
 const MAX_API: ApiVersion = ApiVersion(1, 47);

@@ -18,7 +18,8 @@ use super::{
     unseen::Unseen,
     whose::there_at,
 };
-use crate::{clock::boot_ns, event::LostCounts, live::bpf::Tracer, pipeline::Pipeline};
+use crate::live::bpf::Tracer;
+use shmtrace_core::{clock::boot_ns, event::LostCounts, pipeline::Pipeline};
 
 /// How often the analysis' live processes are looked for in /proc when nothing was lost.
 const VANISH_CHECK_EVERY: Duration = Duration::from_secs(30);
@@ -252,7 +253,7 @@ fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
     let syscall = shmtrace_common::Syscall::try_from(key.what).ok()?;
     let errno = match key.errno {
         0 => "MSG_CTRUNC".to_owned(),
-        errno => crate::event::names::errno_name(i32::from(errno)),
+        errno => shmtrace_core::event::names::errno_name(i32::from(errno)),
     };
     Some((
         "failure",

@@ -21,11 +21,10 @@ use super::{
     whose::{ContainerRef, Found, Lookups, Owner, Whose},
 };
 use crate::{
-    capacity::Capacity,
     container::{Action, Candidate, Container, RuntimeEvent},
     live::proc_scan::start_ns,
-    model::ContainerInfo,
 };
+use shmtrace_core::{capacity::Capacity, model::ContainerInfo};
 
 /// Where something is counted, and how its lines name it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,7 +131,7 @@ pub struct Fleet {
 
 /// A runtime's Unix time (ns) on the boot clock of records, or now where it cannot be told.
 fn boot_time_of(unix_ns: i64) -> u64 {
-    let now_boot = crate::clock::boot_ns().unwrap_or(u64::MAX);
+    let now_boot = shmtrace_core::clock::boot_ns().unwrap_or(u64::MAX);
     let Ok(now_unix) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
         return now_boot;
     };
@@ -370,7 +369,7 @@ impl Fleet {
                     unnamed: Some(format!(
                         "no runtime named {} container {} within {} s or {SURVEYS_WAITED} surveys",
                         container.runtime,
-                        crate::model::short_id(&container.id),
+                        shmtrace_core::model::short_id(&container.id),
                         NAME_WAITED.as_secs()
                     )),
                 }
@@ -518,8 +517,11 @@ impl Fleet {
             if let Some(old) = before.and_then(|l| l.mntns)
                 && (restarted || container.mntns != Some(old))
             {
-                self.whose
-                    .left(old, &owner, crate::clock::boot_ns().unwrap_or(u64::MAX));
+                self.whose.left(
+                    old,
+                    &owner,
+                    shmtrace_core::clock::boot_ns().unwrap_or(u64::MAX),
+                );
                 self.namespace_ended(old, Some(owner.clone()));
             }
             if let (Some(pid), Some(mntns)) = (container.pid, container.mntns)
@@ -569,7 +571,7 @@ impl Fleet {
     fn stopped(&mut self, listed: Listed, now: Instant) {
         self.names.gone(&listed.container.id, now);
         if let Some(mntns) = listed.mntns {
-            let now_ns = crate::clock::boot_ns().unwrap_or(u64::MAX);
+            let now_ns = shmtrace_core::clock::boot_ns().unwrap_or(u64::MAX);
             self.whose.left(mntns, &listed.container, now_ns);
             self.namespace_ended(mntns, Some(listed.container));
         }

@@ -14,13 +14,11 @@ use super::{
     series::Tally,
     whose::{ContainerRef, Found, Lookups, Owner},
 };
-use crate::{
-    capacity::Capacity,
-    container::{
-        Action, Candidate, CgroupMatch, CgroupOwner, Container, FoundBy, IpcMode, Runtime,
-        RuntimeEvent, ShmInfo, State,
-    },
+use crate::container::{
+    Action, Candidate, CgroupMatch, CgroupOwner, Container, FoundBy, IpcMode, Runtime,
+    RuntimeEvent, ShmInfo, State,
 };
+use shmtrace_core::capacity::Capacity;
 
 const HOST: u32 = 4026531841;
 const NS: u32 = 4026532300;

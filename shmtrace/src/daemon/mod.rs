@@ -62,15 +62,17 @@ use self::{
 };
 use crate::{
     cli::DaemonArgs,
-    clock::{Clock, boot_ns},
     commands::init_logging,
     container::{Candidate, Container, Resolver, host_shm_dev, measure_shm},
-    diagnose::Diagnoser,
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
         machine::LiveMachine,
         target,
     },
+};
+use shmtrace_core::{
+    clock::{Clock, boot_ns},
+    diagnose::Diagnoser,
     model::{ContainerInfo, QUIET_LINGER_NS, Retention, World},
     output::{Format, Output, filter::Filter, json::SCHEMA_VERSION},
     pipeline::{Evicted, Pipeline},

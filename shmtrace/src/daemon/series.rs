@@ -8,7 +8,7 @@ use std::{
 };
 
 use super::metrics::{ContainerLabels, FailureLabels, Metrics, NoMore, RoleLabel, ShmLabel};
-use crate::capacity::Capacity;
+use shmtrace_core::capacity::Capacity;
 
 /// Something to count for a container.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -9,8 +9,6 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 
 use crate::{
-    clock::boot_ns,
-    event::{Body, ExitStatus, names},
     live::{
         bpf::{EventReader, Tracer},
         hold::Hold,
@@ -21,8 +19,12 @@ use crate::{
         target::RunningCommand,
         watch::Watch,
     },
-    pipeline::{Evicted, Pipeline},
     ptrace::Feed,
+};
+use shmtrace_core::{
+    clock::boot_ns,
+    event::{Body, ExitStatus, names},
+    pipeline::{Evicted, Pipeline},
 };
 
 /// When a live trace ends.
