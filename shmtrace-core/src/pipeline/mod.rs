@@ -5,10 +5,10 @@
 //! [`Environment`]: live, a process first seen is looked up in /proc and /dev/shm is measured
 //! when something fails; the results go to the tap as records, so that a replay meets the same
 //! inputs at the same place and reaches the same diagnosis without a live machine.
-mod ports;
-mod retention;
+mod bounded_state;
 #[cfg(test)]
-mod retention_tests;
+mod bounded_state_tests;
+mod ports;
 #[cfg(test)]
 mod tests;
 mod trigger;
@@ -25,8 +25,8 @@ use crate::{
     record::{Trigger, TriggerReason, UserRecord},
 };
 
+pub use bounded_state::{Evicted, State};
 pub use ports::{Environment, Observer, Recorded, Tap};
-pub use retention::{Evicted, State};
 use trigger::{capacity_record, trigger};
 
 /// Runs every record through decode, model, diagnose and output, and copies it to the tap.
@@ -55,7 +55,7 @@ pub struct Pipeline {
     /// Most diagnoses kept for the summary ([`Pipeline::bounded`]); `None` keeps all.
     max_diagnoses: Option<usize>,
     evicted_diagnoses: u64,
-    /// Processes forgotten as gone without an exit record (`retention`).
+    /// Processes forgotten as gone without an exit record (`bounded_state`).
     vanished: u64,
     /// See [`Pipeline::trace_was_cut`].
     cut: bool,

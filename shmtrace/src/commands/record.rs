@@ -26,7 +26,7 @@ use shmtrace_core::{
         ContainerDescription, FlightOptions, FlightRecorder, Record, Rotation, TargetDescription,
         TraceHeader, TraceWriter, Trigger, Triggered, UserRecord, WriterOptions, world_snapshots,
     },
-    size::count,
+    units::count,
 };
 
 pub fn run(args: &RecordArgs) -> Result<ExitCode> {

@@ -31,12 +31,12 @@ mod error;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 mod host;
-mod http;
 pub mod memory;
 mod resolve;
 mod rootfs;
 mod scan;
 mod shm;
+mod unix_http;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 

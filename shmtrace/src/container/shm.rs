@@ -263,7 +263,7 @@ pub(super) fn size_option_from_mountinfo(text: &str) -> Option<u64> {
 
 /// `65536k`, `1m`, `2g`, `4096`: tmpfs sizes as mountinfo shows them.
 fn parse_tmpfs_size(text: &str) -> Option<u64> {
-    shmtrace_core::size::parse(text).ok()
+    shmtrace_core::units::parse(text).ok()
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use shmtrace_common::{Loss, TallyKey};
 use super::{
     fleet::Fleet,
     metrics::{KindLabels, Metrics},
-    series::Tally,
+    series::Countable,
     unseen::Unseen,
     whose::there_at,
 };
@@ -235,14 +235,14 @@ impl Accounting {
 
 /// What a count of the kernel's is, as the metrics say it, and its kind for
 /// `shmtrace_unrecorded_total`.
-fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
+fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Countable)> {
     match key.what {
-        TallyKey::SIGBUS => return Some(("sigbus", Tally::Sigbus { count })),
+        TallyKey::SIGBUS => return Some(("sigbus", Countable::Sigbus { count })),
         // Who died is in the records that were lost.
         TallyKey::DEATH => {
             return Some((
                 "death",
-                Tally::Death {
+                Countable::Death {
                     role: "unknown".to_owned(),
                     count,
                 },
@@ -257,7 +257,7 @@ fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
     };
     Some((
         "failure",
-        Tally::Failure {
+        Countable::Failure {
             syscall: syscall.name().to_owned(),
             errno,
             count,

@@ -17,7 +17,7 @@ use std::{
 use super::{
     metrics::{ContainerLabels, Metrics},
     names::{Named, Names, labels_of, unnamed},
-    series::{Series, Tally},
+    series::{Countable, Series},
     whose::{ContainerRef, Found, Lookups, Owner, Whose},
 };
 use crate::{
@@ -83,7 +83,7 @@ struct Waiting {
     /// The cgroup of a record that waits for its namespace, once one is known: its container
     /// may be told by its cgroup before a survey comes.
     cgroup_id: u64,
-    tallies: Vec<Tally>,
+    tallies: Vec<Countable>,
 }
 
 /// Surveys a record waits through before it is counted for nobody, or under a short id.
@@ -203,7 +203,7 @@ impl Fleet {
     }
 
     /// Counts `tally`, of a record at `ts_ns` that was `found`, now or once it is placed.
-    pub fn count(&mut self, found: &Found, ts_ns: u64, tally: Tally) {
+    pub fn count(&mut self, found: &Found, ts_ns: u64, tally: Countable) {
         match self.resolve(found, ts_ns) {
             Ok(placed) => self.series.apply(&placed.labels(), tally),
             Err(key) => {
@@ -219,7 +219,7 @@ impl Fleet {
 
     /// Counts `tally` for whoever had `mntns` by `ts_ns`: the kernel counted it there before
     /// then, and its record never came.
-    pub fn count_in(&mut self, mntns: u32, ts_ns: u64, tally: Tally) {
+    pub fn count_in(&mut self, mntns: u32, ts_ns: u64, tally: Countable) {
         let found = if mntns == self.whose.host_mntns() {
             Found::Owner(Owner::Host)
         } else {
@@ -240,7 +240,7 @@ impl Fleet {
 
     /// Counts `tally` for process `pid`, seen at `ts_ns` in `mntns`: for the container it was
     /// placed in, if it was met there, else for whoever had `mntns` then.
-    pub fn count_for(&mut self, pid: u32, mntns: u32, ts_ns: u64, tally: Tally) {
+    pub fn count_for(&mut self, pid: u32, mntns: u32, ts_ns: u64, tally: Countable) {
         match self.whose.of_process(pid) {
             Some((met_in, owner)) if met_in == mntns => {
                 let found = Found::Owner(owner.clone());
@@ -258,7 +258,7 @@ impl Fleet {
     }
 
     /// Something of a record at `ts_ns` waits for `key` (a JSON line, a count).
-    pub fn wait(&mut self, key: WaitKey, ts_ns: u64, tally: Option<Tally>) {
+    pub fn wait(&mut self, key: WaitKey, ts_ns: u64, tally: Option<Countable>) {
         if !self.waiting.contains_key(&key) && self.waiting.len() >= MAX_WAITING {
             let placed = self.give_up(&key);
             if let Some(tally) = tally {
@@ -284,7 +284,7 @@ impl Fleet {
             self.series.apply(&placed.labels(), tally);
             return;
         }
-        if tally != Tally::Touch || !waiting.tallies.contains(&Tally::Touch) {
+        if tally != Countable::Touch || !waiting.tallies.contains(&Countable::Touch) {
             waiting.tallies.push(tally);
         }
     }

@@ -14,7 +14,7 @@ mod connections;
 mod fleet;
 #[cfg(test)]
 mod fleet_tests;
-mod http;
+mod http_endpoint;
 mod incidents;
 mod json_lines;
 mod limits;
@@ -50,7 +50,7 @@ use self::{
     accounting::{Accounting, ProbeError},
     connections::Connections,
     fleet::{Fleet, WaitKey},
-    http::Heartbeat,
+    http_endpoint::Heartbeat,
     incidents::{Incidents, Log},
     json_lines::JsonLines,
     limits::OpenFiles,
@@ -66,7 +66,7 @@ use crate::{
     container::{Candidate, Container, Resolver, host_shm_dev, measure_shm},
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
-        machine::LiveMachine,
+        host_environment::LiveMachine,
         target,
     },
 };
@@ -121,7 +121,7 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
         let (metrics, registry) = Metrics::new();
         let heartbeat = Heartbeat::default();
         heartbeat.beat();
-        let listening = http::serve(
+        let listening = http_endpoint::serve(
             args.listen,
             Arc::new(registry),
             metrics.clone(),

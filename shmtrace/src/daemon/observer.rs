@@ -10,7 +10,7 @@ use shmtrace_common::TallyKey;
 use super::{
     fleet::Fleet,
     metrics::Metrics,
-    series::Tally,
+    series::Countable,
     unseen::Unseen,
     whose::{ContainerRef, Found, Owner},
 };
@@ -52,7 +52,7 @@ impl Observer for FleetObserver {
                 removal.remover,
                 removal.remover_mntns,
                 removal.ts_ns,
-                Tally::NameRemoved,
+                Countable::NameRemoved,
             );
         }
         if let Body::Exit(_) = event.body {
@@ -79,8 +79,8 @@ impl Observer for FleetObserver {
             diagnosis
                 .recommendation
                 .as_ref()
-                .map(|r| Tally::Recommended(r.min_bytes)),
-            full_at(diagnosis).map(Tally::FullAt),
+                .map(|r| Countable::Recommended(r.min_bytes)),
+            full_at(diagnosis).map(Countable::FullAt),
         ];
         let mut fleet = self.fleet.borrow_mut();
         // Its process, as it was placed; else the container the pipeline named its place
@@ -126,18 +126,18 @@ fn full_at(diagnosis: &Diagnosis) -> Option<Capacity> {
 }
 
 /// What one event counts.
-fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
+fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Countable> {
     match &event.body {
         Body::Exit(exit) if exit.shm_death => vec![
-            Tally::Touch,
-            Tally::Death {
+            Countable::Touch,
+            Countable::Death {
                 role: role_name(role),
                 count: 1,
             },
         ],
         Body::Call(call) if call.failed() => vec![
-            Tally::Touch,
-            Tally::Failure {
+            Countable::Touch,
+            Countable::Failure {
                 syscall: call.syscall.name().to_owned(),
                 errno: call
                     .errno()
@@ -153,10 +153,10 @@ fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
                 && !is_directory(call)
                 && note.object_path.as_deref().is_some_and(is_object) =>
         {
-            vec![Tally::Touch]
+            vec![Countable::Touch]
         }
         Body::Signal(signal) if counted_sigbus(signal) => {
-            vec![Tally::Touch, Tally::Sigbus { count: 1 }]
+            vec![Countable::Touch, Countable::Sigbus { count: 1 }]
         }
         _ => Vec::new(),
     }
@@ -252,7 +252,7 @@ mod tests {
         let (event, note) = close(libc::S_IFDIR | 0o1777);
         assert_eq!(tallies(&event, &note, &Role::OTHER), Vec::new());
         let (event, note) = close(libc::S_IFREG | 0o600);
-        assert_eq!(tallies(&event, &note, &Role::OTHER), vec![Tally::Touch]);
+        assert_eq!(tallies(&event, &note, &Role::OTHER), vec![Countable::Touch]);
     }
 
     #[test]
@@ -277,8 +277,8 @@ mod tests {
         assert_eq!(
             tallies(&event, &note, &worker),
             vec![
-                Tally::Touch,
-                Tally::Death {
+                Countable::Touch,
+                Countable::Death {
                     role: "dataloader_worker".into(),
                     count: 1
                 }

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shmtrace_core::{pipeline::Status, size::human};
+use shmtrace_core::{pipeline::Status, units::human};
 
 /// Redrawn at most this often.
 const EVERY: Duration = Duration::from_millis(250);

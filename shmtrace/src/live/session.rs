@@ -12,7 +12,7 @@ use crate::{
     live::{
         bpf::{EventReader, Tracer},
         hold::Hold,
-        machine::LiveMachine,
+        host_environment::LiveMachine,
         progress::Progress,
         signals::{Received, Signals, Stop},
         source::{Probes, Source},

@@ -339,7 +339,7 @@ fn sample(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
 /// One line on a container's /dev/shm as it is now: its size, its use, and the files in it
 /// (a leftover of an earlier run shows here first). `when`: `` at the start, ` at the end`.
 pub fn shm_state(container: &Container, when: &str) -> String {
-    use shmtrace_core::size::{count, human};
+    use shmtrace_core::units::{count, human};
     let name = container.display_name();
     let Some(pid) = container.pid.filter(|_| container.state.is_running()) else {
         let gone = if container.ipc.describe().starts_with("private") {

@@ -25,7 +25,7 @@ use shmtrace_core::{
     clock::boot_ns,
     event::escape,
     model::HeldFile,
-    size::{count, human},
+    units::{count, human},
 };
 
 /// `--min`: /dev/shm, or what the memory limit leaves of it, is smaller than asked.
