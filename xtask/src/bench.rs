@@ -549,7 +549,7 @@ fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<targets::Row> {
     rows
 }
 
-/// `--only-ptrace`: the ptrace source's rows (issue 34), beside untraced and `strace -f`.
+/// `--only-ptrace`: the ptrace source's rows, beside untraced and `strace -f`.
 fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
     println!("# shmtrace benchmark: the ptrace source\n");
     println!("{}\n", machine_description(setup));
