@@ -192,7 +192,7 @@ impl Diagnoser {
                     "{} processes each growing a file by write(), {} each (what one that \
                      finished wrote)",
                     growth.writers,
-                    crate::size::human(size)
+                    crate::units::human(size)
                 );
                 *r = recommend::advise(need, &basis, &started_by);
             }
@@ -298,7 +298,7 @@ impl Diagnoser {
         let container = self.containers.get(&mntns).cloned().map(|mut c| {
             // Named, not numbered, when the container whose /dev/shm it joined is known.
             if let Some(owner) = self.joined(&c.ipc) {
-                c.ipc = format!("{}{}", super::others::JOINS, owner.name);
+                c.ipc = format!("{}{}", super::untraced_holders::JOINS, owner.name);
             }
             c
         });
