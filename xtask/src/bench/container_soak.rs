@@ -217,15 +217,15 @@ fn judge_lines(
                 *lines_of.entry((id.as_str(), diagnosis)).or_default() += 1;
             }
             Some(_) => amiss(figures, line),
-            // Another dd on the machine, or one of the soak's named after none of its
-            // containers.
+            // One of the soak's names, with an id none of its containers had.
             None if name.is_some_and(|n| n.ends_with(&format!("-{tag}"))) => amiss(figures, line),
-            None if value["container_unnamed"].is_string() || id.is_none() => {
-                // Unnamed: it may be the soak's; its dd wrote /dev/shm/fill.
-                if value["path"] == "/dev/shm/fill" {
-                    amiss(figures, line);
-                }
+            // Unnamed: it may be the soak's, whose dd writes /dev/shm/fill.
+            None if (value["container_unnamed"].is_string() || id.is_none())
+                && value["path"] == "/dev/shm/fill" =>
+            {
+                amiss(figures, line)
             }
+            // Another dd on the machine.
             None => {}
         }
     }
