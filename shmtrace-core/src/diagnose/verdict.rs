@@ -8,6 +8,7 @@ use super::{
     file_count::advise_files,
     known,
     leftovers::summarise_leftovers,
+    parallel_query, pressure,
     recommend::{self, Recommendation},
 };
 use crate::{
@@ -220,12 +221,18 @@ impl Diagnoser {
         capacity: Option<Capacity>,
         others: Option<&Others>,
         started_by: &StartedBy,
+        world: &World,
     ) -> Recommendation {
         let written = self
             .grown_by_write(primary)
             .and_then(|g| Some((g.writers, g.finished_size?)));
         let traced = primary.held;
-        let (burst, growth) = self.pressure.at(primary);
+        let sharing = if pressure::is_postgres_segment(&primary.kind) {
+            parallel_query::processes(primary.pid, primary.ts_ns, world)
+        } else {
+            1
+        };
+        let (burst, growth) = self.pressure.at(primary, sharing);
         let dataloader = role
             .trainer
             .or((role.kind == RoleKind::Trainer).then_some(pid))
@@ -386,6 +393,7 @@ impl Diagnoser {
                         capacity,
                         others.as_ref(),
                         &started_by,
+                        world,
                     )),
                 }
             }
