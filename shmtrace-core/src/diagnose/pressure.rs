@@ -70,10 +70,8 @@ impl Pressure {
         }
     }
 
-    /// The requests refused with `primary` (itself at least), and how they grew. `sharing`
-    /// is how many processes work on the same thing as `primary`, itself included (its peers,
-    /// or a PostgreSQL parallel query's processes).
-    pub fn at(&self, primary: &Failure, sharing: u32) -> (Burst, Option<Growth>) {
+    /// The requests refused with `primary` (itself at least), and how they grew.
+    pub fn at(&self, primary: &Failure) -> (Burst, Option<Growth>) {
         let request = match &primary.kind {
             FailureKind::Call { request, .. } => *request,
             _ => 0,
@@ -92,7 +90,7 @@ impl Pressure {
         }
         // Processes sharing its objects work on the same thing and may ask as it did: a
         // PostgreSQL worker that fails first, before the others ask, speaks for them all.
-        let sharing = sharing.max(primary.peers + 1);
+        let sharing = primary.peers + 1;
         if request > 0 && sharing > burst.processes {
             burst = Burst {
                 processes: sharing,

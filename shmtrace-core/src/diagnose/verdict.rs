@@ -221,18 +221,12 @@ impl Diagnoser {
         capacity: Option<Capacity>,
         others: Option<&Others>,
         started_by: &StartedBy,
-        world: &World,
     ) -> Recommendation {
         let written = self
             .grown_by_write(primary)
             .and_then(|g| Some((g.writers, g.finished_size?)));
         let traced = primary.held;
-        let sharing = if pressure::is_postgres_segment(&primary.kind) {
-            parallel_query::processes(primary.pid, primary.ts_ns, world)
-        } else {
-            1
-        };
-        let (burst, growth) = self.pressure.at(primary, sharing);
+        let (burst, growth) = self.pressure.at(primary);
         let dataloader = role
             .trainer
             .or((role.kind == RoleKind::Trainer).then_some(pid))
@@ -389,11 +383,10 @@ impl Diagnoser {
                     _ => Some(self.recommend_for_full(
                         pid,
                         &role,
-                        primary,
+                        &with_whole_query(primary, world),
                         capacity,
                         others.as_ref(),
                         &started_by,
-                        world,
                     )),
                 }
             }
@@ -637,4 +630,15 @@ impl RemovedName {
             text(&self.by_place)
         )
     }
+}
+
+/// A failure on a PostgreSQL segment speaks for every process of its parallel query, not only
+/// for those that shared its objects when it failed.
+fn with_whole_query(primary: &Failure, world: &World) -> Failure {
+    let mut primary = primary.clone();
+    if pressure::is_postgres_segment(&primary.kind) {
+        let query = parallel_query::processes(primary.pid, primary.ts_ns, world);
+        primary.peers = primary.peers.max(query - 1);
+    }
+    primary
 }
