@@ -19,6 +19,7 @@ mod forget;
 mod growth;
 pub mod known;
 mod leftovers;
+mod parallel_query;
 mod pressure;
 mod recommend;
 pub mod role;

@@ -130,14 +130,7 @@ impl Pipeline {
             return Ok(());
         }
         self.holders_read.insert(dev, event.ts_ns);
-        let mut pids = vec![subject];
-        let mut others: Vec<u32> = self
-            .world
-            .alive_in(event.mntns)
-            .filter(|pid| *pid != subject)
-            .collect();
-        others.sort_unstable();
-        pids.extend(others);
+        let pids = self.subject_then_its_namespace(subject, event.mntns);
         let Some(holders) = env.holders(&pids, dev, event.ts_ns) else {
             return Ok(());
         };
@@ -188,16 +181,7 @@ impl Pipeline {
             _ => event.pid,
         };
         // The subject may be gone (it just died): any live process of its namespace will do.
-        // From the index, not a scan: every death by a signal asks (issue 25).
-        let mut pids = vec![subject];
-        let mut others: Vec<u32> = self
-            .world
-            .alive_in(event.mntns)
-            .filter(|pid| *pid != subject)
-            .collect();
-        // In pid order, as the scan of a hash map gave none: the same one tried first each time.
-        others.sort_unstable();
-        pids.extend(others);
+        let pids = self.subject_then_its_namespace(subject, event.mntns);
         let Some(sample) = env.measure(&pids, event.ts_ns) else {
             return Ok(());
         };
@@ -205,5 +189,20 @@ impl Pipeline {
         self.measured_devs.insert(sample.dev);
         self.learn_capacity(sample);
         self.tap_user(event.ts_ns, &capacity_record(&sample, Some(subject)))
+    }
+
+    /// The processes to ask /proc about, in order: `subject`, then the other live processes of
+    /// mount namespace `mntns` by pid (from the index, not a scan: every death by a signal
+    /// asks; in pid order, so that the same one is tried first each time).
+    fn subject_then_its_namespace(&self, subject: u32, mntns: u32) -> Vec<u32> {
+        let mut others: Vec<u32> = self
+            .world
+            .alive_in(mntns)
+            .filter(|pid| *pid != subject)
+            .collect();
+        others.sort_unstable();
+        let mut pids = vec![subject];
+        pids.extend(others);
+        pids
     }
 }

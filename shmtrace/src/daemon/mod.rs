@@ -1,5 +1,5 @@
 //! `shmtrace daemon`: the node agent. Host-wide tracing through the same pipeline as a live
-//! trace, with three sinks of its own: metrics (`metrics`, served by `http`), JSON lines on
+//! trace, with three sinks of its own: metrics (`metrics`, served by `http_endpoint`), JSON lines on
 //! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
 //! and incident recordings (`incidents`).
 //!
