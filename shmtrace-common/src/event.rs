@@ -346,7 +346,15 @@ pub mod flags {
     /// /dev/shm's free space, and then not ended by SIGTERM, SIGINT or SIGHUP, nor by another
     /// process's SIGKILL (it was stopped on purpose).
     pub const SHM_DEATH: u16 = 1 << 11;
+    /// The path was relative to a directory descriptor on a /dev/shm, whose inode number is
+    /// in `args[`[`super::DIR_INODE_ARG`]`]`: userspace names the directory by it, even when
+    /// the descriptor was moved with a call the probes do not trace (GNU fts's `fcntl`).
+    pub const DIR_INODE: u16 = 1 << 12;
 }
+
+/// Where a record with [`flags::DIR_INODE`] holds its directory's inode number: a slot the
+/// open family and `unlinkat` leave unused (openat2's `usize`, which nothing reads, gives way).
+pub const DIR_INODE_ARG: usize = 5;
 
 /// Who did what, and when. Starts every record.
 #[repr(C)]

@@ -218,6 +218,12 @@ pub fn inode_dev(inode: u64, off: &KernelOffsets) -> Option<u32> {
     read::<u32>(sb, off.super_block_dev)
 }
 
+/// Number of the inode (0 if it cannot be read).
+#[inline(always)]
+pub fn inode_ino(inode: u64, off: &KernelOffsets) -> u64 {
+    read::<u64>(inode, off.inode_ino).unwrap_or(0)
+}
+
 /// Size and allocation of the inode now.
 #[inline(always)]
 pub fn inode_size(inode: u64, off: &KernelOffsets) -> (i64, u64) {

@@ -4,8 +4,8 @@
 //! private tmpfs (root and BPF only).
 //!
 //! GNU's `find`, `du` and `rm -r` move each directory descriptor with `fcntl(F_DUPFD_CLOEXEC)`,
-//! which is not traced: their names stay cut until the probes record the directory's inode
-//! (docs/fleet.md, "Limitations").
+//! which is not traced, then open and remove relative to the copy: their names are whole by the
+//! directory's inode, which the probes read behind the descriptor.
 use serde_json::Value;
 use shmtrace_tests::{read_json_lines, require_root, serial, shmtrace, tempdir};
 
@@ -76,6 +76,67 @@ fn names_relative_to_a_directory_descriptor_are_named_whole() {
             r["path"]
                 .as_str()
                 .is_some_and(|p| matches!(p, "/dev/shm/f" | "/dev/shm/sub"))
+        })
+        .collect();
+    assert!(cut.is_empty(), "names cut from their directory: {cut:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Makes /dev/shm/a/sub/deeper with a file in each, then walks it with GNU's fts tools.
+const FTS: &str = "mkdir -p /dev/shm/a/sub/deeper; \
+     touch /dev/shm/a/sub/f /dev/shm/a/sub/deeper/g; \
+     find /dev/shm/a/sub >/dev/null; du -a /dev/shm/a/sub >/dev/null; rm -rf /dev/shm/a/sub";
+
+#[test]
+fn gnu_find_du_and_rm_name_whole_paths() {
+    require_root();
+    let _serial = serial();
+    let dir = tempdir();
+    let out = dir.join("trace.jsonl");
+    let output = shmtrace()
+        .args(["--json", "-o"])
+        .arg(&out)
+        .args(["--", "unshare", "-m", "sh", "-c", PRIVATE_SHM, "sh", FTS])
+        .output()
+        .expect("running shmtrace");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let records = read_json_lines(&out);
+    let named = |comm: &str, event: &str| -> Vec<&str> {
+        records
+            .iter()
+            .filter(|r| r["comm"] == comm && r["event"] == event)
+            .filter_map(|r| r["path"].as_str())
+            .collect()
+    };
+    for walker in ["find", "du", "rm"] {
+        let opened = named(walker, "openat");
+        assert!(
+            opened.contains(&"/dev/shm/a/sub/deeper"),
+            "{walker} did not open /dev/shm/a/sub/deeper so: {opened:?}"
+        );
+    }
+    let removed = named("rm", "unlinkat");
+    for whole in [
+        "/dev/shm/a/sub/f",
+        "/dev/shm/a/sub/deeper/g",
+        "/dev/shm/a/sub/deeper",
+        "/dev/shm/a/sub",
+    ] {
+        assert!(
+            removed.contains(&whole),
+            "{whole} not removed so: {removed:?}"
+        );
+    }
+    let cut: Vec<&Value> = records
+        .iter()
+        .filter(|r| {
+            r["path"].as_str().is_some_and(|p| {
+                matches!(p, "/dev/shm/f" | "/dev/shm/g" | "/dev/shm/deeper") || p.contains('…')
+            })
         })
         .collect();
     assert!(cut.is_empty(), "names cut from their directory: {cut:#?}");

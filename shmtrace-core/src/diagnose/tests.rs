@@ -109,6 +109,7 @@ impl Run {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
         inode
@@ -130,6 +131,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -152,6 +154,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -173,6 +176,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -189,6 +193,7 @@ impl Run {
             path: Some("/dev/shm".to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -796,6 +801,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, "mpi_rank", Body::Call(call));
     }
@@ -811,6 +817,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, "mpi_rank", Body::Call(call));
     }
@@ -831,6 +838,7 @@ impl Run {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -845,6 +853,7 @@ impl Run {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }

@@ -237,6 +237,7 @@ mod tests {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         })
     }
 

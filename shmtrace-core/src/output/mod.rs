@@ -376,6 +376,7 @@ mod tests {
                 path: Some("/dev/shm/fill".to_owned()),
                 path_truncated: false,
                 relative_to_shm: false,
+                dir_ino: None,
             }),
         };
         let mut world = World::new();

@@ -244,9 +244,9 @@ impl Pipeline {
             }
         };
         // A name relative to a directory descriptor (`find`, `du`, `rm -r` in a /dev/shm
-        // subdirectory) is named whole, from the directory the process opened.
+        // subdirectory) is named whole, from the directory opened in the trace.
         if let Body::Call(call) = &mut event.body
-            && let Some(whole) = self.world.resolve_relative(event.pid, call)
+            && let Some(whole) = self.world.resolve_relative(event.pid, event.mntns, call)
         {
             call.path = Some(whole);
         }

@@ -5,7 +5,7 @@
 //! `openat` of the same path. `open` is x86-64's older call, which musl (Alpine's libc) makes
 //! for `open()` and `shm_open()`; arm64 has only `openat`.
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::{Loss, Syscall, flags};
+use shmtrace_common::{DIR_INODE_ARG, Loss, Syscall, flags};
 
 use super::{
     shm_check::{self, PathIs},
@@ -94,7 +94,12 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     };
     let dfd = args[0] as i32;
     let path_flags = match shm_check::shm_path(dfd, args[1]) {
-        PathIs::Shm(path_flags) => path_flags,
+        PathIs::Shm(path_flags, dir_ino) => {
+            if path_flags & flags::DIR_INODE != 0 {
+                args[DIR_INODE_ARG] = dir_ino;
+            }
+            path_flags
+        }
         // Elsewhere, a followed process's open matters only if it runs out of descriptors.
         PathIs::Elsewhere => {
             scope::tracked(tgid)?;

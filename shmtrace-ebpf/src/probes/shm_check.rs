@@ -26,8 +26,9 @@ pub fn shm_fd(fd: i32, off: &KernelOffsets) -> Option<FileRef> {
 
 /// What a path argument says about a call.
 pub enum PathIs {
-    /// In /dev/shm, with the header flags to record.
-    Shm(u16),
+    /// In /dev/shm, with the header flags to record, and for a name relative to a directory
+    /// descriptor, that directory's inode number (with [`flags::DIR_INODE`]; 0 otherwise).
+    Shm(u16, u64),
     /// Somewhere else.
     Elsewhere,
     /// Not readable now: a page the program has not touched yet, which a probe cannot fault
@@ -95,21 +96,33 @@ pub fn shm_path(dfd: i32, path: u64) -> PathIs {
             i += 1;
         }
         if len == SHM_DIR_LEN || (len == SHM_DIR_LEN + 1 && buf[8] == b'/') {
-            return PathIs::Shm(flags::SHM_DIRECTORY);
+            return PathIs::Shm(flags::SHM_DIRECTORY, 0);
         }
         if buf[8] != b'/' {
             return PathIs::Elsewhere;
         }
-        return PathIs::Shm(0);
+        return PathIs::Shm(0, 0);
     }
     let off = kernel::offsets();
-    let dir_dev = if dfd == AT_FDCWD {
-        kernel::cwd_dev(&off)
+    // The directory's inode number names it to userspace, which learned it when the
+    // directory was opened: a descriptor moved since with an untraced call (GNU fts's
+    // `fcntl(F_DUPFD_CLOEXEC)` in `find`, `du`, `rm -r`) still names its directory.
+    let (dir_dev, dir_ino) = if dfd == AT_FDCWD {
+        (kernel::cwd_dev(&off), 0)
     } else {
-        kernel::fd_inode(dfd, &off).and_then(|inode| kernel::inode_dev(inode, &off))
+        match kernel::fd_inode(dfd, &off) {
+            Some(inode) => (
+                kernel::inode_dev(inode, &off),
+                kernel::inode_ino(inode, &off),
+            ),
+            None => (None, 0),
+        }
     };
     match dir_dev {
-        Some(dev) if SHM_DEVS.get_ptr(dev).is_some() => PathIs::Shm(flags::RELATIVE_TO_SHM),
+        Some(dev) if SHM_DEVS.get_ptr(dev).is_some() => {
+            let dir = if dir_ino == 0 { 0 } else { flags::DIR_INODE };
+            PathIs::Shm(flags::RELATIVE_TO_SHM | dir, dir_ino)
+        }
         _ => PathIs::Elsewhere,
     }
 }

@@ -228,6 +228,7 @@ mod tests {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         let event = Event {
             ts_ns: 1,

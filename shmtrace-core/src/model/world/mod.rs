@@ -44,6 +44,10 @@ pub struct World {
     /// ([`removals`]).
     shm_dev_of: FastMap<u32, u32>,
     namespaces_on: FastMap<u32, Vec<u32>>,
+    /// Directories on a /dev/shm opened by whole path, by mount namespace and inode number
+    /// ([`DIRECTORIES`] at most): a name relative to a descriptor of one is named whole by
+    /// the inode the probes read behind the descriptor, however the descriptor was moved.
+    directories: FastMap<(u32, u64), Arc<str>>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
     forgetting: Option<forgetting::Forgetting>,
     /// The live processes of each mount namespace: whether a container's last process has
@@ -62,6 +66,9 @@ const CHANGE_LOG: usize = 1 << 16;
 
 /// Bound on `recently_freed`.
 const RECENTLY_FREED: usize = 4096;
+
+/// Bound on `directories`, kept by clearing: a directory opened again is learned again.
+const DIRECTORIES: usize = 4096;
 
 /// Bound on `removals`.
 const REMOVALS: usize = 256;
