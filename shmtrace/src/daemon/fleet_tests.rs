@@ -11,16 +11,14 @@ use std::{
 use super::{
     fleet::{Fleet, Placed, Settled, WaitKey},
     metrics::{Metrics, encode},
-    series::Tally,
+    series::Countable,
     whose::{ContainerRef, Found, Lookups, Owner},
 };
-use crate::{
-    capacity::Capacity,
-    container::{
-        Action, Candidate, CgroupMatch, CgroupOwner, Container, FoundBy, IpcMode, Runtime,
-        RuntimeEvent, ShmInfo, State,
-    },
+use crate::container::{
+    Action, Candidate, CgroupMatch, CgroupOwner, Container, FoundBy, IpcMode, Runtime,
+    RuntimeEvent, ShmInfo, State,
 };
+use shmtrace_core::capacity::Capacity;
 
 const HOST: u32 = 4026531841;
 const NS: u32 = 4026532300;
@@ -122,8 +120,8 @@ fn event(name: &str, action: Action) -> RuntimeEvent {
     }
 }
 
-fn failure() -> Tally {
-    Tally::Failure {
+fn failure() -> Countable {
+    Countable::Failure {
         syscall: "write".into(),
         errno: "ENOSPC".into(),
         count: 1,
@@ -141,7 +139,7 @@ fn fleet(retain: Duration) -> (Fleet, Made, prometheus_client::registry::Registr
 }
 
 fn text(registry: &prometheus_client::registry::Registry) -> String {
-    encode(registry, super::metrics::Format::PrometheusText)
+    encode(registry, super::metrics::ExpositionFormat::PrometheusText)
 }
 
 fn failures_of(text: &str, container: &str, runtime: &str) -> f64 {
@@ -357,7 +355,7 @@ fn a_count_whose_record_was_lost_goes_to_the_namespaces_last_container() {
     fleet.count_in(
         NS,
         10 * SECOND,
-        Tally::Failure {
+        Countable::Failure {
             syscall: "write".into(),
             errno: "ENOSPC".into(),
             count: 19_999,
@@ -409,6 +407,52 @@ fn a_gone_container_keeps_its_series_for_retain_then_loses_all_of_them() {
     assert!(text.contains("shmtrace_series_retired_total 1"), "{text}");
 }
 
+/// A name reused by containers that each live less than a survey: its series stay as long as
+/// its containers keep counting, and go `--retain` after the last one's count, not after the
+/// first one was gone (the soak's failing containers lost their counts every `--retain`).
+#[test]
+fn a_name_reused_by_short_lived_containers_keeps_its_series_while_they_count() {
+    let retain = Duration::from_millis(1000);
+    let (mut fleet, made, registry) = fleet(retain);
+    for (run, cgroup) in [(0_u64, 30_u64), (1, 31), (2, 32)] {
+        let mut started = event("batch", Action::Started);
+        started.id = id(&format!("batch-{cgroup}"));
+        made.0
+            .lock()
+            .unwrap()
+            .cgroups
+            .insert(cgroup, ContainerRef::new(Runtime::Docker, &started.id));
+        fleet.runtime_event(&started);
+        fail(
+            &mut fleet,
+            1100 + run as u32,
+            NS,
+            cgroup,
+            (run + 1) * SECOND,
+        );
+        fleet.runtime_event(&RuntimeEvent {
+            action: Action::Destroyed,
+            ..started
+        });
+        // No survey sees it running; the next comes 600 ms later: the third within --retain
+        // of the second, not of the first.
+        fleet.survey(&[], &[], Instant::now());
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    fleet.survey(&[], &[], Instant::now());
+    let text_now = text(&registry);
+    assert_eq!(failures_of(&text_now, "batch", "docker"), 3.0, "{text_now}");
+    assert!(
+        text_now.contains("shmtrace_series_retired_total 0"),
+        "{text_now}"
+    );
+    // Then --retain after the last count, they go.
+    std::thread::sleep(retain);
+    fleet.survey(&[], &[], Instant::now());
+    let text_then = text(&registry);
+    assert!(!text_then.contains(r#"container="batch""#), "{text_then}");
+}
+
 #[test]
 fn a_restarted_container_continues_its_series_in_its_new_namespace() {
     let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
@@ -440,7 +484,7 @@ fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
     );
     for (name, ns) in [("trainer", NS), ("sidecar", NS + 1), ("other", NS + 2)] {
         let found = Found::Owner(Owner::Container(of(name)));
-        fleet.count(&found, ns as u64, Tally::Touch);
+        fleet.count(&found, ns as u64, Countable::Touch);
     }
     for (dev, used) in [(50, 40 << 20), (51, 8 << 20)] {
         fleet.measured(&Capacity {
@@ -521,7 +565,7 @@ fn a_container_that_touched_dev_shm_before_any_survey_is_measured_once_listed() 
     made.0.lock().unwrap().cgroups.insert(21, of("early"));
     fleet.runtime_event(&event("early", Action::Started));
     let found = fleet.place(917, NS, 21, SECOND);
-    fleet.count(&found, SECOND, Tally::Touch);
+    fleet.count(&found, SECOND, Countable::Touch);
     fleet.survey(
         &[container("early", NS, std::process::id())],
         &[],
@@ -549,8 +593,8 @@ fn a_name_removed_under_its_holders_counts_for_the_removers_container() {
     fleet.runtime_event(&event("cleaner", Action::Started));
     // The remover was met in its container (its unlink's record).
     fleet.place(918, NS, 22, SECOND);
-    fleet.count_for(918, NS, SECOND, Tally::NameRemoved);
-    fleet.count_for(918, NS, 2 * SECOND, Tally::NameRemoved);
+    fleet.count_for(918, NS, SECOND, Countable::NameRemoved);
+    fleet.count_for(918, NS, 2 * SECOND, Countable::NameRemoved);
     let text = text(&registry);
     let line = text
         .lines()
