@@ -431,7 +431,7 @@ mod tests {
     #[test]
     fn the_fleet_page_lists_every_family_with_its_type() {
         let (_, registry) = Metrics::new();
-        let scrape = encode(&registry, Format::PrometheusText);
+        let scrape = encode(&registry, ExpositionFormat::PrometheusText);
         let exported: Vec<(&str, &str)> = scrape
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))

@@ -293,7 +293,7 @@ fn clamp(bytes: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::metrics::{Format, encode};
+    use crate::daemon::metrics::{ExpositionFormat, encode};
 
     fn on(dev: u32, used: u64) -> Capacity {
         Capacity {
@@ -318,7 +318,7 @@ mod tests {
             ..ContainerLabels::default()
         };
         let shm_series = |shm: &str| {
-            let text = encode(&registry, Format::PrometheusText);
+            let text = encode(&registry, ExpositionFormat::PrometheusText);
             text.lines()
                 .filter(|l| !l.starts_with('#') && l.contains(&format!("shm=\"{shm}\"")))
                 .filter_map(|l| l.split('{').next().map(str::to_owned))
@@ -329,7 +329,7 @@ mod tests {
             "shmtrace_shm_used_bytes",
             "shmtrace_shm_peak_bytes",
         ];
-        series.apply(&labels, Tally::Touch);
+        series.apply(&labels, Countable::Touch);
         series.running(&labels, Some(1), Some(50), false);
         series.measured(&on(50, 1 << 20));
         assert_eq!(shm_series("0:50"), all);
@@ -339,7 +339,7 @@ mod tests {
         assert!(shm_series("0:50").is_empty());
         assert_eq!(shm_series("0:51"), all);
 
-        series.apply(&labels, Tally::FullAt(on(52, 64 << 20)));
+        series.apply(&labels, Countable::FullAt(on(52, 64 << 20)));
         assert!(shm_series("0:51").is_empty());
         assert_eq!(
             shm_series("0:52"),
