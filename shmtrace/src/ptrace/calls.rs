@@ -819,6 +819,23 @@ mod tests {
     }
 
     #[test]
+    fn only_a_whole_mapping_is_unmapped_for_certain() {
+        let page = page_size();
+        let maps = [(0x10 * page, 3 * page - 100), (0x40 * page, page)];
+        // The same pages, the length as mapped or rounded up.
+        assert!(unmaps_one_whole(&maps, 0x10 * page, 3 * page - 100));
+        assert!(unmaps_one_whole(&maps, 0x10 * page, 3 * page));
+        assert!(unmaps_one_whole(&maps, 0x40 * page, 1));
+        // Part of one, more than one, unaligned, empty, or none known.
+        assert!(!unmaps_one_whole(&maps, 0x10 * page, page));
+        assert!(!unmaps_one_whole(&maps, 0x11 * page, 2 * page));
+        assert!(!unmaps_one_whole(&maps, 0x10 * page, 0x31 * page));
+        assert!(!unmaps_one_whole(&maps, 0x10 * page + 1, 3 * page));
+        assert!(!unmaps_one_whole(&maps, 0x10 * page, 0));
+        assert!(!unmaps_one_whole(&[], 0x10 * page, page));
+    }
+
+    #[test]
     fn reads_descriptors_passed_in_a_message() {
         // A msghdr whose control buffer holds one SCM_RIGHTS message of two descriptors.
         let mut control = Vec::new();
