@@ -4,7 +4,7 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::diagnose::RoleKind;
+use shmtrace_core::diagnose::RoleKind;
 
 /// Parses the command line as [`Cli::parse`] does, and exits the same way on an error; a
 /// misspelt subcommand (`shmtrace reprot`) gets the subcommand it resembles, which clap does
@@ -275,7 +275,7 @@ pub struct RecordArgs {
     pub compress: bool,
 
     /// Start a new file when this one would grow past SIZE (suffixes K, M, G).
-    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse)]
+    #[arg(long, value_name = "SIZE", value_parser = shmtrace_core::units::parse)]
     pub max_size: Option<u64>,
 
     /// With --max-size: keep only the newest N files.
@@ -382,7 +382,7 @@ pub struct DaemonArgs {
     pub record_dir: Option<PathBuf>,
 
     /// Most bytes the recordings in --record-dir may take; the oldest are deleted first.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::size::parse)]
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = shmtrace_core::units::parse)]
     pub record_quota: u64,
 
     /// Seconds of history kept in memory for a recording.
@@ -564,7 +564,7 @@ impl ColorWhen {
 
 /// `16M`, `512K`, `4096`.
 fn parse_size(text: &str) -> Result<u32, String> {
-    let bytes = crate::size::parse(text)?;
+    let bytes = shmtrace_core::units::parse(text)?;
     u32::try_from(bytes).map_err(|_| format!("{text} is too large (at most 2G)"))
 }
 
@@ -576,7 +576,7 @@ fn parse_budget(text: &str) -> Result<u64, String> {
         .or_else(|| trimmed.strip_suffix('i'))
         .or_else(|| trimmed.strip_suffix('B'))
         .unwrap_or(trimmed);
-    crate::size::parse(docker_like)
+    shmtrace_core::units::parse(docker_like)
         .map_err(|_| format!("{text:?} is not a size like 512m, 1g or 1Gi"))
 }
 
@@ -641,7 +641,7 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("8G").is_err());
-        assert_eq!(crate::size::parse("8G"), Ok(8 << 30));
+        assert_eq!(shmtrace_core::units::parse("8G"), Ok(8 << 30));
     }
 
     #[test]

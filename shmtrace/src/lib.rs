@@ -19,12 +19,6 @@ pub mod kernel_ids;
 pub mod live;
 pub mod ptrace;
 
-// The core's modules, under the names this crate's modules use (`crate::record::...`).
-use shmtrace_core::{
-    capacity, clock, diagnose, event, model, output, pipeline, record, report, safe_open, size,
-    sizing,
-};
-
 use std::process::ExitCode;
 
 use anyhow::Result;

@@ -83,7 +83,7 @@ pub struct BenchArgs {
     #[arg(long)]
     quick: bool,
     /// Object sizes, one case each (suffixes K, M, G) [default: 1M,256K,4K].
-    #[arg(long, value_delimiter = ',', value_parser = shmtrace_core::size::parse)]
+    #[arg(long, value_delimiter = ',', value_parser = shmtrace_core::units::parse)]
     sizes: Vec<u64>,
     /// Objects each worker makes per run [default: 3 GiB worth, within 2000..=30000; a sixth
     /// of that, within 300..=5000, with --quick].
@@ -198,7 +198,7 @@ impl BenchArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ChurnArgs {
     /// Bytes per object (suffixes K, M, G).
-    #[arg(long, default_value = "1M", value_parser = shmtrace_core::size::parse)]
+    #[arg(long, default_value = "1M", value_parser = shmtrace_core::units::parse)]
     pub size: u64,
     /// Objects each worker creates and removes.
     #[arg(long, default_value_t = 10_000)]
@@ -417,10 +417,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
         target_rows.extend(targets::from_case(
-            &shmtrace_core::size::human(size),
+            &shmtrace_core::units::human(size),
             &results,
         ));
-        target_rows.extend(targets::ptrace(&shmtrace_core::size::human(size), &results));
+        target_rows.extend(targets::ptrace(
+            &shmtrace_core::units::human(size),
+            &results,
+        ));
         let (text, notes) = table::variants(&results);
         report!("{text}");
         for note in &notes {
@@ -546,7 +549,7 @@ fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<targets::Row> {
     rows
 }
 
-/// `--only-ptrace`: the ptrace source's rows (issue 34), beside untraced and `strace -f`.
+/// `--only-ptrace`: the ptrace source's rows, beside untraced and `strace -f`.
 fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
     println!("# shmtrace benchmark: the ptrace source\n");
     println!("{}\n", machine_description(setup));
@@ -569,7 +572,10 @@ fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
         println!("## {}\n", case.title);
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, setup, &selected, &unavailable, &mut others)?;
-        rows.extend(targets::ptrace(&shmtrace_core::size::human(size), &results));
+        rows.extend(targets::ptrace(
+            &shmtrace_core::units::human(size),
+            &results,
+        ));
         let (text, notes) = table::variants(&results);
         println!("{text}");
         for note in &notes {
@@ -720,7 +726,7 @@ fn probe_costs(
                 Ok(floor) => {
                     text += &table::above_record_floor(&full, floor, median_loop("untraced"));
                     rows.push(targets::traced_programs(
-                        &shmtrace_core::size::human(case.size),
+                        &shmtrace_core::units::human(case.size),
                         &full,
                         floor,
                         median_loop("untraced"),
@@ -761,7 +767,7 @@ fn cost_to_others(
             }
             let row = floor.ok().map(|floor| {
                 targets::idle_programs(
-                    &shmtrace_core::size::human(case.size),
+                    &shmtrace_core::units::human(case.size),
                     &idle,
                     &floor,
                     untraced_us,

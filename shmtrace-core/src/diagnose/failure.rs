@@ -156,7 +156,7 @@ impl Failure {
 impl FailureKind {
     /// One line, as [`Failure::headline`]; also the label of a failure in the report pictures.
     pub fn headline(&self) -> String {
-        use crate::size::human;
+        use crate::units::human;
         match self {
             FailureKind::Call {
                 syscall,

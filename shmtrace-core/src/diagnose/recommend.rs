@@ -3,7 +3,7 @@ use serde::Serialize;
 
 use crate::{
     model::StartedBy,
-    size::{count, human},
+    units::{count, human},
 };
 
 /// What /dev/shm had to hold when it failed, counted in pages allocated (the inodes' blocks),

@@ -10,7 +10,7 @@ use super::{
 use crate::{
     event::{Call, Event, ExitStatus, SpaceSeen},
     model::{Process, World},
-    size::human,
+    units::human,
 };
 
 /// One look at a /dev/shm's free space.

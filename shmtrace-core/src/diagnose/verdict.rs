@@ -8,6 +8,7 @@ use super::{
     file_count::advise_files,
     known,
     leftovers::summarise_leftovers,
+    parallel_query, pressure,
     recommend::{self, Recommendation},
 };
 use crate::{
@@ -192,7 +193,7 @@ impl Diagnoser {
                     "{} processes each growing a file by write(), {} each (what one that \
                      finished wrote)",
                     growth.writers,
-                    crate::size::human(size)
+                    crate::units::human(size)
                 );
                 *r = recommend::advise(need, &basis, &started_by);
             }
@@ -298,7 +299,7 @@ impl Diagnoser {
         let container = self.containers.get(&mntns).cloned().map(|mut c| {
             // Named, not numbered, when the container whose /dev/shm it joined is known.
             if let Some(owner) = self.joined(&c.ipc) {
-                c.ipc = format!("{}{}", super::others::JOINS, owner.name);
+                c.ipc = format!("{}{}", super::untraced_holders::JOINS, owner.name);
             }
             c
         });
@@ -382,7 +383,7 @@ impl Diagnoser {
                     _ => Some(self.recommend_for_full(
                         pid,
                         &role,
-                        primary,
+                        &with_whole_query(primary, world),
                         capacity,
                         others.as_ref(),
                         &started_by,
@@ -629,4 +630,15 @@ impl RemovedName {
             text(&self.by_place)
         )
     }
+}
+
+/// A failure on a PostgreSQL segment speaks for every process of its parallel query, not only
+/// for those that shared its objects when it failed.
+fn with_whole_query(primary: &Failure, world: &World) -> Failure {
+    let mut primary = primary.clone();
+    if pressure::is_postgres_segment(&primary.kind) {
+        let query = parallel_query::processes(primary.pid, primary.ts_ns, world);
+        primary.peers = primary.peers.max(query - 1);
+    }
+    primary
 }

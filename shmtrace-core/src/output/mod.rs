@@ -12,8 +12,8 @@ pub mod hush;
 pub mod json;
 #[cfg(test)]
 mod json_tests;
-mod others;
 mod summary;
+mod untraced_section;
 
 use std::{
     io::{self, Write},

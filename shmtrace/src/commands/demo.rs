@@ -7,12 +7,12 @@ use anyhow::{Context, Result, bail};
 use super::{DefaultStream, trace};
 use crate::{
     cli::OutputArgs,
-    event::ExitStatus,
     live::{
         demo::{SHM_SIZE, WORKLOAD_STATUS},
         launch::{self, What},
     },
 };
+use shmtrace_core::event::ExitStatus;
 
 /// `shmtrace demo`: traces the workload, with its diagnosis, on stdout.
 pub fn run(output: &OutputArgs) -> Result<ExitCode> {

@@ -11,12 +11,14 @@ use super::{
 };
 use crate::{
     cli::RecordArgs,
-    clock::Clock,
-    event,
     live::{
         launch::{self, What},
         source::Backend,
     },
+};
+use shmtrace_core::{
+    clock::Clock,
+    event,
     model::World,
     output::filter::Filter,
     pipeline::{Pipeline, Tap},
@@ -24,7 +26,7 @@ use crate::{
         ContainerDescription, FlightOptions, FlightRecorder, Record, Rotation, TargetDescription,
         TraceHeader, TraceWriter, Trigger, Triggered, UserRecord, WriterOptions, world_snapshots,
     },
-    size::count,
+    units::count,
 };
 
 pub fn run(args: &RecordArgs) -> Result<ExitCode> {
@@ -122,7 +124,7 @@ impl FileTap {
 
     /// Write errors do not stop tracing: the writer counts what it could not write, and the
     /// user hears about it now and in the end.
-    fn report(&mut self, result: Result<(), crate::record::WriteError>) {
+    fn report(&mut self, result: Result<(), shmtrace_core::record::WriteError>) {
         if let Err(error) = result
             && !self.warned
         {

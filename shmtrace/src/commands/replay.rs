@@ -5,8 +5,8 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context, Result, bail};
 
 use super::{DefaultStream, open_output_not_over};
-use crate::{
-    cli::{ReportArgs, ShowArgs},
+use crate::cli::{ReportArgs, ShowArgs};
+use shmtrace_core::{
     diagnose::Diagnoser,
     event::escape,
     model::World,

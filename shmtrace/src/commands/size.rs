@@ -22,12 +22,14 @@ use super::{
     trace::{exit_code, host_diagnoser},
 };
 use crate::{
-    capacity::Capacity,
     cli::{ColorWhen, ReportArgs, SizeArgs},
+    live::launch::{self as live, What},
+};
+use shmtrace_core::{
+    capacity::Capacity,
     clock::Clock,
     diagnose::{Diagnosis, Role, Roles},
     event::{Body, Event},
-    live::launch::{self as live, What},
     model::{Annotation, ContainerInfo, World},
     output::filter::Filter,
     pipeline::{Observer, Pipeline},

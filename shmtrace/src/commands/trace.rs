@@ -6,11 +6,13 @@ use anyhow::Result;
 use super::{DefaultStream, init_logging, open_output_args};
 use crate::{
     cli::{OutputArgs, TargetArgs},
-    clock::Clock,
-    diagnose::Diagnoser,
     kernel_ids,
     live::launch::{self, What},
     live::session::Outcome,
+};
+use shmtrace_core::{
+    clock::Clock,
+    diagnose::Diagnoser,
     model::{QUIET_LINGER_NS, Retention, World},
     output::filter::Filter,
     pipeline::Pipeline,

@@ -11,7 +11,7 @@ use super::{
     Runtime,
     client::{RuntimeClient, kube_labels},
     docker::{DockerClient, DockerError},
-    http::HttpError,
+    unix_http::HttpError,
 };
 
 /// What happened to a container.
@@ -109,7 +109,7 @@ pub async fn watch(
         socket: socket.to_owned(),
         source,
     };
-    let (status, mut body) = super::http::stream(socket, &path, timeout)
+    let (status, mut body) = super::unix_http::stream(socket, &path, timeout)
         .await
         .map_err(http)?;
     if !status.is_success() {

@@ -17,7 +17,7 @@
 //!
 //! Everything here is library code the CLI calls; nothing prints. Names and labels come from
 //! whoever created the container: display them with [`Container::display_name`] and
-//! [`crate::event::escape`], never raw.
+//! [`shmtrace_core::event::escape`], never raw.
 
 mod cgroup;
 mod cgroup_tree;
@@ -31,12 +31,12 @@ mod error;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 mod host;
-mod http;
 pub mod memory;
 mod resolve;
 mod rootfs;
 mod scan;
 mod shm;
+mod unix_http;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
@@ -54,10 +54,10 @@ pub use endpoints::Endpoint;
 pub use host::cgroup_v2_id;
 pub use shm::{ShmError, ShmSource, host_shm_dev};
 // The one short-id and name formatters, for the runtime clients and the live side.
-pub use crate::model::short_id;
 pub use client::id_label;
+pub use shmtrace_core::model::short_id;
 
-use crate::event::escape;
+use shmtrace_core::event::escape;
 
 /// Which container runtime runs a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -225,7 +225,7 @@ impl Container {
     /// The name safe to print: escaped, the short id when the name is unknown, and
     /// `namespace/pod/name` for Kubernetes containers.
     pub fn display_name(&self) -> String {
-        crate::model::container_label(
+        shmtrace_core::model::container_label(
             &self.name,
             &self.id,
             self.namespace.as_deref(),
@@ -234,10 +234,10 @@ impl Container {
     }
 
     /// What events, diagnoses and trace files keep of it.
-    pub fn info(&self) -> crate::model::ContainerInfo {
+    pub fn info(&self) -> shmtrace_core::model::ContainerInfo {
         let runtime = self.runtime.as_str().to_owned();
-        crate::model::ContainerInfo {
-            started_by: crate::model::StartedBy::detect(&runtime, &self.labels),
+        shmtrace_core::model::ContainerInfo {
+            started_by: shmtrace_core::model::StartedBy::detect(&runtime, &self.labels),
             runtime,
             id: self.id.clone(),
             name: self.name.clone(),

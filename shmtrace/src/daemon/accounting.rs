@@ -14,11 +14,12 @@ use shmtrace_common::{Loss, TallyKey};
 use super::{
     fleet::Fleet,
     metrics::{KindLabels, Metrics},
-    series::Tally,
+    series::Countable,
     unseen::Unseen,
     whose::there_at,
 };
-use crate::{clock::boot_ns, event::LostCounts, live::bpf::Tracer, pipeline::Pipeline};
+use crate::live::bpf::Tracer;
+use shmtrace_core::{clock::boot_ns, event::LostCounts, pipeline::Pipeline};
 
 /// How often the analysis' live processes are looked for in /proc when nothing was lost.
 const VANISH_CHECK_EVERY: Duration = Duration::from_secs(30);
@@ -234,14 +235,14 @@ impl Accounting {
 
 /// What a count of the kernel's is, as the metrics say it, and its kind for
 /// `shmtrace_unrecorded_total`.
-fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
+fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Countable)> {
     match key.what {
-        TallyKey::SIGBUS => return Some(("sigbus", Tally::Sigbus { count })),
+        TallyKey::SIGBUS => return Some(("sigbus", Countable::Sigbus { count })),
         // Who died is in the records that were lost.
         TallyKey::DEATH => {
             return Some((
                 "death",
-                Tally::Death {
+                Countable::Death {
                     role: "unknown".to_owned(),
                     count,
                 },
@@ -252,11 +253,11 @@ fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
     let syscall = shmtrace_common::Syscall::try_from(key.what).ok()?;
     let errno = match key.errno {
         0 => "MSG_CTRUNC".to_owned(),
-        errno => crate::event::names::errno_name(i32::from(errno)),
+        errno => shmtrace_core::event::names::errno_name(i32::from(errno)),
     };
     Some((
         "failure",
-        Tally::Failure {
+        Countable::Failure {
             syscall: syscall.name().to_owned(),
             errno,
             count,

@@ -17,15 +17,14 @@ use std::{
 use super::{
     metrics::{ContainerLabels, Metrics},
     names::{Named, Names, labels_of, unnamed},
-    series::{Series, Tally},
+    series::{Countable, Series},
     whose::{ContainerRef, Found, Lookups, Owner, Whose},
 };
 use crate::{
-    capacity::Capacity,
     container::{Action, Candidate, Container, RuntimeEvent},
     live::proc_scan::start_ns,
-    model::ContainerInfo,
 };
+use shmtrace_core::{capacity::Capacity, model::ContainerInfo};
 
 /// Where something is counted, and how its lines name it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +83,7 @@ struct Waiting {
     /// The cgroup of a record that waits for its namespace, once one is known: its container
     /// may be told by its cgroup before a survey comes.
     cgroup_id: u64,
-    tallies: Vec<Tally>,
+    tallies: Vec<Countable>,
 }
 
 /// Surveys a record waits through before it is counted for nobody, or under a short id.
@@ -132,7 +131,7 @@ pub struct Fleet {
 
 /// A runtime's Unix time (ns) on the boot clock of records, or now where it cannot be told.
 fn boot_time_of(unix_ns: i64) -> u64 {
-    let now_boot = crate::clock::boot_ns().unwrap_or(u64::MAX);
+    let now_boot = shmtrace_core::clock::boot_ns().unwrap_or(u64::MAX);
     let Ok(now_unix) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
         return now_boot;
     };
@@ -204,7 +203,7 @@ impl Fleet {
     }
 
     /// Counts `tally`, of a record at `ts_ns` that was `found`, now or once it is placed.
-    pub fn count(&mut self, found: &Found, ts_ns: u64, tally: Tally) {
+    pub fn count(&mut self, found: &Found, ts_ns: u64, tally: Countable) {
         match self.resolve(found, ts_ns) {
             Ok(placed) => self.series.apply(&placed.labels(), tally),
             Err(key) => {
@@ -220,7 +219,7 @@ impl Fleet {
 
     /// Counts `tally` for whoever had `mntns` by `ts_ns`: the kernel counted it there before
     /// then, and its record never came.
-    pub fn count_in(&mut self, mntns: u32, ts_ns: u64, tally: Tally) {
+    pub fn count_in(&mut self, mntns: u32, ts_ns: u64, tally: Countable) {
         let found = if mntns == self.whose.host_mntns() {
             Found::Owner(Owner::Host)
         } else {
@@ -241,7 +240,7 @@ impl Fleet {
 
     /// Counts `tally` for process `pid`, seen at `ts_ns` in `mntns`: for the container it was
     /// placed in, if it was met there, else for whoever had `mntns` then.
-    pub fn count_for(&mut self, pid: u32, mntns: u32, ts_ns: u64, tally: Tally) {
+    pub fn count_for(&mut self, pid: u32, mntns: u32, ts_ns: u64, tally: Countable) {
         match self.whose.of_process(pid) {
             Some((met_in, owner)) if met_in == mntns => {
                 let found = Found::Owner(owner.clone());
@@ -259,7 +258,7 @@ impl Fleet {
     }
 
     /// Something of a record at `ts_ns` waits for `key` (a JSON line, a count).
-    pub fn wait(&mut self, key: WaitKey, ts_ns: u64, tally: Option<Tally>) {
+    pub fn wait(&mut self, key: WaitKey, ts_ns: u64, tally: Option<Countable>) {
         if !self.waiting.contains_key(&key) && self.waiting.len() >= MAX_WAITING {
             let placed = self.give_up(&key);
             if let Some(tally) = tally {
@@ -285,7 +284,7 @@ impl Fleet {
             self.series.apply(&placed.labels(), tally);
             return;
         }
-        if tally != Tally::Touch || !waiting.tallies.contains(&Tally::Touch) {
+        if tally != Countable::Touch || !waiting.tallies.contains(&Countable::Touch) {
             waiting.tallies.push(tally);
         }
     }
@@ -370,7 +369,7 @@ impl Fleet {
                     unnamed: Some(format!(
                         "no runtime named {} container {} within {} s or {SURVEYS_WAITED} surveys",
                         container.runtime,
-                        crate::model::short_id(&container.id),
+                        shmtrace_core::model::short_id(&container.id),
                         NAME_WAITED.as_secs()
                     )),
                 }
@@ -518,8 +517,11 @@ impl Fleet {
             if let Some(old) = before.and_then(|l| l.mntns)
                 && (restarted || container.mntns != Some(old))
             {
-                self.whose
-                    .left(old, &owner, crate::clock::boot_ns().unwrap_or(u64::MAX));
+                self.whose.left(
+                    old,
+                    &owner,
+                    shmtrace_core::clock::boot_ns().unwrap_or(u64::MAX),
+                );
                 self.namespace_ended(old, Some(owner.clone()));
             }
             if let (Some(pid), Some(mntns)) = (container.pid, container.mntns)
@@ -569,7 +571,7 @@ impl Fleet {
     fn stopped(&mut self, listed: Listed, now: Instant) {
         self.names.gone(&listed.container.id, now);
         if let Some(mntns) = listed.mntns {
-            let now_ns = crate::clock::boot_ns().unwrap_or(u64::MAX);
+            let now_ns = shmtrace_core::clock::boot_ns().unwrap_or(u64::MAX);
             self.whose.left(mntns, &listed.container, now_ns);
             self.namespace_ended(mntns, Some(listed.container));
         }

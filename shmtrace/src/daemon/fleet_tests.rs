@@ -11,16 +11,14 @@ use std::{
 use super::{
     fleet::{Fleet, Placed, Settled, WaitKey},
     metrics::{Metrics, encode},
-    series::Tally,
+    series::Countable,
     whose::{ContainerRef, Found, Lookups, Owner},
 };
-use crate::{
-    capacity::Capacity,
-    container::{
-        Action, Candidate, CgroupMatch, CgroupOwner, Container, FoundBy, IpcMode, Runtime,
-        RuntimeEvent, ShmInfo, State,
-    },
+use crate::container::{
+    Action, Candidate, CgroupMatch, CgroupOwner, Container, FoundBy, IpcMode, Runtime,
+    RuntimeEvent, ShmInfo, State,
 };
+use shmtrace_core::capacity::Capacity;
 
 const HOST: u32 = 4026531841;
 const NS: u32 = 4026532300;
@@ -122,8 +120,8 @@ fn event(name: &str, action: Action) -> RuntimeEvent {
     }
 }
 
-fn failure() -> Tally {
-    Tally::Failure {
+fn failure() -> Countable {
+    Countable::Failure {
         syscall: "write".into(),
         errno: "ENOSPC".into(),
         count: 1,
@@ -141,7 +139,7 @@ fn fleet(retain: Duration) -> (Fleet, Made, prometheus_client::registry::Registr
 }
 
 fn text(registry: &prometheus_client::registry::Registry) -> String {
-    encode(registry, super::metrics::Format::PrometheusText)
+    encode(registry, super::metrics::ExpositionFormat::PrometheusText)
 }
 
 fn failures_of(text: &str, container: &str, runtime: &str) -> f64 {
@@ -357,7 +355,7 @@ fn a_count_whose_record_was_lost_goes_to_the_namespaces_last_container() {
     fleet.count_in(
         NS,
         10 * SECOND,
-        Tally::Failure {
+        Countable::Failure {
             syscall: "write".into(),
             errno: "ENOSPC".into(),
             count: 19_999,
@@ -440,7 +438,7 @@ fn a_shared_dev_shm_counts_once_in_the_nodes_use() {
     );
     for (name, ns) in [("trainer", NS), ("sidecar", NS + 1), ("other", NS + 2)] {
         let found = Found::Owner(Owner::Container(of(name)));
-        fleet.count(&found, ns as u64, Tally::Touch);
+        fleet.count(&found, ns as u64, Countable::Touch);
     }
     for (dev, used) in [(50, 40 << 20), (51, 8 << 20)] {
         fleet.measured(&Capacity {
@@ -521,7 +519,7 @@ fn a_container_that_touched_dev_shm_before_any_survey_is_measured_once_listed() 
     made.0.lock().unwrap().cgroups.insert(21, of("early"));
     fleet.runtime_event(&event("early", Action::Started));
     let found = fleet.place(917, NS, 21, SECOND);
-    fleet.count(&found, SECOND, Tally::Touch);
+    fleet.count(&found, SECOND, Countable::Touch);
     fleet.survey(
         &[container("early", NS, std::process::id())],
         &[],
@@ -549,8 +547,8 @@ fn a_name_removed_under_its_holders_counts_for_the_removers_container() {
     fleet.runtime_event(&event("cleaner", Action::Started));
     // The remover was met in its container (its unlink's record).
     fleet.place(918, NS, 22, SECOND);
-    fleet.count_for(918, NS, SECOND, Tally::NameRemoved);
-    fleet.count_for(918, NS, 2 * SECOND, Tally::NameRemoved);
+    fleet.count_for(918, NS, SECOND, Countable::NameRemoved);
+    fleet.count_for(918, NS, 2 * SECOND, Countable::NameRemoved);
     let text = text(&registry);
     let line = text
         .lines()

@@ -447,37 +447,43 @@ pub const HELP: &[(&str, &str)] = &[
 
 /// The two text formats a scraper may ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub enum ExpositionFormat {
     /// OpenMetrics 1.0, what Prometheus asks for first.
     OpenMetrics,
     /// The Prometheus text format 0.0.4, for everything else (curl, promtool, older scrapers).
     PrometheusText,
 }
 
-impl Format {
+impl ExpositionFormat {
     /// From the request's `Accept` header.
-    pub fn negotiate(accept: Option<&str>) -> Format {
+    pub fn negotiate(accept: Option<&str>) -> ExpositionFormat {
         match accept {
-            Some(accept) if accept.contains("application/openmetrics-text") => Format::OpenMetrics,
-            _ => Format::PrometheusText,
+            Some(accept) if accept.contains("application/openmetrics-text") => {
+                ExpositionFormat::OpenMetrics
+            }
+            _ => ExpositionFormat::PrometheusText,
         }
     }
 
     pub fn content_type(self) -> &'static str {
         match self {
-            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            Format::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+            ExpositionFormat::OpenMetrics => {
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            }
+            ExpositionFormat::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
         }
     }
 }
 
 /// The registry in the format asked for.
-pub fn encode(registry: &Registry, format: Format) -> String {
+pub fn encode(registry: &Registry, format: ExpositionFormat) -> String {
     let mut text = String::new();
     // Writing to a String cannot fail.
     let _ = match format {
-        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, registry),
-        Format::PrometheusText => {
+        ExpositionFormat::OpenMetrics => {
+            prometheus_client::encoding::text::encode(&mut text, registry)
+        }
+        ExpositionFormat::PrometheusText => {
             prometheus_client::encoding::prometheus_text::encode(&mut text, registry)
         }
     };
@@ -500,7 +506,10 @@ mod tests {
     #[test]
     fn every_family_is_in_a_scrape_before_it_has_series() {
         let (_, registry) = Metrics::new();
-        for format in [Format::OpenMetrics, Format::PrometheusText] {
+        for format in [
+            ExpositionFormat::OpenMetrics,
+            ExpositionFormat::PrometheusText,
+        ] {
             let text = encode(&registry, format);
             let typed: Vec<&str> = text
                 .lines()
@@ -533,7 +542,7 @@ mod tests {
                 },
             )
             .inc();
-        let text = encode(&registry, Format::OpenMetrics);
+        let text = encode(&registry, ExpositionFormat::OpenMetrics);
         assert!(text.contains(
             r#"shmtrace_shm_size_bytes{container="trainer",pod="job-0",namespace="ml",runtime="containerd",shm="0:50"} 67108864"#
         ), "{text}");
@@ -567,7 +576,7 @@ mod tests {
                 .filter_map(|l| l.split('{').next().map(str::to_owned))
                 .collect::<HashSet<String>>()
         };
-        let text = encode(&registry, Format::PrometheusText);
+        let text = encode(&registry, ExpositionFormat::PrometheusText);
         // Every family that has a `container` label was touched, so each is registered as
         // per-container and retires with it.
         let labelled: HashSet<String> = text
@@ -579,7 +588,7 @@ mod tests {
         assert_eq!(labelled.len(), metrics.per_container.len(), "{text}");
 
         metrics.retire(&gone);
-        let text = encode(&registry, Format::PrometheusText);
+        let text = encode(&registry, ExpositionFormat::PrometheusText);
         assert!(families(&text, "containerd").is_empty(), "{text}");
         assert_eq!(families(&text, "host"), labelled, "{text}");
         assert!(text.contains("shmtrace_series_retired_total 1"), "{text}");
@@ -594,7 +603,7 @@ mod tests {
             ..ContainerLabels::default()
         };
         metrics.sigbus.get(&labels, NoMore).inc();
-        let text = encode(&registry, Format::OpenMetrics);
+        let text = encode(&registry, ExpositionFormat::OpenMetrics);
         assert!(
             !text.lines().any(|l| l.starts_with("shmtrace_fake")),
             "{text}"

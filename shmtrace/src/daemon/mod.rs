@@ -1,5 +1,5 @@
 //! `shmtrace daemon`: the node agent. Host-wide tracing through the same pipeline as a live
-//! trace, with three sinks of its own: metrics (`metrics`, served by `http`), JSON lines on
+//! trace, with three sinks of its own: metrics (`metrics`, served by `http_endpoint`), JSON lines on
 //! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
 //! and incident recordings (`incidents`).
 //!
@@ -14,7 +14,7 @@ mod connections;
 mod fleet;
 #[cfg(test)]
 mod fleet_tests;
-mod http;
+mod http_endpoint;
 mod incidents;
 mod json_lines;
 mod limits;
@@ -50,7 +50,7 @@ use self::{
     accounting::{Accounting, ProbeError},
     connections::Connections,
     fleet::{Fleet, WaitKey},
-    http::Heartbeat,
+    http_endpoint::Heartbeat,
     incidents::{Incidents, Log},
     json_lines::JsonLines,
     limits::OpenFiles,
@@ -62,15 +62,17 @@ use self::{
 };
 use crate::{
     cli::DaemonArgs,
-    clock::{Clock, boot_ns},
     commands::init_logging,
     container::{Candidate, Container, Resolver, host_shm_dev, measure_shm},
-    diagnose::Diagnoser,
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
-        machine::LiveMachine,
+        host_environment::LiveMachine,
         target,
     },
+};
+use shmtrace_core::{
+    clock::{Clock, boot_ns},
+    diagnose::Diagnoser,
     model::{ContainerInfo, QUIET_LINGER_NS, Retention, World},
     output::{Format, Output, filter::Filter, json::SCHEMA_VERSION},
     pipeline::{Evicted, Pipeline},
@@ -119,7 +121,7 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
         let (metrics, registry) = Metrics::new();
         let heartbeat = Heartbeat::default();
         heartbeat.beat();
-        let listening = http::serve(
+        let listening = http_endpoint::serve(
             args.listen,
             Arc::new(registry),
             metrics.clone(),

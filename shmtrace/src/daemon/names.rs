@@ -10,10 +10,8 @@ use std::{
 };
 
 use super::{metrics::ContainerLabels, whose::ContainerRef};
-use crate::{
-    container::{Action, Candidate, Container, RuntimeEvent},
-    model::{ContainerInfo, StartedBy},
-};
+use crate::container::{Action, Candidate, Container, RuntimeEvent};
+use shmtrace_core::model::{ContainerInfo, StartedBy};
 
 /// A container's name and what the events and diagnoses say of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,7 +151,7 @@ impl Names {
 pub fn labels_of(info: &ContainerInfo) -> ContainerLabels {
     ContainerLabels {
         container: if info.name.is_empty() {
-            crate::model::short_id(&info.id).to_owned()
+            shmtrace_core::model::short_id(&info.id).to_owned()
         } else {
             info.name.clone()
         },

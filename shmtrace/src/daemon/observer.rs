@@ -10,11 +10,11 @@ use shmtrace_common::TallyKey;
 use super::{
     fleet::Fleet,
     metrics::Metrics,
-    series::Tally,
+    series::Countable,
     unseen::Unseen,
     whose::{ContainerRef, Found, Owner},
 };
-use crate::{
+use shmtrace_core::{
     capacity::Capacity,
     diagnose::{Cause, Diagnosis, FailureKind, Role, Roles},
     event::{Body, Event, names},
@@ -52,7 +52,7 @@ impl Observer for FleetObserver {
                 removal.remover,
                 removal.remover_mntns,
                 removal.ts_ns,
-                Tally::NameRemoved,
+                Countable::NameRemoved,
             );
         }
         if let Body::Exit(_) = event.body {
@@ -79,8 +79,8 @@ impl Observer for FleetObserver {
             diagnosis
                 .recommendation
                 .as_ref()
-                .map(|r| Tally::Recommended(r.min_bytes)),
-            full_at(diagnosis).map(Tally::FullAt),
+                .map(|r| Countable::Recommended(r.min_bytes)),
+            full_at(diagnosis).map(Countable::FullAt),
         ];
         let mut fleet = self.fleet.borrow_mut();
         // Its process, as it was placed; else the container the pipeline named its place
@@ -126,18 +126,18 @@ fn full_at(diagnosis: &Diagnosis) -> Option<Capacity> {
 }
 
 /// What one event counts.
-fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
+fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Countable> {
     match &event.body {
         Body::Exit(exit) if exit.shm_death => vec![
-            Tally::Touch,
-            Tally::Death {
+            Countable::Touch,
+            Countable::Death {
                 role: role_name(role),
                 count: 1,
             },
         ],
         Body::Call(call) if call.failed() => vec![
-            Tally::Touch,
-            Tally::Failure {
+            Countable::Touch,
+            Countable::Failure {
                 syscall: call.syscall.name().to_owned(),
                 errno: call
                     .errno()
@@ -153,10 +153,10 @@ fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
                 && !is_directory(call)
                 && note.object_path.as_deref().is_some_and(is_object) =>
         {
-            vec![Tally::Touch]
+            vec![Countable::Touch]
         }
         Body::Signal(signal) if counted_sigbus(signal) => {
-            vec![Tally::Touch, Tally::Sigbus { count: 1 }]
+            vec![Countable::Touch, Countable::Sigbus { count: 1 }]
         }
         _ => Vec::new(),
     }
@@ -166,7 +166,7 @@ fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
 /// mapped /dev/shm: what `shmtrace_sigbus_total` counts, and the kernel with it, so that one
 /// whose record was lost is counted as well. Judged by the probes, not by the analysis,
 /// which may not know the mapping when its record was lost too.
-fn counted_sigbus(signal: &crate::event::Signal) -> bool {
+fn counted_sigbus(signal: &shmtrace_core::event::Signal) -> bool {
     const BUS_ADRERR: i32 = 2;
     signal.signo == libc::SIGBUS && signal.code == BUS_ADRERR && signal.target_maps_shm
 }
@@ -189,7 +189,7 @@ fn tally_key(event: &Event) -> Option<TallyKey> {
 }
 
 /// The call acted on a directory (the close of `ls`'s descriptor of /dev/shm shows no path).
-fn is_directory(call: &crate::event::Call) -> bool {
+fn is_directory(call: &shmtrace_core::event::Call) -> bool {
     call.file
         .is_some_and(|file| file.mode & libc::S_IFMT == libc::S_IFDIR)
 }
@@ -209,7 +209,7 @@ fn role_name(role: &Role) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Call, FileRef, InodeId, Syscall};
+    use shmtrace_core::event::{Call, FileRef, InodeId, Syscall};
 
     /// `close(3)` of a descriptor of `mode`, as the model annotates a file it never saw
     /// opened.
@@ -252,33 +252,33 @@ mod tests {
         let (event, note) = close(libc::S_IFDIR | 0o1777);
         assert_eq!(tallies(&event, &note, &Role::OTHER), Vec::new());
         let (event, note) = close(libc::S_IFREG | 0o600);
-        assert_eq!(tallies(&event, &note, &Role::OTHER), vec![Tally::Touch]);
+        assert_eq!(tallies(&event, &note, &Role::OTHER), vec![Countable::Touch]);
     }
 
     #[test]
     fn an_exit_counts_as_a_death_as_the_probes_judged_it_and_by_the_role_it_had() {
         let (mut event, note) = close(libc::S_IFREG | 0o600);
         let worker = Role {
-            kind: crate::diagnose::RoleKind::DataloaderWorker,
+            kind: shmtrace_core::diagnose::RoleKind::DataloaderWorker,
             worker_index: Some(0),
             trainer: Some(1),
         };
-        let status = crate::event::ExitStatus::Signal {
+        let status = shmtrace_core::event::ExitStatus::Signal {
             signo: libc::SIGBUS,
             core_dumped: false,
         };
         event.body = Body::Exit(status.into());
         assert_eq!(tallies(&event, &note, &worker), Vec::new());
         assert_eq!(tally_key(&event), None);
-        event.body = Body::Exit(crate::event::Exit {
+        event.body = Body::Exit(shmtrace_core::event::Exit {
             status,
             shm_death: true,
         });
         assert_eq!(
             tallies(&event, &note, &worker),
             vec![
-                Tally::Touch,
-                Tally::Death {
+                Countable::Touch,
+                Countable::Death {
                     role: "dataloader_worker".into(),
                     count: 1
                 }

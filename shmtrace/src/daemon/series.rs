@@ -8,11 +8,11 @@ use std::{
 };
 
 use super::metrics::{ContainerLabels, FailureLabels, Metrics, NoMore, RoleLabel, ShmLabel};
-use crate::capacity::Capacity;
+use shmtrace_core::capacity::Capacity;
 
 /// Something to count for a container.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Tally {
+pub enum Countable {
     /// A /dev/shm call: the container has series from now on.
     Touch,
     /// `count` failed calls (more than one when the kernel counted failures whose records
@@ -133,7 +133,7 @@ impl Series {
     }
 
     /// Counts `tally` for the container of `labels`.
-    pub fn apply(&mut self, labels: &ContainerLabels, tally: Tally) {
+    pub fn apply(&mut self, labels: &ContainerLabels, tally: Countable) {
         // A container's series are followed from its first count, listed by a survey yet or
         // not (one that touched /dev/shm before the survey that lists it is measured then); the
         // host's and nobody's never retire.
@@ -144,14 +144,14 @@ impl Series {
         let first_touch = tracked.as_ref().is_some_and(|t| !t.touched);
         if let Some(tracked) = tracked {
             tracked.touched = true;
-            if let Tally::FullAt(capacity) = &tally {
+            if let Countable::FullAt(capacity) = &tally {
                 full_at(&self.metrics, labels, tracked, capacity);
             }
         }
         let m = &self.metrics;
         match tally {
-            Tally::Touch => {}
-            Tally::Failure {
+            Countable::Touch => {}
+            Countable::Failure {
                 syscall,
                 errno,
                 count,
@@ -160,19 +160,19 @@ impl Series {
                     .get(labels, FailureLabels { syscall, errno })
                     .inc_by(count),
             ),
-            Tally::Sigbus { count } => drop(m.sigbus.get(labels, NoMore).inc_by(count)),
-            Tally::NameRemoved => drop(m.names_removed.get(labels, NoMore).inc()),
-            Tally::Death { role, count } => drop(
+            Countable::Sigbus { count } => drop(m.sigbus.get(labels, NoMore).inc_by(count)),
+            Countable::NameRemoved => drop(m.names_removed.get(labels, NoMore).inc()),
+            Countable::Death { role, count } => drop(
                 m.process_deaths
                     .get(labels, RoleLabel { role })
                     .inc_by(count),
             ),
-            Tally::Recommended(bytes) => {
+            Countable::Recommended(bytes) => {
                 let gauge = m.recommended_shm_bytes.get(labels, NoMore);
                 gauge.set(gauge.get().max(clamp(bytes)));
             }
             // Its series, set above, are its container's.
-            Tally::FullAt(_) => {}
+            Countable::FullAt(_) => {}
         };
         // A container's first touch: its counters start at zero, so that `increase()` sees
         // its first failure.

@@ -41,7 +41,7 @@ impl ContainerRef {
     }
 
     /// The container a description names (its runtime as JSON spells it).
-    pub fn of_info(info: &crate::model::ContainerInfo) -> ContainerRef {
+    pub fn of_info(info: &shmtrace_core::model::ContainerInfo) -> ContainerRef {
         let runtime = [
             Runtime::Docker,
             Runtime::Podman,

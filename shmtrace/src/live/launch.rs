@@ -11,9 +11,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     cli::{BackendChoice, TargetArgs},
-    clock::boot_ns,
     container::{Container, Query, Resolver},
-    event::escape,
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
         hold::Hold,
@@ -24,9 +22,10 @@ use crate::{
         target::{self, RunningCommand},
         watch::{self, Watch},
     },
-    model::ContainerInfo,
-    pipeline::Pipeline,
     ptrace,
+};
+use shmtrace_core::{
+    clock::boot_ns, event::escape, model::ContainerInfo, pipeline::Pipeline,
     record::TargetDescription,
 };
 

@@ -7,14 +7,14 @@
 //! tracer, as `source` says), `signals` the signals it
 //! answers and where they came from, `watch` follows containers as
 //! they come and go, `hold` keeps records of processes not yet known to be a container's,
-//! `proc_scan` reads /proc, `holders` finds who holds a full /dev/shm, `machine` answers the pipeline's questions about the running
+//! `proc_scan` reads /proc, `holders` finds who holds a full /dev/shm, `host_environment` answers the pipeline's questions about the running
 //! machine, `demo` is the built-in demonstration.
 pub mod bpf;
 pub mod demo;
 pub mod hold;
 pub mod holders;
+pub mod host_environment;
 pub mod launch;
-pub mod machine;
 pub mod proc_scan;
 pub mod progress;
 pub mod session;

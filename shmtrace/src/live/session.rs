@@ -9,20 +9,22 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 
 use crate::{
-    clock::boot_ns,
-    event::{Body, ExitStatus, names},
     live::{
         bpf::{EventReader, Tracer},
         hold::Hold,
-        machine::LiveMachine,
+        host_environment::LiveMachine,
         progress::Progress,
         signals::{Received, Signals, Stop},
         source::{Probes, Source},
         target::RunningCommand,
         watch::Watch,
     },
-    pipeline::{Evicted, Pipeline},
     ptrace::Feed,
+};
+use shmtrace_core::{
+    clock::boot_ns,
+    event::{Body, ExitStatus, names},
+    pipeline::{Evicted, Pipeline},
 };
 
 /// When a live trace ends.

@@ -7,13 +7,13 @@ use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 
 use crate::{
-    event::{ExitStatus, LostCounts},
     live::{
         bpf::{EventReader, Tracer},
         target::RunningCommand,
     },
     ptrace::Feed,
 };
+use shmtrace_core::event::{ExitStatus, LostCounts};
 
 /// Which source a live trace uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use super::{
     records::Call,
     tracer::{Mode, Tracer, fd_writable, file_of, stat_fd},
 };
-use crate::clock::boot_ns;
+use shmtrace_core::clock::boot_ns;
 
 const AT_FDCWD: i32 = -100;
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -591,7 +591,7 @@ impl Tracer {
             _ => return,
         };
         let who = self.who(tid);
-        let comm = crate::event::escape::c_string(&who.comm);
+        let comm = shmtrace_core::event::escape::c_string(&who.comm);
         self.sink.notice(format!(
             "process {} ({comm}) asked to be traced by {target} (ptrace): a process that \
              shmtrace traces with ptrace cannot have another tracer, so its call fails with \

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use shmtrace_common::Loss;
 use tokio::sync::{Notify, watch};
 
-use crate::event::{ExitStatus, LostCounts};
+use shmtrace_core::event::{ExitStatus, LostCounts};
 
 /// Records waiting for the session before the tracer waits for it.
 const MAX_PENDING: usize = 1 << 18;

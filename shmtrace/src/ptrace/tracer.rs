@@ -25,7 +25,8 @@ use super::{
     records::{self, Who},
     wait::{self, Stop},
 };
-use crate::{clock::boot_ns, event::ExitStatus, kernel_ids};
+use crate::kernel_ids;
+use shmtrace_core::{clock::boot_ns, event::ExitStatus};
 
 /// How the traced threads stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

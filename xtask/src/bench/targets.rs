@@ -50,10 +50,6 @@ impl Target {
 
     /// The row of `figure` for this target, `case` saying where it was measured.
     pub fn judge(&self, case: &str, figure: f64, measured: String) -> Row {
-        self.row(case, figure, measured)
-    }
-
-    fn row(&self, case: &str, figure: f64, measured: String) -> Row {
         Row {
             target: self.label(case),
             measured,
@@ -370,7 +366,7 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
             )
         };
         rows.push(if f > 0.0 {
-            TRACED_OVERHEAD.row(
+            TRACED_OVERHEAD.judge(
                 case,
                 t / f,
                 measured(format!("{:.2}× the floor's overhead", t / f)),
@@ -378,7 +374,11 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
         } else {
             Row {
                 met: None,
-                ..TRACED_OVERHEAD.row(case, 0.0, measured("floor overhead not above noise".into()))
+                ..TRACED_OVERHEAD.judge(
+                    case,
+                    0.0,
+                    measured("floor overhead not above noise".into()),
+                )
             }
         });
     }
@@ -404,12 +404,12 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
         ("shmtrace-idle", &BESIDE_OTHER),
     ] {
         if let Some(spread) = find(results, name).and_then(|r| ratios(r, base)) {
-            rows.push(target.row(case, spread.median, describe(&spread)));
+            rows.push(target.judge(case, spread.median, describe(&spread)));
         }
     }
     if let Some(result) = find(results, "shmtrace-null").or_else(|| find(results, "shmtrace")) {
         let peak = mib(result.tracer_peak_rss_kb().unwrap_or(0));
-        rows.push(PEAK_RSS.row(
+        rows.push(PEAK_RSS.judge(
             case,
             peak,
             format!("{peak:.1} MiB ({})", result.variant.label),
@@ -422,7 +422,7 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
             .filter_map(|o| o.tracer.as_ref()?.stop_seconds)
             .fold(0.0, f64::max)
             * 1e3;
-        rows.push(SIGINT_TO_EXIT.row(
+        rows.push(SIGINT_TO_EXIT.judge(
             &format!("{case}, --all"),
             stop_ms,
             format!("{stop_ms:.0} ms at most"),
@@ -438,7 +438,7 @@ pub fn from_case(case: &str, results: &[VariantResult]) -> Vec<Row> {
         .flat_map(|r| &r.outcomes)
         .filter_map(|o| o.reported.failed_reads)
         .sum();
-    rows.push(NO_LOSS.row(
+    rows.push(NO_LOSS.judge(
         case,
         lost as f64,
         format!(
@@ -504,12 +504,12 @@ pub fn fork_storms(figures: &StormFigures) -> Vec<Row> {
     match &figures.traced_cpu {
         Ok(([a, b], lost)) => {
             let ratio = b / a.max(0.001);
-            rows.push(STORM_CPU.row(
+            rows.push(STORM_CPU.judge(
                 "fork storm",
                 ratio,
                 format!("{b:.2} s / {a:.2} s = {ratio:.1}×"),
             ));
-            rows.push(NO_LOSS.row(
+            rows.push(NO_LOSS.judge(
                 &format!(
                     "{} and {}, traced command",
                     storm(small),
@@ -530,10 +530,10 @@ pub fn fork_storms(figures: &StormFigures) -> Vec<Row> {
             failed_reads,
         }) => {
             let stop_ms = stop_seconds * 1e3;
-            rows.push(SIGINT_TO_EXIT.row(&beside_all, stop_ms, format!("{stop_ms:.0} ms")));
+            rows.push(SIGINT_TO_EXIT.judge(&beside_all, stop_ms, format!("{stop_ms:.0} ms")));
             let peak = mib(*peak_rss_kb);
-            rows.push(PEAK_RSS.row(&beside_all, peak, format!("{peak:.1} MiB")));
-            rows.push(NO_LOSS.row(
+            rows.push(PEAK_RSS.judge(&beside_all, peak, format!("{peak:.1} MiB")));
+            rows.push(NO_LOSS.judge(
                 &beside_all,
                 *lost as f64,
                 format!(
@@ -549,7 +549,7 @@ pub fn fork_storms(figures: &StormFigures) -> Vec<Row> {
     }
     let beside_daemon = format!("{}, daemon", storm(large));
     rows.push(match &figures.beside_daemon {
-        Ok(plateau) => NO_LOSS.row(
+        Ok(plateau) => NO_LOSS.judge(
             &beside_daemon,
             plateau.lost as f64,
             format!(
@@ -590,7 +590,7 @@ fn memory_plateau(tracer: &str, plateau: &Result<Plateau>) -> Row {
         .map(|events| format!(" of {events}"))
         .unwrap_or_default();
     let growth = mib(last.saturating_sub(warm));
-    let mut row = MEMORY_PLATEAU.row(
+    let mut row = MEMORY_PLATEAU.judge(
         &case,
         growth,
         format!(
@@ -621,10 +621,10 @@ pub fn startup(
         Ok(figures) => {
             let runs = figures.starts.len();
             if let Some(start) = Spread::of(&figures.starts) {
-                rows.push(STARTUP.row("", start.median * 1e3, ms(&start, runs)));
+                rows.push(STARTUP.judge("", start.median * 1e3, ms(&start, runs)));
             }
             if let Some(stop) = Spread::of(&figures.stops) {
-                rows.push(TEARDOWN.row("", stop.median * 1e3, ms(&stop, runs)));
+                rows.push(TEARDOWN.judge("", stop.median * 1e3, ms(&stop, runs)));
             }
             if let Some(release) = Spread::of(&figures.releases) {
                 rows.push(Row::context(
@@ -638,7 +638,7 @@ pub fn startup(
     match back_to_back {
         Ok(figures) => {
             if let Some(start) = Spread::of(&figures.starts) {
-                rows.push(STARTUP.row(
+                rows.push(STARTUP.judge(
                     "back to back",
                     start.median * 1e3,
                     ms(&start, figures.starts.len()),
@@ -660,7 +660,7 @@ pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
     let Some(traced) = find(results, "shmtrace-ptrace").and_then(|r| ratios(r, base)) else {
         return rows;
     };
-    rows.push(PTRACE_CHURN.row(case, traced.median, describe(&traced)));
+    rows.push(PTRACE_CHURN.judge(case, traced.median, describe(&traced)));
     if let Some(strace) = find(results, "strace").and_then(|r| ratios(r, base)) {
         let (t, s) = (traced.median - 1.0, strace.median - 1.0);
         let measured = format!(
@@ -669,7 +669,7 @@ pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
             describe(&strace),
             t / s
         );
-        rows.push(PTRACE_AGAINST_STRACE.row(case, t / s, measured));
+        rows.push(PTRACE_AGAINST_STRACE.judge(case, t / s, measured));
     }
     rows
 }
@@ -678,7 +678,7 @@ pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
 pub fn ptrace_startup(figures: &Result<StartupFigures>) -> Row {
     match figures {
         Ok(figures) => match Spread::of(&figures.starts) {
-            Some(start) => PTRACE_STARTUP.row(
+            Some(start) => PTRACE_STARTUP.judge(
                 "",
                 start.median * 1e3,
                 format!(
@@ -729,7 +729,7 @@ pub fn replay(measured: &Result<(u64, f64)>) -> Row {
     match measured {
         Ok((events, seconds)) => {
             let millions = *events as f64 / seconds / 1e6;
-            REPLAY_RATE.row(
+            REPLAY_RATE.judge(
                 "",
                 millions,
                 format!(
@@ -752,7 +752,7 @@ pub fn report_scaling(processes: u64, seconds: &Result<[f64; 2]>) -> Row {
     );
     match seconds {
         Ok([a, b]) => {
-            REPORT_SCALING.row(&case, b / a, format!("{b:.2} s / {a:.2} s = {:.1}×", b / a))
+            REPORT_SCALING.judge(&case, b / a, format!("{b:.2} s / {a:.2} s = {:.1}×", b / a))
         }
         Err(error) => REPORT_SCALING.failed(&case, error),
     }
@@ -771,7 +771,7 @@ pub fn bystander_target(holds_shm: bool) -> &'static Target {
 /// `--all` and the daemon, against the floor's, in nanoseconds a run.
 pub fn bystander_call(call: &str, holds_shm: bool, worst_ns: f64, floor_ns: f64) -> Row {
     let ratio = worst_ns / floor_ns;
-    bystander_target(holds_shm).row(
+    bystander_target(holds_shm).judge(
         call,
         ratio,
         format!("{worst_ns:.0} ns against {floor_ns:.0} ({ratio:.2}×)"),
@@ -780,7 +780,7 @@ pub fn bystander_call(call: &str, holds_shm: bool, worst_ns: f64, floor_ns: f64)
 
 /// [`BYSTANDER_TIMED`]: a loop's median time beside the daemon over that beside the floor.
 pub fn bystander_timed(workload: &str, ratio: f64, rounds: u32) -> Row {
-    BYSTANDER_TIMED.row(
+    BYSTANDER_TIMED.judge(
         workload,
         ratio,
         format!("{ratio:.3}× (medians of {rounds} rounds)"),
@@ -789,7 +789,7 @@ pub fn bystander_timed(workload: &str, ratio: f64, rounds: u32) -> Row {
 
 /// [`DAEMON_IDLE`] from the daemon's share of one core.
 pub fn daemon_idle(cpu_percent: f64, seconds: f64) -> Row {
-    DAEMON_IDLE.row(
+    DAEMON_IDLE.judge(
         "",
         cpu_percent,
         format!("{cpu_percent:.2}% over {seconds:.0} s"),
@@ -848,6 +848,20 @@ mod tests {
                 Side::AtLeast => "≥ ",
             };
             assert!(target.bound.starts_with(sign), "{target:?}");
+        }
+    }
+
+    /// A target is named for what it bounds, never for the issue that set it: an issue's
+    /// number means nothing to a reader of the table.
+    #[test]
+    fn targets_are_named_for_what_they_bound() {
+        for target in TARGETS {
+            for text in [target.bounds, target.bound, target.how] {
+                assert!(
+                    !text.to_lowercase().contains("issue"),
+                    "{target:?} cites an issue"
+                );
+            }
         }
     }
 

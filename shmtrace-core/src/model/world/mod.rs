@@ -3,13 +3,13 @@
 use std::{collections::VecDeque, sync::Arc};
 
 mod calls;
+mod forgetting;
 mod objects;
 mod removals;
-mod retention;
 #[cfg(test)]
 mod test_events;
 
-pub use retention::{Evictions, QUIET_LINGER_NS, Retention};
+pub use forgetting::{Evictions, QUIET_LINGER_NS, Retention};
 
 use super::{
     Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, Removal,
@@ -45,7 +45,7 @@ pub struct World {
     shm_dev_of: FastMap<u32, u32>,
     namespaces_on: FastMap<u32, Vec<u32>>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
-    forgetting: Option<retention::Forgetting>,
+    forgetting: Option<forgetting::Forgetting>,
     /// The live processes of each mount namespace: whether a container's last process has
     /// ended is asked at every exit, and a scan of every process there made a replay of a
     /// fork storm quadratic (issue 25). Kept by [`World::insert_process`], the namespace

@@ -16,15 +16,17 @@ use serde::Serialize;
 
 use crate::{
     cli::CheckArgs,
-    clock::boot_ns,
     container::memory::{self, Memory},
-    event::escape,
     live::holders,
-    model::HeldFile,
-    size::{count, human},
 };
 use platform::Platform;
 use shm::{Kind, Shm};
+use shmtrace_core::{
+    clock::boot_ns,
+    event::escape,
+    model::HeldFile,
+    units::{count, human},
+};
 
 /// `--min`: /dev/shm, or what the memory limit leaves of it, is smaller than asked.
 const TOO_SMALL: u8 = 3;

@@ -13,7 +13,8 @@ use nix::{
     unistd::{ForkResult, Pid, fork},
 };
 
-use crate::{child, event::ExitStatus};
+use crate::child;
+use shmtrace_core::event::ExitStatus;
 
 /// A forked child waiting for [`PausedCommand::start`] before it runs the command.
 pub struct PausedCommand {
@@ -147,7 +148,7 @@ impl RunningCommand {
             _ => Err(Errno::last()).with_context(|| {
                 format!(
                     "cannot send {} to the traced command (pid {})",
-                    crate::event::names::signal_name(signo),
+                    shmtrace_core::event::names::signal_name(signo),
                     self.pid
                 )
             }),

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 
 use super::{
     connections::{Admission, Connections},
-    metrics::{Format, KindLabels, Metrics, encode},
+    metrics::{ExpositionFormat, KindLabels, Metrics, encode},
 };
 
 /// The main loop is unhealthy when it has not run for this long (it runs every 100 ms).
@@ -155,7 +155,7 @@ fn respond<B>(
                 .headers()
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
-            let format = Format::negotiate(accept);
+            let format = ExpositionFormat::negotiate(accept);
             Response::builder()
                 .header(header::CONTENT_TYPE, format.content_type())
                 .body(Full::new(Bytes::from(encode(registry, format))))
