@@ -770,7 +770,7 @@ fn soft_limit(pid: i32, resource: libc::__rlimit_resource_t) -> Option<u64> {
 fn unmaps_one_whole(mappings: &[(u64, u64)], start: u64, len: u64) -> bool {
     let page = page_size();
     let pages = |len: u64| len.div_ceil(page);
-    start % page == 0
+    start.is_multiple_of(page)
         && len > 0
         && mappings
             .iter()
