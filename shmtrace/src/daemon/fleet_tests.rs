@@ -407,6 +407,52 @@ fn a_gone_container_keeps_its_series_for_retain_then_loses_all_of_them() {
     assert!(text.contains("shmtrace_series_retired_total 1"), "{text}");
 }
 
+/// A name reused by containers that each live less than a survey: its series stay as long as
+/// its containers keep counting, and go `--retain` after the last one's count, not after the
+/// first one was gone (the soak's failing containers lost their counts every `--retain`).
+#[test]
+fn a_name_reused_by_short_lived_containers_keeps_its_series_while_they_count() {
+    let retain = Duration::from_millis(1000);
+    let (mut fleet, made, registry) = fleet(retain);
+    for (run, cgroup) in [(0_u64, 30_u64), (1, 31), (2, 32)] {
+        let mut started = event("batch", Action::Started);
+        started.id = id(&format!("batch-{cgroup}"));
+        made.0
+            .lock()
+            .unwrap()
+            .cgroups
+            .insert(cgroup, ContainerRef::new(Runtime::Docker, &started.id));
+        fleet.runtime_event(&started);
+        fail(
+            &mut fleet,
+            1100 + run as u32,
+            NS,
+            cgroup,
+            (run + 1) * SECOND,
+        );
+        fleet.runtime_event(&RuntimeEvent {
+            action: Action::Destroyed,
+            ..started
+        });
+        // No survey sees it running; the next comes 600 ms later: the third within --retain
+        // of the second, not of the first.
+        fleet.survey(&[], &[], Instant::now());
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    fleet.survey(&[], &[], Instant::now());
+    let text_now = text(&registry);
+    assert_eq!(failures_of(&text_now, "batch", "docker"), 3.0, "{text_now}");
+    assert!(
+        text_now.contains("shmtrace_series_retired_total 0"),
+        "{text_now}"
+    );
+    // Then --retain after the last count, they go.
+    std::thread::sleep(retain);
+    fleet.survey(&[], &[], Instant::now());
+    let text_then = text(&registry);
+    assert!(!text_then.contains(r#"container="batch""#), "{text_then}");
+}
+
 #[test]
 fn a_restarted_container_continues_its_series_in_its_new_namespace() {
     let (mut fleet, made, registry) = fleet(Duration::from_secs(60));
