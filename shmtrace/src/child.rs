@@ -1,10 +1,59 @@
-//! What a child forked to run a traced command does between `fork` and `exec`, for the eBPF
-//! source (`live::target`) and the ptrace source alike. Only async-signal-safe calls: the
-//! process that forked may have other threads, whose locks the child inherits held.
+//! Starting a traced command, for the eBPF source (`live::target`) and the ptrace source
+//! alike: what the parent prepares before `fork` ([`Pipes`], [`c_argv`]) and makes of a
+//! failed `exec` ([`exec_failed`]), and what the child does between `fork` and `exec`. The
+//! child makes only async-signal-safe calls: the process that forked may have other threads,
+//! whose locks the child inherits held.
 use std::{
-    ffi::CString,
-    os::fd::{AsRawFd, OwnedFd},
+    ffi::{CString, OsString},
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
 };
+
+use anyhow::{Context, Result};
+use nix::{errno::Errno, fcntl::OFlag, unistd::pipe2};
+
+/// The command's arguments as `exec` takes them.
+pub fn c_argv(argv: &[OsString]) -> Result<Vec<CString>> {
+    argv.iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .context("a command argument contains a NUL byte")
+}
+
+/// The two pipes between shmtrace and the child: `go` releases the child (a byte, or the
+/// write end closed to make it give up), `status` brings back the errno of a failed set-up
+/// or `exec` (its write end closes at a successful `exec`). Both close on exec.
+pub struct Pipes {
+    pub go_read: OwnedFd,
+    pub go_write: OwnedFd,
+    pub status_read: OwnedFd,
+    pub status_write: OwnedFd,
+}
+
+impl Pipes {
+    pub fn new() -> Result<Pipes> {
+        let (go_read, go_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
+        let (status_read, status_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
+        Ok(Pipes {
+            go_read,
+            go_write,
+            status_read,
+            status_write,
+        })
+    }
+}
+
+/// Why `program` could not be run, from the errno its `exec` failed with.
+pub fn exec_failed(program: &str, errno: Errno) -> anyhow::Error {
+    let hint = match errno {
+        Errno::ENOENT => "command not found; check the name and your PATH",
+        Errno::EACCES => "permission denied; is it executable?",
+        _ => "cannot execute it",
+    };
+    anyhow::anyhow!("{program}: {hint} ({})", errno.desc())
+}
 
 /// Gives the command the signal state a shell would: every disposition at its default and
 /// nothing blocked. Rust's runtime ignores SIGPIPE, and an ignored signal survives exec, so

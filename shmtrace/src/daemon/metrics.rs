@@ -201,38 +201,94 @@ where
     }
 }
 
-/// Every family the daemon exports, each field named as its metric (without `shmtrace_` and
-/// a counter's `_total`).
-#[derive(Clone)]
-pub struct Metrics {
-    pub shm_size_bytes: PerContainer<ShmLabel, Gauge>,
-    pub shm_used_bytes: PerContainer<ShmLabel, Gauge>,
-    pub shm_peak_bytes: PerContainer<ShmLabel, Gauge>,
-    pub node_shm_used_bytes: Gauge,
-    pub recommended_shm_bytes: PerContainer<NoMore, Gauge>,
-    pub shm_failures: PerContainer<FailureLabels, Counter>,
-    pub sigbus: PerContainer<NoMore, Counter>,
-    pub names_removed: PerContainer<NoMore, Counter>,
-    pub process_deaths: PerContainer<RoleLabel, Counter>,
-    pub events: Counter,
-    pub events_lost: Family<KindLabels, Counter>,
-    pub unrecorded: Family<KindLabels, Counter>,
-    pub records_malformed: Counter,
-    pub probe_errors: Family<KindLabels, Counter>,
-    pub containers_followed: Gauge,
-    pub series_retired: Counter,
-    pub recordings_written: Counter,
-    pub recordings_deleted: Counter,
-    pub recording_errors: Counter,
-    pub state_entries: Family<KindLabels, Gauge>,
-    pub state_evictions: Family<KindLabels, Counter>,
-    pub http_connections: Gauge,
-    pub http_connections_shed: Family<KindLabels, Counter>,
-    /// The per-container families above, as registered: what [`Metrics::retire`] empties.
-    per_container: Arc<Vec<Box<dyn Retire>>>,
+/// Declares every family the daemon exports, once each: its field, named as its metric
+/// (without `shmtrace_` and a counter's `_total`), whether its series are per container (and
+/// so retired with the container) or not, its type and its help text. From it come
+/// [`Metrics`], [`Metrics::new`], which registers them in this order, and the tests' `HELP`.
+macro_rules! families {
+    ($($name:ident: $registered:ident $family:ty = $help:expr;)*) => {
+        /// Every family the daemon exports.
+        #[derive(Clone)]
+        pub struct Metrics {
+            $(pub $name: $family,)*
+            /// The per-container families, as registered: what [`Metrics::retire`] empties.
+            per_container: Arc<Vec<Box<dyn Retire>>>,
+        }
+
+        impl Metrics {
+            /// The families, and a registry that encodes them.
+            pub fn new() -> (Metrics, Registry) {
+                let mut registry = Registry::with_prefix("shmtrace");
+                let mut metrics = Metrics {
+                    $($name: <$family>::default(),)*
+                    per_container: Arc::default(),
+                };
+                let mut r = Registering {
+                    registry: &mut registry,
+                    per_container: Vec::new(),
+                };
+                $(r.$registered(stringify!($name), $help, &metrics.$name);)*
+                metrics.per_container = Arc::new(r.per_container);
+                (metrics, registry)
+            }
+        }
+
+        /// Each metric's name (after `shmtrace_`, before a counter's `_total`) and help text,
+        /// in the order they are exported: what the tests hold a scrape and docs/fleet.md to.
+        #[cfg(test)]
+        const HELP: &[(&str, &str)] = &[$((stringify!($name), $help),)*];
+    };
 }
 
-/// Registers per-container families, and keeps each for retirement.
+families! {
+    shm_size_bytes: per_container PerContainer<ShmLabel, Gauge> =
+        "Capacity of the container's /dev/shm, measured";
+    shm_used_bytes: per_container PerContainer<ShmLabel, Gauge> =
+        "Bytes in use in the container's /dev/shm, measured";
+    shm_peak_bytes: per_container PerContainer<ShmLabel, Gauge> =
+        "Most bytes seen in use in the container's /dev/shm since it started";
+    node_shm_used_bytes: other Gauge =
+        "Bytes in use in the /dev/shm file systems of the followed containers, each counted \
+         once however many containers share it";
+    recommended_shm_bytes: per_container PerContainer<NoMore, Gauge> =
+        "The /dev/shm size shmtrace advises for the container, once a failure gave a basis";
+    shm_failures: per_container PerContainer<FailureLabels, Counter> =
+        "Failed shared-memory calls, by system call and errno";
+    sigbus: per_container PerContainer<NoMore, Counter> =
+        "SIGBUS faults on /dev/shm mappings (a page the full tmpfs could not provide)";
+    names_removed: per_container PerContainer<NoMore, Counter> =
+        "/dev/shm names removed by a process other than their maker while others still held \
+         them, and then opened in vain, by the remover's container";
+    process_deaths: per_container PerContainer<RoleLabel, Counter> =
+        "Processes that died of a full /dev/shm, by role";
+    events: other Counter = "Records received from the kernel probes";
+    events_lost: other Family<KindLabels, Counter> =
+        "Records the probes dropped because the ring buffer was full, by kind";
+    unrecorded: other Family<KindLabels, Counter> =
+        "Failures, SIGBUS and deaths the probes counted whose records were lost, by kind \
+         (failure, sigbus, death); the failure, SIGBUS and death counts include them";
+    records_malformed: other Counter =
+        "Records from the probes that could not be decoded (probe and daemon versions differ?)";
+    probe_errors: other Family<KindLabels, Counter> =
+        "Failures of the daemon to update the probes' maps or read their counters, by kind";
+    containers_followed: other Gauge = "Containers whose /dev/shm the daemon follows now";
+    series_retired: other Counter = "Containers whose series were removed after --retain";
+    recordings_written: other Counter = "Incident recordings written to --record-dir";
+    recordings_deleted: other Counter =
+        "Incident recordings deleted to stay within --record-quota";
+    recording_errors: other Counter = "Incident recordings that could not be written";
+    state_entries: other Family<KindLabels, Gauge> =
+        "Entries the daemon's analysis holds now (processes, objects, diagnoses, ...), by kind";
+    state_evictions: other Family<KindLabels, Counter> =
+        "Entries dropped because a bound on the daemon's memory was reached, by kind";
+    http_connections: other Gauge = "Connections to the metrics port being served now";
+    http_connections_shed: other Family<KindLabels, Counter> =
+        "Connections to the metrics port closed because every slot was taken, by kind: \
+         at_capacity (the new one, at once, when all are answering), idle_evicted (the one idle \
+         longest, for the new one)";
+}
+
+/// Registers the families, and keeps the per-container ones for retirement.
 struct Registering<'a> {
     registry: &'a mut Registry,
     per_container: Vec<Box<dyn Retire>>,
@@ -249,8 +305,8 @@ impl Registering<'_> {
         self.per_container.push(Box::new(family.clone()));
     }
 
-    fn other(&mut self, name: &str, help: &str, metric: impl Metric) {
-        self.registry.register(name, help, Listed(metric));
+    fn other(&mut self, name: &str, help: &str, metric: &(impl Metric + Clone)) {
+        self.registry.register(name, help, Listed(metric.clone()));
     }
 }
 
@@ -271,70 +327,14 @@ impl<M: EncodeMetric> EncodeMetric for Listed<M> {
 }
 
 impl Metrics {
-    /// The families, and a registry that encodes them.
-    pub fn new() -> (Metrics, Registry) {
-        let mut registry = Registry::with_prefix("shmtrace");
-        let mut metrics = Metrics {
-            shm_size_bytes: PerContainer::default(),
-            shm_used_bytes: PerContainer::default(),
-            shm_peak_bytes: PerContainer::default(),
-            node_shm_used_bytes: Gauge::default(),
-            recommended_shm_bytes: PerContainer::default(),
-            shm_failures: PerContainer::default(),
-            sigbus: PerContainer::default(),
-            names_removed: PerContainer::default(),
-            process_deaths: PerContainer::default(),
-            events: Counter::default(),
-            events_lost: Family::default(),
-            unrecorded: Family::default(),
-            records_malformed: Counter::default(),
-            probe_errors: Family::default(),
-            containers_followed: Gauge::default(),
-            series_retired: Counter::default(),
-            recordings_written: Counter::default(),
-            recordings_deleted: Counter::default(),
-            recording_errors: Counter::default(),
-            state_entries: Family::default(),
-            state_evictions: Family::default(),
-            http_connections: Gauge::default(),
-            http_connections_shed: Family::default(),
-            per_container: Arc::default(),
-        };
-        let m = metrics.clone();
-        let mut r = Registering {
-            registry: &mut registry,
-            per_container: Vec::new(),
-        };
-        for (name, help) in HELP {
-            match *name {
-                "shm_size_bytes" => r.per_container(name, help, &m.shm_size_bytes),
-                "shm_used_bytes" => r.per_container(name, help, &m.shm_used_bytes),
-                "shm_peak_bytes" => r.per_container(name, help, &m.shm_peak_bytes),
-                "node_shm_used_bytes" => r.other(name, help, m.node_shm_used_bytes.clone()),
-                "recommended_shm_bytes" => r.per_container(name, help, &m.recommended_shm_bytes),
-                "shm_failures" => r.per_container(name, help, &m.shm_failures),
-                "sigbus" => r.per_container(name, help, &m.sigbus),
-                "names_removed" => r.per_container(name, help, &m.names_removed),
-                "process_deaths" => r.per_container(name, help, &m.process_deaths),
-                "events" => r.other(name, help, m.events.clone()),
-                "events_lost" => r.other(name, help, m.events_lost.clone()),
-                "unrecorded" => r.other(name, help, m.unrecorded.clone()),
-                "records_malformed" => r.other(name, help, m.records_malformed.clone()),
-                "probe_errors" => r.other(name, help, m.probe_errors.clone()),
-                "containers_followed" => r.other(name, help, m.containers_followed.clone()),
-                "series_retired" => r.other(name, help, m.series_retired.clone()),
-                "recordings_written" => r.other(name, help, m.recordings_written.clone()),
-                "recordings_deleted" => r.other(name, help, m.recordings_deleted.clone()),
-                "recording_errors" => r.other(name, help, m.recording_errors.clone()),
-                "state_entries" => r.other(name, help, m.state_entries.clone()),
-                "state_evictions" => r.other(name, help, m.state_evictions.clone()),
-                "http_connections" => r.other(name, help, m.http_connections.clone()),
-                "http_connections_shed" => r.other(name, help, m.http_connections_shed.clone()),
-                other => unreachable!("HELP names {other}, which no field is"),
-            }
-        }
-        metrics.per_container = Arc::new(r.per_container);
-        (metrics, registry)
+    /// The families labelled with a container's /dev/shm ([`ShmLabel`]): they change label
+    /// together when the /dev/shm it sees changes.
+    pub fn shm_families(&self) -> [&PerContainer<ShmLabel, Gauge>; 3] {
+        [
+            &self.shm_size_bytes,
+            &self.shm_used_bytes,
+            &self.shm_peak_bytes,
+        ]
     }
 
     /// Removes every series of a container that is gone.
@@ -345,105 +345,6 @@ impl Metrics {
         self.series_retired.inc();
     }
 }
-
-/// Each metric's name (after `shmtrace_`, before a counter's `_total`) and help text, in the
-/// order they are exported: docs/fleet.md's table is checked against them.
-pub const HELP: &[(&str, &str)] = &[
-    (
-        "shm_size_bytes",
-        "Capacity of the container's /dev/shm, measured",
-    ),
-    (
-        "shm_used_bytes",
-        "Bytes in use in the container's /dev/shm, measured",
-    ),
-    (
-        "shm_peak_bytes",
-        "Most bytes seen in use in the container's /dev/shm since it started",
-    ),
-    (
-        "node_shm_used_bytes",
-        "Bytes in use in the /dev/shm file systems of the followed containers, each counted \
-         once however many containers share it",
-    ),
-    (
-        "recommended_shm_bytes",
-        "The /dev/shm size shmtrace advises for the container, once a failure gave a basis",
-    ),
-    (
-        "shm_failures",
-        "Failed shared-memory calls, by system call and errno",
-    ),
-    (
-        "sigbus",
-        "SIGBUS faults on /dev/shm mappings (a page the full tmpfs could not provide)",
-    ),
-    (
-        "names_removed",
-        "/dev/shm names removed by a process other than their maker while others still held \
-         them, and then opened in vain, by the remover's container",
-    ),
-    (
-        "process_deaths",
-        "Processes that died of a full /dev/shm, by role",
-    ),
-    ("events", "Records received from the kernel probes"),
-    (
-        "events_lost",
-        "Records the probes dropped because the ring buffer was full, by kind",
-    ),
-    (
-        "unrecorded",
-        "Failures, SIGBUS and deaths the probes counted whose records were lost, by kind \
-         (failure, sigbus, death); the failure, SIGBUS and death counts include them",
-    ),
-    (
-        "records_malformed",
-        "Records from the probes that could not be decoded (probe and daemon versions differ?)",
-    ),
-    (
-        "probe_errors",
-        "Failures of the daemon to update the probes' maps or read their counters, by kind",
-    ),
-    (
-        "containers_followed",
-        "Containers whose /dev/shm the daemon follows now",
-    ),
-    (
-        "series_retired",
-        "Containers whose series were removed after --retain",
-    ),
-    (
-        "recordings_written",
-        "Incident recordings written to --record-dir",
-    ),
-    (
-        "recordings_deleted",
-        "Incident recordings deleted to stay within --record-quota",
-    ),
-    (
-        "recording_errors",
-        "Incident recordings that could not be written",
-    ),
-    (
-        "state_entries",
-        "Entries the daemon's analysis holds now (processes, objects, diagnoses, ...), by kind",
-    ),
-    (
-        "state_evictions",
-        "Entries dropped because a bound on the daemon's memory was reached, by kind",
-    ),
-    (
-        "http_connections",
-        "Connections to the metrics port being served now",
-    ),
-    (
-        "http_connections_shed",
-        "Connections to the metrics port closed because every slot was taken, by kind: \
-         at_capacity (the new one, at once, when all are answering), idle_evicted (the one idle \
-         longest, for the new one)",
-    ),
-];
 
 /// The two text formats a scraper may ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -522,6 +423,31 @@ mod tests {
                 assert!(typed.starts_with(named), "{typed} for {named}:\n{text}");
             }
         }
+    }
+
+    /// docs/fleet.md's table of metrics is what a scrape lists: the same families, in the same
+    /// order, of the same types (a daemon's real scrape is held to it too, in
+    /// tests/tests/prometheus_daemon.rs, as root).
+    #[test]
+    fn the_fleet_page_lists_every_family_with_its_type() {
+        let (_, registry) = Metrics::new();
+        let scrape = encode(&registry, ExpositionFormat::PrometheusText);
+        let exported: Vec<(&str, &str)> = scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
+            .collect();
+        let documented: Vec<(&str, &str)> = include_str!("../../../docs/fleet.md")
+            .lines()
+            .filter(|l| l.starts_with("| `shmtrace_"))
+            .filter_map(|l| {
+                let mut cells = l.split('|').skip(1).map(str::trim);
+                Some((cells.next()?.trim_matches('`'), cells.next()?))
+            })
+            .collect();
+        assert_eq!(
+            documented, exported,
+            "docs/fleet.md's table of metrics is not what the daemon exports"
+        );
     }
 
     #[test]

@@ -202,18 +202,8 @@ impl Series {
             seen = true;
             tracked.peak = tracked.peak.max(sample.used);
             let shm = ShmLabel::of(sample.dev);
-            if let Some(old) = tracked.shm.take()
-                && old != shm
-            {
-                for family in [
-                    &self.metrics.shm_size_bytes,
-                    &self.metrics.shm_used_bytes,
-                    &self.metrics.shm_peak_bytes,
-                ] {
-                    family.remove(labels, &old);
-                }
-            }
             let m = &self.metrics;
+            drop_other_shm(m, labels, tracked, &shm);
             m.shm_size_bytes
                 .get(labels, shm.clone())
                 .set(clamp(sample.size));
@@ -265,17 +255,7 @@ fn full_at(metrics: &Metrics, labels: &ContainerLabels, tracked: &mut Tracked, a
     };
     tracked.peak = tracked.peak.max(used);
     let shm = ShmLabel::of(at.dev);
-    if let Some(old) = tracked.shm.take()
-        && old != shm
-    {
-        for family in [
-            &metrics.shm_size_bytes,
-            &metrics.shm_used_bytes,
-            &metrics.shm_peak_bytes,
-        ] {
-            family.remove(labels, &old);
-        }
-    }
+    drop_other_shm(metrics, labels, tracked, &shm);
     if at.size > 0 {
         metrics
             .shm_size_bytes
@@ -289,6 +269,81 @@ fn full_at(metrics: &Metrics, labels: &ContainerLabels, tracked: &mut Tracked, a
     tracked.shm = Some(shm);
 }
 
+/// A container whose /dev/shm is now `shm`: the series of the one it saw before go (they are
+/// set again under `shm` after this).
+fn drop_other_shm(
+    metrics: &Metrics,
+    labels: &ContainerLabels,
+    tracked: &mut Tracked,
+    shm: &ShmLabel,
+) {
+    if let Some(old) = tracked.shm.take()
+        && old != *shm
+    {
+        for family in metrics.shm_families() {
+            family.remove(labels, &old);
+        }
+    }
+}
+
 fn clamp(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::metrics::{ExpositionFormat, encode};
+
+    fn on(dev: u32, used: u64) -> Capacity {
+        Capacity {
+            dev,
+            size: 64 << 20,
+            used,
+            ts_ns: 0,
+            files: None,
+        }
+    }
+
+    /// A container that comes to see another /dev/shm (a restart into another IPC namespace)
+    /// keeps no series of the one before, whether a survey measures the new one or a failure's
+    /// diagnosis reports it.
+    #[test]
+    fn a_container_moved_to_another_dev_shm_keeps_no_series_of_the_old() {
+        let (metrics, registry) = Metrics::new();
+        let mut series = Series::new(metrics, Duration::from_secs(60));
+        let labels = ContainerLabels {
+            container: "trainer".into(),
+            runtime: "docker".into(),
+            ..ContainerLabels::default()
+        };
+        let shm_series = |shm: &str| {
+            let text = encode(&registry, ExpositionFormat::PrometheusText);
+            text.lines()
+                .filter(|l| !l.starts_with('#') && l.contains(&format!("shm=\"{shm}\"")))
+                .filter_map(|l| l.split('{').next().map(str::to_owned))
+                .collect::<Vec<_>>()
+        };
+        let all = [
+            "shmtrace_shm_size_bytes",
+            "shmtrace_shm_used_bytes",
+            "shmtrace_shm_peak_bytes",
+        ];
+        series.apply(&labels, Countable::Touch);
+        series.running(&labels, Some(1), Some(50), false);
+        series.measured(&on(50, 1 << 20));
+        assert_eq!(shm_series("0:50"), all);
+
+        series.running(&labels, Some(2), Some(51), true);
+        series.measured(&on(51, 2 << 20));
+        assert!(shm_series("0:50").is_empty());
+        assert_eq!(shm_series("0:51"), all);
+
+        series.apply(&labels, Countable::FullAt(on(52, 64 << 20)));
+        assert!(shm_series("0:51").is_empty());
+        assert_eq!(
+            shm_series("0:52"),
+            ["shmtrace_shm_size_bytes", "shmtrace_shm_peak_bytes"]
+        );
+    }
 }

@@ -8,6 +8,11 @@
 //! at its entry, as succeeding; `recvmsg` only when it dropped the descriptors sent to it; an
 //! open elsewhere only when it fails for want of descriptors, which is watched for once a
 //! process has used descriptors near its limit.
+//!
+//! Each call whose exit is awaited stops the program twice (its entry, then its exit), so a
+//! call whose outcome is certain at its entry is reported there, as succeeding, with the file
+//! as the call leaves it: an `ftruncate` that grows a /dev/shm file (see `certain_growth`),
+//! and a `munmap` of one whole mapping. Every other call's exit is awaited, failures included.
 use shmtrace_common::{FileRef, Syscall, flags, statfs_args};
 
 use super::{
@@ -16,7 +21,7 @@ use super::{
     memory::Mem,
     pending::{Pending, What},
     records::Call,
-    tracer::{Mode, Tracer, file_of},
+    tracer::{Mode, Tracer, fd_writable, file_of, stat_fd},
 };
 use shmtrace_core::clock::boot_ns;
 
@@ -188,6 +193,7 @@ impl Tracer {
             // A limit may change: asked again when next needed.
             for process in self.processes.values_mut() {
                 process.nofile = None;
+                process.fsize = None;
             }
             return None;
         }
@@ -196,11 +202,32 @@ impl Tracer {
             return None;
         }
         if nr == libc::SYS_munmap {
-            let overlaps = self.process_of(tid).is_some_and(|p| {
-                p.mappings
+            let (start, len) = (args[0], args[1]);
+            let (overlaps, whole) = self.process_of(tid).map_or((false, false), |p| {
+                let overlaps = p
+                    .mappings
                     .iter()
-                    .any(|&(start, len)| args[0] < start + len && start < args[0] + args[1])
+                    .any(|&(m_start, m_len)| start < m_start + m_len && m_start < start + len);
+                (overlaps, unmaps_one_whole(&p.mappings, start, len))
             });
+            if whole {
+                // One whole mapping, page-aligned: the call cannot fail (short of a split of a
+                // neighbour the kernel merged it with, at the process's map count limit), so
+                // it is reported at its entry, as succeeding, and its exit is not awaited.
+                if let Some(process) = self.process_of(tid) {
+                    process.mappings = unmap(&process.mappings, start, len);
+                }
+                let record = Call {
+                    syscall: Syscall::Munmap,
+                    flags: 0,
+                    fd: -1,
+                    ret: 0,
+                    args,
+                    file: None,
+                };
+                self.emit_call(tid, &record, None);
+                return None;
+            }
             return overlaps
                 .then(|| call(What::Report(Syscall::Munmap), 0, args, -1, None, Vec::new()));
         }
@@ -232,6 +259,12 @@ impl Tracer {
         if self.mode == Mode::EverySyscall
             && !self.process_of(tid).is_some_and(|p| p.armed.contains(&fd))
         {
+            return None;
+        }
+        if syscall == Some(Syscall::Ftruncate)
+            && let Some(record) = self.certain_growth(tid, fd, args)
+        {
+            self.emit_call(tid, &record, None);
             return None;
         }
         let file = self.shm_file(tid, fd)?;
@@ -421,6 +454,52 @@ impl Tracer {
         // A failure, or a report made only because of one, is wanted now.
         let urgent = call.ret < 0 || call.flags & flags::FD_LIMIT_ONLY != 0;
         self.sink.record(record, urgent);
+    }
+
+    /// An `ftruncate` of /dev/shm descriptor `fd` that cannot fail, with the file as it
+    /// leaves it, to report at the call's entry without awaiting its exit (a stop less):
+    /// one that grows the file (tmpfs allocates nothing for it, so a full /dev/shm does not
+    /// make it fail, and the pages held stay what they are), within the process's
+    /// `RLIMIT_FSIZE`, through a descriptor open for writing, of a file neither append-only
+    /// nor immutable. (A /dev/shm file opened by its name cannot be sealed.) `None` for any
+    /// other: its exit is awaited, as before.
+    fn certain_growth(&mut self, tid: i32, fd: i32, args: [u64; 6]) -> Option<Call> {
+        const FIXED: u64 = (libc::STATX_ATTR_APPEND | libc::STATX_ATTR_IMMUTABLE) as u64;
+        let length = args[1];
+        self.saw_fd(tid, fd);
+        let (file, attributes) = stat_fd(tid, fd)?;
+        let grows = i64::try_from(length).is_ok_and(|length| length >= file.size);
+        if !self.shm_devs.contains(&file.dev)
+            || !grows
+            || attributes & FIXED != 0
+            || length > self.fsize_limit(tid)
+            || !fd_writable(tid, fd)
+        {
+            return None;
+        }
+        Some(Call {
+            syscall: Syscall::Ftruncate,
+            flags: 0,
+            fd,
+            ret: 0,
+            args,
+            file: Some(FileRef {
+                size: length as i64,
+                ..file
+            }),
+        })
+    }
+
+    /// `RLIMIT_FSIZE`'s soft limit of `tid`'s process, asked once (until a limit changes).
+    fn fsize_limit(&mut self, tid: i32) -> u64 {
+        if let Some(limit) = self.process_of(tid).and_then(|p| p.fsize) {
+            return limit;
+        }
+        let limit = soft_limit(tid, libc::RLIMIT_FSIZE).unwrap_or(0);
+        if let Some(process) = self.process_of(tid) {
+            process.fsize = Some(limit);
+        }
+        limit
     }
 
     /// The file behind `fd` of `tid`, when it is a regular file on a /dev/shm file system.
@@ -672,16 +751,36 @@ fn received_descriptors(mem: &mut Mem, msg: u64) -> Vec<i32> {
 
 /// `RLIMIT_NOFILE`'s soft limit of process `pid` (the largest number when unreadable).
 fn nofile_limit(pid: i32) -> u64 {
+    soft_limit(pid, libc::RLIMIT_NOFILE).unwrap_or(u64::MAX / 2)
+}
+
+/// The soft limit `resource` of process `pid` (`RLIM_INFINITY` is `u64::MAX`).
+fn soft_limit(pid: i32, resource: libc::__rlimit_resource_t) -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: prlimit reads into a local; no new limit is set.
-    let done = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut limit) };
-    if done != 0 {
-        return u64::MAX / 2;
-    }
-    limit.rlim_cur
+    let done = unsafe { libc::prlimit(pid, resource, std::ptr::null(), &mut limit) };
+    (done == 0).then_some(limit.rlim_cur)
+}
+
+/// Whether unmapping `[start, start + len)` removes exactly one whole mapping of `mappings`
+/// (page-aligned, the same pages): such a call cannot fail.
+fn unmaps_one_whole(mappings: &[(u64, u64)], start: u64, len: u64) -> bool {
+    let page = page_size();
+    let pages = |len: u64| len.div_ceil(page);
+    start.is_multiple_of(page)
+        && len > 0
+        && mappings
+            .iter()
+            .any(|&(m_start, m_len)| m_start == start && pages(m_len) == pages(len))
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).unwrap_or(4096)
 }
 
 /// `mappings` less the range `[start, start + len)`.
@@ -717,6 +816,23 @@ mod tests {
         );
         assert_eq!(unmap(&maps, 0, 0x100000), []);
         assert_eq!(unmap(&maps, 0x5000, 0x1000), maps);
+    }
+
+    #[test]
+    fn only_a_whole_mapping_is_unmapped_for_certain() {
+        let page = page_size();
+        let maps = [(0x10 * page, 3 * page - 100), (0x40 * page, page)];
+        // The same pages, the length as mapped or rounded up.
+        assert!(unmaps_one_whole(&maps, 0x10 * page, 3 * page - 100));
+        assert!(unmaps_one_whole(&maps, 0x10 * page, 3 * page));
+        assert!(unmaps_one_whole(&maps, 0x40 * page, 1));
+        // Part of one, more than one, unaligned, empty, or none known.
+        assert!(!unmaps_one_whole(&maps, 0x10 * page, page));
+        assert!(!unmaps_one_whole(&maps, 0x11 * page, 2 * page));
+        assert!(!unmaps_one_whole(&maps, 0x10 * page, 0x31 * page));
+        assert!(!unmaps_one_whole(&maps, 0x10 * page + 1, 3 * page));
+        assert!(!unmaps_one_whole(&maps, 0x10 * page, 0));
+        assert!(!unmaps_one_whole(&[], 0x10 * page, page));
     }
 
     #[test]

@@ -5,16 +5,12 @@
 //! The child sets `no_new_privs`, which an unprivileged process needs to install a seccomp
 //! filter: a set-user-ID program it runs then runs without gaining privileges, as it does in
 //! a container started with `no-new-privileges`.
-use std::{
-    ffi::{CString, OsString},
-    os::{fd::AsRawFd, unix::ffi::OsStrExt},
-};
+use std::{ffi::OsString, os::fd::AsRawFd};
 
 use anyhow::{Context, Result, bail};
 use nix::{
     errno::Errno,
-    fcntl::OFlag,
-    unistd::{ForkResult, Pid, fork, pipe2},
+    unistd::{ForkResult, Pid, fork},
 };
 
 use super::{PtraceError, filter};
@@ -46,18 +42,18 @@ pub fn spawn(argv: &[OsString]) -> Result<Spawned> {
     if argv.is_empty() {
         bail!("no command given after --");
     }
-    let c_argv: Vec<CString> = argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<_, _>>()
-        .context("a command argument contains a NUL byte")?;
+    let c_argv = child::c_argv(argv)?;
     let program = filter::base();
     let prog = libc::sock_fprog {
         len: program.len() as u16,
         filter: program.instructions().as_ptr() as *mut libc::sock_filter,
     };
-    let (go_read, go_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
-    let (status_read, status_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
+    let child::Pipes {
+        go_read,
+        go_write,
+        status_read,
+        status_write,
+    } = child::Pipes::new()?;
     // SAFETY: the child only makes async-signal-safe calls (the ones below) before exec or
     // _exit; everything it uses was made before the fork.
     match unsafe { fork() }.context("fork")? {
@@ -131,11 +127,5 @@ pub fn start_failure(status: &std::os::fd::OwnedFd, program: &OsString) -> Optio
         let errno = Errno::from_raw(raw & !SETUP_FAILED);
         return Some(PtraceError::NoFilter { errno }.into());
     }
-    let errno = Errno::from_raw(raw);
-    let hint = match errno {
-        Errno::ENOENT => "command not found; check the name and your PATH",
-        Errno::EACCES => "permission denied; is it executable?",
-        _ => "cannot execute it",
-    };
-    Some(anyhow::anyhow!("{program}: {hint} ({})", errno.desc()))
+    Some(child::exec_failed(&program, Errno::from_raw(raw)))
 }

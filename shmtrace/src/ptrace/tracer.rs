@@ -12,6 +12,7 @@
 //!   its traced calls fail.
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
+    ffi::CString,
     fs,
     os::unix::fs::MetadataExt,
 };
@@ -61,6 +62,8 @@ pub(super) struct Process {
     pub mappings: Vec<(u64, u64)>,
     /// `RLIMIT_NOFILE`'s soft limit, once asked, and the highest descriptor seen.
     pub nofile: Option<u64>,
+    /// `RLIMIT_FSIZE`'s soft limit, once asked.
+    pub fsize: Option<u64>,
     pub highest_fd: i32,
     /// What `flags::SHM_DEATH` is decided by (see `shmtrace-ebpf`'s `tally.rs`).
     pub failed_own: bool,
@@ -497,17 +500,47 @@ fn sigcont_pending(tid: i32) -> bool {
 /// The inode behind descriptor `fd` of thread `tid`, as a record carries it, when it is a
 /// regular file.
 pub(super) fn file_of(tid: i32, fd: i32) -> Option<FileRef> {
+    stat_fd(tid, fd).map(|(file, _)| file)
+}
+
+/// The file behind descriptor `fd` of thread `tid`, when it is a regular file, and its
+/// `statx` attributes (`STATX_ATTR_APPEND`, `STATX_ATTR_IMMUTABLE`...): one `statx`.
+pub(super) fn stat_fd(tid: i32, fd: i32) -> Option<(FileRef, u64)> {
     if fd < 0 {
         return None;
     }
-    let meta = fs::metadata(format!("/proc/{tid}/fd/{fd}")).ok()?;
-    meta.is_file().then(|| FileRef {
-        dev: kernel_ids::kernel_dev_from_stat(meta.dev()),
-        mode: meta.mode(),
-        ino: meta.ino(),
-        size: meta.size() as i64,
-        blocks: meta.blocks(),
-    })
+    let path = CString::new(format!("/proc/{tid}/fd/{fd}")).ok()?;
+    // SAFETY: statx is plain data; the kernel fills it.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a buffer of the size the kernel writes.
+    let done = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            0,
+            libc::STATX_BASIC_STATS,
+            &raw mut stx,
+        )
+    };
+    if done != 0 || u32::from(stx.stx_mode) & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    let file = FileRef {
+        dev: kernel_ids::kernel_dev_from_stat(dev),
+        mode: u32::from(stx.stx_mode),
+        ino: stx.stx_ino,
+        size: stx.stx_size as i64,
+        blocks: stx.stx_blocks,
+    };
+    Some((file, stx.stx_attributes))
+}
+
+/// Whether descriptor `fd` of thread `tid` is open for writing: its /proc link's owner
+/// write bit says so (procfs sets it from the open file's mode).
+pub(super) fn fd_writable(tid: i32, fd: i32) -> bool {
+    fs::symlink_metadata(format!("/proc/{tid}/fd/{fd}"))
+        .is_ok_and(|meta| meta.mode() & libc::S_IWUSR != 0)
 }
 
 #[cfg(test)]
@@ -526,5 +559,16 @@ mod tests {
         let found = file_of(me, file.as_raw_fd()).unwrap();
         assert!(found.size > 0 && found.ino > 0);
         assert!(file_of(me, -1).is_none());
+        // What statx says is what std's metadata says.
+        let meta = std::fs::metadata("/proc/self/exe").unwrap();
+        assert_eq!(found.mode, meta.mode());
+        assert_eq!(found.ino, meta.ino());
+        assert_eq!(found.dev, kernel_ids::kernel_dev_from_stat(meta.dev()));
+        assert!(!fd_writable(me, file.as_raw_fd()), "opened to read");
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap();
+        assert!(fd_writable(me, written.as_raw_fd()));
     }
 }

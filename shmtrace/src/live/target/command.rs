@@ -1,20 +1,16 @@
 //! Starting a command under tracing: it is forked paused, registered with the probes, and only
 //! then allowed to exec, so not one of its calls is missed.
 use std::{
-    ffi::{CString, OsString},
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
-        unix::ffi::OsStrExt,
-    },
+    ffi::OsString,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     sync::Arc,
 };
 
 use anyhow::{Context, Result, bail};
 use nix::{
     errno::Errno,
-    fcntl::OFlag,
     sys::wait::{WaitStatus, waitpid},
-    unistd::{ForkResult, Pid, fork, pipe2},
+    unistd::{ForkResult, Pid, fork},
 };
 
 use crate::child;
@@ -36,13 +32,13 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
     let Some(program) = argv.first() else {
         bail!("no command given after --");
     };
-    let c_argv: Vec<CString> = argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<_, _>>()
-        .context("a command argument contains a NUL byte")?;
-    let (go_read, go_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
-    let (status_read, status_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
+    let c_argv = child::c_argv(argv)?;
+    let child::Pipes {
+        go_read,
+        go_write,
+        status_read,
+        status_write,
+    } = child::Pipes::new()?;
 
     // SAFETY: the process is single-threaded here (documented precondition), and the child
     // only calls async-signal-safe functions before exec or _exit.
@@ -86,12 +82,7 @@ impl PausedCommand {
         if n == 4 {
             let errno = Errno::from_raw(i32::from_ne_bytes(buf));
             let _ = waitpid(self.pid, None);
-            let hint = match errno {
-                Errno::ENOENT => "command not found; check the name and your PATH",
-                Errno::EACCES => "permission denied; is it executable?",
-                _ => "cannot execute it",
-            };
-            bail!("{}: {hint} ({})", self.program, errno.desc());
+            return Err(child::exec_failed(&self.program, errno));
         }
         Ok(RunningCommand {
             pid: self.pid,
