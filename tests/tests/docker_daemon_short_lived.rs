@@ -101,10 +101,12 @@ fn a_failure_in_a_containers_first_moments_is_named_by_its_container_in_the_json
     let daemon = Daemon::start(&["--interval", "1s"]);
     // Fails at once, before any survey can have seen it, removes what it wrote (so that no
     // survey sees /dev/shm full), and stays up so that one sees it.
+    // A file of its own: the daemon sees every dd on the machine.
+    let file = format!("/dev/shm/young-{}", std::process::id());
     let failing = Container::run(
         "daemon-young-fail",
         &["--shm-size", "1m"],
-        "dd if=/dev/zero of=/dev/shm/fill bs=2M count=1; rm /dev/shm/fill; sleep 600",
+        &format!("dd if=/dev/zero of={file} bs=2M count=1; rm {file}; sleep 600"),
     );
     let name = failing.name.clone();
     daemon.wait_for_metric(Duration::from_secs(30), |l| {
@@ -122,7 +124,7 @@ fn a_failure_in_a_containers_first_moments_is_named_by_its_container_in_the_json
     // dd's failed write, and the diagnosis of its exit.
     let failed: Vec<_> = lines
         .iter()
-        .filter(|l| l["comm"] == "dd")
+        .filter(|l| l["comm"] == "dd" && l.to_string().contains(&file))
         .filter(|l| l["errno"] == "ENOSPC" || l["event"] == "diagnosis")
         .collect();
     assert!(
