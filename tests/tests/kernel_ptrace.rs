@@ -36,6 +36,9 @@ fn sigbus_is_tied_to_its_file_and_offset() {
         assert_worker_of(d, trainer, script, 2);
         assert_shm_full(d, MIB, &dump);
         assert_killed_by_sigbus(d);
+        // One failure, as the probes see it: the fault, not the handler's re-raise (tgkill,
+        // whose siginfo holds no address).
+        assert_eq!(d["failures"].as_array().unwrap().len(), 1, "{d}");
         let own = format!("/dev/shm/torch_{}_", pid(d));
         assert_fault(&d["failures"][0], &own, 384 << 10);
     }

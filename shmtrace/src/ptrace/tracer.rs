@@ -351,9 +351,7 @@ impl Tracer {
         let Ok(info) = wait::signal_info(tid) else {
             return;
         };
-        // SAFETY: si_addr is valid to read for SIGBUS and SIGSEGV, the kernel's faults and
-        // tkill alike (0 for the latter).
-        let addr = unsafe { info.si_addr() } as u64;
+        let addr = fault_address(&info);
         let target = self.who(tid);
         // A fault's sender is the faulting thread; a signal sent with kill or tkill names its
         // sender.
@@ -457,6 +455,21 @@ impl Tracer {
     }
 }
 
+/// The address a fault signal carries; 0 for a signal a process sent (kill, tkill, sigqueue:
+/// `si_code` ≤ 0) or the kernel sent otherwise (`SI_KERNEL`), whose `siginfo` holds the
+/// sender's pid and uid where a fault's address would be, as the probes read it
+/// (`siginfo_fault` in shmtrace-ebpf). A PyTorch worker's handler re-raises its SIGBUS with
+/// tgkill: that is no second fault.
+fn fault_address(info: &libc::siginfo_t) -> u64 {
+    const SI_KERNEL: i32 = 0x80;
+    if info.si_code <= 0 || info.si_code >= SI_KERNEL {
+        return 0;
+    }
+    // SAFETY: si_addr is the field a fault's siginfo (positive si_code below SI_KERNEL)
+    // holds.
+    unsafe { info.si_addr() as u64 }
+}
+
 /// `BUS_ADRERR`: an access the file cannot back (past its end, or a page a full tmpfs could
 /// not allocate).
 const BUS_ADRERR: i32 = 2;
@@ -546,6 +559,26 @@ pub(super) fn fd_writable(tid: i32, fd: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_fault_carries_an_address() {
+        // SAFETY: siginfo_t is plain data; zeroes are a valid one.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // Where a fault's address is, tkill puts the sender's pid, then its uid.
+        let sender = (1000u64 << 32) | 4534;
+        // SAFETY: the union after the three ints starts at byte 16 of the 128-byte struct.
+        unsafe {
+            std::ptr::write_unaligned((&raw mut info).cast::<u8>().add(16).cast::<u64>(), sender)
+        };
+        info.si_code = BUS_ADRERR;
+        assert_eq!(fault_address(&info), sender, "a fault's address");
+        info.si_code = -6; // SI_TKILL
+        assert_eq!(fault_address(&info), 0);
+        info.si_code = 0; // SI_USER
+        assert_eq!(fault_address(&info), 0);
+        info.si_code = 0x80; // SI_KERNEL
+        assert_eq!(fault_address(&info), 0);
+    }
 
     #[test]
     fn reads_ids_and_names_from_proc() {

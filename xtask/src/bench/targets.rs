@@ -671,7 +671,37 @@ pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
         );
         rows.push(PTRACE_AGAINST_STRACE.judge(case, t / s, measured));
     }
+    // Wall time on a loaded machine favours the traced runs (a program that stops often is
+    // let run first when it wakes); the CPU the work took, the tracer's included, does not.
+    let cpu: Vec<String> = ["shmtrace-ptrace", "strace"]
+        .into_iter()
+        .filter_map(|name| {
+            let spread = find(results, name).and_then(|r| cpu_ratios(r, base))?;
+            Some(format!("{name} {}", describe(&spread)))
+        })
+        .collect();
+    if !cpu.is_empty() {
+        rows.push(Row::context(
+            &format!("{case}: CPU of the traced churn and its tracer, × untraced"),
+            cpu.join(", "),
+        ));
+    }
     rows
+}
+
+/// Round by round, the CPU the workload and its tracer used, over the untraced workload's.
+fn cpu_ratios(result: &VariantResult, base: &VariantResult) -> Option<Spread> {
+    let values: Vec<f64> = result
+        .rounds
+        .iter()
+        .zip(&result.outcomes)
+        .filter_map(|(round, outcome)| {
+            let i = base.rounds.iter().position(|r| r == round)?;
+            let tracer = outcome.tracer.as_ref()?.cpu_seconds;
+            Some((outcome.workload.cpu_seconds + tracer) / base.outcomes[i].workload.cpu_seconds)
+        })
+        .collect();
+    Spread::of(&values)
 }
 
 /// [`PTRACE_STARTUP`] from start-ups with `--backend ptrace`.
