@@ -7,6 +7,7 @@
 //! for a query that needed 24.5 MiB). A worker says whose it is in its title
 //! (`postgres: parallel worker for PID 34`, the leader's pid in its container), alive or not.
 
+use super::known;
 use crate::model::{Process, World};
 
 /// A worker that ended this long before the failure belonged to an earlier query of the same
@@ -41,9 +42,7 @@ pub fn processes(pid: u32, ts_ns: u64, world: &World) -> u32 {
 
 /// The leader's pid in a worker's title, `None` for any other process.
 fn leader_of(process: &Process) -> Option<u32> {
-    let title = process.title.as_deref()?;
-    let (_, pid) = title.split_once("parallel worker for PID ")?;
-    pid.trim_end().parse().ok()
+    known::parallel_leader(process.title.as_deref()?)
 }
 
 #[cfg(test)]
