@@ -71,6 +71,14 @@ impl Diagnoser {
             let touched_shm = world
                 .process(pid)
                 .is_some_and(|p| !p.opened.is_empty() || role.kind != RoleKind::Other);
+            // A rank of a parallel job that used /dev/shm and ended in error after a sibling
+            // failed there (its peer gone, before its launcher could stop it): the sibling's
+            // failure says why.
+            let failed_worker = failed_worker.or_else(|| {
+                touched_shm
+                    .then(|| self.failed_sibling(pid, 0, &[], world))
+                    .flatten()
+            });
             let by_signal = matches!(status, ExitStatus::Signal { .. });
             if failed_worker.is_none() && !by_signal && !touched_shm {
                 return None; // an ordinary non-zero exit, nothing to do with /dev/shm
