@@ -313,10 +313,9 @@ pub mod flags {
     pub const PATH_TRUNCATED: u16 = 1 << 0;
     /// [`super::SyscallEvent::file`] holds the inode the descriptor referred to.
     pub const FILE: u16 = 1 << 1;
-    /// The path is relative to the /dev/shm it names a file in: as given, relative to a
-    /// directory there; or, for a file opened by another path (a relative one, or a
-    /// container's /dev/shm through `/proc/PID/root`), its name below that /dev/shm's root,
-    /// which the probes read from the file itself.
+    /// The path was relative to a directory on a /dev/shm file system. (A file opened by
+    /// another path, a relative one or a container's /dev/shm through `/proc/PID/root`, is
+    /// named whole instead, `/dev/shm/a/b`, as the probes read it from the file itself.)
     pub const RELATIVE_TO_SHM: u16 = 1 << 2;
     /// The command line did not fit in [`super::ARGS_LEN`] bytes.
     pub const ARGS_TRUNCATED: u16 = 1 << 3;
@@ -350,7 +349,15 @@ pub mod flags {
     /// /dev/shm's free space, and then not ended by SIGTERM, SIGINT or SIGHUP, nor by another
     /// process's SIGKILL (it was stopped on purpose).
     pub const SHM_DEATH: u16 = 1 << 11;
+    /// The path was relative to a directory descriptor on a /dev/shm, whose inode number is
+    /// in `args[`[`super::DIR_INODE_ARG`]`]`: userspace names the directory by it, even when
+    /// the descriptor was moved with a call the probes do not trace (GNU fts's `fcntl`).
+    pub const DIR_INODE: u16 = 1 << 12;
 }
+
+/// Where a record with [`flags::DIR_INODE`] holds its directory's inode number: a slot the
+/// open family and `unlinkat` leave unused (openat2's `usize`, which nothing reads, gives way).
+pub const DIR_INODE_ARG: usize = 5;
 
 /// Who did what, and when. Starts every record.
 #[repr(C)]

@@ -5,7 +5,7 @@
 //! `diagnose` finds roles, failures and advice -> `output` renders them (text, JSON, summary).
 //! `record` is a tap that writes trace files and reads them back, `report` an observer that
 //! draws a recorded trace (HTML, Perfetto). `pipeline` runs every record through those steps,
-//! whether it comes from the live probes or from a file. `capacity`, `clock`, `size` and
+//! whether it comes from the live probes or from a file. `capacity`, `clock`, `units` and
 //! `safe_open` (how every output file is opened) are leaves all of them use. See
 //! docs/architecture.md.
 pub mod capacity;
@@ -18,5 +18,5 @@ pub mod pipeline;
 pub mod record;
 pub mod report;
 pub mod safe_open;
-pub mod size;
 pub mod sizing;
+pub mod units;

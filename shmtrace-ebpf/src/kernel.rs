@@ -492,6 +492,21 @@ pub fn file_path(file: FileAt, off: &KernelOffsets) -> Option<(u64, u64)> {
     }
 }
 
+/// The number of `file`'s inode (0 if it cannot be read).
+#[inline(always)]
+pub fn file_ino(file: FileAt, off: &KernelOffsets) -> u64 {
+    if file.typed == 0 {
+        return read_ptr(file.addr as u64, off.file_inode).map_or(0, |inode| inode_ino(inode, off));
+    }
+    // SAFETY: typed pointers from the file to its inode's number.
+    unsafe {
+        match pointer_field(file.addr, off.file_inode) {
+            Some(inode) => field(inode, off.inode_ino),
+            None => 0,
+        }
+    }
+}
+
 /// What a record says of the file: its file system, and its inode's type, number, size and
 /// allocation now.
 #[inline(always)]
@@ -532,6 +547,12 @@ pub fn cwd_super(off: &KernelOffsets) -> Option<(Super, u64)> {
 pub fn inode_dev(inode: u64, off: &KernelOffsets) -> Option<u32> {
     let sb = read_ptr(inode, off.inode_sb)?;
     read::<u32>(sb, off.super_block_dev)
+}
+
+/// Number of the inode (0 if it cannot be read).
+#[inline(always)]
+pub fn inode_ino(inode: u64, off: &KernelOffsets) -> u64 {
+    read::<u64>(inode, off.inode_ino).unwrap_or(0)
 }
 
 /// Size and allocation of the inode now.
@@ -748,17 +769,26 @@ pub fn is_root(dentry: u64, off: &KernelOffsets) -> bool {
     read_ptr(dentry, off.dentry_parent) == Some(dentry)
 }
 
-/// Path components of a name below its file system's root that [`name_below_root`] writes.
+/// Path components below its file system's root that [`dev_shm_name`] writes.
 const NAME_DEPTH: usize = 4;
 
-/// Writes the path of `dentry` below the root of its file system into `out`, NUL-terminated
-/// (`a/b/name`; at most [`NAME_DEPTH`] components, the lowest ones): the name of a /dev/shm
-/// file opened through another path (a container's /dev/shm from the host through
-/// `/proc/PID/root`, or where its runtime mounted it). `scratch` is room to build it in: a
-/// component is written where the last ended, which the verifier must see stays in bounds.
-/// Returns whether the name is whole.
+/// What a name in /dev/shm starts with.
+const DEV_SHM: &[u8; 9] = b"/dev/shm/";
+/// Put after [`DEV_SHM`] for a name deeper than [`NAME_DEPTH`] components, whose upper ones
+/// are left out (`…/` in UTF-8): the model's own mark of a directory it cannot name.
+const LEFT_OUT: &[u8; 4] = b"\xe2\x80\xa6/";
+
+/// Writes the name of `dentry`, a file on a /dev/shm file system, as it is in that /dev/shm
+/// into `out`, NUL-terminated: `/dev/shm/a/b/name`, its path below its file system's root
+/// (at most [`NAME_DEPTH`] components, the lowest ones; a deeper name starts
+/// `/dev/shm/…/`). The name of a /dev/shm file opened through another path: a relative one,
+/// a container's /dev/shm from the host through `/proc/PID/root`, or where its runtime
+/// mounted it. Whole, not relative, so userspace does not resolve it against a directory
+/// again. `scratch` is room to build it in: a component is written where the last ended,
+/// which the verifier must see stays in bounds. Returns whether the name is whole (not cut
+/// short at [`PATH_LEN`] bytes, every component read).
 #[inline(always)]
-pub fn name_below_root(
+pub fn dev_shm_name(
     dentry: u64,
     scratch: &mut [u8; 2 * PATH_LEN],
     out: *mut u8,
@@ -767,13 +797,13 @@ pub fn name_below_root(
     let mut chain = [0u64; NAME_DEPTH];
     let mut depth = 0;
     let mut at = dentry;
-    let mut whole = false;
+    let mut rooted = false;
     while depth < NAME_DEPTH {
         let Some(parent) = read_ptr(at, off.dentry_parent) else {
             break;
         };
         if parent == at {
-            whole = true;
+            rooted = true;
             break;
         }
         chain[depth] = at;
@@ -781,9 +811,22 @@ pub fn name_below_root(
         depth += 1;
     }
     if depth == NAME_DEPTH && read_ptr(at, off.dentry_parent) == Some(at) {
-        whole = true;
+        rooted = true;
     }
     let mut end = 0usize;
+    while end < DEV_SHM.len() {
+        scratch[end] = DEV_SHM[end];
+        end += 1;
+    }
+    if !rooted {
+        let mut i = 0;
+        while i < LEFT_OUT.len() {
+            scratch[DEV_SHM.len() + i] = LEFT_OUT[i];
+            i += 1;
+        }
+        end += LEFT_OUT.len();
+    }
+    let mut whole = true;
     let mut i = NAME_DEPTH;
     while i > 0 {
         i -= 1;

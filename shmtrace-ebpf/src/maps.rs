@@ -184,7 +184,7 @@ pub static SHM_ELSEWHERE: HashMap<u32, u32> = HashMap::with_max_entries(256, 0);
 pub static INFLIGHT: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 
 /// Per-CPU room, too big for the 512-byte stack, for the head of an inode being read
-/// (`kernel::inode_file`), or a name being put together (`kernel::name_below_root`).
+/// (`kernel::inode_file`), or a name being put together (`kernel::dev_shm_name`).
 #[map]
 pub static SCRATCH: PerCpuArray<[u8; 2 * PATH_LEN]> = PerCpuArray::with_max_entries(1, 0);
 

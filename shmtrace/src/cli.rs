@@ -4,14 +4,20 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::diagnose::RoleKind;
+use shmtrace_core::diagnose::RoleKind;
 
 /// Parses the command line as [`Cli::parse`] does, and exits the same way on an error; a
 /// misspelt subcommand (`shmtrace reprot`) gets the subcommand it resembles, which clap does
-/// not offer here (anything may follow as the command to trace).
+/// not offer here (anything may follow as the command to trace). `--help` starts with which
+/// source a trace would use here.
 pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
     let args: Vec<OsString> = std::env::args_os().collect();
-    match Cli::try_parse_from(&args) {
+    let parsed = Cli::command()
+        .before_help(crate::mode_here())
+        .try_get_matches_from(&args)
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    match parsed {
         Ok(cli) => cli,
         Err(error) => {
             if error.kind() == clap::error::ErrorKind::UnknownArgument
@@ -213,6 +219,13 @@ pub struct TargetArgs {
     )]
     pub kernel_btf: PathBuf,
 
+    /// Where events come from: eBPF probes in the kernel (root, or CAP_BPF and CAP_PERFMON),
+    /// or ptrace with seccomp filters (no privilege: a command and its children, or your own
+    /// processes with --pid). `auto` uses the probes where they load, else ptrace, and says
+    /// so. See docs/unprivileged.md for what each sees.
+    #[arg(long, value_enum, value_name = "SOURCE", default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+
     /// The command to run and trace, with its arguments, after `--`.
     /// shmtrace exits with the command's exit status. SIGINT, SIGTERM or SIGHUP sent to
     /// shmtrace alone (docker stop, a CI timeout) is passed on to the command; the trace waits
@@ -262,7 +275,7 @@ pub struct RecordArgs {
     pub compress: bool,
 
     /// Start a new file when this one would grow past SIZE (suffixes K, M, G).
-    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse)]
+    #[arg(long, value_name = "SIZE", value_parser = shmtrace_core::units::parse)]
     pub max_size: Option<u64>,
 
     /// With --max-size: keep only the newest N files.
@@ -369,7 +382,7 @@ pub struct DaemonArgs {
     pub record_dir: Option<PathBuf>,
 
     /// Most bytes the recordings in --record-dir may take; the oldest are deleted first.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::size::parse)]
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = shmtrace_core::units::parse)]
     pub record_quota: u64,
 
     /// Seconds of history kept in memory for a recording.
@@ -513,6 +526,18 @@ pub struct ShowArgs {
     pub output: OutputArgs,
 }
 
+/// `--backend`.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The probes where they load, else ptrace.
+    #[default]
+    Auto,
+    /// eBPF probes in the kernel.
+    Ebpf,
+    /// ptrace with seccomp filters, unprivileged.
+    Ptrace,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ColorWhen {
     /// On a terminal, unless NO_COLOR is set.
@@ -539,7 +564,7 @@ impl ColorWhen {
 
 /// `16M`, `512K`, `4096`.
 fn parse_size(text: &str) -> Result<u32, String> {
-    let bytes = crate::size::parse(text)?;
+    let bytes = shmtrace_core::units::parse(text)?;
     u32::try_from(bytes).map_err(|_| format!("{text} is too large (at most 2G)"))
 }
 
@@ -551,7 +576,7 @@ fn parse_budget(text: &str) -> Result<u64, String> {
         .or_else(|| trimmed.strip_suffix('i'))
         .or_else(|| trimmed.strip_suffix('B'))
         .unwrap_or(trimmed);
-    crate::size::parse(docker_like)
+    shmtrace_core::units::parse(docker_like)
         .map_err(|_| format!("{text:?} is not a size like 512m, 1g or 1Gi"))
 }
 
@@ -616,7 +641,7 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("8G").is_err());
-        assert_eq!(crate::size::parse("8G"), Ok(8 << 30));
+        assert_eq!(shmtrace_core::units::parse("8G"), Ok(8 << 30));
     }
 
     #[test]

@@ -10,24 +10,34 @@
 //! well as a binary so that the tests of the container runtimes, which need the runtimes
 //! running, live in the tests crate (`tests/tests/docker_*.rs`, ...) and not in here.
 //! See docs/architecture.md.
+pub mod child;
 pub mod cli;
 pub mod commands;
 pub mod container;
 pub mod daemon;
 pub mod kernel_ids;
 pub mod live;
-
-// The core's modules, under the names this crate's modules use (`crate::record::...`).
-use shmtrace_core::{
-    capacity, clock, diagnose, event, model, output, pipeline, record, report, safe_open, size,
-    sizing,
-};
+pub mod ptrace;
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 
 use crate::cli::{Cli, Command};
+
+/// The first line of `--help`: which source a trace would use here, and why.
+pub fn mode_here() -> String {
+    match (live::bpf::check_privileges(), ptrace::usable()) {
+        (Ok(()), _) => "Here: eBPF probes (this process may load them).".to_owned(),
+        (Err(_), Ok(())) => "Here: ptrace, unprivileged (no root, CAP_BPF or CAP_PERFMON for the \
+                             eBPF probes): commands and your own processes, not --container or \
+                             --all; `shmtrace check` needs nothing."
+            .to_owned(),
+        (Err(_), Err(why)) => format!(
+            "Here: no tracing: no root, CAP_BPF or CAP_PERFMON for the eBPF probes, and {why}."
+        ),
+    }
+}
 
 /// Runs the command `cli` names.
 pub fn run(cli: Cli) -> Result<ExitCode> {

@@ -20,6 +20,7 @@ pub mod sizing;
 pub mod unprivileged;
 pub mod venv;
 pub mod watchdog;
+pub mod without_root;
 pub mod workload;
 use std::{
     path::{Path, PathBuf},

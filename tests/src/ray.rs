@@ -30,6 +30,30 @@ pub struct RayCluster {
     pub store: u64,
 }
 
+impl RayCluster {
+    /// A container whose Ray driver is running already and waits for [`Container::signal`]
+    /// `go` to start the cluster (a driver a node agent meets mid-run, no exec of it seen).
+    /// Returns once the driver waits; `/work/store` says where the store went, at the end.
+    pub fn driver_waiting(&self, shm_bytes: u64) -> Container {
+        let venv = venv();
+        let mut flags = vec![format!("--shm-size={shm_bytes}b")];
+        flags.extend(workloads_mount());
+        flags.extend(VENV.docker_mounts());
+        for file in ["/etc/passwd", "/etc/group"] {
+            flags.extend(["-v".to_owned(), format!("{file}:{file}:ro")]);
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let script = format!(
+            "cd /w && {venv}/bin/python -B ray_object_store.py {} --report /work/store \
+             --after /work/go",
+            self.store
+        );
+        let container = Container::run("ray-driver", &flags, &script);
+        crate::docker::wait_for(&container.work.join("go.waiting"));
+        container
+    }
+}
+
 impl Job for RayCluster {
     fn describe(&self) -> String {
         format!("Ray, a {} MiB object store", self.store / MIB)

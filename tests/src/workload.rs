@@ -15,7 +15,7 @@ use crate::{
     command::ShmtraceCommand,
     docker::{Container, require_docker},
     live::LiveTracer,
-    read_json_lines, require_root, shmtrace, tempdir,
+    read_json_lines, require_root, shmtrace, shmtrace_bin, tempdir,
 };
 
 /// Debian's interpreter: the `python3` on PATH may be a pyenv shim, a shell script that forks
@@ -29,6 +29,9 @@ const DEADLINE: Duration = Duration::from_secs(90);
 /// the rest of the arguments there.
 const PRIVATE_SHM: &str = "set -e; mount --make-rprivate /; \
      mount -t tmpfs -o size=\"$1\" shmtrace-test /dev/shm; shift; exec \"$@\"";
+
+/// The ordinary user the unprivileged runs are made as, with no capability at all.
+pub const USER: &str = "1000";
 
 pub const MIB: u64 = 1 << 20;
 
@@ -116,6 +119,40 @@ impl Workload {
             .arg(&out)
             .args(["--", "unshare", "-m", "sh", "-c", PRIVATE_SHM, "sh"])
             .arg(shm_bytes.to_string())
+            .args(self.argv(&workloads_dir()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        let output = run(command, &dir);
+        let records = read_json_lines(&out);
+        let _ = std::fs::remove_dir_all(&dir);
+        Trace { output, records }
+    }
+
+    /// As [`Workload::trace_in_private_shm`], but shmtrace runs inside the namespace as an
+    /// ordinary user (uid 1000, no capability), so that its ptrace source traces the workload.
+    pub fn trace_unprivileged_in_private_shm(&self, shm_bytes: u64) -> Trace {
+        require_root();
+        let dir = tempdir();
+        // The ordinary user writes the trace there.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let out = dir.join("trace.jsonl");
+        let mut command = ShmtraceCommand::from_command(Command::new("unshare"));
+        command
+            .args(["-m", "sh", "-c", PRIVATE_SHM, "sh"])
+            .arg(shm_bytes.to_string())
+            .args([
+                "setpriv",
+                "--reuid",
+                USER,
+                "--regid",
+                USER,
+                "--clear-groups",
+            ])
+            .args(["--inh-caps=-all", "--bounding-set=-all"])
+            .arg(shmtrace_bin())
+            .args(["--backend", "ptrace", "--json", "-o"])
+            .arg(&out)
+            .arg("--")
             .args(self.argv(&workloads_dir()))
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         let output = run(command, &dir);

@@ -3,13 +3,13 @@
 //! few inodes, and a memory limit smaller than /dev/shm. Each runs `check --json` (and the
 //! text form where it says something the JSON cannot) and reads what it found.
 use serde_json::Value;
-use shmtrace_tests::unprivileged::{Run, docker_run};
+use shmtrace_tests::unprivileged::{Run, Runtime, run};
 
 const MIB: u64 = 1 << 20;
 
 /// Runs `script` (which ends with a check) and parses the last line of its stdout.
 fn check(prefix: &str, flags: &[&str], script: &str) -> (Run, Value) {
-    let run = docker_run(prefix, flags, script);
+    let run = run(Runtime::Docker, prefix, flags, script);
     let last = run.stdout.lines().last().unwrap_or_default();
     let report: Value = serde_json::from_str(last)
         .unwrap_or_else(|e| panic!("check wrote no JSON ({e}):\n{}", run.dump()));

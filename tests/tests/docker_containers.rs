@@ -148,8 +148,10 @@ fn a_restarted_container_is_followed() {
     std::fs::remove_file(c.work.join("done")).unwrap();
     c.restart();
     assert_ne!(c.pid(), first_pid);
-    let notice = tracer.wait_for_line("shmtrace: container");
-    assert!(notice.contains("restarted"), "{notice}");
+    // The line that says what the container's /dev/shm holds starts the same way: wait for
+    // the notice of the restart itself.
+    let notice = tracer.wait_for_line(&format!("shmtrace: container {} restarted", c.name));
+    assert!(notice.contains("following it"), "{notice}");
     c.signal("go");
     wait_for(&c.work.join("done"));
     let (_, log, records) = tracer.stop();

@@ -127,9 +127,8 @@ fn hostile_neighbours_and_recycled_namespaces_leave_recordings_and_counts_right(
         // Full, and waiting to make its failed writes.
         docker::wait_for(&container.work.join("filled"));
         let mntns = mount_namespace(container.pid());
-        // It fails and ends once a survey has seen it: a container gone before any survey is
-        // counted by its short id, and its recordings' diagnoses name no container
-        // (docs/fleet.md, Limitations).
+        // It fails and ends once a survey has measured its /dev/shm: the size gauge is part
+        // of what this test checks.
         let name = container.name.clone();
         daemon.wait_for_metric(Duration::from_secs(60), |l| {
             l.starts_with("shmtrace_shm_size_bytes") && l.contains(&format!("\"{name}\""))

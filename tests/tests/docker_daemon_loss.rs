@@ -138,3 +138,50 @@ fn failures_sigbus_and_deaths_whose_records_were_lost_are_still_counted_exactly(
          were lost: {unrecorded:?}\n{text}"
     );
 }
+
+/// A burst of failures far bigger than the smallest ring buffer, in a container that exits as
+/// soon as it has failed and is removed at once: most records are lost, the container is gone
+/// before the kernel's counts are compared with them, and its count is still exact, under its
+/// name.
+#[test]
+fn a_container_that_exits_at_once_after_failing_keeps_its_exact_count_under_loss() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    let daemon = Daemon::start(&["--interval", "1s", "--buffer-size", "4K"]);
+    let container = Container::run(
+        "daemon-loss-brief",
+        &["--shm-size", "1m"],
+        "/x/shm-exerciser failures 20000 > /work/failures.out",
+    );
+    container.wait();
+    let printed = std::fs::read_to_string(container.work.join("failures.out")).unwrap();
+    let name = container.name.clone();
+    drop(container);
+    let failed: f64 = printed
+        .trim()
+        .strip_prefix("failed ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the exerciser printed {printed:?}"));
+    let of_it = [("container", name.as_str()), ("errno", "ENOSPC")];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = daemon.metrics();
+        if total(&text, "shmtrace_shm_failures_total", &of_it) == failed
+            || Instant::now() > deadline
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (_, _, stderr) = daemon.stop();
+    assert!(
+        total(&text, "shmtrace_events_lost_total", &[]) > 0.0,
+        "no record was lost, so this test proves nothing\n{text}"
+    );
+    assert_eq!(
+        total(&text, "shmtrace_shm_failures_total", &of_it),
+        failed,
+        "{name} failed {failed} times and exited at once\n{text}\nstderr: {stderr}"
+    );
+}

@@ -10,6 +10,7 @@ use std::{
 };
 
 use nix::{sys::signal::Signal, unistd::Pid};
+use serde_json::Value;
 use shmtrace_tests::{
     daemon::{Daemon, sample},
     docker::{self, Container},
@@ -100,10 +101,12 @@ fn a_failure_in_a_containers_first_moments_is_named_by_its_container_in_the_json
     let daemon = Daemon::start(&["--interval", "1s"]);
     // Fails at once, before any survey can have seen it, removes what it wrote (so that no
     // survey sees /dev/shm full), and stays up so that one sees it.
+    // A file of its own: the daemon sees every dd on the machine.
+    let file = format!("/dev/shm/young-{}", std::process::id());
     let failing = Container::run(
         "daemon-young-fail",
         &["--shm-size", "1m"],
-        "dd if=/dev/zero of=/dev/shm/fill bs=2M count=1; rm /dev/shm/fill; sleep 600",
+        &format!("dd if=/dev/zero of={file} bs=2M count=1; rm {file}; sleep 600"),
     );
     let name = failing.name.clone();
     daemon.wait_for_metric(Duration::from_secs(30), |l| {
@@ -121,7 +124,7 @@ fn a_failure_in_a_containers_first_moments_is_named_by_its_container_in_the_json
     // dd's failed write, and the diagnosis of its exit.
     let failed: Vec<_> = lines
         .iter()
-        .filter(|l| l["comm"] == "dd")
+        .filter(|l| l["comm"] == "dd" && l.to_string().contains(&file))
         .filter(|l| l["errno"] == "ENOSPC" || l["event"] == "diagnosis")
         .collect();
     assert!(
@@ -200,4 +203,107 @@ fn a_failure_of_a_container_removed_as_it_ends_is_counted_under_its_name() {
         named,
         "no JSON line of dd's ENOSPC names {main}; lines: {lines:#?}\nstderr: {stderr}"
     );
+}
+
+/// The mount namespace number of a running container's main process.
+fn mntns_of(container: &str) -> Option<u64> {
+    let output = Command::new("docker")
+        .args(["inspect", "--format", "{{.State.Pid}}", container])
+        .output()
+        .ok()?;
+    let pid = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()?;
+    link.to_string_lossy()
+        .trim_start_matches("mnt:[")
+        .trim_end_matches(']')
+        .parse()
+        .ok()
+}
+
+/// A container fails at its very end (EROFS on a read-only /dev/shm, and its shell exits 1),
+/// younger than any survey, and the next container takes its mount namespace number a moment
+/// later: the survey its failure asks for sees the next one there. Every line of the first
+/// one's failure (the failed open, its exit, its diagnosis) and its metric name the first one,
+/// none the next one or nobody.
+#[test]
+fn a_failure_at_a_containers_end_is_its_own_when_the_next_takes_its_namespace_at_once() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    let daemon = Daemon::start(&["--interval", "30s"]);
+    let image = docker::image();
+    // The kernel gives a freed number to the next namespace made, unless another test's
+    // container takes it first: a few tries.
+    let (first, next, _next_run, attempt) = (0..5)
+        .find_map(|attempt| {
+            let first = Container::name_for("daemon-end-first");
+            let run = Command::new("docker")
+                .args(["run", "--rm", "--name", &first, "--network", "none"])
+                .args(["--tmpfs", "/dev/shm:ro,size=1m", image, "sh", "-c"])
+                .arg(format!(
+                    "sleep 0.8; echo x > /dev/shm/ended-{attempt}; exit 1"
+                ))
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("docker run");
+            std::thread::sleep(Duration::from_millis(400));
+            let had = mntns_of(&first);
+            let status = run.wait_with_output().expect("docker run").status;
+            assert_eq!(status.code(), Some(1), "the first container did not fail");
+            let next = Container::name_for("daemon-end-next");
+            let next_run = Container::run_named(&next, &[], "sleep 5");
+            (had.is_some() && mntns_of(&next) == had).then_some((first, next, next_run, attempt))
+        })
+        .expect("in five tries, no container took the number of the one before it");
+    // The surveys the first one's failure asked for (three, a quarter of a second apart) see
+    // the next one on the number.
+    std::thread::sleep(Duration::from_millis(2500));
+    let text = daemon.metrics();
+    let (_, lines, stderr) = daemon.stop();
+    let context = format!("{text}\nstderr: {stderr}");
+    assert_eq!(
+        sample(
+            &text,
+            "shmtrace_shm_failures_total",
+            &[("container", &first), ("errno", "EROFS")]
+        ),
+        Some(1.0),
+        "{context}"
+    );
+    for other in [("container", next.as_str()), ("runtime", "unknown")] {
+        assert_eq!(
+            sample(
+                &text,
+                "shmtrace_shm_failures_total",
+                &[other, ("errno", "EROFS")]
+            ),
+            None,
+            "{context}"
+        );
+    }
+    let failed = lines
+        .iter()
+        .find(|l| l["errno"] == "EROFS" && l["path"] == format!("/dev/shm/ended-{attempt}"))
+        .unwrap_or_else(|| panic!("no line of the EROFS; lines: {lines:#?}\n{context}"));
+    let pid = failed["pid"].clone();
+    let of_first: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["pid"] == pid || l["follows_pid"] == pid)
+        .collect();
+    for kind in ["exit", "diagnosis"] {
+        assert!(
+            of_first.iter().any(|l| l["event"] == kind),
+            "no {kind} line of the first container's shell: {of_first:#?}\n{context}"
+        );
+    }
+    for line in &of_first {
+        assert_eq!(
+            line["container"]["name"],
+            first.as_str(),
+            "a line of the first container's failure names another (the next is {next}): {line}"
+        );
+        if line["event"] == "diagnosis" {
+            assert_eq!(line["place"], first.as_str(), "{line}");
+        }
+    }
 }

@@ -340,14 +340,22 @@ fn clear_errors() {
     assert_eq!(code, Some(2));
     assert!(text.contains("did you mean `shmtrace report`?"), "{text}");
 
-    let (code, text) = error_of(&["--kernel-btf", "/no/btf/here", "--", "true"]);
+    // With the probes asked for: by default a kernel they cannot load on falls back to ptrace.
+    let (code, text) = error_of(&[
+        "--backend",
+        "ebpf",
+        "--kernel-btf",
+        "/no/btf/here",
+        "--",
+        "true",
+    ]);
     assert_eq!(code, Some(1));
     assert!(
         text.contains("has no BTF") && text.contains("CONFIG_DEBUG_INFO_BTF"),
         "{text}"
     );
 
-    let (code, text) = error_of(&["--buffer-size", "5000", "--", "true"]);
+    let (code, text) = error_of(&["--backend", "ebpf", "--buffer-size", "5000", "--", "true"]);
     assert_eq!(code, Some(1));
     assert!(text.contains("power of two"), "{text}");
 
@@ -381,8 +389,9 @@ fn clear_errors() {
 fn unprivileged_users_are_told_what_to_do() {
     let _guard = serial();
     require_root();
+    // The probes, asked for: what is missing, and what to do.
     let output = shmtrace()
-        .args(["--", "true"])
+        .args(["--backend", "ebpf", "--", "true"])
         .uid(65534)
         .gid(65534)
         .output()
@@ -393,12 +402,30 @@ fn unprivileged_users_are_told_what_to_do() {
         text.contains("needs root") && text.contains("CAP_BPF"),
         "{text}"
     );
+    // By default: the command is traced with ptrace, and one line says so and why.
+    let output = shmtrace()
+        .args(["--", "sh", "-c", "exit 7"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(7), "{text}");
+    let fallback: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("tracing with ptrace instead"))
+        .collect();
+    assert_eq!(fallback.len(), 1, "{text}");
+    assert!(
+        fallback[0].contains("needs root") && fallback[0].contains("does not see"),
+        "{text}"
+    );
 }
 
 /// What a new user tries first (issue 21's check on every kernel of the matrix): `dd` filling
 /// Docker's default 64 MiB /dev/shm, traced by `shmtrace -- CMD`.
 #[test]
-fn dd_filling_a_64_mib_shm_shows_the_failed_write_and_a_diagnosis() {
+fn dd_filling_a_64_mib_shm_shows_the_failed_write_and_sends_to_size() {
     let _guard = serial();
     require_root();
     let dir = shmtrace_tests::tempdir();
@@ -438,8 +465,13 @@ fn dd_filling_a_64_mib_shm_shows_the_failed_write_and_a_diagnosis() {
     assert_eq!(diagnosis["cause"], "shm_full", "{}", dump());
     assert_eq!(diagnosis["shm"]["size"], 64 << 20);
     assert_eq!(diagnosis["failures"][0]["syscall"], "write");
+    // dd grows its file by write() and never asks for a size: no call says how much it
+    // needs, so no size is advised, and the explanation sends the user to `shmtrace size`.
+    assert!(diagnosis["recommendation"].is_null(), "{}", dump());
     assert!(
-        diagnosis["recommendation"]["min_bytes"].as_u64().unwrap() > 64 << 20,
+        diagnosis["explanation"]
+            .as_str()
+            .is_some_and(|text| text.contains("shmtrace size")),
         "{}",
         dump()
     );
@@ -553,7 +585,15 @@ fn run_independent(line: &str) -> String {
             word.trim_start_matches(|c: char| c.is_ascii_digit())
                 .to_owned()
                 + "PID"
-        } else if word.ends_with("/shmtrace") {
+        } else if previous == "=" && digits(word) && line.contains("openat(") {
+            // The descriptor an open returns: a guest of the kernel matrix starts the demo
+            // with one more open than a terminal does.
+            "FD".to_owned()
+        } else if word.ends_with("/shmtrace")
+            || (word.contains("/shmtrace-") && !word.contains("/dev/shm"))
+        {
+            // The binary: target/release/shmtrace, or a release artifact
+            // (shmtrace-VERSION-TARGET), as the kernel matrix's guests run it.
             "SHMTRACE".to_owned()
         } else if word.ends_with('s')
             && word.len() > 1
@@ -575,6 +615,18 @@ fn run_independent(line: &str) -> String {
             .unwrap_or(rest.len());
         let index = rest[..end].rsplit('_').next().unwrap_or("").to_owned();
         line = format!("{}TORCH#{index}{}", &line[..at], &rest[end..]);
+    }
+    // A descriptor argument, `ftruncate(4</dev/shm/...>`: its number, as above.
+    let mut from = 0;
+    while let Some(found) = line[from..].find('(') {
+        let at = from + found + 1;
+        let end = line[at..]
+            .find(|c: char| !c.is_ascii_digit())
+            .map_or(line.len(), |n| at + n);
+        if end > at && line[end..].starts_with('<') {
+            line.replace_range(at..end, "FD");
+        }
+        from = at;
     }
     while let Some(at) = line.find("0x") {
         let rest = &line[at + 2..];

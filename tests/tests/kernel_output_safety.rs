@@ -7,6 +7,7 @@ use std::{
 };
 
 use nix::sys::signal::Signal;
+use shmtrace_core::safe_open::{OpenError, OpenOptions, create};
 use shmtrace_tests::{
     hardening::{Background, run, shm_churn, small_trace, text},
     require_root, serial, shmtrace, tempdir,
@@ -230,4 +231,33 @@ fn a_full_disk_keeps_what_fit_and_still_prints_the_summary() {
         "the file stops at {kept} bytes of a 128 KiB disk: records that fit were dropped; {stderr}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `safe_open`'s rule about another user's file: refused in a directory others may write (a
+/// sticky /tmp), taken over in one only its owner writes. Root makes the other user's file.
+#[test]
+fn refuses_another_users_file_in_a_shared_directory_only() {
+    require_root();
+    let dir = tempdir();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let theirs = shared.join("out");
+    std::fs::write(&theirs, b"theirs").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+    let error = create(&theirs, &OpenOptions::new()).unwrap_err();
+    assert!(
+        matches!(error, OpenError::Foreign { owner: 65534, .. }),
+        "{error}"
+    );
+    assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
+
+    // In a directory only its owner writes, the owner of the file does not matter.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let private = dir.join("theirs-private");
+    std::fs::write(&private, b"theirs").unwrap();
+    std::os::unix::fs::chown(&private, Some(65534), None).unwrap();
+    create(&private, &OpenOptions::new()).unwrap();
+    assert_eq!(std::fs::read(&private).unwrap(), b"");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

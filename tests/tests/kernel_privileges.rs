@@ -41,9 +41,10 @@ fn a_capable_user_who_cannot_read_tracefs_is_told_so() {
             "--",
         ])
         .arg(shmtrace_bin());
-    // setpriv execs shmtrace: the leak check watches shmtrace itself.
+    // setpriv execs shmtrace: the leak check watches shmtrace itself. The probes are asked for
+    // (by default, shmtrace would fall back to ptrace, saying why in one line).
     let output = ShmtraceCommand::from_command(setpriv)
-        .args(["--", "true"])
+        .args(["--backend", "ebpf", "--", "true"])
         .output()
         .unwrap();
     let stderr = text(&output.stderr);
@@ -87,7 +88,7 @@ fn a_missing_tracefs_is_named_and_not_mounted_behind_the_users_back() {
         .arg(shmtrace_bin());
     // nsenter execs shmtrace: the leak check watches shmtrace itself.
     let output = ShmtraceCommand::from_command(nsenter)
-        .args(["--", "true"])
+        .args(["--backend", "ebpf", "--", "true"])
         .output()
         .unwrap();
     let mounts = std::fs::read_to_string(format!("/proc/{namespace}/mountinfo")).unwrap();

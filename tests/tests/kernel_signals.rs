@@ -282,13 +282,14 @@ fn sigterm_to_shmtrace_size_alone_reaches_the_command_and_the_size_is_printed() 
 }
 
 /// Runs shmtrace on a terminal (a pty), presses Ctrl-C once the command runs, and prints all
-/// it showed: the command traps SIGINT and counts it, and runs on for 8 s.
+/// it showed: the command traps SIGINT and counts it, and runs on for 8 s. `--show-all`: the
+/// exec of `sleep`, which touches no /dev/shm, is the sign that the command runs.
 const CTRL_C_ON_A_PTY: &str = r#"
 import os, pty, sys, time
 script = "n=0; trap 'n=$((n+1)); echo got INT $n' INT; i=0; while [ $i -lt 40 ]; do sleep 0.2; i=$((i+1)); done"
 pid, fd = pty.fork()
 if pid == 0:
-    os.execv(sys.argv[1], ["shmtrace", "--", "sh", "-c", script])
+    os.execv(sys.argv[1], ["shmtrace", "--show-all", "--", "sh", "-c", script])
 out = b""
 deadline = time.time() + 30
 pressed = False

@@ -173,6 +173,31 @@ fn prometheus_scrapes_a_containers_failure_size_use_and_advice() {
         String::from_utf8_lossy(&checked.stdout),
         String::from_utf8_lossy(&checked.stderr)
     );
+    // docs/fleet.md's table of metrics is the scrape's: the same families, in the same order,
+    // of the same types.
+    let exported: Vec<(String, String)> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| (name.to_owned(), kind.to_owned()))
+        .collect();
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/fleet.md"),
+    )
+    .unwrap();
+    let documented: Vec<(String, String)> = docs
+        .lines()
+        .filter(|l| l.starts_with("| `shmtrace_"))
+        .filter_map(|l| {
+            let mut cells = l.split('|').skip(1).map(str::trim);
+            let name = cells.next()?.trim_matches('`').to_owned();
+            Some((name, cells.next()?.to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        documented, exported,
+        "docs/fleet.md's table of metrics differs from what the daemon exports"
+    );
     assert_eq!(
         sample(
             &scrape,

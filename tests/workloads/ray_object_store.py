@@ -15,6 +15,7 @@ Needs the venv of tests/src/ray.rs.
 import argparse
 import glob
 import os
+import time
 
 import ray
 
@@ -41,7 +42,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("store", type=parse_size)
     parser.add_argument("--report", required=True)
+    parser.add_argument(
+        "--after",
+        help="start the cluster only once this file exists (and say so by making FILE.waiting): "
+        "a driver that runs before a tracer starts",
+    )
     args = parser.parse_args()
+    if args.after:
+        open(args.after + ".waiting", "w").close()
+        while not os.path.exists(args.after):
+            time.sleep(0.05)
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=args.store)
     data = b"x" * (1 << 20)
     assert ray.get(ray.put(data)) == data

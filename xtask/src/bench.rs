@@ -24,7 +24,9 @@
 //!   two run beside),
 //!   `beside_storms` (tracers beside fork storms), `startup` (start-up and teardown),
 //!   `replay` (replay throughput and `report`'s scaling), `daemon_idle` (an idle daemon's
-//!   CPU);
+//!   CPU), `container_soak` (the daemon's memory through an hour of short-lived containers),
+//!   `import_torch` (a Python start-up importing torch, untraced, under the ptrace source
+//!   and under `strace -f`);
 //! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
 //!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
 //!   load), `neighbours` (other BPF users on the machine, which would skew the results),
@@ -36,10 +38,12 @@ mod bpf_syscall;
 mod bystanders;
 mod case;
 mod churn;
+mod container_soak;
 mod daemon;
 mod daemon_idle;
 mod floor;
 mod floor_ring;
+mod import_torch;
 mod machine;
 mod measure;
 mod neighbours;
@@ -83,7 +87,7 @@ pub struct BenchArgs {
     #[arg(long)]
     quick: bool,
     /// Object sizes, one case each (suffixes K, M, G) [default: 1M,256K,4K].
-    #[arg(long, value_delimiter = ',', value_parser = shmtrace_core::size::parse)]
+    #[arg(long, value_delimiter = ',', value_parser = shmtrace_core::units::parse)]
     sizes: Vec<u64>,
     /// Objects each worker makes per run [default: 3 GiB worth, within 2000..=30000; a sixth
     /// of that, within 300..=5000, with --quick].
@@ -97,8 +101,8 @@ pub struct BenchArgs {
     rounds: Option<u32>,
     /// Variants to run, by name [default: all; with --quick: untraced, floor, floor-records,
     /// shmtrace-null, shmtrace-idle, shmtrace-all]: untraced, floor, floor-records, shmtrace,
-    /// shmtrace-json, shmtrace-null, shmtrace-failed, shmtrace-idle, shmtrace-all, strace,
-    /// strace-seccomp, perf-trace.
+    /// shmtrace-json, shmtrace-null, shmtrace-failed, shmtrace-ptrace, shmtrace-idle,
+    /// shmtrace-all, strace, strace-seccomp, perf-trace.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Also write(2) a header into each object (exercises the write probe).
@@ -143,10 +147,22 @@ pub struct BenchArgs {
     /// Skip the bystanders.
     #[arg(long)]
     no_bystanders: bool,
+    /// Only the container soak: `shmtrace daemon`'s memory and counts through a churn of
+    /// short-lived Docker containers, for --soak-minutes (not in the full run: an hour).
+    #[arg(long)]
+    only_container_soak: bool,
+    /// Minutes of the container soak.
+    #[arg(long, value_name = "MINUTES", default_value_t = 60)]
+    soak_minutes: u64,
     /// Only start-up and teardown, after a pause and back to back (--rounds runs of each)
     /// [default: 15, or 5 with --quick].
     #[arg(long)]
     only_startup: bool,
+    /// Only the ptrace source's figures: the churn (256 KiB objects unless --sizes) untraced,
+    /// with `--backend ptrace` and under `strace -f`; a Python start-up importing torch the
+    /// same three ways; and the start-up to the command's first instruction.
+    #[arg(long)]
+    only_ptrace: bool,
     /// Also write every measurement to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -178,6 +194,7 @@ impl BenchArgs {
             && !self.only_bystanders
             && !self.no_bystanders
             && !self.only_startup
+            && !self.only_container_soak
     }
 }
 
@@ -185,7 +202,7 @@ impl BenchArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ChurnArgs {
     /// Bytes per object (suffixes K, M, G).
-    #[arg(long, default_value = "1M", value_parser = shmtrace_core::size::parse)]
+    #[arg(long, default_value = "1M", value_parser = shmtrace_core::units::parse)]
     pub size: u64,
     /// Objects each worker creates and removes.
     #[arg(long, default_value_t = 10_000)]
@@ -343,6 +360,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         report!("## Start-up and teardown\n\n{}", targets::table(&rows));
         return Ok(());
     }
+    if args.only_container_soak {
+        report!("# shmtrace benchmark: container soak\n");
+        report!("{}\n", machine_description(&setup));
+        let figures = container_soak::measure(&setup.shmtrace, &setup.scratch, args.soak_minutes)?;
+        let (text, rows, saved) = container_soak::report(&figures);
+        report!(
+            "{text}\n## Targets, measured in this run\n\n{}",
+            targets::table(&rows)
+        );
+        report!("Load average at the end: {}.", load_average());
+        if let Some(path) = &args.json {
+            fs::write(path, serde_json::to_string_pretty(&saved)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
+    if args.only_ptrace {
+        return ptrace_only(args, &setup, &exe, &tag);
+    }
     if args.only_bystanders {
         report!("# shmtrace benchmark: bystanders\n");
         report!("{}\n", machine_description(&setup));
@@ -385,7 +421,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
         target_rows.extend(targets::from_case(
-            &shmtrace_core::size::human(size),
+            &shmtrace_core::units::human(size),
+            &results,
+        ));
+        target_rows.extend(targets::ptrace(
+            &shmtrace_core::units::human(size),
             &results,
         ));
         let (text, notes) = table::variants(&results);
@@ -447,6 +487,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     {
         let runs = if args.quick { 5 } else { 15 };
         target_rows.extend(measure_startup(&setup, &exe, runs));
+        if !args.quick {
+            target_rows.extend(targets::import_torch(&import_torch::measure(&setup, 3)));
+        }
         let replayed = if args.quick { 20_000 } else { 100_000 };
         target_rows.push(targets::replay(&replay::throughput(
             &setup, &exe, &tag, replayed,
@@ -502,9 +545,65 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 /// Start-up and teardown, `runs` times after a pause and `runs` times back to back, judged.
 fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<targets::Row> {
-    let paused = startup::measure(setup, exe, runs, false);
-    let back_to_back = startup::measure(setup, exe, runs, true);
-    targets::startup(&paused, &back_to_back)
+    let paused = startup::measure(setup, exe, runs, false, &[]);
+    let back_to_back = startup::measure(setup, exe, runs, true, &[]);
+    let mut rows = targets::startup(&paused, &back_to_back);
+    let ptrace = startup::measure(setup, exe, runs, true, &["--backend", "ptrace"]);
+    rows.push(targets::ptrace_startup(&ptrace));
+    rows
+}
+
+/// `--only-ptrace`: the ptrace source's rows, beside untraced and `strace -f`.
+fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result<()> {
+    println!("# shmtrace benchmark: the ptrace source\n");
+    println!("{}\n", machine_description(setup));
+    let selected = select_variants(
+        &["untraced", "shmtrace-ptrace", "strace"].map(String::from),
+        false,
+    )?;
+    let unavailable: Vec<Option<String>> = selected
+        .iter()
+        .map(|v| v.available(setup).err().map(|e| format!("{e:#}")))
+        .collect();
+    let sizes = match args.sizes.is_empty() {
+        true => vec![256 << 10],
+        false => args.sizes.clone(),
+    };
+    let mut rows = Vec::new();
+    for size in sizes {
+        let case = Case::new(args, size, exe, tag);
+        check_room(size, args.workers)?;
+        println!("## {}\n", case.title);
+        let mut others = BTreeMap::new();
+        let results = run_rounds(&case, setup, &selected, &unavailable, &mut others)?;
+        rows.extend(targets::ptrace(
+            &shmtrace_core::units::human(size),
+            &results,
+        ));
+        let (text, notes) = table::variants(&results);
+        println!("{text}");
+        for note in &notes {
+            println!("- {note}");
+        }
+        println!();
+        churn::remove_leftovers(tag);
+    }
+    let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 });
+    rows.extend(targets::import_torch(&import_torch::measure(setup, rounds)));
+    let runs = if args.quick { 5 } else { 15 };
+    rows.push(targets::ptrace_startup(&startup::measure(
+        setup,
+        exe,
+        runs,
+        true,
+        &["--backend", "ptrace"],
+    )));
+    println!(
+        "## Targets, measured in this run\n\n{}",
+        targets::table(&rows)
+    );
+    println!("Load average at the end: {}.", load_average());
+    Ok(())
 }
 
 /// Measures and prints the bystanders' section; returns what to save and its targets' rows.
@@ -634,7 +733,7 @@ fn probe_costs(
                 Ok(floor) => {
                     text += &table::above_record_floor(&full, floor, median_loop("untraced"));
                     rows.push(targets::traced_programs(
-                        &shmtrace_core::size::human(case.size),
+                        &shmtrace_core::units::human(case.size),
                         &full,
                         floor,
                         median_loop("untraced"),
@@ -675,7 +774,7 @@ fn cost_to_others(
             }
             let row = floor.ok().map(|floor| {
                 targets::idle_programs(
-                    &shmtrace_core::size::human(case.size),
+                    &shmtrace_core::units::human(case.size),
                     &idle,
                     &floor,
                     untraced_us,

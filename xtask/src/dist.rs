@@ -63,6 +63,13 @@ pub fn dist_dir() -> PathBuf {
     target_dir().join("dist")
 }
 
+/// Where the release builds go: a cargo target directory of their own, so that they can run
+/// beside other builds and tests of the workspace (`.ci/run` builds them while the tests run)
+/// without waiting on the main target directory's lock.
+fn build_dir() -> PathBuf {
+    target_dir().join("dist-build")
+}
+
 pub fn run_dist(args: &DistArgs) -> Result<()> {
     let out = dist_dir();
     fs::create_dir_all(&out)?;
@@ -146,7 +153,15 @@ fn build(tools: &Tools, out: &Path, arch: Arch) -> Result<Built> {
     run(tools
         .command("maturin")
         .current_dir(root().join("deploy/python"))
-        .args(["build", "--release", "--zig", "--target", triple])
+        .args([
+            "build",
+            "--release",
+            "--zig",
+            "--target",
+            triple,
+            "--target-dir",
+        ])
+        .arg(build_dir())
         .args(["--compatibility", "manylinux_2_31", "--out"])
         .arg(out))
     .with_context(|| format!("building the {name} wheel"))?;
@@ -154,7 +169,7 @@ fn build(tools: &Tools, out: &Path, arch: Arch) -> Result<Built> {
         .pop()
         .with_context(|| format!("maturin left no {name} wheel in {}", out.display()))?;
     let binary = binary(arch)?;
-    fs::copy(target_dir().join(triple).join("release/shmtrace"), &binary)?;
+    fs::copy(build_dir().join(triple).join("release/shmtrace"), &binary)?;
     let newest_glibc = newest_glibc(&binary)?;
     Ok(Built {
         arch,

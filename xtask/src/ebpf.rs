@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::{cargo, root, run};
+use crate::{root, run};
 
 const OBJECT: &str = "shmtrace/bpf/shmtrace.bpf.o";
 const INPUTS: &str = "shmtrace/bpf/shmtrace.bpf.o.inputs";
@@ -276,18 +276,7 @@ fn ebpf_profile(root: &Path) -> Result<String> {
 /// Cargo.lock. Workspace crates are hashed by content instead, and their (userspace-only,
 /// optional) dependencies are not followed.
 fn locked_dependencies(root: &Path) -> Result<BTreeSet<String>> {
-    let output = cargo()
-        .current_dir(root)
-        .args(["metadata", "--format-version", "1", "--locked"])
-        .output()
-        .context("cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let metadata = crate::cargo_metadata(root, &["--locked"])?;
     let packages: HashMap<&str, &serde_json::Value> = metadata["packages"]
         .as_array()
         .context("metadata packages")?

@@ -25,26 +25,9 @@ pub struct Layers {
     /// The crate's `src` directory, from the workspace root.
     pub src: &'static str,
     pub layers: &'static [&'static [&'static str]],
-    /// Names that stand for another crate: `shmtrace_core` and the core's modules that
-    /// `shmtrace`'s lib.rs brings in under their own names (`crate::model`, ...).
+    /// Names that stand for another crate below this one (`shmtrace_core`).
     pub below_all: &'static [&'static str],
 }
-
-const CORE_MODULES: &[&str] = &[
-    "shmtrace_core",
-    "capacity",
-    "clock",
-    "diagnose",
-    "event",
-    "model",
-    "output",
-    "pipeline",
-    "record",
-    "report",
-    "safe_open",
-    "size",
-    "sizing",
-];
 
 /// The layers of docs/architecture.md.
 pub const CRATES: [Layers; 2] = [
@@ -53,7 +36,7 @@ pub const CRATES: [Layers; 2] = [
         src: "shmtrace-core/src",
         layers: &[
             // Leaves: a capacity, the clock, sizes for people, how output files are opened.
-            &["capacity", "clock", "size", "safe_open"],
+            &["capacity", "clock", "units", "safe_open"],
             &["event"],
             &["model"],
             &["diagnose"],
@@ -73,16 +56,18 @@ pub const CRATES: [Layers; 2] = [
         src: "shmtrace/src",
         layers: &[
             // Device numbers and namespaces; the command line's types and parsers.
-            &["kernel_ids", "cli"],
+            &["kernel_ids", "cli", "child"],
             // Runtimes' APIs, the cgroup scan, /dev/shm measurement.
             &["container"],
+            // The unprivileged source: ptrace and seccomp filters, making the probes' records.
+            &["ptrace"],
             // The probes, the session that feeds the core, the watcher, the targets.
             &["live"],
             // The subcommands, then the daemon, which reuses their output helpers.
             &["commands"],
             &["daemon"],
         ],
-        below_all: CORE_MODULES,
+        below_all: &["shmtrace_core"],
     },
 ];
 

@@ -5,7 +5,7 @@
 //! - `check-ebpf`: fail if the committed object is stale against those inputs.
 //! - `lint-ebpf`: clippy on the eBPF crate for its real target (nightly), warnings as errors.
 //! - `test`: build everything and run every test, the suites that need root included (a plain
-//!   `cargo test` leaves those out).
+//!   `cargo test` leaves those out); with `--ci`, all but the long suites.
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
 //! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor), or
 //!   with `--records`, one record per call (the bench's record floor).
@@ -52,6 +52,10 @@ enum Task {
     CheckLayers,
     /// Build, then run the whole test suite, the suites that need root included (root).
     Test {
+        /// What `.ci/run` runs on every submission: every suite but the long ones (the tests
+        /// crate's `long` feature), which `.ci/run --full` runs too.
+        #[arg(long)]
+        ci: bool,
         /// Extra arguments for `cargo test`, after `--`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -103,7 +107,7 @@ fn main() -> Result<()> {
         Task::CheckEbpf => ebpf::check(),
         Task::LintEbpf => ebpf::lint(),
         Task::CheckLayers => layering::run(),
-        Task::Test { args } => test(&args),
+        Task::Test { ci, args } => test(ci, &args),
         Task::Bench(args) => bench::run(&args),
         Task::Churn(args) => bench::churn(&args),
         Task::Bystander(args) => bench::bystander(&args),
@@ -133,6 +137,23 @@ pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// `cargo metadata --format-version 1` of the workspace at `dir`, with `options` besides.
+pub fn cargo_metadata(dir: &std::path::Path, options: &[&str]) -> Result<serde_json::Value> {
+    let output = cargo()
+        .current_dir(dir)
+        .args(["metadata", "--format-version", "1"])
+        .args(options)
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    serde_json::from_slice(&output.stdout).context("parsing cargo metadata's output")
+}
+
 pub fn run(command: &mut Command) -> Result<()> {
     let status = command
         .status()
@@ -143,67 +164,115 @@ pub fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// The feature that declares the test suites that need root (tests/Cargo.toml).
+/// The features that declare the test suites that need root, and among them the long ones
+/// that `.ci/run` leaves to `--full` (tests/Cargo.toml).
 pub const ROOT_SUITES: &str = "shmtrace-tests/root";
+pub const LONG_SUITES: &str = "shmtrace-tests/long";
 
-fn test(extra: &[String]) -> Result<()> {
+fn test(ci: bool, extra: &[String]) -> Result<()> {
     // The default members: everything but the eBPF crate, which builds only for the BPF
     // target (`build-ebpf`); with the suites that need root, which a plain `cargo test`
-    // leaves out.
+    // leaves out, and the long ones unless for `--ci`.
+    let features = if ci {
+        // What is left out is said, by name, so that no suite goes missing unnoticed.
+        let metadata = cargo_metadata(&root(), &["--no-deps"])?;
+        println!(
+            "cargo xtask test --ci: leaving out the long suites {} (cargo xtask test runs them)",
+            long_suites(&metadata)?.join(", ")
+        );
+        ROOT_SUITES.to_owned()
+    } else {
+        format!("{ROOT_SUITES},{LONG_SUITES}")
+    };
     run(cargo()
         .current_dir(root())
-        .args(["build", "--all-targets", "--features", ROOT_SUITES]))?;
+        .args(["build", "--all-targets", "--features", &features]))?;
     run(cargo()
         .current_dir(root())
-        .args(["test", "--no-fail-fast", "--features", ROOT_SUITES])
+        .args(["test", "--no-fail-fast", "--features", &features])
         .args(extra))
+}
+
+/// The tests crate's test targets, each with its required features, from `cargo metadata`.
+fn test_suites(metadata: &serde_json::Value) -> Result<Vec<(String, Vec<String>)>> {
+    let tests = metadata["packages"]
+        .as_array()
+        .context("cargo metadata: no packages")?
+        .iter()
+        .find(|package| package["name"] == "shmtrace-tests")
+        .context("cargo metadata: no shmtrace-tests package")?;
+    let mut suites = Vec::new();
+    for target in tests["targets"].as_array().into_iter().flatten() {
+        let is_test = target["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        if !is_test {
+            continue;
+        }
+        let name = target["name"].as_str().context("a target without a name")?;
+        let features = target["required-features"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str().map(str::to_owned))
+            .collect();
+        suites.push((name.to_owned(), features));
+    }
+    Ok(suites)
+}
+
+/// The long suites, by name, sorted: those behind the tests crate's `long` feature.
+fn long_suites(metadata: &serde_json::Value) -> Result<Vec<String>> {
+    let mut long: Vec<String> = test_suites(metadata)?
+        .into_iter()
+        .filter(|(_, features)| features.iter().any(|f| f == "long"))
+        .map(|(name, _)| name)
+        .collect();
+    long.sort();
+    Ok(long)
 }
 
 #[cfg(test)]
 mod tests {
     /// The tests crate's suites that need root, by their names (docs/architecture.md): each is
     /// behind the `root` feature, so that a plain `cargo test` as any user leaves it out, and no
-    /// other is, so that a plain `cargo test` runs it.
+    /// other is, so that a plain `cargo test` runs it. The long ones, which `.ci/run` leaves to
+    /// `--full`, are those README.md names.
     #[test]
     fn the_suites_that_need_root_and_only_they_are_behind_the_feature() {
-        let output = super::cargo()
-            .current_dir(super::root())
-            .args(["metadata", "--no-deps", "--format-version", "1"])
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-        let tests = metadata["packages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|package| package["name"] == "shmtrace-tests")
-            .unwrap();
-        let mut seen = 0;
-        for target in tests["targets"].as_array().unwrap() {
-            if !target["kind"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|k| k == "test")
-            {
-                continue;
-            }
-            let name = target["name"].as_str().unwrap();
+        let metadata = super::cargo_metadata(&super::root(), &["--no-deps"]).unwrap();
+        let suites = super::test_suites(&metadata).unwrap();
+        for (name, features) in &suites {
             let needs_root = ["kernel_", "docker_", "podman_", "containerd_"]
                 .iter()
                 .any(|prefix| name.starts_with(prefix))
                 || name == "prometheus_daemon";
-            let behind = target["required-features"]
-                .as_array()
-                .is_some_and(|features| features.iter().any(|f| f == "root"));
+            let behind = features.iter().any(|f| f == "root");
             assert_eq!(
                 needs_root, behind,
                 "{name}: needs root: {needs_root}; behind the root feature: {behind} \
                  (tests/Cargo.toml)"
             );
-            seen += 1;
         }
-        assert!(seen >= 30, "{seen} test targets");
+        assert!(suites.len() >= 30, "{} test targets", suites.len());
+        // The README says what .ci/run leaves out: the long suites, each by name.
+        let long_suites = super::long_suites(&metadata).unwrap();
+        assert!(!long_suites.is_empty(), "no long suites");
+        let readme = std::fs::read_to_string(super::root().join("README.md")).unwrap();
+        let start = readme
+            .find("- the long suites")
+            .expect("README.md lists the long suites");
+        let item = &readme[start..start + readme[start..].find(";\n").expect("an item")];
+        let named: Vec<String> = item
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|span| span.contains('_'))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(
+            named, long_suites,
+            "README.md's list of the long suites: {item:?}"
+        );
     }
 }

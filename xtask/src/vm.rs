@@ -1,8 +1,8 @@
 //! The kernel matrix: shmtrace on Debian's own kernels, booted under qemu.
 //!
 //! - `cargo xtask vm-load`: every program loaded and attached on each kernel, in seconds a
-//!   kernel (`shmtrace -- true` in the guest), so a probe change meets the old verifiers
-//!   before it lands; a kernel below the minimum must refuse in a sentence.
+//!   kernel (`shmtrace --backend ebpf -- true` in the guest), so a probe change meets the old
+//!   verifiers before it lands; a kernel below the minimum must refuse in a sentence.
 //! - `cargo xtask vm-test`: the `kernel_*` end-to-end tests inside each guest, the real binary
 //!   against the real probes on that kernel, reported per kernel.
 //!
@@ -34,12 +34,14 @@ use crate::{
     root,
 };
 
-/// The `kernel_*` suite a guest runs unless told otherwise: every probe (`kernel_probes`), the
+/// The `kernel_*` suite a guest runs unless told otherwise: every probe (`kernel_probes`, and
+/// host-wide deaths' records), the
 /// CLI and the demo, signals, recordings, and the diagnoses of the PyTorch-like workloads
 /// (`kernel_diagnosis`, with Debian's Python copied in). The tests that need a container
 /// runtime or Prometheus stay on the host.
 pub const GUEST_SUITE: &[&str] = &[
     "kernel_probes",
+    "kernel_host_wide_deaths",
     "kernel_cli",
     "kernel_signals",
     "kernel_recording",
@@ -108,15 +110,21 @@ const PROBES: Selection = &[
     ),
 ];
 
+/// What `--ci` runs on a kernel of [`Ci::ProbeSuite`]: the smoke test, and every test of
+/// `kernel_probes` and of `kernel_host_wide_deaths` (the exit probe's records host-wide).
+const PROBE_SUITE: Selection = &[
+    SMOKE[0],
+    ("kernel_probes", &[]),
+    ("kernel_host_wide_deaths", &[]),
+];
+
 /// The tests `--ci` picks on a kernel, if it runs a selection rather than whole binaries.
 fn ci_selection(ci: Ci) -> Option<Selection> {
     match ci {
         Ci::Smoke => Some(SMOKE),
         Ci::Probes => Some(PROBES),
-        // No test binary: booted for what every guest runs first, the load step (and with
-        // `--dist` in an arm64 guest, the image's demo).
-        Ci::Load => Some(&[]),
-        Ci::Full | Ci::WithoutPython => None,
+        Ci::ProbeSuite => Some(PROBE_SUITE),
+        Ci::Full => None,
     }
 }
 
@@ -125,10 +133,15 @@ pub struct VmArgs {
     /// Only these kernels of the matrix (comma-separated; default: all of them).
     #[arg(long, value_delimiter = ',')]
     kernel: Vec<String>,
-    /// `vm-test`: what `.ci/run` runs on every submission: the guest suite on the main build
-    /// of each line (the Python workloads on 6.1 only), the demo and a `dd` on the others.
+    /// `vm-test`: what `.ci/run` runs on every submission: every probe's tests on the main
+    /// build of each line, a test of each probe on arm64's newer line, the demo and a `dd` on
+    /// the other builds (`Kernel::ci`).
     #[arg(long)]
     ci: bool,
+    /// `vm-test --ci`: what `.ci/run --full` runs instead: the whole guest suite on the main
+    /// builds (`Kernel::full`).
+    #[arg(long, requires = "ci")]
+    full: bool,
     /// `vm-test`: these test binaries (comma-separated; default: the guest suite).
     #[arg(long, value_delimiter = ',')]
     tests: Vec<String>,
@@ -294,14 +307,11 @@ fn target_dir() -> PathBuf {
 /// The test binaries cargo builds for `tests`, by name.
 fn build_tests(arch: Arch, tests: &[String]) -> Result<Vec<(String, PathBuf)>> {
     let mut command = guest_cargo(arch, "test");
+    // The workspace's default members with the root suites' feature, as `cargo xtask test
+    // --ci` builds them: the same features of every dependency, so an x86-64 guest's test
+    // binaries are the ones the tests step built, not a second build of their dependencies.
     command
-        .args([
-            "--no-run",
-            "--package",
-            "shmtrace-tests",
-            "--features",
-            "root",
-        ])
+        .args(["--no-run", "--features", crate::ROOT_SUITES])
         .args(["--message-format", "json-render-diagnostics"]);
     for test in tests {
         command.args(["--test", test]);
@@ -359,12 +369,20 @@ impl Outcome {
     }
 }
 
-/// The guest's run of `shmtrace -- true`: every program loads and attaches, or, on a kernel
-/// below the minimum, shmtrace refuses in a sentence naming the kernel and the minimum.
+/// The guest's run of `shmtrace --backend ebpf -- true`: every program loads and attaches,
+/// or, on a kernel below the minimum, shmtrace refuses in a sentence naming the kernel and the
+/// minimum. The probes are asked for by name: by default shmtrace falls back to ptrace where
+/// they cannot load, and `true` then exits 0 on any kernel.
 fn load_step(shmtrace: &Path) -> Step {
     Step::Command {
         name: "load".to_owned(),
-        argv: vec![shmtrace.display().to_string(), "--".into(), "true".into()],
+        argv: vec![
+            shmtrace.display().to_string(),
+            "--backend".into(),
+            "ebpf".into(),
+            "--".into(),
+            "true".into(),
+        ],
     }
 }
 
@@ -413,7 +431,7 @@ fn judge_load(kernel: &Kernel, release: &str, step: &guest::StepResult) -> Vec<S
         Expect::Works => {
             if step.status != Some(0) {
                 failures.push(format!(
-                    "load: `shmtrace -- true` exited with {:?}:\n{output}",
+                    "load: `shmtrace --backend ebpf -- true` exited with {:?}:\n{output}",
                     step.status
                 ));
             }
@@ -589,7 +607,8 @@ pub fn test(args: &VmArgs) -> Result<()> {
     } else {
         args.tests.clone()
     };
-    let selection = |kernel: &Kernel| ci_selection(kernel.ci).filter(|_| args.ci);
+    let ci_of = |kernel: &Kernel| if args.full { kernel.full } else { kernel.ci };
+    let selection = |kernel: &Kernel| ci_selection(ci_of(kernel)).filter(|_| args.ci);
     let timeout = Duration::from_secs(args.timeout_minutes * 60);
     let mut outcomes = Vec::new();
     for arch in arches(&selected) {
@@ -661,9 +680,7 @@ pub fn test(args: &VmArgs) -> Result<()> {
                         continue;
                     };
                     filters.iter().map(|f| (*f).to_owned()).collect()
-                } else if !requested.contains(name)
-                    || (args.ci && kernel.ci == Ci::WithoutPython && name == PYTHON_SUITE)
-                {
+                } else if !requested.contains(name) {
                     continue;
                 } else {
                     args.filter.iter().cloned().collect()

@@ -5,10 +5,10 @@ use std::collections::HashSet;
 
 use super::{
     Diagnoser, RoleKind,
-    capacity::at_least_held,
     failure::{Cause, Failure, FailureKind, at_least_refused},
     leftovers::leftovers_on,
     role,
+    usage_floor::at_least_held,
 };
 use crate::{
     event::{Event, Syscall},

@@ -1,6 +1,8 @@
 //! What went wrong, classified: each failed call, fault or OOM kill becomes a [`Failure`] with
 //! a [`Cause`]. The syscall's return value decides, never a program's error text (PyTorch 2.10
 //! and 2.11 print a stale errno).
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::event::{Body, Call, Event, Syscall, names};
@@ -9,7 +11,7 @@ use crate::model::{Annotation, ShmUsage};
 use crate::capacity::Capacity;
 
 /// Why it failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
     /// Killed by the OOM killer: the memory limit, which /dev/shm pages count against.
@@ -156,7 +158,7 @@ impl Failure {
 impl FailureKind {
     /// One line, as [`Failure::headline`]; also the label of a failure in the report pictures.
     pub fn headline(&self) -> String {
-        use crate::size::human;
+        use crate::units::human;
         match self {
             FailureKind::Call {
                 syscall,
@@ -372,40 +374,50 @@ pub struct FailureRun<'a> {
 
 /// `failures` in runs of like ones, each run where its first failure stands.
 pub fn runs(failures: &[Failure]) -> Vec<FailureRun<'_>> {
-    let mut runs: Vec<(RunKey<'_>, FailureRun<'_>, Vec<&str>)> = Vec::new();
+    let mut runs: Vec<(FailureRun<'_>, Vec<&str>)> = Vec::new();
+    // Each key's run, found at once: a process with thousands of unlike failures (a node
+    // agent's diagnosis of a long-lived process at shutdown) made a scan of the runs for each
+    // failure quadratic, minutes of CPU.
+    let mut run_of: HashMap<RunKey<'_>, usize> = HashMap::new();
     for failure in failures {
         let key = run_key(failure);
         let path = failure.kind.path();
-        match runs.iter_mut().find(|(k, ..)| key.is_some() && *k == key) {
-            Some((_, run, paths)) => {
+        match key.and_then(|key| run_of.get(&key).copied()) {
+            Some(at) => {
+                let (run, paths) = &mut runs[at];
                 run.count += 1;
                 run.last_ts_ns = run.last_ts_ns.max(failure.ts_ns);
                 paths.extend(path);
             }
-            None => runs.push((
-                key,
-                FailureRun {
-                    first: failure,
-                    count: 1,
-                    last_ts_ns: failure.ts_ns,
-                    pattern: None,
-                },
-                path.into_iter().collect(),
-            )),
+            None => {
+                if let Some(key) = key {
+                    run_of.insert(key, runs.len());
+                }
+                runs.push((
+                    FailureRun {
+                        first: failure,
+                        count: 1,
+                        last_ts_ns: failure.ts_ns,
+                        pattern: None,
+                    },
+                    path.into_iter().collect(),
+                ));
+            }
         }
     }
     runs.into_iter()
-        .map(|(_, mut run, paths)| {
+        .map(|(mut run, paths)| {
             run.pattern = common_pattern(&paths);
             run
         })
         .collect()
 }
 
-/// What makes failures alike; `None` for a kind never run together (an OOM kill, a look).
-type RunKey<'a> = Option<(&'static str, &'a str, Cause, Option<&'a str>)>;
+/// What makes failures alike.
+type RunKey<'a> = (&'static str, &'a str, Cause, Option<&'a str>);
 
-fn run_key(failure: &Failure) -> RunKey<'_> {
+/// `None` for a kind never run together (an OOM kill, a look).
+fn run_key(failure: &Failure) -> Option<RunKey<'_>> {
     match &failure.kind {
         FailureKind::Call {
             syscall,
@@ -514,5 +526,26 @@ mod run_tests {
         // Another call, or names of another kind, are runs of their own.
         assert_eq!(runs[1].count, 1);
         assert_eq!(runs[2].pattern.as_deref(), Some("/dev/shm/sem.mp-x"));
+    }
+
+    #[test]
+    fn unlike_failures_interleaved_with_like_ones_keep_their_order_and_counts() {
+        // Thousands of names of their own (a long-lived process's failures on another
+        // program's files), each its own run, between the failures of one kind.
+        let mut failures = Vec::new();
+        for n in 0..20_000u64 {
+            failures.push(enospc(n, "unlinkat", &format!("/dev/shm/a{n}")));
+            failures.push(enospc(n, "openat", &format!("/dev/shm/torch_1_{n}")));
+        }
+        let runs = runs(&failures);
+        assert_eq!(runs.len(), 20_001);
+        assert_eq!(
+            runs[1].count, 20_000,
+            "the torch_ run, where its first stands"
+        );
+        assert_eq!(runs[1].first.ts_ns, 0);
+        assert_eq!(runs[1].last_ts_ns, 19_999);
+        assert_eq!(runs[0].pattern.as_deref(), Some("/dev/shm/a0"));
+        assert_eq!(runs[20_000].pattern.as_deref(), Some("/dev/shm/a19999"));
     }
 }

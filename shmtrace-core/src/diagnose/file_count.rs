@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::recommend::docker_size;
-use crate::{capacity::Capacity, model::StartedBy, size::human};
+use crate::{capacity::Capacity, model::StartedBy, units::human};
 
 /// Headroom over the files the run showed it needed.
 const HEADROOM_PERCENT: u64 = 25;

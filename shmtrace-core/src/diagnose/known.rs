@@ -184,6 +184,17 @@ pub const KNOWN: &[KnownUser] = &[
     },
 ];
 
+/// How a PostgreSQL parallel worker titles itself after the program's title prefix, before
+/// its leader's pid (in the leader's pid namespace): `postgres: parallel worker for PID 34`.
+pub const PARALLEL_WORKER_FOR: &str = "parallel worker for PID ";
+
+/// The leader's pid in a parallel worker's title, `None` for any other title.
+pub fn parallel_leader(title: &str) -> Option<u32> {
+    let (program, pid) = title.split_once(PARALLEL_WORKER_FOR)?;
+    let known = KNOWN.iter().any(|k| k.title_role_prefix == Some(program));
+    known.then(|| pid.trim_end().parse().ok()).flatten()
+}
+
 /// PostgreSQL titles a client's backend `USER DATABASE HOST COMMAND` (`postgres app [local]
 /// SELECT`); its other processes name themselves (`parallel worker for PID 34`,
 /// `checkpointer`).

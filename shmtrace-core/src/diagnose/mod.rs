@@ -11,7 +11,6 @@
 //! needs as it happens, `verdict` turns failures and deaths into a [`Diagnosis`], `table` keeps
 //! the closing table; `failure`, `role`, `known`, `recommend`, `pressure` and `leftovers` are
 //! what they decide with.
-mod capacity;
 mod evidence;
 mod failure;
 mod fallback;
@@ -20,12 +19,14 @@ mod forget;
 mod growth;
 pub mod known;
 mod leftovers;
-mod others;
+mod parallel_query;
 mod pressure;
 mod recommend;
 pub mod role;
 pub mod space_check;
 mod table;
+mod untraced_holders;
+mod usage_floor;
 
 /// The last component of a path, or all of it. `memrchr`: `rsplit('/')`'s general pattern
 /// search cost ten times as much, on every event of a replay, and a byte-by-byte search still
@@ -46,12 +47,12 @@ pub use file_count::FileCountAdvice;
 pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
-pub use others::{OtherFile, OtherHolder, Others, Sharer};
 pub use recommend::{
     Burst, DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
 };
 pub use role::{Role, RoleKind, Roles};
 pub use table::RoleStats;
+pub use untraced_holders::{OtherFile, OtherHolder, Others, Sharer};
 
 use verdict::Diagnosed;
 

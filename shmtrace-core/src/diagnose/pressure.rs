@@ -131,7 +131,7 @@ impl Pressure {
 
 /// A PostgreSQL dynamic shared memory segment (`/dev/shm/PostgreSQL.N`) that could not be
 /// sized: a parallel query's shared hash table grows in segments of doubling size.
-fn is_postgres_segment(kind: &FailureKind) -> bool {
+pub(super) fn is_postgres_segment(kind: &FailureKind) -> bool {
     matches!(kind, FailureKind::Call { path: Some(path), .. }
         if super::base_name(path).starts_with("PostgreSQL."))
 }

@@ -3,7 +3,7 @@ use serde::Serialize;
 
 use crate::{
     model::StartedBy,
-    size::{count, human},
+    units::{count, human},
 };
 
 /// What /dev/shm had to hold when it failed, counted in pages allocated (the inodes' blocks),
@@ -259,7 +259,10 @@ pub fn advise(need: u64, basis: &str, started_by: &StartedBy) -> Recommendation 
 
 /// `need` plus the headroom, rounded up to a size people write.
 pub fn with_headroom(need: u64) -> u64 {
-    round_up(need + need * HEADROOM_PERCENT / 100)
+    // Wide, and capped at the largest size there is, never below the need: a hostile figure
+    // (a command line's) must not wrap around to a small one.
+    let with = u128::from(need) * u128::from(100 + HEADROOM_PERCENT) / 100;
+    round_up(u64::try_from(with).unwrap_or(u64::MAX))
 }
 
 /// Rounds up to a size people write, never by more than about 6% (beyond the headroom,
@@ -272,7 +275,8 @@ pub fn round_up(bytes: u64) -> u64 {
         b if b < 4096 * MIB => 16 * MIB,
         _ => 256 * MIB,
     };
-    bytes.div_ceil(step).max(1) * step
+    // Capped at the largest size there is, never below `bytes`.
+    bytes.div_ceil(step).max(1).saturating_mul(step)
 }
 
 /// `512m`, `2g`: docker's `--shm-size` and compose's `shm_size` units.
@@ -298,6 +302,14 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_hostile_need_never_comes_out_smaller() {
+        for need in [u64::MAX, u64::MAX / 2, u64::MAX - (1 << 20)] {
+            assert!(with_headroom(need) >= need, "{need}");
+            assert!(round_up(need) >= need, "{need}");
+        }
+    }
 
     #[test]
     fn rounds_to_sizes_people_write() {

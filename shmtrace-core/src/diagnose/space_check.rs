@@ -10,7 +10,7 @@ use super::{
 use crate::{
     event::{Call, Event, ExitStatus, SpaceSeen},
     model::{Process, World},
-    size::human,
+    units::human,
 };
 
 /// One look at a /dev/shm's free space.
@@ -36,6 +36,10 @@ pub struct RayStore {
 /// the store's size free, else in /tmp; and the raylet shrinks a store bigger than 90% of its
 /// directory's free space to that. So /dev/shm needs the store / 0.9 free.
 const RAY_FREE_SHARE_PERCENT: u64 = 90;
+/// The largest store Ray's driver puts outside /dev/shm on its own (`services.py`).
+const RAY_SLOW_STORAGE_THRESHOLD: u64 = 10_000_000_000;
+/// More memory than any machine has (1 PiB): a store claimed larger is a made-up figure.
+const MAX_PLAUSIBLE_STORE: u64 = 1 << 50;
 
 impl RayStore {
     /// From a raylet's whole command line (its arguments are long: the store's come after the
@@ -54,10 +58,19 @@ impl RayStore {
 
     /// The free space Ray needs on /dev/shm for this store to stay there, whole.
     pub fn free_needed(&self) -> u64 {
-        // Saturating: the figure comes from a command line anyone can write.
-        self.memory
-            .saturating_mul(100)
-            .div_ceil(RAY_FREE_SHARE_PERCENT)
+        // Wide, and capped, never below the store: the figure comes from a command line anyone
+        // can write.
+        let needed = (u128::from(self.memory) * 100).div_ceil(u128::from(RAY_FREE_SHARE_PERCENT));
+        u64::try_from(needed).unwrap_or(u64::MAX)
+    }
+
+    /// Whether a raylet could really have this store, by Ray's own checks: the driver refuses
+    /// to put a store of more than 10 GB outside /dev/shm (`REQUIRE_SHM_SIZE_THRESHOLD`; a
+    /// user who forces it decided so, /dev/shm's size did not), and no machine has more memory
+    /// than [`MAX_PLAUSIBLE_STORE`]. A command line that claims more is not advice's basis.
+    pub fn plausible(&self) -> bool {
+        self.memory <= MAX_PLAUSIBLE_STORE
+            && (self.in_dev_shm() || self.memory <= RAY_SLOW_STORAGE_THRESHOLD)
     }
 
     /// The store of a process that is Ray's raylet, from its command line: its title when
@@ -163,7 +176,7 @@ impl Diagnoser {
     /// latest look at /dev/shm in its place (the driver's, or the raylet's own).
     pub(super) fn ray_decision(&self, pid: u32, ts_ns: u64, world: &World) -> Option<Failure> {
         let process = world.process(pid)?;
-        let store = RayStore::of(process)?;
+        let store = RayStore::of(process).filter(RayStore::plausible)?;
         let look = self.looks_by_place.get(&process.mntns)?;
         let needed = store.free_needed();
         // In /dev/shm, the raylet shrinks a store above 90% of the free space. Elsewhere, the
@@ -242,6 +255,21 @@ mod tests {
     use super::RayStore;
 
     #[test]
+    fn a_hostile_store_size_is_no_basis_and_its_arithmetic_never_shrinks() {
+        let store = |memory: u64, directory: &str| RayStore {
+            memory,
+            directory: directory.into(),
+        };
+        let forged = store(u64::MAX, "/tmp/ray");
+        assert!(forged.free_needed() >= forged.memory);
+        assert!(!forged.plausible());
+        assert!(!store(u64::MAX, "/dev/shm").plausible());
+        assert!(!store(11_000_000_000, "/tmp/ray").plausible());
+        assert!(store(11_000_000_000, "/dev/shm").plausible());
+        assert!(store(200 << 20, "/tmp/ray").plausible());
+    }
+
+    #[test]
     fn a_raylet_command_line_gives_its_store() {
         let words = [
             "/venv/ray/core/src/ray/raylet/raylet",
@@ -260,6 +288,7 @@ mod tests {
             memory: u64::MAX,
             directory: "/dev/shm".into(),
         };
-        assert_eq!(hostile.free_needed(), u64::MAX.div_ceil(90));
+        // Capped, never below the store (saturating the product first gave a 90th of it).
+        assert_eq!(hostile.free_needed(), u64::MAX);
     }
 }

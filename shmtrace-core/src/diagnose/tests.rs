@@ -109,6 +109,7 @@ impl Run {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
         inode
@@ -130,6 +131,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -152,6 +154,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -173,6 +176,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -189,6 +193,7 @@ impl Run {
             path: Some("/dev/shm".to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -307,6 +312,30 @@ fn a_parent_follows_its_child_that_failed() {
     assert_eq!(parent.follows, Some(201));
     assert_eq!(parent.cause, Cause::ShmFull);
     assert_eq!(parent.recommendation, child.recommendation);
+}
+
+#[test]
+fn a_rank_ending_in_error_after_its_sibling_failed_follows_it() {
+    // An MPI job: mpirun (300) and its ranks 301 and 302, both using /dev/shm. 301's segment
+    // cannot be sized; 302, its peer gone, exits 1 itself before mpirun can stop it. 302 had
+    // no failure of its own: 301's says why (it had been diagnosed "other").
+    let mut run = Run::new();
+    run.exec(300, &["/usr/bin/mpirun", "-n", "2", "python3", "ring.py"]);
+    run.fork(300, 301);
+    run.fork(300, 302);
+    let own = run.create(302, "python3", "/dev/shm/ucx_posix_302", 3);
+    run.close(302, "python3", 3, own);
+    let segment = run.create(301, "python3", "/dev/shm/ucx_posix_301", 3);
+    run.fallocate_fails(301, "python3", 3, segment, 4 << 20);
+    run.exit(301, "python3", 1);
+    run.exit(302, "python3", 1);
+
+    let failed = run.of(301);
+    assert_eq!(failed.cause, Cause::ShmFull);
+    let peer = run.of(302);
+    assert_eq!(peer.follows, Some(301));
+    assert_eq!(peer.cause, Cause::ShmFull);
+    assert_eq!(peer.recommendation, failed.recommendation);
 }
 
 #[test]
@@ -796,6 +825,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, "mpi_rank", Body::Call(call));
     }
@@ -811,6 +841,7 @@ impl Run {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, "mpi_rank", Body::Call(call));
     }
@@ -831,6 +862,7 @@ impl Run {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }
@@ -845,6 +877,7 @@ impl Run {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         self.event(pid, comm, Body::Call(call));
     }

@@ -8,6 +8,7 @@ use super::{
     file_count::advise_files,
     known,
     leftovers::summarise_leftovers,
+    parallel_query, pressure,
     recommend::{self, Recommendation},
 };
 use crate::{
@@ -70,6 +71,14 @@ impl Diagnoser {
             let touched_shm = world
                 .process(pid)
                 .is_some_and(|p| !p.opened.is_empty() || role.kind != RoleKind::Other);
+            // A rank of a parallel job that used /dev/shm and ended in error after a sibling
+            // failed there (its peer gone, before its launcher could stop it): the sibling's
+            // failure says why.
+            let failed_worker = failed_worker.or_else(|| {
+                touched_shm
+                    .then(|| self.failed_sibling(pid, 0, &[], world))
+                    .flatten()
+            });
             let by_signal = matches!(status, ExitStatus::Signal { .. });
             if failed_worker.is_none() && !by_signal && !touched_shm {
                 return None; // an ordinary non-zero exit, nothing to do with /dev/shm
@@ -192,7 +201,7 @@ impl Diagnoser {
                     "{} processes each growing a file by write(), {} each (what one that \
                      finished wrote)",
                     growth.writers,
-                    crate::size::human(size)
+                    crate::units::human(size)
                 );
                 *r = recommend::advise(need, &basis, &started_by);
             }
@@ -298,7 +307,7 @@ impl Diagnoser {
         let container = self.containers.get(&mntns).cloned().map(|mut c| {
             // Named, not numbered, when the container whose /dev/shm it joined is known.
             if let Some(owner) = self.joined(&c.ipc) {
-                c.ipc = format!("{}{}", super::others::JOINS, owner.name);
+                c.ipc = format!("{}{}", super::untraced_holders::JOINS, owner.name);
             }
             c
         });
@@ -382,7 +391,7 @@ impl Diagnoser {
                     _ => Some(self.recommend_for_full(
                         pid,
                         &role,
-                        primary,
+                        &with_whole_query(primary, world),
                         capacity,
                         others.as_ref(),
                         &started_by,
@@ -629,4 +638,15 @@ impl RemovedName {
             text(&self.by_place)
         )
     }
+}
+
+/// A failure on a PostgreSQL segment speaks for every process of its parallel query, not only
+/// for those that shared its objects when it failed.
+fn with_whole_query(primary: &Failure, world: &World) -> Failure {
+    let mut primary = primary.clone();
+    if pressure::is_postgres_segment(&primary.kind) {
+        let query = parallel_query::processes(primary.pid, primary.ts_ns, world);
+        primary.peers = primary.peers.max(query - 1);
+    }
+    primary
 }

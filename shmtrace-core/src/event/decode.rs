@@ -138,6 +138,7 @@ fn call(raw: &SyscallEvent, path: Option<&[u8; common::PATH_LEN]>) -> Result<Cal
         path: path.map(|p| escape::c_string(p)),
         path_truncated: header_flags & flags::PATH_TRUNCATED != 0,
         relative_to_shm: header_flags & flags::RELATIVE_TO_SHM != 0,
+        dir_ino: (header_flags & flags::DIR_INODE != 0).then_some(raw.args[common::DIR_INODE_ARG]),
     })
 }
 

@@ -96,6 +96,9 @@ pub struct Call {
     pub path: Option<String>,
     pub path_truncated: bool,
     pub relative_to_shm: bool,
+    /// For a path relative to a directory descriptor on a /dev/shm: the directory's inode
+    /// number, as the probes read it behind the descriptor (absent in older traces).
+    pub dir_ino: Option<u64>,
 }
 
 impl Call {
@@ -348,6 +351,7 @@ mod tests {
             path: Some("/dev/shm/sem.x".into()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         }
     }
 

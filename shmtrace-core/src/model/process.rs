@@ -13,6 +13,9 @@ pub struct Process {
     pub argv: Vec<String>,
     pub mntns: u32,
     pub fds: BTreeMap<i32, OpenFd>,
+    /// Descriptors of directories on a /dev/shm (`find`, `du`, `rm -r` walk a tree by them),
+    /// with their paths, at most [`MAX_NAMES`]: a path opened relative to one is named whole.
+    pub dir_fds: BTreeMap<i32, std::sync::Arc<str>>,
     /// /dev/shm mappings, sorted by start address, never overlapping.
     pub mappings: Vec<Mapping>,
     pub first_seen_ns: u64,
@@ -84,6 +87,7 @@ impl Process {
             argv: Vec::new(),
             mntns,
             fds: BTreeMap::new(),
+            dir_fds: BTreeMap::new(),
             mappings: Vec::new(),
             first_seen_ns: ts_ns,
             last_seen_ns: ts_ns,

@@ -7,7 +7,7 @@ use crate::{
     diagnose::{Cause, Diagnosis, FailureKind, FailureRun, RoleKind, runs},
     event::{ExitStatus, names},
     model::ContainerInfo,
-    size::{count, human},
+    units::{count, human},
 };
 
 pub const TITLE: &str = "━━━ shmtrace diagnosis ━━━";
@@ -155,7 +155,7 @@ pub fn block_lines(block: &[&Diagnosis]) -> Vec<(&'static str, String)> {
         }
     }
     if let Some(others) = &d.others {
-        for (label, text) in super::others::lines(others) {
+        for (label, text) in super::untraced_section::lines(others) {
             add(label, text);
         }
     }
@@ -574,7 +574,7 @@ pub fn json(d: &Diagnosis, clock: &Clock) -> Value {
             "remove": l.remove,
             "avoid": l.avoid,
         })),
-        "others": d.others.as_ref().map(super::others::json),
+        "others": d.others.as_ref().map(super::untraced_section::json),
         "program_alternatives": d.program_alternatives,
         "lost_events": d.lost_events,
         "text": text(d),

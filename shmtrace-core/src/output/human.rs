@@ -7,7 +7,7 @@ use std::io::{self, Write};
 
 use anstyle::{AnsiColor, Style};
 
-use crate::{clock::Clock, size::human};
+use crate::{clock::Clock, units::human};
 use crate::{
     diagnose::Role,
     event::{

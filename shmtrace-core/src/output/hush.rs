@@ -15,7 +15,7 @@ use crate::{
     diagnose::known::is_posix_semaphore,
     event::{Body, Event},
     model::{Annotation, FastMap, FastSet, World},
-    size::count,
+    units::count,
 };
 
 /// Lines kept per process while it does not matter yet: its fork, exec and a few renames.
@@ -237,6 +237,7 @@ mod tests {
             path: Some(path.to_owned()),
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         })
     }
 

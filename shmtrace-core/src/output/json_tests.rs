@@ -48,6 +48,7 @@ fn call(syscall: Syscall, ret: i64, args: [u64; 6], path: Option<&str>) -> Body 
         path: path.map(str::to_owned),
         path_truncated: false,
         relative_to_shm: false,
+        dir_ino: None,
     })
 }
 
@@ -184,6 +185,7 @@ fn calls_read_as_the_schema_says() {
         path: None,
         path_truncated: false,
         relative_to_shm: false,
+        dir_ino: None,
     }));
     assert_eq!(
         line(&shmget, &Annotation::default()),

@@ -12,8 +12,8 @@ pub mod hush;
 pub mod json;
 #[cfg(test)]
 mod json_tests;
-mod others;
 mod summary;
+mod untraced_section;
 
 use std::{
     io::{self, Write},
@@ -376,6 +376,7 @@ mod tests {
                 path: Some("/dev/shm/fill".to_owned()),
                 path_truncated: false,
                 relative_to_shm: false,
+                dir_ino: None,
             }),
         };
         let mut world = World::new();

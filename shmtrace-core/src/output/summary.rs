@@ -7,7 +7,7 @@ use crate::{
     diagnose::{Diagnosis, Recommendation, RoleKind, RoleStats},
     event::LostCounts,
     model::{ObjectState, World},
-    size::{count, human},
+    units::{count, human},
 };
 
 /// An object still present when tracing stops.

@@ -5,10 +5,11 @@
 //! [`Environment`]: live, a process first seen is looked up in /proc and /dev/shm is measured
 //! when something fails; the results go to the tap as records, so that a replay meets the same
 //! inputs at the same place and reaches the same diagnosis without a live machine.
-mod ports;
-mod retention;
+mod asking_the_machine;
+mod bounded_state;
 #[cfg(test)]
-mod retention_tests;
+mod bounded_state_tests;
+mod ports;
 #[cfg(test)]
 mod tests;
 mod trigger;
@@ -18,15 +19,15 @@ use bytes::Bytes;
 
 use crate::{
     capacity::Capacity,
-    diagnose::{Diagnoser, Diagnosis, Role, space_check},
+    diagnose::{Diagnoser, Diagnosis, Role},
     event::{Body, Event, LostCounts, decode},
     model::{ContainerInfo, FastMap, FastSet, ProcSnapshot, World},
     output::{Output, Summary, filter::Filter},
     record::{Trigger, TriggerReason, UserRecord},
 };
 
+pub use bounded_state::{Evicted, State};
 pub use ports::{Environment, Observer, Recorded, Tap};
-pub use retention::{Evicted, State};
 use trigger::{capacity_record, trigger};
 
 /// Runs every record through decode, model, diagnose and output, and copies it to the tap.
@@ -55,7 +56,7 @@ pub struct Pipeline {
     /// Most diagnoses kept for the summary ([`Pipeline::bounded`]); `None` keeps all.
     max_diagnoses: Option<usize>,
     evicted_diagnoses: u64,
-    /// Processes forgotten as gone without an exit record (`retention`).
+    /// Processes forgotten as gone without an exit record (`bounded_state`).
     vanished: u64,
     /// See [`Pipeline::trace_was_cut`].
     cut: bool,
@@ -231,7 +232,7 @@ impl Pipeline {
         bytes: &Bytes,
         env: &mut dyn Environment,
     ) -> Result<Option<Event>> {
-        let event = match decode(bytes) {
+        let mut event = match decode(bytes) {
             Ok(event) => event,
             Err(error) => {
                 self.malformed += 1;
@@ -242,6 +243,13 @@ impl Pipeline {
                 return Ok(None);
             }
         };
+        // A name relative to a directory descriptor (`find`, `du`, `rm -r` in a /dev/shm
+        // subdirectory) is named whole, from the directory opened in the trace.
+        if let Body::Call(call) = &mut event.body
+            && let Some(whole) = self.world.resolve_relative(event.pid, event.mntns, call)
+        {
+            call.path = Some(whole);
+        }
         if !self.world.knows(event.pid) && !matches!(event.body, Body::Exec(_)) {
             // First sight of a process that existed before: learn what it already holds.
             if let Some(snapshot) = env.snapshot(event.pid) {
@@ -484,31 +492,6 @@ impl Pipeline {
         }
     }
 
-    /// Reads a process's title and container pid from /proc again, at its first /dev/shm
-    /// call and at its first failure: PostgreSQL's `postgres: parallel worker for PID 34` is
-    /// written over its command line after fork, where no event shows it, and a process that
-    /// fails may be gone by the time its failure is read. Recorded like any snapshot, so a
-    /// replay shows the same.
-    fn reread_title(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
-        let (subject, failed) = match &event.body {
-            Body::Call(call) => (
-                event.pid,
-                call.failed() && self.world.expected_error(event, call).is_none(),
-            ),
-            Body::Signal(signal) if signal.addr != 0 => (signal.target_pid, true),
-            _ => return Ok(()),
-        };
-        let first_call = self.read_at_call.insert(subject);
-        let first_failure = failed && self.read_at_failure.insert(subject);
-        if !first_call && !first_failure {
-            return Ok(());
-        }
-        match env.snapshot(subject) {
-            Some(snapshot) => self.seed(&snapshot, event.ts_ns),
-            None => Ok(()),
-        }
-    }
-
     /// When the last process of a container with a private /dev/shm has ended, that /dev/shm
     /// is unmounted with everything in it. Its objects end there: a restarted container gets
     /// a fresh /dev/shm whose files reuse the same device, inode numbers, names and even mount
@@ -524,167 +507,5 @@ impl Pipeline {
         if let Some(dev) = container.shm_dev {
             self.world.retire_file_system(dev, mntns);
         }
-    }
-
-    /// Reads a new child's container pid while it is young, when its parent is in a
-    /// container's pid namespace: a PostgreSQL parallel worker lives a few milliseconds, and
-    /// may be gone by the time its failure is read. After the fork is applied, so the child is
-    /// known and only refreshed.
-    fn read_young_child(
-        &mut self,
-        parent: u32,
-        child: u32,
-        env: &mut dyn Environment,
-    ) -> Result<()> {
-        let contained = self
-            .world
-            .process(parent)
-            .is_some_and(|p| p.nspid.is_some());
-        if !contained || !self.world.knows(child) {
-            return Ok(());
-        }
-        match env.snapshot(child) {
-            Some(snapshot) => self.seed(
-                &snapshot,
-                self.world.process(child).map_or(0, |p| p.first_seen_ns),
-            ),
-            None => Ok(()),
-        }
-    }
-
-    /// Reads the whole command line of a program whose decisions the diagnosis reads there
-    /// (Ray's raylet: its store's size and directory), when its exec record holds only the
-    /// start of it. After the exec is applied, so that it becomes the process's title; recorded
-    /// like any snapshot.
-    fn read_whole_command_line(
-        &mut self,
-        event: &Event,
-        exec: &crate::event::Exec,
-        env: &mut dyn Environment,
-    ) -> Result<()> {
-        if !exec.argv_truncated || !space_check::needs_whole_command_line(&exec.filename) {
-            return Ok(());
-        }
-        match env.snapshot(event.pid) {
-            Some(snapshot) => self.seed(&snapshot, event.ts_ns),
-            None => Ok(()),
-        }
-    }
-
-    /// At a /dev/shm that is full (ENOSPC, or SIGBUS in a mapping of it), asks the machine
-    /// what holds its space, traced or not, so that the diagnosis can name the others who
-    /// share it. At most once a second per file system: a full /dev/shm fails many calls.
-    fn read_holders_if_full(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
-        const EVERY_NS: u64 = 1_000_000_000;
-        if !env.can_measure() {
-            return Ok(());
-        }
-        let (subject, dev) = match &event.body {
-            Body::Call(call) if call.errno() == Some(libc::ENOSPC) => match call.file {
-                Some(file) => (event.pid, file.inode.dev),
-                None => return Ok(()),
-            },
-            Body::Signal(signal) if signal.signo == libc::SIGBUS && signal.addr != 0 => {
-                let Some(mapping) = self
-                    .world
-                    .process(signal.target_pid)
-                    .and_then(|p| p.mapping_at(signal.addr))
-                else {
-                    return Ok(());
-                };
-                (signal.target_pid, mapping.inode.dev)
-            }
-            _ => return Ok(()),
-        };
-        // A container's private /dev/shm is nobody else's: reading every process's descriptors
-        // and mappings for others would only delay the records after this one, and a process
-        // failing next (a PostgreSQL parallel worker) may exit within milliseconds, taking its
-        // title with it before its records are read.
-        if self
-            .diagnoser
-            .container(event.mntns)
-            .is_some_and(|container| container.ipc == "private")
-        {
-            return Ok(());
-        }
-        if self
-            .holders_read
-            .get(&dev)
-            .is_some_and(|last| event.ts_ns.saturating_sub(*last) < EVERY_NS)
-        {
-            return Ok(());
-        }
-        self.holders_read.insert(dev, event.ts_ns);
-        let mut pids = vec![subject];
-        let mut others: Vec<u32> = self
-            .world
-            .alive_in(event.mntns)
-            .filter(|pid| *pid != subject)
-            .collect();
-        others.sort_unstable();
-        pids.extend(others);
-        let Some(holders) = env.holders(&pids, dev, event.ts_ns) else {
-            return Ok(());
-        };
-        self.tap_user(event.ts_ns, &UserRecord::Holders((&holders).into()))?;
-        self.diagnoser.holders(holders);
-        Ok(())
-    }
-
-    /// Measures /dev/shm when a namespace is first seen, when a call first touches an object
-    /// on a file system not measured yet, and before a failure is diagnosed, so that the
-    /// diagnosis can say how big it was and how full.
-    ///
-    /// The second covers a /dev/shm mounted after its namespace was first seen (`unshare -m`
-    /// then `mount`, as sandboxes do): measured at the failure only, it would be missing
-    /// whenever the failing processes, and all others of their namespace, are gone by the time
-    /// their events are read.
-    fn measure_if_needed(&mut self, event: &Event, env: &mut dyn Environment) -> Result<()> {
-        if !env.can_measure() {
-            return Ok(());
-        }
-        let failure = self.world.is_failure(event);
-        let new_file_system = match &event.body {
-            // Tried once per file system, whatever the outcome: a file system that is not
-            // this namespace's /dev/shm (a descriptor passed from elsewhere) costs one try.
-            Body::Call(call) => call
-                .file
-                .is_some_and(|file| self.measured_devs.insert(file.inode.dev)),
-            _ => false,
-        };
-        // A process that measured its namespace and then execs may have mounted a /dev/shm of
-        // its own in between (`unshare -m sh -c 'mount -t tmpfs ... /dev/shm; exec prog'`):
-        // measure again while the new program runs, as it may be gone soon after.
-        let exec_after_setup = matches!(event.body, Body::Exec(_))
-            && self.measured.get(&event.mntns) == Some(&event.pid);
-        if !failure
-            && !new_file_system
-            && !exec_after_setup
-            && self.measured.contains_key(&event.mntns)
-        {
-            return Ok(());
-        }
-        let subject = match &event.body {
-            Body::Signal(signal) => signal.target_pid,
-            _ => event.pid,
-        };
-        // The subject may be gone (it just died): any live process of its namespace will do.
-        // From the index, not a scan: every death by a signal asks (issue 25).
-        let mut pids = vec![subject];
-        let mut others: Vec<u32> = self
-            .world
-            .alive_in(event.mntns)
-            .filter(|pid| *pid != subject)
-            .collect();
-        // In pid order, as the scan of a hash map gave none: the same one tried first each time.
-        others.sort_unstable();
-        pids.extend(others);
-        let Some(sample) = env.measure(&pids, event.ts_ns) else {
-            return Ok(());
-        };
-        self.measured.insert(event.mntns, subject);
-        self.measured_devs.insert(sample.dev);
-        self.learn_capacity(sample);
-        self.tap_user(event.ts_ns, &capacity_record(&sample, Some(subject)))
     }
 }

@@ -46,6 +46,10 @@ pub struct TraceHeader {
     /// wrote them, so a file whose records are laid out differently is refused. Absent in files
     /// written before it was added, whose layout is today's.
     pub record_layout: Option<u64>,
+    /// Where the records came from: `ebpf` (the probes) or `ptrace` (the unprivileged
+    /// source, which writes the same records). Absent in files written before it was added,
+    /// which are the probes'.
+    pub source: Option<String>,
 }
 
 /// How the host arranges cgroups, which decides whether a cgroup id identifies a container.
@@ -210,6 +214,7 @@ impl TraceHeader {
             flight: None,
             host_mntns: None,
             record_layout: Some(shmtrace_common::LAYOUT_HASH),
+            source: None,
         })
     }
 

@@ -16,7 +16,7 @@ use std::{collections::HashMap, io};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::diagnose::known::KNOWN;
+use crate::diagnose::known::{KNOWN, parallel_leader};
 
 /// Fills `buf` from the kernel's random source.
 pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
@@ -251,7 +251,11 @@ impl Pseudonyms {
     /// as a lone argument would be, a /dev/shm path as a path; else replaced by a short
     /// pseudonym, so that a whole command line fits the kernel record.
     pub fn arg(&mut self, value: &str) -> String {
-        if is_program_name(value) || is_option_name(value) || is_number(value) {
+        if is_program_name(value)
+            || is_option_name(value)
+            || is_number(value)
+            || is_worker_title(value)
+        {
             return value.to_owned();
         }
         if let Some((option, given)) = value.split_once('=')
@@ -378,6 +382,12 @@ fn is_program_name(name: &str) -> bool {
     comm.starts_with("pt_") && comm.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
+/// A title a known program gives a process of its own, which names nobody and tells the
+/// diagnosis which query the process works for (`postgres: parallel worker for PID 34`).
+fn is_worker_title(title: &str) -> bool {
+    parallel_leader(title).is_some()
+}
+
 /// An option's name, with no value (`-m`, `--nproc-per-node`; not `--data=/home/alice`).
 fn is_option_name(arg: &str) -> bool {
     let Some(name) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
@@ -437,6 +447,29 @@ mod tests {
         // Same word, same pseudonym, wherever it appears.
         let a = p.shm_name("acme_1");
         assert_eq!(&a[..4], &secret[..4]);
+    }
+
+    /// A parallel worker's title says which query it works for, and names nobody: kept, so
+    /// that a redacted trace counts the query's processes as the original does. A backend's
+    /// title names its user and database: not kept.
+    #[test]
+    fn a_parallel_workers_title_is_kept_and_a_backends_is_not() {
+        let mut p = Pseudonyms::with_key([6; 32]);
+        let worker = "postgres: parallel worker for PID 32 ";
+        assert_eq!(p.arg(worker), worker);
+        let backend = "postgres: alice shop [local] SELECT";
+        let redacted = p.arg(backend);
+        assert!(
+            !redacted.contains("alice") && !redacted.contains("shop"),
+            "{redacted}"
+        );
+        // Not a known program's title, or no pid after it: not kept.
+        for other in [
+            "app: parallel worker for PID 32",
+            "postgres: parallel worker for PID x",
+        ] {
+            assert_ne!(p.arg(other), other);
+        }
     }
 
     /// Each known program is still recognised after redaction: by its objects, its process

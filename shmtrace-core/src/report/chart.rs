@@ -5,10 +5,10 @@
 use std::fmt::Write as _;
 
 use super::{
-    escape::Html,
+    markup::Html,
     timeline::{Device, Mark},
 };
-use crate::size::human;
+use crate::units::human;
 
 /// The SVG's width in user units; CSS scales it to the page.
 pub const WIDTH: f64 = 1200.0;

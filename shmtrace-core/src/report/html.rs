@@ -6,14 +6,14 @@ use std::{fmt::Write as _, io};
 use super::{
     About,
     chart::{self, Scale, dev_string},
-    escape::Html,
     lanes::{self, MAX_LANES},
+    markup::Html,
     timeline::{MarkKind, Timeline},
 };
 use crate::{
     diagnose::{Cause, Diagnosis},
     output::{diagnosis, group},
-    size::human,
+    units::human,
 };
 
 const STYLE: &str = include_str!("report.css");

@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 
 use super::{
     chart::{LEFT, RIGHT, Scale, WIDTH, time_axis},
-    escape::Html,
+    markup::Html,
     timeline::{Lane, Mark, Span, Timeline},
 };
-use crate::{event::escape::truncate, size::human};
+use crate::{event::escape::truncate, units::human};
 
 /// Height of one row of bars; a lane has a row per object held at the same time.
 const ROW: f64 = 14.0;

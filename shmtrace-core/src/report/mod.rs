@@ -5,9 +5,9 @@
 //! [`Observer`]; `html` renders the page, with `chart` (/dev/shm use over time) and `lanes` (a
 //! lane per process); `perfetto` writes the JSON; `escape` makes traced names safe in HTML.
 mod chart;
-mod escape;
 mod html;
 mod lanes;
+mod markup;
 mod perfetto;
 mod timeline;
 

@@ -16,7 +16,7 @@ use std::io;
 use serde_json::{Value, json};
 
 use super::{About, chart::dev_string, timeline::Timeline};
-use crate::{output::diagnosis, size::human};
+use crate::{output::diagnosis, units::human};
 
 /// Pids of the /dev/shm pseudo-processes start here; Linux pids stay below 2^22.
 pub const DEVICE_PID_BASE: u64 = 1_000_000_000;

@@ -579,6 +579,7 @@ mod tests {
                 path: Some(format!("/dev/shm/storm-{i}")),
                 path_truncated: false,
                 relative_to_shm: false,
+                dir_ino: None,
             };
             feed(
                 &mut world,

@@ -22,7 +22,7 @@ use crate::{
     },
     event::{Body, Event, ExitStatus, InodeId, names},
     model::{Annotation, ShmObject, StartedBy, World},
-    size::{count, human},
+    units::{count, human},
 };
 
 /// Objects listed as live at the peak, largest first.

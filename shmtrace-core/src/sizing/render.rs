@@ -2,7 +2,7 @@
 use super::SizeReport;
 use crate::{
     event::escape,
-    size::{count, human},
+    units::{count, human},
 };
 
 /// Failures listed one by one; the rest are counted.

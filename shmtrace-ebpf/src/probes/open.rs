@@ -15,7 +15,7 @@
 //! makes for `open()` and `shm_open()`; arm64 has only `openat`. Opens made by io_uring
 //! (`IORING_OP_OPENAT`) make none of these calls and are not seen.
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::{KernelOffsets, Loss, Syscall, flags};
+use shmtrace_common::{DIR_INODE_ARG, KernelOffsets, Loss, Syscall, flags};
 
 use super::{
     report,
@@ -71,8 +71,8 @@ fn exit(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         // Judged and reported in two frames, each called from here: one frame holding the
         // path's judgement (and the mount walk it may call) and the record would take the
         // three past the verifier's 512 bytes of stack.
-        if let Some(path_flags) = failed(call, ret) {
-            report_failed(call, ret, path_flags);
+        if let Some((path_flags, dir_ino)) = failed(call, ret) {
+            report_failed(call, ret, path_flags, dir_ino);
         }
         return None;
     }
@@ -126,11 +126,12 @@ const EROFS: i64 = 30;
 /// `O_CREAT`, the same on x86-64 and arm64.
 const O_CREAT: u64 = 0o100;
 
-/// A failed open: whether it is reported (the path's flags), if its error matters here and its
-/// path names something in /dev/shm; or, for a followed process out of descriptors, wherever
-/// it was.
+/// A failed open: whether it is reported (the path's flags, and its directory's inode number
+/// for a name relative to a directory descriptor), if its error matters here and its path
+/// names something in /dev/shm; or, for a followed process out of descriptors, wherever it
+/// was.
 #[inline(never)]
-fn failed(call: Syscall, ret: i64) -> Option<u16> {
+fn failed(call: Syscall, ret: i64) -> Option<(u16, u64)> {
     let errno = -ret;
     let out_of_fds = errno == EMFILE || errno == ENFILE;
     if !(out_of_fds || errno == ENOSPC || errno == EROFS || errno == EACCES || errno == ENOENT) {
@@ -145,11 +146,15 @@ fn failed(call: Syscall, ret: i64) -> Option<u16> {
         return None;
     }
     match shm_check::shm_path(args[0] as i32, args[1]) {
-        PathIs::Shm(path_flags) if path_flags & flags::SHM_DIRECTORY == 0 => Some(path_flags),
+        PathIs::Shm(path_flags, dir_ino) if path_flags & flags::SHM_DIRECTORY == 0 => {
+            Some((path_flags, dir_ino))
+        }
         // Elsewhere, or /dev/shm itself: it matters only to a followed process out of
         // descriptors.
-        PathIs::Shm(_) | PathIs::Elsewhere if out_of_fds && followed => Some(flags::FD_LIMIT_ONLY),
-        PathIs::Shm(_) | PathIs::Elsewhere => None,
+        PathIs::Shm(..) | PathIs::Elsewhere if out_of_fds && followed => {
+            Some((flags::FD_LIMIT_ONLY, 0))
+        }
+        PathIs::Shm(..) | PathIs::Elsewhere => None,
         PathIs::Unread => {
             emit::count(Loss::PathRead);
             None
@@ -159,16 +164,20 @@ fn failed(call: Syscall, ret: i64) -> Option<u16> {
 
 /// Reports a failed open [`failed`] judged reported.
 #[inline(never)]
-fn report_failed(call: Syscall, ret: i64, path_flags: u16) -> Option<()> {
+fn report_failed(call: Syscall, ret: i64, path_flags: u16, dir_ino: u64) -> Option<()> {
     let task = Current::get();
     let off = kernel::offsets();
     let tgid = task.tgid(off);
     let (scope_flags, _) = scope::scope_of(tgid)?;
+    let mut args = open_args(task, call, off)?;
+    if path_flags & flags::DIR_INODE != 0 {
+        args[DIR_INODE_ARG] = dir_ino;
+    }
     let pending = Pending {
         syscall: call,
         flags: scope_flags | path_flags,
         fd: -1,
-        args: open_args(task, call, off)?,
+        args,
         file: emit::no_file(),
         dentry: 0,
     };

@@ -18,7 +18,7 @@ use shmtrace_common::{
 };
 
 use super::{stash, tracepoint::ids};
-use crate::{emit, kernel, scope, tally};
+use crate::{emit, kernel, maps::config, scope, tally};
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
@@ -142,11 +142,19 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     // Before the scope check: a process that failed is counted even if nothing follows it
     // any longer, and its mark must not outlive it.
     let died = tally::ended(tgid, task, exit_code, off);
-    let mut flags = scope::tracked(tgid)?;
-    scope::remove_target(tgid);
-    if flags & header_flags::HELD == 0 {
-        scope::container_ending(tgid, task, off);
-    }
+    // Host-wide, a death is reported even of a process nothing followed (a shell whose child
+    // failed): every death the kernel counts then has its record, and who died is known.
+    let mut flags = match scope::tracked(tgid) {
+        Some(flags) => {
+            scope::remove_target(tgid);
+            if flags & header_flags::HELD == 0 {
+                scope::container_ending(tgid, task, off);
+            }
+            flags
+        }
+        None if died && config().all != 0 => 0,
+        None => return None,
+    };
     if died {
         flags |= header_flags::SHM_DEATH;
     }

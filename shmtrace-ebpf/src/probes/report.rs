@@ -95,10 +95,10 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
         let read = len > 0;
         if pending.dentry != 0 && !(read && starts_with_shm(&*path)) {
             // A /dev/shm file opened by another path (a relative one, or a container's
-            // /dev/shm through /proc/PID/root): named as it is below that /dev/shm.
-            header_flags = (header_flags | flags::RELATIVE_TO_SHM) & !flags::PATH_TRUNCATED;
+            // /dev/shm through /proc/PID/root): named whole as it is in that /dev/shm.
+            header_flags &= !flags::PATH_TRUNCATED;
             let whole = SCRATCH.get_ptr_mut(0).is_some_and(|scratch| {
-                kernel::name_below_root(pending.dentry, &mut *scratch, path as *mut u8, off)
+                kernel::dev_shm_name(pending.dentry, &mut *scratch, path as *mut u8, off)
             });
             if !whole {
                 header_flags |= flags::PATH_TRUNCATED;

@@ -146,11 +146,11 @@ const S_IFDIR: u16 = 0o040_000;
 /// The learned operations of a tmpfs's regular files and directories (0: not yet).
 #[inline(always)]
 fn tmpfs_ops() -> (u64, u64) {
-    // SAFETY: live array elements, read as above.
     let at = |slot| {
-        TMPFS_FILE_OPS
-            .get_ptr(slot)
-            .map_or(0, |ops| unsafe { (ops as *mut u64).read_volatile() })
+        TMPFS_FILE_OPS.get_ptr(slot).map_or(0, |ops| {
+            // SAFETY: a live array element, read as above.
+            unsafe { (ops as *mut u64).read_volatile() }
+        })
     };
     (at(0), at(1))
 }
@@ -198,8 +198,9 @@ pub fn shm_fd(task: Current, fd: i32, off: &KernelOffsets) -> Option<FileRef> {
 
 /// What a path argument says about a call.
 pub enum PathIs {
-    /// In /dev/shm, with the header flags to record.
-    Shm(u16),
+    /// In /dev/shm, with the header flags to record, and for a name relative to a directory
+    /// descriptor, that directory's inode number (with [`flags::DIR_INODE`]; 0 otherwise).
+    Shm(u16, u64),
     /// Somewhere else.
     Elsewhere,
     /// Not readable now: a page the program has not touched yet, which a probe cannot fault
@@ -268,22 +269,34 @@ pub fn shm_path(dfd: i32, path: u64) -> PathIs {
             i += 1;
         }
         if len == SHM_DIR_LEN || (len == SHM_DIR_LEN + 1 && buf[8] == b'/') {
-            return PathIs::Shm(flags::SHM_DIRECTORY);
+            return PathIs::Shm(flags::SHM_DIRECTORY, 0);
         }
         if buf[8] != b'/' {
             return PathIs::Elsewhere;
         }
-        return PathIs::Shm(0);
+        return PathIs::Shm(0, 0);
     }
     let off = kernel::offsets();
-    let dir_on_shm = if dfd == AT_FDCWD {
-        kernel::cwd_super(off).is_some_and(|(sb, mount)| on_shm(&sb, || Some(mount), off))
-    } else {
-        kernel::fd_file(Current::get(), dfd, off).is_some_and(|dir| file_on_shm(dir, off))
-    };
-    if dir_on_shm {
-        PathIs::Shm(flags::RELATIVE_TO_SHM)
-    } else {
-        PathIs::Elsewhere
+    // Relative to the working directory: no directory number (userspace shows the name as
+    // in /dev/shm itself).
+    if dfd == AT_FDCWD {
+        let cwd_on_shm =
+            kernel::cwd_super(off).is_some_and(|(sb, mount)| on_shm(&sb, || Some(mount), off));
+        return if cwd_on_shm {
+            PathIs::Shm(flags::RELATIVE_TO_SHM, 0)
+        } else {
+            PathIs::Elsewhere
+        };
+    }
+    match kernel::fd_file(Current::get(), dfd, off) {
+        Some(dir) if file_on_shm(dir, off) => {
+            // The directory's inode number names it to userspace, which learned it when the
+            // directory was opened: a descriptor moved since with an untraced call (GNU fts's
+            // `fcntl(F_DUPFD_CLOEXEC)` in `find`, `du`, `rm -r`) still names its directory.
+            let dir_ino = kernel::file_ino(dir, off);
+            let dir_flag = if dir_ino == 0 { 0 } else { flags::DIR_INODE };
+            PathIs::Shm(flags::RELATIVE_TO_SHM | dir_flag, dir_ino)
+        }
+        _ => PathIs::Elsewhere,
     }
 }

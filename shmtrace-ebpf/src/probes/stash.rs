@@ -8,7 +8,7 @@
 use core::intrinsics::{AtomicOrdering, atomic_and, atomic_or};
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::{Loss, Syscall, flags, targets::followed_bit};
+use shmtrace_common::{DIR_INODE_ARG, Loss, Syscall, flags, targets::followed_bit};
 
 use super::{
     recvmsg_exit, report,
@@ -144,7 +144,10 @@ fn judge_at_exit(pending: &mut Pending) -> bool {
     };
     let kept = pending.flags & !flags::PATH_AT_EXIT;
     match shm_check::shm_path(dfd, path) {
-        PathIs::Shm(path_flags) => {
+        PathIs::Shm(path_flags, dir_ino) => {
+            if path_flags & flags::DIR_INODE != 0 {
+                pending.args[DIR_INODE_ARG] = dir_ino;
+            }
             pending.flags = kept | path_flags;
             true
         }

@@ -51,7 +51,9 @@ fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         match shm_check::shm_path(AT_FDCWD, args[0]) {
             // "/dev/shm" itself is what such programs ask about; the directory flag is the
             // kernel's own business (an open's), not the record's.
-            PathIs::Shm(path_flags) => (path_flags & flags::RELATIVE_TO_SHM, -1, emit::no_file()),
+            PathIs::Shm(path_flags, _) => {
+                (path_flags & flags::RELATIVE_TO_SHM, -1, emit::no_file())
+            }
             PathIs::Elsewhere => return None,
             // The call has read the path by now, so this is a page gone again.
             PathIs::Unread => {

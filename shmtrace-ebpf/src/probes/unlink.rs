@@ -1,6 +1,6 @@
 //! Removing /dev/shm names.
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use shmtrace_common::{Syscall, flags};
+use shmtrace_common::{DIR_INODE_ARG, Syscall, flags};
 
 use super::{
     shm_check::{self, PathIs},
@@ -44,7 +44,7 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     let (tgid, tid) = ids();
     // The scope first: every process on the host runs this, and few are traced.
     let scope_flags = scope::in_scope(tgid)?;
-    let (dfd, path, args) = if call == Syscall::Unlink {
+    let (dfd, path, mut args) = if call == Syscall::Unlink {
         let a = UnlinkArgs::read(ctx);
         (AT_FDCWD, a.pathname, a.raw())
     } else {
@@ -52,7 +52,12 @@ fn enter(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         (a.dfd as i32, a.pathname, a.raw())
     };
     let path_flags = match shm_check::shm_path(dfd, path) {
-        PathIs::Shm(path_flags) => path_flags,
+        PathIs::Shm(path_flags, dir_ino) => {
+            if path_flags & flags::DIR_INODE != 0 {
+                args[DIR_INODE_ARG] = dir_ino;
+            }
+            path_flags
+        }
         PathIs::Elsewhere => return None,
         PathIs::Unread => flags::PATH_AT_EXIT,
     };

@@ -7,13 +7,12 @@ use anyhow::{Context, Result, bail};
 use super::{DefaultStream, trace};
 use crate::{
     cli::OutputArgs,
-    event::ExitStatus,
     live::{
-        bpf::TracerOptions,
         demo::{SHM_SIZE, WORKLOAD_STATUS},
         launch::{self, What},
     },
 };
+use shmtrace_core::event::ExitStatus;
 
 /// `shmtrace demo`: traces the workload, with its diagnosis, on stdout.
 pub fn run(output: &OutputArgs) -> Result<ExitCode> {
@@ -28,12 +27,12 @@ pub fn run(output: &OutputArgs) -> Result<ExitCode> {
         OsString::from("__demo-workload"),
     ]);
     // The demo's trace goes to stdout, whatever a traced command's would do.
-    let make_pipeline = |_: &[_]| {
+    let make_pipeline = |_: &launch::Launched<'_>| {
         let mut pipeline = trace::pipeline(output, DefaultStream::Stdout, false)?;
         pipeline.name_other_namespaces("the demo's private namespace");
         Ok(pipeline)
     };
-    let outcome = launch::run(what, &TracerOptions::default(), make_pipeline)?;
+    let outcome = launch::run(what, &launch::Options::probes(), make_pipeline)?;
     match outcome.command_status {
         Some(ExitStatus::Code(WORKLOAD_STATUS)) => Ok(ExitCode::SUCCESS),
         Some(_) if outcome.interrupted => Ok(ExitCode::from(130)),

@@ -7,13 +7,11 @@ use proptest::prelude::*;
 use shmtrace_common::{self as common, EventKind, Header, PathEvent, Syscall, SyscallEvent};
 
 use super::replay;
-use crate::{
-    cli::{ColorWhen, OutputArgs, ReportArgs, ShowArgs},
-    record::{
-        ContainerDescription, FlightInfo, ProcessSnapshot, SnapshotFdRecord, SnapshotMappingRecord,
-        TargetDescription, TraceHeader, TraceWriter, Trigger, TriggerReason, UserRecord,
-        WriterLoss, WriterOptions,
-    },
+use crate::cli::{ColorWhen, OutputArgs, ReportArgs, ShowArgs};
+use shmtrace_core::record::{
+    ContainerDescription, FlightInfo, ProcessSnapshot, SnapshotFdRecord, SnapshotMappingRecord,
+    TargetDescription, TraceHeader, TraceWriter, Trigger, TriggerReason, UserRecord, WriterLoss,
+    WriterOptions,
 };
 
 /// A fresh directory, removed afterwards.
@@ -188,7 +186,7 @@ fn hostile_trace(path: &Path, s: &[Vec<u8>]) {
     writer
         .write_user(t0 + 4000, &UserRecord::Note { text: text(22) })
         .unwrap();
-    writer.finish(&mut crate::record::no_carry).unwrap();
+    writer.finish(&mut shmtrace_core::record::no_carry).unwrap();
 }
 
 /// Text as a terminal would get it: only the newlines are shmtrace's own control bytes.

@@ -17,8 +17,8 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{
-    cli::{ColorWhen, OutputArgs},
+use crate::cli::{ColorWhen, OutputArgs};
+use shmtrace_core::{
     clock::Clock,
     output::{Format, Output},
     safe_open::{self, FileId, OpenOptions},

@@ -11,23 +11,28 @@ use super::{
 };
 use crate::{
     cli::RecordArgs,
+    live::{
+        launch::{self, What},
+        source::Backend,
+    },
+};
+use shmtrace_core::{
     clock::Clock,
     event,
-    live::launch::{self, What},
-    model::{ContainerInfo, World},
+    model::World,
     output::filter::Filter,
     pipeline::{Pipeline, Tap},
     record::{
         ContainerDescription, FlightOptions, FlightRecorder, Record, Rotation, TargetDescription,
         TraceHeader, TraceWriter, Trigger, Triggered, UserRecord, WriterOptions, world_snapshots,
     },
-    size::count,
+    units::count,
 };
 
 pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
     let what = What::from_args(&args.target)?;
-    let options = launch::tracer_options(&what, &args.target);
+    let options = launch::options(&what, &args.target);
     let target = what.describe(args.target.failed);
     let default = if what.is_command() {
         DefaultStream::Stderr
@@ -35,10 +40,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         DefaultStream::Stdout
     };
     // The file is created once the containers are found, so that its header lists them.
-    let make_pipeline = |containers: &[ContainerInfo]| -> Result<Pipeline> {
+    let make_pipeline = |launched: &launch::Launched<'_>| -> Result<Pipeline> {
         let mut target = target;
-        target.containers = containers.iter().map(ContainerDescription::from).collect();
-        let tap = open_tap(args, target)?;
+        target.containers = launched
+            .containers
+            .iter()
+            .map(ContainerDescription::from)
+            .collect();
+        let tap = open_tap(args, target, launched.backend)?;
         let output = open_output(None, args.json, args.color, default, Clock::now()?)?;
         Ok(
             Pipeline::new(World::new(), host_diagnoser(), output, Filter::default())
@@ -51,9 +60,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 }
 
 /// The trace file (or the flight recorder that writes them), with its header.
-fn open_tap(args: &RecordArgs, target: TargetDescription) -> Result<Box<dyn Tap>> {
+fn open_tap(
+    args: &RecordArgs,
+    target: TargetDescription,
+    backend: Backend,
+) -> Result<Box<dyn Tap>> {
     let mut header = TraceHeader::for_this_host(target)?;
     header.host_mntns = crate::kernel_ids::mount_namespace(std::process::id());
+    header.source = Some(backend.name().to_owned());
     let writer_options = WriterOptions {
         compression: args.compress.then_some(3),
         rotation: args.max_size.map(|max_size| Rotation {
@@ -110,7 +124,7 @@ impl FileTap {
 
     /// Write errors do not stop tracing: the writer counts what it could not write, and the
     /// user hears about it now and in the end.
-    fn report(&mut self, result: Result<(), crate::record::WriteError>) {
+    fn report(&mut self, result: Result<(), shmtrace_core::record::WriteError>) {
         if let Err(error) = result
             && !self.warned
         {

@@ -5,8 +5,8 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context, Result, bail};
 
 use super::{DefaultStream, open_output_not_over};
-use crate::{
-    cli::{ReportArgs, ShowArgs},
+use crate::cli::{ReportArgs, ShowArgs};
+use shmtrace_core::{
     diagnose::Diagnoser,
     event::escape,
     model::World,
@@ -158,6 +158,9 @@ pub fn describe(header: &TraceHeader) -> String {
         "trace of {what} on {host} (Linux {}), recorded {start}",
         escape::text(&header.kernel_release)
     );
+    if header.source.as_deref() == Some("ptrace") {
+        text.push_str(", with ptrace (unprivileged)");
+    }
     if header.redacted {
         text.push_str(", redacted");
     }

@@ -22,12 +22,14 @@ use super::{
     trace::{exit_code, host_diagnoser},
 };
 use crate::{
-    capacity::Capacity,
     cli::{ColorWhen, ReportArgs, SizeArgs},
+    live::launch::{self as live, What},
+};
+use shmtrace_core::{
+    capacity::Capacity,
     clock::Clock,
     diagnose::{Diagnosis, Role, Roles},
     event::{Body, Event},
-    live::launch::{self as live, What},
     model::{Annotation, ContainerInfo, World},
     output::filter::Filter,
     pipeline::{Observer, Pipeline},
@@ -52,11 +54,11 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 pub fn run(args: &SizeArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
     let what = What::from_args(&args.target)?;
-    let options = live::tracer_options(&what, &args.target);
+    let options = live::options(&what, &args.target);
     let to = open_result(args.output.as_deref(), &[])?;
     let result = Arc::new(Mutex::new(None));
     let budget = args.size.budget;
-    let make_pipeline = |_: &[ContainerInfo]| -> Result<Pipeline> {
+    let make_pipeline = |_: &live::Launched<'_>| -> Result<Pipeline> {
         // Diagnoses of failures go to stderr; the result goes to stdout or -o.
         let output = open_output(
             None,

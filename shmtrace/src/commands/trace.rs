@@ -6,11 +6,13 @@ use anyhow::Result;
 use super::{DefaultStream, init_logging, open_output_args};
 use crate::{
     cli::{OutputArgs, TargetArgs},
-    clock::Clock,
-    diagnose::Diagnoser,
     kernel_ids,
     live::launch::{self, What},
     live::session::Outcome,
+};
+use shmtrace_core::{
+    clock::Clock,
+    diagnose::Diagnoser,
     model::{QUIET_LINGER_NS, Retention, World},
     output::filter::Filter,
     pipeline::Pipeline,
@@ -19,7 +21,7 @@ use crate::{
 pub fn run(target: &TargetArgs, output: &OutputArgs) -> Result<ExitCode> {
     init_logging(output.verbose);
     let what = What::from_args(target)?;
-    let options = launch::tracer_options(&what, target);
+    let options = launch::options(&what, target);
     let default = if what.is_command() {
         DefaultStream::Stderr
     } else {

@@ -40,7 +40,7 @@ impl Candidate {
         if self.name.is_empty() {
             return id_label(self.runtime, &self.id);
         }
-        crate::model::container_label(
+        shmtrace_core::model::container_label(
             &self.name,
             &self.id,
             self.namespace.as_deref(),
@@ -81,6 +81,6 @@ pub fn is_sandbox<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>
 pub fn id_label(runtime: Runtime, id: &str) -> String {
     format!(
         "{runtime} {}",
-        crate::event::escape::text(super::short_id(id))
+        shmtrace_core::event::escape::text(super::short_id(id))
     )
 }

@@ -15,10 +15,10 @@ use super::{
     Container, FoundBy, IpcMode, Runtime, State,
     client::{Candidate, ClientFuture, RuntimeClient, is_sandbox, kube_labels},
     endpoints::ProblemKind,
-    http::{self, HttpError},
     shm::{ShmInfo, ShmSource},
+    unix_http::{self, HttpError},
 };
-use crate::event::escape;
+use shmtrace_core::event::escape;
 
 /// Newest API version this client was written against. The fields it reads exist since 1.25.
 const MAX_API: ApiVersion = ApiVersion(1, 47);
@@ -248,8 +248,13 @@ impl DockerClient {
         }
     }
 
+    /// `path` under the agreed API version: `/v1.41/events`.
+    pub fn versioned(&self, path: &str) -> String {
+        format!("/v{}{path}", self.version)
+    }
+
     async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, DockerError> {
-        let response = http::get(&self.socket, path, self.timeout)
+        let response = unix_http::get(&self.socket, path, self.timeout)
             .await
             .map_err(|source| DockerError::Http {
                 runtime: self.runtime,

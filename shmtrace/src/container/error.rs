@@ -110,7 +110,7 @@ fn last_seen(last: &Option<Box<ContainerError>>) -> String {
 fn start_command(container: &Container) -> String {
     use super::Runtime;
     // What `docker start` takes: the bare name or id, without pod and namespace.
-    let name = crate::model::container_label(&container.name, &container.id, None, None);
+    let name = shmtrace_core::model::container_label(&container.name, &container.id, None, None);
     match container.runtime {
         Runtime::Docker => format!("docker start {name}"),
         Runtime::Podman => format!("podman start {name}"),
@@ -123,7 +123,7 @@ pub(super) struct QueryText<'a>(pub &'a super::Query);
 
 impl fmt::Display for QueryText<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let esc = crate::event::escape::text;
+        let esc = shmtrace_core::event::escape::text;
         let query = self.0;
         match (&query.name, &query.id) {
             (Some(name), _) => write!(f, "container named \"{}\"", esc(name))?,

@@ -5,46 +5,59 @@
 //!   socket, through `http`.
 //! - `cri` talks to containerd and CRI-O through the Kubernetes CRI gRPC API.
 //! - `cgroup` reads a process's cgroup paths and knows every runtime's layout; `scan` uses it
-//!   to find containers from /proc alone when no runtime socket answers.
-//! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`).
+//!   to find containers from /proc alone when no runtime socket answers; `cgroup_tree` turns
+//!   the cgroup v2 id a kernel record carries into its container, even once its process is
+//!   gone; `cgroup_watch` sees containers' cgroups as the runtimes make them.
+//! - `docker_events` follows the Docker (and Podman) event stream: containers named as they
+//!   start, however soon they are removed.
+//! - `shm` measures a container's /dev/shm through its root, safely (`rootfs`); `memory` reads
+//!   the memory limit of this process's own cgroup and what it counts.
 //! - `resolve` ties them together: look up by name or id, wait for a container to start, notice
 //!   a restart. `index` labels processes (by pid or mount namespace) with their container.
 //!
 //! Everything here is library code the CLI calls; nothing prints. Names and labels come from
 //! whoever created the container: display them with [`Container::display_name`] and
-//! [`crate::event::escape`], never raw.
+//! [`shmtrace_core::event::escape`], never raw.
 
 mod cgroup;
+mod cgroup_tree;
+mod cgroup_watch;
 mod client;
 mod cri;
 mod docker;
+mod docker_events;
 mod endpoints;
 mod error;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 mod host;
-mod http;
+pub mod memory;
 mod resolve;
 mod rootfs;
 mod scan;
 mod shm;
+mod unix_http;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
+pub use cgroup_tree::{CgroupOwner, CgroupTree};
+pub use cgroup_watch::CgroupWatch;
 pub use client::Candidate;
+pub use docker_events::{Action, RuntimeEvent, watch as watch_events};
 pub use error::ContainerError;
 pub use resolve::{Change, Query, Resolver};
 pub use shm::{ShmFile, ShmInfo, list_shm_files, measure_shm};
 // What the runtime tests (tests/tests/*_runtimes.rs) reach for beyond what the CLI uses.
-pub use cgroup::{PathClass, QosClass, parse_proc_cgroup};
+pub use cgroup::{CgroupMatch, PathClass, QosClass, parse_proc_cgroup};
 pub use cri::{channel, proto};
 pub use endpoints::Endpoint;
+pub use host::cgroup_v2_id;
 pub use shm::{ShmError, ShmSource, host_shm_dev};
 // The one short-id and name formatters, for the runtime clients and the live side.
-pub use crate::model::short_id;
 pub use client::id_label;
+pub use shmtrace_core::model::short_id;
 
-use crate::event::escape;
+use shmtrace_core::event::escape;
 
 /// Which container runtime runs a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -212,7 +225,7 @@ impl Container {
     /// The name safe to print: escaped, the short id when the name is unknown, and
     /// `namespace/pod/name` for Kubernetes containers.
     pub fn display_name(&self) -> String {
-        crate::model::container_label(
+        shmtrace_core::model::container_label(
             &self.name,
             &self.id,
             self.namespace.as_deref(),
@@ -221,10 +234,10 @@ impl Container {
     }
 
     /// What events, diagnoses and trace files keep of it.
-    pub fn info(&self) -> crate::model::ContainerInfo {
+    pub fn info(&self) -> shmtrace_core::model::ContainerInfo {
         let runtime = self.runtime.as_str().to_owned();
-        crate::model::ContainerInfo {
-            started_by: crate::model::StartedBy::detect(&runtime, &self.labels),
+        shmtrace_core::model::ContainerInfo {
+            started_by: shmtrace_core::model::StartedBy::detect(&runtime, &self.labels),
             runtime,
             id: self.id.clone(),
             name: self.name.clone(),

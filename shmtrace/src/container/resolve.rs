@@ -339,6 +339,40 @@ impl Resolver {
         (found, stopped, survey.problems)
     }
 
+    /// The sockets that speak the Docker Engine API (Docker, Podman) and exist now: those
+    /// whose event streams name containers as they start.
+    pub fn event_sockets(&self) -> Vec<(Runtime, PathBuf)> {
+        self.endpoints
+            .iter()
+            .filter(|e| e.api == Api::Docker && e.socket.exists())
+            .map(|e| (e.runtime, e.socket.clone()))
+            .collect()
+    }
+
+    /// The container with this full id, described by the runtime `runtime` that runs it (or
+    /// by any runtime that answers, for [`Runtime::Unknown`]), with what /proc adds if it
+    /// runs; `None` when no runtime knows it.
+    pub async fn describe_id(&self, runtime: Runtime, id: &str) -> Option<Container> {
+        let host = HostFacts::read();
+        for endpoint in &self.endpoints {
+            let wanted = runtime == Runtime::Unknown
+                || endpoint.runtime == runtime
+                // Podman behind Docker's socket, CRI-O on containerd's path.
+                || endpoint.api == api_of(runtime);
+            if !wanted || !endpoint.socket.exists() {
+                continue;
+            }
+            let Ok(mut client) = self.client(endpoint).await else {
+                continue;
+            };
+            if let Ok(Some(mut container)) = client.describe(id).await {
+                host::enrich(&mut container, &host);
+                return Some(container);
+            }
+        }
+        None
+    }
+
     /// Asks every runtime for its containers; scans /proc when one could not answer.
     async fn survey(&self) -> Survey {
         let mut survey = Survey {
@@ -391,7 +425,13 @@ impl Resolver {
         &self,
         endpoint: &Endpoint,
     ) -> Result<(Box<dyn RuntimeClient>, Vec<Candidate>), ProblemKind> {
-        let mut client: Box<dyn RuntimeClient> = match endpoint.api {
+        let mut client = self.client(endpoint).await?;
+        let candidates = client.candidates().await?;
+        Ok((client, candidates))
+    }
+
+    async fn client(&self, endpoint: &Endpoint) -> Result<Box<dyn RuntimeClient>, ProblemKind> {
+        Ok(match endpoint.api {
             Api::Docker => Box::new(
                 DockerClient::connect(&endpoint.socket, endpoint.runtime, self.timeout)
                     .await
@@ -402,9 +442,15 @@ impl Resolver {
                     .await
                     .map_err(cri::problem)?,
             ),
-        };
-        let candidates = client.candidates().await?;
-        Ok((client, candidates))
+        })
+    }
+}
+
+/// The API a runtime speaks.
+fn api_of(runtime: Runtime) -> Api {
+    match runtime {
+        Runtime::Docker | Runtime::Podman => Api::Docker,
+        Runtime::Containerd | Runtime::CriO | Runtime::Unknown => Api::Cri,
     }
 }
 

@@ -15,10 +15,10 @@ use nix::{
 };
 
 use super::rootfs;
-use crate::{
+use crate::kernel_ids;
+use shmtrace_core::{
     capacity::{Capacity, FileCount},
     clock::boot_ns,
-    kernel_ids,
 };
 
 /// A container's /dev/shm: its capacity when it could be measured, and what its runtime and
@@ -263,7 +263,7 @@ pub(super) fn size_option_from_mountinfo(text: &str) -> Option<u64> {
 
 /// `65536k`, `1m`, `2g`, `4096`: tmpfs sizes as mountinfo shows them.
 fn parse_tmpfs_size(text: &str) -> Option<u64> {
-    crate::size::parse(text).ok()
+    shmtrace_core::units::parse(text).ok()
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::metrics::Metrics;
-use crate::{
+use shmtrace_core::{
     event,
     model::World,
     output::json::SCHEMA_VERSION,

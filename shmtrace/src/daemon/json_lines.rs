@@ -1,9 +1,11 @@
-//! The pipeline's JSON lines on their way to stdout. A line of a mount namespace that waits
-//! for a survey (a container younger than one) is held until the survey says whose it is, as
-//! the metrics wait (`Fleet`'s pending namespaces): then it names the container, or goes out
-//! as it is once the fleet stops waiting.
+//! The pipeline's JSON lines on their way to stdout, each naming the container its record (or,
+//! for a diagnosis, its process) was placed in by the daemon: never the container that has the
+//! mount namespace number when the line goes out. A line whose record waits to be placed or
+//! named (a container younger than one survey, whose events have not come yet) is held while
+//! the fleet waits (`Fleet::take_settled`), at most three surveys or a few seconds; one that
+//! goes out unnamed says why (`container_unnamed`).
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::VecDeque,
     io::{self, Write},
     sync::{Arc, Mutex},
 };
@@ -11,10 +13,12 @@ use std::{
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::fleet::Fleet;
-use crate::model::ContainerInfo;
+use super::{
+    fleet::{Fleet, Placed, Settled, WaitKey},
+    whose::Found,
+};
 
-/// Most lines held; beyond, the oldest goes out unnamed (a flood of failures from namespaces
+/// Most lines held; beyond, the oldest goes out as it is (a flood of failures from namespaces
 /// no runtime claims must not grow memory).
 const MAX_HELD: usize = 4096;
 
@@ -33,11 +37,17 @@ impl Write for Written {
     }
 }
 
+struct Held {
+    key: WaitKey,
+    found: Found,
+    ts_ns: u64,
+    line: Value,
+}
+
 #[derive(Default)]
 pub struct JsonLines {
     written: Written,
-    /// Lines of waiting namespaces, in the order written, with their namespace.
-    held: VecDeque<(u32, Vec<u8>)>,
+    held: VecDeque<Held>,
 }
 
 impl JsonLines {
@@ -46,75 +56,155 @@ impl JsonLines {
         self.written.clone()
     }
 
-    /// Writes to `out` every line the pipeline wrote whose namespace waits for nothing (and
-    /// every held line whose namespace no longer waits, named by `container` if a survey
-    /// found it); holds the others. `all` lets everything go (the daemon is stopping).
+    /// Writes to `out` what the pipeline wrote since the last call: the lines of a record
+    /// the daemon placed as `record` (at `ts_ns`) named after it, a diagnosis after its
+    /// process's container; holds those that wait.
     pub fn pass(
         &mut self,
-        fleet: &Fleet,
-        container: impl Fn(u32) -> Option<ContainerInfo>,
-        all: bool,
+        fleet: &mut Fleet,
+        record: Option<(&Found, u64)>,
         out: &mut impl Write,
     ) -> Result<()> {
         let bytes = std::mem::take(&mut *self.written.0.lock().expect("not poisoned"));
-        // Held lines first: they were written before the new ones.
-        let mut still = VecDeque::new();
-        for (mntns, line) in self.held.drain(..) {
-            if all || !fleet.waiting(mntns) {
-                match container(mntns) {
-                    Some(info) => write_line(out, &named(&line, &info))?,
-                    None => write_line(out, &line)?,
-                }
-            } else {
-                still.push_back((mntns, line));
-            }
-        }
-        self.held = still;
-        let mut waiting: HashSet<u32> = self.held.iter().map(|(m, _)| *m).collect();
         for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            match held_for(line, fleet, &waiting) {
-                Some(mntns) if !all => {
-                    waiting.insert(mntns);
-                    if self.held.len() >= MAX_HELD
-                        && let Some((_, oldest)) = self.held.pop_front()
-                    {
-                        write_line(out, &oldest)?;
-                    }
-                    self.held.push_back((mntns, line.to_vec()));
+            let Ok(value) = serde_json::from_slice::<Value>(line) else {
+                write_line(out, line)?;
+                continue;
+            };
+            let ts_ns = record.map_or(0, |(_, ts)| ts);
+            // A diagnosis is of its process, which may not be the record's (a trainer's after
+            // its worker's death).
+            let found = match value["pid"].as_u64() {
+                Some(pid) if value["event"] == "diagnosis" => fleet
+                    .of_process(pid as u32)
+                    .or_else(|| record.map(|(f, _)| f.clone())),
+                _ => record.map(|(f, _)| f.clone()),
+            };
+            let Some(found) = found else {
+                // The pipeline's own notices (losses), or a line of nobody's record.
+                write_line(out, line)?;
+                continue;
+            };
+            match fleet.resolve(&found, ts_ns) {
+                Ok(placed) => write_named(out, value, &placed, Some(line))?,
+                Err(key) => {
+                    fleet.wait(key.clone(), ts_ns, None);
+                    self.hold(
+                        Held {
+                            key,
+                            found,
+                            ts_ns,
+                            line: value,
+                        },
+                        out,
+                    )?;
                 }
-                // As written, byte for byte.
-                _ => write_line(out, line)?,
             }
         }
         Ok(())
     }
+
+    fn hold(&mut self, held: Held, out: &mut impl Write) -> Result<()> {
+        if self.held.len() >= MAX_HELD
+            && let Some(oldest) = self.held.pop_front()
+        {
+            let mut line = oldest.line;
+            line["container_unnamed"] = Value::String(format!(
+                "more than {MAX_HELD} lines waited for their container"
+            ));
+            write_line(out, line.to_string().as_bytes())?;
+        }
+        self.held.push_back(held);
+        Ok(())
+    }
+
+    /// Lets go the lines whose wait ended: each placed anew (a line is of its own time), or,
+    /// where that still waits for nothing, where its key went.
+    pub fn settled(
+        &mut self,
+        fleet: &mut Fleet,
+        settled: Vec<(WaitKey, Settled)>,
+        out: &mut impl Write,
+    ) -> Result<()> {
+        for (key, settlement) in settled {
+            if !self.held.iter().any(|h| h.key == key) {
+                continue;
+            }
+            let (mine, others): (Vec<Held>, Vec<Held>) =
+                self.held.drain(..).partition(|h| h.key == key);
+            self.held = others.into();
+            for held in mine {
+                match (fleet.resolve(&held.found, held.ts_ns), &settlement) {
+                    (Ok(placed), _) => write_named(out, held.line, &placed, None)?,
+                    (Err(_), Settled::Placed(placed)) => {
+                        write_named(out, held.line, placed, None)?;
+                    }
+                    (Err(key), Settled::Moved(_)) => {
+                        fleet.wait(key.clone(), held.ts_ns, None);
+                        self.held.push_back(Held { key, ..held });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every held line go as it is (the daemon is stopping).
+    pub fn release_all(&mut self, out: &mut impl Write) -> Result<()> {
+        for held in self.held.drain(..) {
+            let mut line = held.line;
+            line["container_unnamed"] =
+                Value::String("the daemon stopped while it waited for the container".into());
+            write_line(out, line.to_string().as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Lines held now.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
 }
 
-/// The namespace a line waits for: one that names no container yet, of a namespace the fleet
-/// waits for a survey of (or that has lines held already, which go first).
-fn held_for(line: &[u8], fleet: &Fleet, waiting: &HashSet<u32>) -> Option<u32> {
-    let line: Value = serde_json::from_slice(line).ok()?;
-    if !line["container"].is_null() {
-        return None;
-    }
-    // A diagnosis says its process, not its namespace.
-    let mntns = match line["mntns"].as_u64() {
-        Some(mntns) => mntns as u32,
-        None => fleet.mntns_of(line["pid"].as_u64()? as u32)?,
+/// Writes `line` naming the container `placed` says (as written, byte for byte, when it does
+/// already: `as_written`).
+fn write_named(
+    out: &mut impl Write,
+    mut line: Value,
+    placed: &Placed,
+    as_written: Option<&[u8]>,
+) -> Result<()> {
+    let info = placed.info();
+    let note = match placed {
+        Placed::Container { unnamed, .. } => unnamed.clone(),
+        _ => None,
     };
-    (waiting.contains(&mntns) || fleet.waiting(mntns)).then_some(mntns)
-}
-
-/// A held line, with the container a survey found for its namespace.
-fn named(line: &[u8], info: &ContainerInfo) -> Vec<u8> {
-    let Ok(mut value) = serde_json::from_slice::<Value>(line) else {
-        return line.to_vec();
+    let same = match info {
+        Some(info) => {
+            line["container"]["id"].as_str() == Some(info.id.as_str())
+                && line["container"]["name"].as_str() == Some(info.name.as_str())
+        }
+        None => line["container"].is_null(),
     };
-    if value.get("place").is_some() {
-        value["place"] = Value::String(info.label());
+    if same && note.is_none() {
+        return match as_written {
+            Some(bytes) => write_line(out, bytes),
+            None => write_line(out, line.to_string().as_bytes()),
+        };
     }
-    value["container"] = serde_json::to_value(info).unwrap_or(Value::Null);
-    value.to_string().into_bytes()
+    match info {
+        Some(info) => {
+            line["container"] = serde_json::to_value(info).unwrap_or(Value::Null);
+            if line.get("place").is_some() {
+                line["place"] = Value::String(info.label());
+            }
+        }
+        None => line["container"] = Value::Null,
+    }
+    if let Some(note) = note {
+        line["container_unnamed"] = Value::String(note);
+    }
+    write_line(out, line.to_string().as_bytes())
 }
 
 fn write_line(out: &mut impl Write, line: &[u8]) -> Result<()> {

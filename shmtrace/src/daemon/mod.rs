@@ -1,24 +1,34 @@
 //! `shmtrace daemon`: the node agent. Host-wide tracing through the same pipeline as a live
-//! trace, with three sinks of its own: metrics (`metrics`, served by `http`), JSON lines on
+//! trace, with three sinks of its own: metrics (`metrics`, served by `http_endpoint`), JSON lines on
 //! stdout (the pipeline's JSON output, failures and diagnoses only, plus the `incidents` log),
-//! and incident recordings (`incidents`). `fleet` follows the containers that come and go and
-//! says whose each count is; `observer` feeds it from the pipeline; `unseen` adds the failures
-//! the kernel counted whose records were lost.
+//! and incident recordings (`incidents`).
+//!
+//! Each record is placed before the pipeline takes it (`fleet`: `whose` it is, what its
+//! container is called by `names`, which `series` count it), so that the pipeline, its
+//! recordings and the JSON lines name the container the record came from, even when another
+//! container has its mount namespace number by then. `runtimes` brings the runtimes' events
+//! and descriptions between the surveys; `observer` turns what the pipeline learns into counts;
+//! `accounting` adds what the kernel counted whose records were lost (`unseen`).
+mod accounting;
 mod connections;
 mod fleet;
 #[cfg(test)]
 mod fleet_tests;
-mod http;
+mod http_endpoint;
 mod incidents;
 mod json_lines;
 mod limits;
-mod membership;
 mod metrics;
+mod names;
 mod observer;
+mod runtimes;
+mod series;
 mod unseen;
+mod whose;
 
 use std::{
     cell::RefCell,
+    collections::HashMap,
     io::Write,
     process::ExitCode,
     rc::Rc,
@@ -29,33 +39,41 @@ use std::{
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use serde_json::json;
-use shmtrace_common::{Loss, TallyKey};
-use tokio::signal::unix::{SignalKind, signal};
+use shmtrace_common::Header;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+use zerocopy::FromBytes;
 
 use self::{
+    accounting::{Accounting, ProbeError},
     connections::Connections,
-    fleet::{Fleet, Tally},
-    http::Heartbeat,
+    fleet::{Fleet, WaitKey},
+    http_endpoint::Heartbeat,
     incidents::{Incidents, Log},
     json_lines::JsonLines,
     limits::OpenFiles,
     metrics::{KindLabels, Metrics},
     observer::FleetObserver,
+    runtimes::{News, Runtimes},
     unseen::Unseen,
+    whose::{Found, OnTheMachine, Owner},
 };
 use crate::{
     cli::DaemonArgs,
-    clock::{Clock, boot_ns},
     commands::init_logging,
     container::{Candidate, Container, Resolver, host_shm_dev, measure_shm},
-    diagnose::Diagnoser,
-    event::LostCounts,
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
-        machine::LiveMachine,
-        target, watch,
+        host_environment::LiveMachine,
+        target,
     },
-    model::{QUIET_LINGER_NS, Retention, World},
+};
+use shmtrace_core::{
+    clock::{Clock, boot_ns},
+    diagnose::Diagnoser,
+    model::{ContainerInfo, QUIET_LINGER_NS, Retention, World},
     output::{Format, Output, filter::Filter, json::SCHEMA_VERSION},
     pipeline::{Evicted, Pipeline},
 };
@@ -90,9 +108,9 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
     let shm_devs = target::register_shm_devs(&mut tracer, true)?;
     // Followed from the start; what they hold is not named (the daemon keeps no seed).
     target::register_shm_holders(&mut tracer, &shm_devs)?;
-    // The event loop runs on this thread; the HTTP server and the surveys of the runtimes on
-    // a worker of their own, so that a scrape is answered while the loop is busy (and
-    // /healthz can say that the loop is stuck).
+    // The event loop runs on this thread; the HTTP server, the surveys of the runtimes and
+    // their event streams on a worker of their own, so that a scrape is answered while the
+    // loop is busy (and /healthz can say that the loop is stuck).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("shmtrace-daemon-io")
@@ -103,7 +121,7 @@ pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
         let (metrics, registry) = Metrics::new();
         let heartbeat = Heartbeat::default();
         heartbeat.beat();
-        let listening = http::serve(
+        let listening = http_endpoint::serve(
             args.listen,
             Arc::new(registry),
             metrics.clone(),
@@ -145,27 +163,30 @@ struct Survey {
     problems: Vec<String>,
 }
 
+/// Which container the pipeline names a mount namespace after now.
+struct NamedInPipeline {
+    id: String,
+    /// With the runtime's name (not only its id).
+    named: bool,
+}
+
 struct Agent {
     tracer: Tracer,
     pipeline: Pipeline,
     fleet: Rc<RefCell<Fleet>>,
+    /// Whose the record the pipeline takes now is (for the observer).
+    placed: Rc<RefCell<Option<Found>>>,
+    /// What the pipeline names each mount namespace after, as the daemon told it, in the
+    /// order of the records.
+    in_pipeline: HashMap<u32, NamedInPipeline>,
     metrics: Metrics,
     resolver: Resolver,
+    runtimes: Option<Runtimes>,
     log: Log,
-    /// The pipeline's JSON lines, held while their namespace waits for a survey.
+    /// The pipeline's JSON lines, named, some held while their container is not.
     json_lines: JsonLines,
     interval: Duration,
-    lost: LostCounts,
-    /// Failures and SIGBUS counted in the kernel, against the records read.
-    unseen: Rc<RefCell<Unseen>>,
-    /// When the kernel's counts were last read (`CLOCK_BOOTTIME` ns): what is found missing
-    /// at the next reading happened before.
-    counts_read_ns: u64,
-    /// Losses counted, and when, at the last look for vanished processes.
-    lost_at_vanish_check: u64,
-    vanish_checked: Instant,
-    /// A gone process was seen too recently to be forgotten at the last look.
-    vanish_check_owed: bool,
+    accounting: Accounting,
     /// Runtime problems already logged, so that a runtime that stays down is said once.
     problems_logged: Vec<String>,
     started: Instant,
@@ -196,6 +217,7 @@ impl Agent {
             metrics.clone(),
             host_mntns,
             args.retain,
+            Box::new(OnTheMachine::new()),
         )));
         let json_lines = JsonLines::default();
         let output = Output::new(
@@ -216,6 +238,7 @@ impl Agent {
             max_objects: MAX_OBJECTS,
         };
         let unseen = Rc::new(RefCell::new(Unseen::default()));
+        let placed = Rc::new(RefCell::new(None));
         let mut pipeline = Pipeline::new(
             World::new().with_retention(retention),
             Diagnoser::new(host_mntns),
@@ -227,6 +250,7 @@ impl Agent {
             fleet: fleet.clone(),
             metrics: metrics.clone(),
             unseen: unseen.clone(),
+            placed: placed.clone(),
         }));
         if let Some(dir) = &args.record_dir {
             let incidents = Incidents::open(
@@ -246,30 +270,19 @@ impl Agent {
         for socket in &args.cri_socket {
             resolver = resolver.cri_socket(socket);
         }
-        // Every kind's loss counter exists from the start, so that the first loss is an
-        // increase Prometheus sees.
-        for kind in shmtrace_common::EventKind::ALL {
-            drop(
-                metrics
-                    .lost
-                    .get_or_create(&loss_labels(Loss::RingFull(kind))),
-            );
-        }
         Ok(Agent {
             tracer,
             pipeline,
             fleet,
+            placed,
+            in_pipeline: HashMap::new(),
+            accounting: Accounting::new(unseen, &metrics),
             metrics,
             resolver,
+            runtimes: None,
             log,
             json_lines,
             interval: args.interval,
-            lost: LostCounts::default(),
-            unseen,
-            counts_read_ns: 0,
-            lost_at_vanish_check: 0,
-            vanish_checked: Instant::now(),
-            vanish_check_owed: false,
             problems_logged: Vec::new(),
             started: Instant::now(),
             evicted: Evicted::default(),
@@ -287,6 +300,8 @@ impl Agent {
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
         let mut terminate =
             signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let (runtimes, mut news) = Runtimes::start(self.resolver.clone());
+        self.runtimes = Some(runtimes);
         let mut ticker = tokio::time::interval(TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut batch: Vec<Bytes> = Vec::new();
@@ -299,23 +314,34 @@ impl Agent {
             tokio::select! {
                 read = reader.read(&mut batch) => {
                     read.context("reading the ring buffer")?;
+                    self.take_news(&mut news)?;
                     self.handle(&mut batch)?;
+                }
+                Some(first) = news.recv() => {
+                    self.news(first)?;
+                    self.take_news(&mut news)?;
+                    self.write_log()?;
                 }
                 joined = async { surveying.as_mut().expect("guarded").await }, if surveying.is_some() => {
                     surveying = None;
+                    self.take_news(&mut news)?;
                     self.take_survey(joined.context("surveying the container runtimes")?)?;
                     self.write_log()?;
                 }
                 _ = ticker.tick() => {
                     heartbeat.beat();
+                    self.take_news(&mut news)?;
                     // What is left waits for the next read or tick.
-                    let _ = reader.drain(&mut batch);
+                    let more = reader.drain(&mut batch);
                     self.handle(&mut batch)?;
+                    if !more {
+                        self.accounting.caught_up();
+                    }
                     self.pipeline.tick(boot_ns()?)?;
+                    self.fleet.borrow_mut().tick();
                     if last_lost.elapsed() >= LOST_EVERY {
                         last_lost = Instant::now();
-                        self.check_lost()?;
-                        self.count_unseen()?;
+                        self.account()?;
                         self.forget()?;
                     }
                     let wanted = self.fleet.borrow_mut().take_survey_wanted();
@@ -344,15 +370,17 @@ impl Agent {
             }
         }
         self.read_all(&mut reader, &mut batch)?;
-        self.check_lost()?;
         // The kernel's counts are read once more, and compared once everything written up to
         // then has been read too.
-        self.count_unseen()?;
+        self.account()?;
         self.read_all(&mut reader, &mut batch)?;
-        self.count_unseen()?;
+        self.account()?;
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
-        self.write_log_all(true)
+        self.write_log()?;
+        let mut stdout = std::io::stdout().lock();
+        self.json_lines.release_all(&mut stdout)?;
+        stdout.flush().context("writing output")
     }
 
     /// Reads and handles everything the ring buffer holds now.
@@ -360,7 +388,30 @@ impl Agent {
         while reader.drain(batch) {
             self.handle(batch)?;
         }
-        self.handle(batch)
+        self.handle(batch)?;
+        self.accounting.caught_up();
+        Ok(())
+    }
+
+    /// The runtimes' news that came meanwhile (before the records that follow: a container's
+    /// start is told before its processes act).
+    fn take_news(&mut self, news: &mut mpsc::Receiver<News>) -> Result<()> {
+        while let Ok(one) = news.try_recv() {
+            self.news(one)?;
+        }
+        Ok(())
+    }
+
+    fn news(&mut self, news: News) -> Result<()> {
+        match news {
+            News::Event(event) => self.fleet.borrow_mut().runtime_event(&event),
+            News::Described {
+                container,
+                started_ns,
+            } => self.fleet.borrow_mut().described(&container, started_ns),
+            News::Cgroup { id, container } => self.fleet.borrow_mut().learn_cgroup(id, &container),
+        }
+        self.after_fleet_changed()
     }
 
     fn handle(&mut self, batch: &mut Vec<Bytes>) -> Result<()> {
@@ -371,22 +422,123 @@ impl Agent {
         // may still be there.
         let mut machine = LiveMachine::default();
         machine.read_failing_early(batch);
+        let mut stdout = std::io::stdout().lock();
         for record in batch.drain(..) {
+            let placed = Header::read_from_prefix(&record).ok().map(|(header, _)| {
+                let found = self.fleet.borrow_mut().place(
+                    header.pid,
+                    header.mntns,
+                    header.cgroup_id,
+                    header.ts_ns,
+                );
+                (found, header.mntns, header.ts_ns)
+            });
+            if let Some((found, mntns, ts_ns)) = &placed {
+                self.name_in_pipeline(*mntns, found, *ts_ns)?;
+            }
+            *self.placed.borrow_mut() = placed.as_ref().map(|(found, _, _)| found.clone());
             if self
                 .pipeline
                 .kernel_record(&record, &mut machine)?
                 .is_none()
             {
-                self.metrics.malformed.inc();
+                self.metrics.records_malformed.inc();
             }
-            // A namespace number taken by another container, found by a process's cgroup:
-            // what follows in the recordings is not the gone container's.
-            let stale = self.fleet.borrow_mut().take_stale();
-            for mntns in stale {
-                self.pipeline.forget_container(mntns, boot_ns()?)?;
+            if let Some((_, _, ts_ns)) = &placed {
+                self.accounting.handled(*ts_ns);
+            }
+            self.pipeline.output().flush().context("writing output")?;
+            self.json_lines.pass(
+                &mut self.fleet.borrow_mut(),
+                placed.as_ref().map(|(found, _, ts_ns)| (found, *ts_ns)),
+                &mut stdout,
+            )?;
+        }
+        *self.placed.borrow_mut() = None;
+        drop(stdout);
+        self.after_fleet_changed()
+    }
+
+    /// Tells the pipeline which container mount namespace `mntns` is, when the record about to
+    /// go through it (`found`, at `ts_ns`) says another than it knows: its events are named
+    /// after it, its diagnoses speak of it, and the recordings say so at this place.
+    fn name_in_pipeline(&mut self, mntns: u32, found: &Found, ts_ns: u64) -> Result<()> {
+        let current = self.in_pipeline.get(&mntns);
+        // The usual case, decided without a lookup: the same as the last record's.
+        match (found, current) {
+            (Found::Owner(Owner::Container(c)), Some(named))
+                if named.named && *named.id == *c.id =>
+            {
+                return Ok(());
+            }
+            (Found::Owner(Owner::Host | Owner::NoContainer), None) => return Ok(()),
+            _ => {}
+        }
+        let wanted: Option<(ContainerInfo, bool)> =
+            match self.fleet.borrow_mut().resolve(found, ts_ns) {
+                Ok(placed) => placed.info().map(|info| (info.clone(), true)),
+                Err(WaitKey::Name(container)) => {
+                    Some((names::unnamed(&container).info.clone(), false))
+                }
+                Err(WaitKey::Namespace(_)) => None,
+            };
+        match wanted {
+            Some((info, named)) if current.is_none_or(|c| c.id != info.id || c.named != named) => {
+                let id = info.id.clone();
+                self.pipeline.set_container(
+                    ContainerInfo {
+                        mntns: Some(mntns),
+                        ..info
+                    },
+                    ts_ns,
+                )?;
+                self.in_pipeline
+                    .insert(mntns, NamedInPipeline { id, named });
+            }
+            None if current.is_some() => {
+                self.pipeline.forget_container(mntns, ts_ns)?;
+                self.in_pipeline.remove(&mntns);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// What follows a change of the fleet: namespaces whose container ended are forgotten by
+    /// the pipeline and the tallies; lines that waited go out; names asked for are asked.
+    fn after_fleet_changed(&mut self) -> Result<()> {
+        let (ended, settled, to_describe) = {
+            let mut fleet = self.fleet.borrow_mut();
+            (
+                fleet.take_ended(),
+                fleet.take_settled(),
+                fleet.take_to_describe(),
+            )
+        };
+        let now_ns = boot_ns()?;
+        for ended in ended {
+            let named_now = self.in_pipeline.get(&ended.mntns).map(|n| n.id.as_str());
+            let theirs =
+                ended.container.is_none() || named_now == ended.container.as_ref().map(|c| &*c.id);
+            if theirs && named_now.is_some() {
+                self.pipeline.forget_container(ended.mntns, now_ns)?;
+                self.in_pipeline.remove(&ended.mntns);
+            }
+            self.accounting.namespace_ended(ended.mntns);
+            self.pipeline
+                .retire_namespace(ended.mntns, self.host_shm_dev, ended.taken_at_ns);
+        }
+        if !settled.is_empty() {
+            let mut stdout = std::io::stdout().lock();
+            self.json_lines
+                .settled(&mut self.fleet.borrow_mut(), settled, &mut stdout)?;
+        }
+        if let Some(runtimes) = &self.runtimes {
+            for container in to_describe {
+                runtimes.describe(container);
             }
         }
-        self.write_log()
+        Ok(())
     }
 
     /// What the runtimes said runs: follows what started, forgets what stopped, and measures
@@ -411,20 +563,16 @@ impl Agent {
                 self.problems_logged.push(text);
             }
         }
-        self.fleet.borrow_mut().know_stopped(&stopped);
-        let changes = self.fleet.borrow_mut().survey(&running, started);
-        let now_ns = crate::clock::boot_ns().unwrap_or(0);
-        for mntns in changes.stopped_mntns {
-            self.pipeline.forget_container(mntns, now_ns)?;
-        }
-        for (mntns, before) in changes.ended {
-            self.unseen.borrow_mut().ended(mntns);
-            self.pipeline
-                .retire_namespace(mntns, self.host_shm_dev, before);
-        }
-        for container in &changes.started {
-            if let Err(error) = watch::register(container, &mut self.tracer, &mut self.pipeline) {
-                self.probe_error("shm_devs", format!("{error:#}"));
+        let starts = self.fleet.borrow_mut().survey(&running, &stopped, started);
+        self.after_fleet_changed()?;
+        for container in &starts {
+            if let Some(dev) = container.shm.dev()
+                && let Err(error) = self.tracer.add_shm_dev(dev, container.shm.is_tmpfs)
+            {
+                self.probe_error(ProbeError {
+                    kind: "shm_devs",
+                    error: format!("{error:#}"),
+                });
             }
         }
         let pids = self.fleet.borrow().to_measure();
@@ -438,13 +586,35 @@ impl Agent {
         Ok(())
     }
 
+    /// Once a second: the kernel's loss counters and tallies against the records read.
+    fn account(&mut self) -> Result<()> {
+        if let Some(error) =
+            self.accounting
+                .check_lost(&self.tracer, &mut self.pipeline, &self.metrics)?
+        {
+            self.probe_error(error);
+        }
+        let errors = self.accounting.count_unseen(
+            &mut self.tracer,
+            &mut self.fleet.borrow_mut(),
+            &self.metrics,
+        )?;
+        for error in errors {
+            self.probe_error(error);
+        }
+        self.after_fleet_changed()
+    }
+
     /// Forgets what ended long enough ago, and says how much the analysis holds and what
     /// its bounds dropped.
     fn forget(&mut self) -> Result<()> {
         self.pipeline.prune(boot_ns()?)?;
-        self.forget_vanished()?;
+        self.accounting.forget_vanished(&mut self.pipeline)?;
         let state = self.pipeline.state();
-        let followed = self.fleet.borrow().followed();
+        let (followed, containers) = {
+            let fleet = self.fleet.borrow();
+            (fleet.followed(), fleet.entries())
+        };
         for (kind, entries) in [
             ("process", state.processes),
             ("object", state.objects),
@@ -452,11 +622,13 @@ impl Agent {
             ("summary_diagnosis", state.summary_diagnoses),
             ("role", state.roles),
             ("container", followed),
-            ("tally", self.unseen.borrow().entries()),
+            ("container_bookkeeping", containers),
+            ("tally", self.accounting.entries()),
+            ("json_line_held", self.json_lines.held()),
         ] {
             self.metrics
                 .state_entries
-                .get_or_create(&KindLabels { kind: kind.into() })
+                .get_or_create(&KindLabels::of(kind))
                 .set(entries as i64);
         }
         let (now, before) = (state.evicted, self.evicted);
@@ -474,196 +646,37 @@ impl Agent {
             // increase Prometheus sees.
             self.metrics
                 .state_evictions
-                .get_or_create(&KindLabels { kind: kind.into() })
+                .get_or_create(&KindLabels::of(kind))
                 .inc_by(count);
         }
         self.evicted = now;
         Ok(())
     }
 
-    /// After records were lost (and every so often), looks in /proc for the processes the
-    /// analysis thinks alive: one that is gone, its exit record lost, is forgotten (counted
-    /// in `shmtrace_state_evictions_total{kind="vanished_process"}`), so that the state
-    /// built from lost records does not grow.
-    fn forget_vanished(&mut self) -> Result<()> {
-        let lost = self.lost.total();
-        if lost == self.lost_at_vanish_check
-            && !self.vanish_check_owed
-            && self.vanish_checked.elapsed() < VANISH_CHECK_EVERY
-        {
-            return Ok(());
-        }
-        self.lost_at_vanish_check = lost;
-        self.vanish_checked = Instant::now();
-        self.vanish_check_owed = false;
-        let now_ns = boot_ns()?;
-        let mut gone = Vec::new();
-        for (pid, first_seen_ns, last_seen_ns) in self.pipeline.live_processes() {
-            if still_there(pid, first_seen_ns) {
-                continue;
-            }
-            if last_seen_ns.saturating_add(QUIET_BEFORE_VANISHED_NS) < now_ns {
-                gone.push(pid);
-            } else {
-                // Its exit record may still be on its way: looked at again next time.
-                self.vanish_check_owed = true;
-            }
-        }
-        if gone.is_empty() {
-            return Ok(());
-        }
-        self.pipeline.forget_vanished(&gone)
-    }
-
-    fn check_lost(&mut self) -> Result<()> {
-        let total = match self.tracer.lost() {
-            Ok(total) => total,
-            Err(error) => {
-                self.probe_error("lost_counters", error.to_string());
-                return Ok(());
-            }
-        };
-        for (loss, count) in total.since(&self.lost).by_kind() {
-            // A full ring buffer loses events; a failed probe read is a probe error (under
-            // host-wide tracing, mostly other processes' paths that were not paged in).
-            let family = match loss {
-                Loss::RingFull(_) => &self.metrics.lost,
-                _ => &self.metrics.probe_errors,
-            };
-            family.get_or_create(&loss_labels(loss)).inc_by(count);
-        }
-        self.lost = total.clone();
-        self.pipeline.lost(total, boot_ns()?)
-    }
-
-    /// Counts the failures and SIGBUS that the kernel counted and whose records were lost,
-    /// for the container of their namespace, so that the metrics' counts stay exact.
-    fn count_unseen(&mut self) -> Result<()> {
-        let reading = match self.tracer.tallies() {
-            Ok(reading) => reading,
-            Err(error) => {
-                self.probe_error("tally_counters", error.to_string());
-                return Ok(());
-            }
-        };
-        let before_ns = self.counts_read_ns;
-        self.counts_read_ns = boot_ns()?;
-        let found = self.unseen.borrow_mut().reconcile(reading);
-        let now = Instant::now();
-        for (key, count) in found.unseen {
-            let (kind, tally) = match unseen_tally(key, count) {
-                Some(found) => found,
-                None => continue,
-            };
-            self.metrics
-                .unrecorded
-                .get_or_create(&KindLabels { kind: kind.into() })
-                .inc_by(count);
-            self.fleet
-                .borrow_mut()
-                .tally_in(key.mntns, tally, before_ns, now);
-        }
-        if let Err(error) = self.tracer.forget_tallies(&found.forget) {
-            self.probe_error("tally_counters", error.to_string());
-        }
-        Ok(())
-    }
-
-    fn probe_error(&mut self, kind: &str, error: String) {
+    fn probe_error(&mut self, error: ProbeError) {
         self.metrics
             .probe_errors
-            .get_or_create(&KindLabels { kind: kind.into() })
+            .get_or_create(&KindLabels::of(error.kind))
             .inc();
         self.log.borrow_mut().push(json!({
             "v": SCHEMA_VERSION,
             "event": "probe_error",
-            "kind": kind,
-            "error": error,
+            "kind": error.kind,
+            "error": error.error,
         }));
     }
 
-    /// The daemon's own JSON lines, after the pipeline's output, whole lines at a time.
+    /// The daemon's own JSON lines, after the pipeline's output (lines it wrote outside a
+    /// record: the summary, diagnoses of what was forgotten), whole lines at a time.
     fn write_log(&mut self) -> Result<()> {
-        self.write_log_all(false)
-    }
-
-    /// As [`Agent::write_log`]; `all` also lets the lines held for a survey go (at the end).
-    fn write_log_all(&mut self, all: bool) -> Result<()> {
         self.pipeline.output().flush().context("writing output")?;
         let mut stdout = std::io::stdout().lock();
-        let pipeline = &self.pipeline;
-        self.json_lines.pass(
-            &self.fleet.borrow(),
-            |mntns| pipeline.container(mntns).cloned(),
-            all,
-            &mut stdout,
-        )?;
+        self.json_lines
+            .pass(&mut self.fleet.borrow_mut(), None, &mut stdout)?;
         let lines = std::mem::take(&mut *self.log.borrow_mut());
-        if lines.is_empty() {
-            return stdout.flush().context("writing output");
-        }
         for line in lines {
             writeln!(stdout, "{line}").context("writing output")?;
         }
         stdout.flush().context("writing output")
     }
-}
-
-/// What a count of the kernel's is, as the metrics say it, and its kind for
-/// `shmtrace_unrecorded_total`.
-fn unseen_tally(key: TallyKey, count: u64) -> Option<(&'static str, Tally)> {
-    match key.what {
-        TallyKey::SIGBUS => return Some(("sigbus", Tally::Sigbus { count })),
-        // Who died is in the records that were lost.
-        TallyKey::DEATH => {
-            return Some((
-                "death",
-                Tally::Death {
-                    role: "unknown".to_owned(),
-                    count,
-                },
-            ));
-        }
-        _ => {}
-    }
-    let syscall = shmtrace_common::Syscall::try_from(key.what).ok()?;
-    let errno = match key.errno {
-        0 => "MSG_CTRUNC".to_owned(),
-        errno => crate::event::names::errno_name(i32::from(errno)),
-    };
-    Some((
-        "failure",
-        Tally::Failure {
-            syscall: syscall.name().to_owned(),
-            errno,
-            count,
-        },
-    ))
-}
-
-/// How often the analysis' live processes are looked for in /proc when nothing was lost.
-const VANISH_CHECK_EVERY: Duration = Duration::from_secs(30);
-/// How long a process must have been silent to be looked for: its exit record, if it has one,
-/// has been read by then.
-const QUIET_BEFORE_VANISHED_NS: u64 = 2_000_000_000;
-/// Clock ticks' worth of slack between a process's start in /proc and its first record.
-const START_SLACK_NS: u64 = 20_000_000;
-
-/// Whether the process first seen at `first_seen_ns` is still there: its pid is, and was not
-/// taken by a process that started after.
-fn still_there(pid: u32, first_seen_ns: u64) -> bool {
-    crate::live::proc_scan::start_ns(pid)
-        .is_some_and(|start| start <= first_seen_ns.saturating_add(START_SLACK_NS))
-}
-
-fn loss_labels(loss: Loss) -> KindLabels {
-    let kind = match loss {
-        Loss::RingFull(kind) => format!("{kind:?}").to_lowercase(),
-        Loss::PathRead => "path_read".to_owned(),
-        Loss::KernelRead => "kernel_read".to_owned(),
-        Loss::UserRead => "argument_read".to_owned(),
-        Loss::Pending => "pending_calls_full".to_owned(),
-        Loss::Tally => "tally_full".to_owned(),
-    };
-    KindLabels { kind }
 }

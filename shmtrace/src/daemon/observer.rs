@@ -1,17 +1,20 @@
 //! The pipeline's view, turned into counts: what the pipeline learns (events as the model
-//! annotated them, measurements, diagnoses) goes to the fleet, which knows whose it is.
-use std::{cell::RefCell, rc::Rc, time::Instant};
+//! annotated them, measurements, diagnoses) goes to the fleet, for the container the daemon
+//! placed the record in before the pipeline took it (`Fleet::place`).
+use std::{cell::RefCell, rc::Rc};
 
 use anyhow::Result;
 
 use shmtrace_common::TallyKey;
 
 use super::{
-    fleet::{Fleet, Tally},
+    fleet::Fleet,
     metrics::Metrics,
+    series::Countable,
     unseen::Unseen,
+    whose::{ContainerRef, Found, Owner},
 };
-use crate::{
+use shmtrace_core::{
     capacity::Capacity,
     diagnose::{Cause, Diagnosis, FailureKind, Role, Roles},
     event::{Body, Event, names},
@@ -24,25 +27,33 @@ pub struct FleetObserver {
     pub metrics: Metrics,
     /// The records of what the kernel counts, for the figures to add what never came.
     pub unseen: Rc<RefCell<Unseen>>,
+    /// Whose the record in the pipeline now is, as the daemon placed it.
+    pub placed: Rc<RefCell<Option<Found>>>,
 }
 
 impl Observer for FleetObserver {
     fn event(&mut self, event: &Event, note: &Annotation, role: &Role, _: &str, _: &World) {
         self.metrics.events.inc();
-        let mut fleet = self.fleet.borrow_mut();
-        let now = Instant::now();
-        fleet.saw_process(event.pid, event.mntns);
         if let Some(key) = tally_key(event) {
             self.unseen.borrow_mut().saw(key);
         }
-        for tally in tallies(event, note, role) {
-            fleet.tally_from(event.pid, event.mntns, tally, event.ts_ns, now);
+        let placed = self.placed.borrow();
+        let mut fleet = self.fleet.borrow_mut();
+        if let Some(found) = placed.as_ref() {
+            for tally in tallies(event, note, role) {
+                fleet.count(found, event.ts_ns, tally);
+            }
         }
         // Counted where the remover ran: another container, the host's clean-up.
         if let (Some(removal), Body::Call(call)) = (&note.name_removed, &event.body)
             && call.syscall.opens_a_path()
         {
-            fleet.tally_in(removal.remover_mntns, Tally::NameRemoved, event.ts_ns, now);
+            fleet.count_for(
+                removal.remover,
+                removal.remover_mntns,
+                removal.ts_ns,
+                Countable::NameRemoved,
+            );
         }
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
@@ -68,21 +79,24 @@ impl Observer for FleetObserver {
             diagnosis
                 .recommendation
                 .as_ref()
-                .map(|r| Tally::Recommended(r.min_bytes)),
-            full_at(diagnosis).map(Tally::FullAt),
+                .map(|r| Countable::Recommended(r.min_bytes)),
+            full_at(diagnosis).map(Countable::FullAt),
         ];
         let mut fleet = self.fleet.borrow_mut();
+        // Its process, as it was placed; else the container the pipeline named its place
+        // after (told in the order of the records, so the one it ran in).
+        let found = fleet.of_process(diagnosis.pid).or_else(|| {
+            let container = diagnosis.container.as_ref()?;
+            Some(Found::Owner(Owner::Container(ContainerRef::of_info(
+                container,
+            ))))
+        });
+        let Some(found) = found else {
+            log::debug!("the advice for pid {} is nobody's", diagnosis.pid);
+            return;
+        };
         for tally in tallies.into_iter().flatten() {
-            let unplaced = match &diagnosis.container {
-                Some(container) => fleet.tally_for_id(&container.id, tally),
-                None => Err(tally),
-            };
-            if let Err(tally) = unplaced {
-                match fleet.mntns_of(diagnosis.pid) {
-                    Some(mntns) => fleet.tally_in(mntns, tally, diagnosis.ts_ns, Instant::now()),
-                    None => log::debug!("diagnosis of pid {} not placed", diagnosis.pid),
-                }
-            }
+            fleet.count(&found, diagnosis.ts_ns, tally);
         }
     }
 
@@ -112,18 +126,18 @@ fn full_at(diagnosis: &Diagnosis) -> Option<Capacity> {
 }
 
 /// What one event counts.
-fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
+fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Countable> {
     match &event.body {
         Body::Exit(exit) if exit.shm_death => vec![
-            Tally::Touch,
-            Tally::Death {
+            Countable::Touch,
+            Countable::Death {
                 role: role_name(role),
                 count: 1,
             },
         ],
         Body::Call(call) if call.failed() => vec![
-            Tally::Touch,
-            Tally::Failure {
+            Countable::Touch,
+            Countable::Failure {
                 syscall: call.syscall.name().to_owned(),
                 errno: call
                     .errno()
@@ -139,10 +153,10 @@ fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
                 && !is_directory(call)
                 && note.object_path.as_deref().is_some_and(is_object) =>
         {
-            vec![Tally::Touch]
+            vec![Countable::Touch]
         }
         Body::Signal(signal) if counted_sigbus(signal) => {
-            vec![Tally::Touch, Tally::Sigbus { count: 1 }]
+            vec![Countable::Touch, Countable::Sigbus { count: 1 }]
         }
         _ => Vec::new(),
     }
@@ -152,7 +166,7 @@ fn tallies(event: &Event, note: &Annotation, role: &Role) -> Vec<Tally> {
 /// mapped /dev/shm: what `shmtrace_sigbus_total` counts, and the kernel with it, so that one
 /// whose record was lost is counted as well. Judged by the probes, not by the analysis,
 /// which may not know the mapping when its record was lost too.
-fn counted_sigbus(signal: &crate::event::Signal) -> bool {
+fn counted_sigbus(signal: &shmtrace_core::event::Signal) -> bool {
     const BUS_ADRERR: i32 = 2;
     signal.signo == libc::SIGBUS && signal.code == BUS_ADRERR && signal.target_maps_shm
 }
@@ -175,7 +189,7 @@ fn tally_key(event: &Event) -> Option<TallyKey> {
 }
 
 /// The call acted on a directory (the close of `ls`'s descriptor of /dev/shm shows no path).
-fn is_directory(call: &crate::event::Call) -> bool {
+fn is_directory(call: &shmtrace_core::event::Call) -> bool {
     call.file
         .is_some_and(|file| file.mode & libc::S_IFMT == libc::S_IFDIR)
 }
@@ -195,7 +209,7 @@ fn role_name(role: &Role) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Call, FileRef, InodeId, Syscall};
+    use shmtrace_core::event::{Call, FileRef, InodeId, Syscall};
 
     /// `close(3)` of a descriptor of `mode`, as the model annotates a file it never saw
     /// opened.
@@ -214,6 +228,7 @@ mod tests {
             path: None,
             path_truncated: false,
             relative_to_shm: false,
+            dir_ino: None,
         };
         let event = Event {
             ts_ns: 1,
@@ -238,33 +253,33 @@ mod tests {
         let (event, note) = close(libc::S_IFDIR | 0o1777);
         assert_eq!(tallies(&event, &note, &Role::OTHER), Vec::new());
         let (event, note) = close(libc::S_IFREG | 0o600);
-        assert_eq!(tallies(&event, &note, &Role::OTHER), vec![Tally::Touch]);
+        assert_eq!(tallies(&event, &note, &Role::OTHER), vec![Countable::Touch]);
     }
 
     #[test]
     fn an_exit_counts_as_a_death_as_the_probes_judged_it_and_by_the_role_it_had() {
         let (mut event, note) = close(libc::S_IFREG | 0o600);
         let worker = Role {
-            kind: crate::diagnose::RoleKind::DataloaderWorker,
+            kind: shmtrace_core::diagnose::RoleKind::DataloaderWorker,
             worker_index: Some(0),
             trainer: Some(1),
         };
-        let status = crate::event::ExitStatus::Signal {
+        let status = shmtrace_core::event::ExitStatus::Signal {
             signo: libc::SIGBUS,
             core_dumped: false,
         };
         event.body = Body::Exit(status.into());
         assert_eq!(tallies(&event, &note, &worker), Vec::new());
         assert_eq!(tally_key(&event), None);
-        event.body = Body::Exit(crate::event::Exit {
+        event.body = Body::Exit(shmtrace_core::event::Exit {
             status,
             shm_death: true,
         });
         assert_eq!(
             tallies(&event, &note, &worker),
             vec![
-                Tally::Touch,
-                Tally::Death {
+                Countable::Touch,
+                Countable::Death {
                     role: "dataloader_worker".into(),
                     count: 1
                 }

@@ -6,8 +6,10 @@ use std::{collections::HashMap, fs, os::unix::fs::MetadataExt};
 
 use crate::{
     container::list_shm_files,
-    event::escape,
     kernel_ids::{kernel_dev, kernel_dev_from_stat, mount_namespace},
+};
+use shmtrace_core::{
+    event::escape,
     model::{HeldFile, Holder, ShmHolders},
 };
 

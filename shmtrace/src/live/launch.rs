@@ -1,5 +1,5 @@
-//! What live tracing, recording and the demo share: load the probes, start or find the target,
-//! run a session until it ends.
+//! What live tracing, recording and the demo share: load the probes (or, where they cannot
+//! load, start the ptrace tracer), start or find the target, run a session until it ends.
 use std::{
     collections::HashSet,
     ffi::OsString,
@@ -10,21 +10,22 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cli::TargetArgs,
-    clock::boot_ns,
+    cli::{BackendChoice, TargetArgs},
     container::{Container, Query, Resolver},
-    event::escape,
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
         hold::Hold,
         proc_scan,
         session::{Ending, Outcome, Session},
         signals::Signals,
-        target,
+        source::Backend,
+        target::{self, RunningCommand},
         watch::{self, Watch},
     },
-    model::ContainerInfo,
-    pipeline::Pipeline,
+    ptrace,
+};
+use shmtrace_core::{
+    clock::boot_ns, event::escape, model::ContainerInfo, pipeline::Pipeline,
     record::TargetDescription,
 };
 
@@ -112,25 +113,140 @@ impl What {
     }
 }
 
-pub fn tracer_options(what: &What, args: &TargetArgs) -> TracerOptions {
-    TracerOptions {
-        all: matches!(what, What::All { .. }),
-        match_containers: matches!(what, What::Containers { .. }),
-        failed_only: args.failed,
-        ring_buffer_bytes: args.buffer_size,
-        btf_path: args.kernel_btf.clone(),
+/// How to trace: the probes' options, and which source to use.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub tracer: TracerOptions,
+    pub backend: BackendChoice,
+}
+
+impl Options {
+    /// The probes, with their defaults (the demo's: it needs root anyway).
+    pub fn probes() -> Options {
+        Options {
+            tracer: TracerOptions::default(),
+            backend: BackendChoice::Ebpf,
+        }
     }
 }
 
-/// Loads the probes, starts or attaches to the target, and traces until it ends.
-/// `make_pipeline` is called once the containers asked for are found, with them (a trace
-/// file's header lists them).
+pub fn options(what: &What, args: &TargetArgs) -> Options {
+    Options {
+        tracer: TracerOptions {
+            all: matches!(what, What::All { .. }),
+            match_containers: matches!(what, What::Containers { .. }),
+            failed_only: args.failed,
+            ring_buffer_bytes: args.buffer_size,
+            btf_path: args.kernel_btf.clone(),
+        },
+        backend: args.backend,
+    }
+}
+
+/// What the pipeline is made for, once the target is found.
+pub struct Launched<'a> {
+    /// The containers asked for (a trace file's header lists them).
+    pub containers: &'a [ContainerInfo],
+    pub backend: Backend,
+}
+
+/// Loads the probes (or starts the ptrace tracer), starts or attaches to the target, and
+/// traces until it ends. `make_pipeline` is called once the containers asked for are found.
 pub fn run(
     what: What,
-    options: &TracerOptions,
-    make_pipeline: impl FnOnce(&[ContainerInfo]) -> Result<Pipeline>,
+    options: &Options,
+    make_pipeline: impl FnOnce(&Launched<'_>) -> Result<Pipeline>,
 ) -> Result<Outcome> {
-    let mut tracer = Tracer::load(options)?;
+    let ptrace_can = matches!(what, What::Command(_) | What::Pids(_));
+    let tracer = match options.backend {
+        BackendChoice::Ptrace if ptrace_can => None,
+        BackendChoice::Ptrace => bail!(
+            "--backend ptrace traces a command or your own processes (--pid); --container and \
+             --all need the eBPF probes, as root or with CAP_BPF and CAP_PERFMON"
+        ),
+        BackendChoice::Ebpf => Some(Tracer::load(&options.tracer)?),
+        BackendChoice::Auto if !ptrace_can => Some(Tracer::load(&options.tracer)?),
+        BackendChoice::Auto => match Tracer::load(&options.tracer) {
+            Ok(tracer) => Some(tracer),
+            Err(error) => {
+                eprintln!(
+                    "shmtrace: no eBPF here ({error}); tracing with ptrace instead, which does \
+                     not see {} (docs/unprivileged.md)",
+                    ptrace::BLIND_SPOTS
+                );
+                None
+            }
+        },
+    };
+    match tracer {
+        Some(tracer) => run_probes(tracer, what, options, make_pipeline),
+        None => run_ptrace(what, make_pipeline),
+    }
+}
+
+/// Traces a command, or running processes of this user, with ptrace, unprivileged.
+fn run_ptrace(
+    what: What,
+    make_pipeline: impl FnOnce(&Launched<'_>) -> Result<Pipeline>,
+) -> Result<Outcome> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let signals = {
+        let _inside = runtime.enter();
+        Signals::install()?
+    };
+    let (traced, roots) = match &what {
+        What::Command(argv) => (ptrace::trace_command(argv)?, Vec::new()),
+        What::Pids(roots) => {
+            let pids: Vec<u32> = roots
+                .iter()
+                .flat_map(|root| proc_scan::process_tree(*root))
+                .collect();
+            (ptrace::trace_pids(&pids)?, roots.clone())
+        }
+        _ => bail!("with ptrace, shmtrace traces a command or your own processes (--pid)"),
+    };
+    let mut pipeline = make_pipeline(&Launched {
+        containers: &[],
+        backend: Backend::Ptrace,
+    })?;
+    let ending = if roots.is_empty() {
+        Ending::Command(RunningCommand::of_child(traced.pid))
+    } else {
+        // What they already hold, named, as with the probes.
+        let now = boot_ns()?;
+        for pid in &traced.attached {
+            if let Some(snapshot) = proc_scan::snapshot(*pid) {
+                pipeline.seed(&snapshot, now)?;
+            }
+        }
+        eprintln!(
+            "shmtrace: tracing {} processes (pid {} and descendants) with ptrace; Ctrl-C to stop",
+            traced.attached.len(),
+            roots
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ending::Pids(traced.attached.iter().copied().collect())
+    };
+    let session = Session::ptrace(traced.feed, pipeline).with_signals(signals);
+    let outcome = runtime.block_on(session.run(ending));
+    runtime.shutdown_background();
+    outcome
+}
+
+/// Traces with the probes.
+fn run_probes(
+    mut tracer: Tracer,
+    what: What,
+    options: &Options,
+    make_pipeline: impl FnOnce(&Launched<'_>) -> Result<Pipeline>,
+) -> Result<Outcome> {
+    let options = &options.tracer;
     let shm_devs = target::register_shm_devs(&mut tracer, options.all)?;
     let holders = match options.all {
         true => target::register_shm_holders(&mut tracer, &shm_devs)?,
@@ -201,7 +317,10 @@ pub fn run(
         .iter()
         .flat_map(|(_, containers)| containers.iter().map(Container::info))
         .collect();
-    let mut pipeline = make_pipeline(&infos)?;
+    let mut pipeline = make_pipeline(&Launched {
+        containers: &infos,
+        backend: Backend::Ebpf,
+    })?;
     // What the processes that hold /dev/shm already hold, named, as for --pid below.
     let now = boot_ns()?;
     for pid in holders {

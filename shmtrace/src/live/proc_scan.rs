@@ -2,9 +2,9 @@
 //! descriptors and mappings, their children, and which file systems are mounted on /dev/shm.
 use std::{collections::HashSet, fs, os::unix::fs::MetadataExt, path::Path};
 
-use crate::{
+use crate::kernel_ids::{kernel_dev, kernel_dev_from_stat, mount_namespace};
+use shmtrace_core::{
     event::{InodeId, escape},
-    kernel_ids::{kernel_dev, kernel_dev_from_stat, mount_namespace},
     model::{ProcSnapshot, SnapshotFd, SnapshotMapping},
 };
 

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{pipeline::Status, size::human};
+use shmtrace_core::{pipeline::Status, units::human};
 
 /// Redrawn at most this often.
 const EVERY: Duration = Duration::from_millis(250);
@@ -83,7 +83,7 @@ pub fn line(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::ShmStatus;
+    use shmtrace_core::pipeline::ShmStatus;
 
     #[test]
     fn says_what_is_measured_in_one_short_line() {

@@ -1,5 +1,5 @@
-//! A live trace: records from the kernel go through the [`Pipeline`] until the target is gone
-//! or the user interrupts; then a summary.
+//! A live trace: records from the kernel (or the ptrace tracer, see `source`) go through the
+//! [`Pipeline`] until the target is gone or the user interrupts; then a summary.
 use std::{
     collections::HashSet,
     time::{Duration, Instant},
@@ -9,17 +9,21 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 
 use crate::{
-    clock::boot_ns,
-    event::{Body, ExitStatus, names},
     live::{
         bpf::{EventReader, Tracer},
         hold::Hold,
-        machine::LiveMachine,
+        host_environment::LiveMachine,
         progress::Progress,
         signals::{Received, Signals, Stop},
+        source::{Probes, Source},
         target::RunningCommand,
         watch::Watch,
     },
+    ptrace::Feed,
+};
+use shmtrace_core::{
+    clock::boot_ns,
+    event::{Body, ExitStatus, names},
     pipeline::{Evicted, Pipeline},
 };
 
@@ -63,9 +67,7 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Session {
     signals: Option<Signals>,
-    tracer: Tracer,
-    /// Set when records were read before the session (while waiting for a container).
-    reader: Option<EventReader>,
+    source: Source,
     pipeline: Pipeline,
     watch: Option<Watch>,
     hold: Hold,
@@ -81,10 +83,24 @@ pub struct Session {
 
 impl Session {
     pub fn new(tracer: Tracer, pipeline: Pipeline) -> Session {
+        Session::of(
+            Source::Probes(Box::new(Probes {
+                tracer,
+                reader: None,
+            })),
+            pipeline,
+        )
+    }
+
+    /// A session fed by the ptrace tracer.
+    pub fn ptrace(feed: Feed, pipeline: Pipeline) -> Session {
+        Session::of(Source::Ptrace(feed), pipeline)
+    }
+
+    fn of(source: Source, pipeline: Pipeline) -> Session {
         Session {
             signals: None,
-            tracer,
-            reader: None,
+            source,
             pipeline,
             watch: None,
             hold: Hold::default(),
@@ -104,7 +120,9 @@ impl Session {
     /// Goes on reading the ring buffer from where `reader` is, with the records `hold` kept
     /// while the containers were waited for.
     pub fn with_reader(mut self, reader: EventReader, hold: Hold) -> Session {
-        self.reader = Some(reader);
+        if let Source::Probes(probes) = &mut self.source {
+            probes.reader = Some(reader);
+        }
         self.hold = hold;
         self
     }
@@ -116,16 +134,7 @@ impl Session {
     }
 
     pub async fn run(mut self, mut ending: Ending) -> Result<Outcome> {
-        let mut reader = match self.reader.take() {
-            Some(reader) => reader,
-            None => {
-                let ring = self
-                    .tracer
-                    .take_events()
-                    .context("the ring buffer was already taken")?;
-                EventReader::new(ring).context("watching the ring buffer")?
-            }
-        };
+        self.source.open()?;
         let mut signals = match self.signals.take() {
             Some(signals) => signals,
             None => Signals::install()?,
@@ -140,8 +149,7 @@ impl Session {
         let mut command_done = match &ending {
             Ending::Command(command) => {
                 self.command_tree.insert(command.pid());
-                let waiter = command.clone();
-                Some(tokio::task::spawn_blocking(move || waiter.wait()))
+                Some(self.source.command_end(command))
             }
             _ => None,
         };
@@ -157,15 +165,15 @@ impl Session {
         };
         loop {
             tokio::select! {
-                read = reader.read(&mut batch) => {
-                    read.context("reading the ring buffer")?;
+                read = self.source.read(&mut batch) => {
+                    read?;
                     self.handle(&mut batch, &mut ending)?;
                     if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
                     }
                 }
                 status = async { command_done.as_mut().expect("guarded").await }, if command_done.is_some() => {
-                    let status = status.context("waiting for the traced command")??;
+                    let status = status?;
                     outcome.command_status = Some(status);
                     break;
                 }
@@ -182,7 +190,7 @@ impl Session {
                         }
                     }
                     Received::Dump => {
-                        self.drain_all(&mut reader, &mut batch, &mut ending)?;
+                        self.drain_all(&mut batch, &mut ending)?;
                         if !self.pipeline.trigger_manual(boot_ns()?)? {
                             self.pipeline.notice("SIGUSR1: nothing to write, this is not `record --on-failure`")?;
                         }
@@ -192,9 +200,10 @@ impl Session {
                     if let Ending::Command(command) = &ending {
                         self.pipeline.notice(&format!(
                             "the traced command (pid {}) is still running {} s after the signal; \
-                             the trace ends without it (it keeps running, untraced)",
+                             the trace ends without it ({})",
                             command.pid(),
-                            STOP_GRACE.as_secs()
+                            STOP_GRACE.as_secs(),
+                            self.source.left_running()
                         ))?;
                     }
                     break;
@@ -204,7 +213,8 @@ impl Session {
                         progress.clear(); // a container's restart is told on stderr
                     }
                     let watch = self.watch.as_mut().expect("guarded");
-                    watch.check(&mut self.tracer, &mut self.pipeline, &mut self.hold).await?;
+                    let tracer = self.source.tracer().context("containers are followed with the probes only")?;
+                    watch.check(tracer, &mut self.pipeline, &mut self.hold).await?;
                     // A container's first records, made before it was known to be it.
                     let mut released = self.hold.take_ready();
                     self.handle(&mut released, &mut ending)?;
@@ -213,7 +223,7 @@ impl Session {
                     // Ordinary records do not wake the reader (it costs the traced call
                     // microseconds): they are collected here.
                     // What is left waits for the next read or tick.
-                    let _ = reader.drain(&mut batch);
+                    let _ = self.source.drain(&mut batch);
                     self.handle(&mut batch, &mut ending)?;
                     if all_exited(&ending) || self.pipeline.output().reader_gone() {
                         break;
@@ -251,9 +261,9 @@ impl Session {
             && Instant::now() < grace_ends
         {
             tokio::time::sleep(GRACE_POLL).await;
-            self.drain_all(&mut reader, &mut batch, &mut ending)?;
+            self.drain_all(&mut batch, &mut ending)?;
         }
-        self.drain_all(&mut reader, &mut batch, &mut ending)?;
+        self.drain_all(&mut batch, &mut ending)?;
         self.check_lost()?;
         if let Some(status) = outcome.command_status {
             self.pipeline.notice(&match status {
@@ -301,13 +311,8 @@ impl Session {
     }
 
     /// Reads and handles every record the ring holds now, a batch at a time.
-    fn drain_all(
-        &mut self,
-        reader: &mut EventReader,
-        batch: &mut Vec<Bytes>,
-        ending: &mut Ending,
-    ) -> Result<()> {
-        while reader.drain(batch) {
+    fn drain_all(&mut self, batch: &mut Vec<Bytes>, ending: &mut Ending) -> Result<()> {
+        while self.source.drain(batch) {
             self.handle(batch, ending)?;
         }
         self.handle(batch, ending)
@@ -323,6 +328,9 @@ impl Session {
     }
 
     fn handle(&mut self, batch: &mut Vec<Bytes>, ending: &mut Ending) -> Result<()> {
+        for notice in self.source.notices() {
+            self.pipeline.notice(&notice)?;
+        }
         if batch.is_empty() {
             return Ok(());
         }
@@ -413,7 +421,7 @@ impl Session {
     }
 
     fn check_lost(&mut self) -> Result<()> {
-        let total = self.tracer.lost()?;
+        let total = self.source.lost()?;
         self.pipeline.lost(total, boot_ns()?)
     }
 }

@@ -12,11 +12,10 @@ use std::collections::HashMap;
 use anyhow::Result;
 
 use crate::{
-    clock::boot_ns,
     container::{Change, Container, IpcMode, Resolver},
     live::{bpf::Tracer, hold::Hold, proc_scan},
-    pipeline::Pipeline,
 };
+use shmtrace_core::{clock::boot_ns, pipeline::Pipeline};
 
 pub enum Watch {
     /// `--container`: these containers, by what the user asked for.
@@ -340,7 +339,7 @@ fn sample(container: &Container, pipeline: &mut Pipeline) -> Result<()> {
 /// One line on a container's /dev/shm as it is now: its size, its use, and the files in it
 /// (a leftover of an earlier run shows here first). `when`: `` at the start, ` at the end`.
 pub fn shm_state(container: &Container, when: &str) -> String {
-    use crate::size::{count, human};
+    use shmtrace_core::units::{count, human};
     let name = container.display_name();
     let Some(pid) = container.pid.filter(|_| container.state.is_running()) else {
         let gone = if container.ipc.describe().starts_with("private") {
@@ -376,7 +375,7 @@ pub fn shm_state(container: &Container, when: &str) -> String {
         .map(|f| {
             format!(
                 "{} ({})",
-                crate::event::escape::bytes(f.name.as_encoded_bytes()),
+                shmtrace_core::event::escape::bytes(f.name.as_encoded_bytes()),
                 human(f.bytes)
             )
         })

@@ -93,6 +93,82 @@ mod tests {
         assert!(!between(&text, LATEST_RUN).is_empty());
     }
 
+    /// The latest run says when it ran and on what machine, first thing: a run without them
+    /// cannot be read against another.
+    #[test]
+    fn the_latest_run_says_when_and_where_it_ran() {
+        let text = fs::read_to_string(crate::root().join(DOC)).unwrap();
+        let run = between(&text, LATEST_RUN);
+        let started = run
+            .strip_prefix("Run started 20")
+            .unwrap_or_else(|| panic!("{DOC}'s latest run does not start with its date"));
+        assert!(
+            started
+                .chars()
+                .take(8)
+                .all(|c| c.is_ascii_digit() || c == '-'),
+            "{DOC}: no date after 'Run started': {}",
+            &run[..run.len().min(80)]
+        );
+        assert!(
+            run.lines().take(5).any(|l| l.starts_with("Machine: ")),
+            "{DOC}'s latest run does not name its machine"
+        );
+    }
+
+    /// The rows of the table under `header` in `text`: their cells, trimmed.
+    fn table_rows<'a>(text: &'a str, header: &str) -> Vec<Vec<&'a str>> {
+        let from = text
+            .find(header)
+            .unwrap_or_else(|| panic!("{DOC} lacks {header}"));
+        text[from..]
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+            .collect()
+    }
+
+    /// Every option of `cargo xtask bench` has a row in the page's table of flags.
+    #[test]
+    fn the_page_explains_every_flag() {
+        let text = fs::read_to_string(crate::root().join(DOC)).unwrap();
+        let flags: String = table_rows(&text, "| flag | what it does |")
+            .iter()
+            .map(|cells| cells[0])
+            .collect();
+        let command =
+            <super::super::BenchArgs as clap::Args>::augment_args(clap::Command::new("bench"));
+        let missing: Vec<String> = command
+            .get_arguments()
+            .filter_map(|arg| arg.get_long())
+            .filter(|long| !flags.contains(&format!("`--{long}")))
+            .map(|long| format!("--{long}"))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{DOC}'s table of flags lacks {missing:?}"
+        );
+    }
+
+    /// Every variant has a row in the page's table of variants, under its name and label.
+    #[test]
+    fn the_page_lists_every_variant() {
+        let text = fs::read_to_string(crate::root().join(DOC)).unwrap();
+        let rows = table_rows(&text, "| name | row label | what runs |");
+        for variant in &super::super::variants::ALL {
+            let listed = rows.iter().any(|cells| {
+                cells[0].split(", ").any(|name| name == variant.name)
+                    && cells[1].contains(variant.label)
+            });
+            assert!(
+                listed,
+                "{DOC}'s table of variants lacks {} ({})",
+                variant.name, variant.label
+            );
+        }
+    }
+
     #[test]
     fn a_run_replaces_what_lies_between_the_markers_only() {
         let page = format!(

@@ -52,7 +52,7 @@ impl Case {
         Case {
             title: format!(
                 "{} objects × {iterations} per worker, {}, {}{extras}",
-                shmtrace_core::size::human(size),
+                shmtrace_core::units::human(size),
                 plural(args.workers as u64, "worker"),
                 plural(rounds as u64, "round"),
             ),
@@ -143,8 +143,8 @@ pub(super) fn check_room(size: u64, workers: u32) -> Result<()> {
     if free < needed * 2 {
         bail!(
             "/dev/shm has {} free; the workload needs {} at a time",
-            shmtrace_core::size::human(free),
-            shmtrace_core::size::human(needed)
+            shmtrace_core::units::human(free),
+            shmtrace_core::units::human(needed)
         );
     }
     Ok(())

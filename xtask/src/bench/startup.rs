@@ -23,8 +23,14 @@ pub struct StartupFigures {
 }
 
 /// Start-up and teardown, `runs` times: after the previous run's probes are released, or with
-/// `back_to_back`, at once.
-pub fn measure(setup: &Setup, exe: &Path, runs: u32, back_to_back: bool) -> Result<StartupFigures> {
+/// `back_to_back`, at once. `flags` go before shmtrace's others (`--backend ptrace`).
+pub fn measure(
+    setup: &Setup,
+    exe: &Path,
+    runs: u32,
+    back_to_back: bool,
+    flags: &[&str],
+) -> Result<StartupFigures> {
     let mut figures = StartupFigures {
         starts: Vec::new(),
         stops: Vec::new(),
@@ -33,6 +39,7 @@ pub fn measure(setup: &Setup, exe: &Path, runs: u32, back_to_back: bool) -> Resu
     for _ in 0..runs {
         let before = storm::monotonic_ns();
         let out = Command::new(&setup.shmtrace)
+            .args(flags)
             .args(["-o", "/dev/null", "--"])
             .arg(exe)
             .arg("stamp")

@@ -54,7 +54,7 @@ enum Sink {
     DevNull,
 }
 
-pub const ALL: [Variant; 12] = [
+pub const ALL: [Variant; 13] = [
     Variant {
         name: "untraced",
         label: "untraced",
@@ -99,6 +99,14 @@ pub const ALL: [Variant; 12] = [
         label: "shmtrace --failed -o FILE",
         kind: Kind::Shmtrace {
             flags: &["--failed"],
+            sink: Sink::File,
+        },
+    },
+    Variant {
+        name: "shmtrace-ptrace",
+        label: "shmtrace --backend ptrace -o FILE",
+        kind: Kind::Shmtrace {
+            flags: &["--backend", "ptrace"],
             sink: Sink::File,
         },
     },

@@ -1,7 +1,8 @@
 //! `cargo xtask dist --check`: the release artifacts installed and run as users would run
 //! them, each judged by what it did.
-//! - the x86-64 wheel, `pip install`ed into a fresh venv: `shmtrace demo` from its PATH; the
-//!   arm64 wheel installed by pip as for arm64 (`--platform`), holding the arm64 binary;
+//! - the x86-64 wheel, `pip install`ed into a fresh venv: `shmtrace demo` from its PATH, and,
+//!   run by an ordinary user, a command traced with ptrace; the arm64 wheel installed by pip as
+//!   for arm64 (`--platform`), holding the arm64 binary;
 //! - the x86-64 binary inside Debian 11's root file system (glibc 2.31): `shmtrace demo`;
 //! - the x86-64 image, run as the DaemonSet runs it beside a real container that fills its
 //!   /dev/shm: its metrics must count that container's failure, by name.
@@ -58,7 +59,68 @@ pub fn wheel(wheel: &Path, scratch: &Path) -> Result<()> {
         .env("PATH", &path)
         .output()
         .context("running shmtrace from the venv's PATH")?;
-    judge_demo(&output, &format!("from a venv with {}", wheel.display()))
+    judge_demo(&output, &format!("from a venv with {}", wheel.display()))?;
+    unprivileged(&venv.join("bin/shmtrace"), &path)
+}
+
+/// The installed `shmtrace`, run by an ordinary user with no capability, as in a notebook or
+/// a training image: `--help` starts with the ptrace source, and a command is traced with it,
+/// its status passed through, with the one line that says so.
+fn unprivileged(installed: &Path, path: &str) -> Result<()> {
+    // The installed file, where nobody can reach it whatever the checkout's permissions.
+    let dir = std::env::temp_dir().join(format!("shmtrace-wheel-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let shmtrace = dir.join("shmtrace");
+    fs::copy(installed, &shmtrace).context("copying the installed shmtrace")?;
+    let result = run_unprivileged(&shmtrace, path);
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_unprivileged(shmtrace: &Path, path: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(
+        shmtrace.parent().context("a directory")?,
+        fs::Permissions::from_mode(0o755),
+    )?;
+    let as_nobody = || {
+        let mut command = Command::new("setpriv");
+        command
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(shmtrace)
+            .env("PATH", path);
+        command
+    };
+    let help = as_nobody()
+        .arg("--help")
+        .output()
+        .context("running the installed shmtrace as nobody")?;
+    let first = String::from_utf8_lossy(&help.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    if !first.starts_with("Here: ptrace") {
+        bail!("--help as an ordinary user starts with {first:?}, not the ptrace source");
+    }
+    let traced = as_nobody()
+        .args(["--", "sh", "-c", "exit 5"])
+        .output()
+        .context("tracing a command as nobody")?;
+    let stderr = String::from_utf8_lossy(&traced.stderr);
+    if traced.status.code() != Some(5) || !stderr.contains("tracing with ptrace instead") {
+        bail!(
+            "the installed shmtrace, run by nobody, did not trace with ptrace ({}):\n{stderr}",
+            traced.status
+        );
+    }
+    println!("the installed shmtrace, run by an ordinary user: {first}");
+    Ok(())
 }
 
 /// A wheel of another architecture, which cannot run here, installed as pip installs it on

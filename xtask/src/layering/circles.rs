@@ -36,19 +36,7 @@ pub struct Target {
 /// Every target of the workspace's members (`cargo metadata`), the eBPF crate and xtask
 /// included; build scripts are single files and left out.
 pub fn workspace_targets(root: &Path) -> Result<Vec<Target>> {
-    let output = crate::cargo()
-        .current_dir(root)
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .context("running cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).context("parsing cargo metadata's output")?;
+    let metadata = crate::cargo_metadata(root, &["--no-deps"])?;
     let mut targets = Vec::new();
     for package in metadata["packages"].as_array().into_iter().flatten() {
         for target in package["targets"].as_array().into_iter().flatten() {

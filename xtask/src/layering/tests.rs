@@ -31,7 +31,7 @@ fn finds_paths_in_use_trees_types_and_expressions() {
     let text = "
         use crate::{capacity::Capacity, event::{self, Body}};
         use super::{failure::Cause, known};
-        fn f(x: crate::model::World) -> usize { crate::size::human(1).len() }
+        fn f(x: crate::model::World) -> usize { crate::units::human(1).len() }
         mod tests { use super::*; use crate::record::*; }
     ";
     let to: BTreeSet<String> = edges_of(text, "diagnose::verdict")
@@ -45,7 +45,7 @@ fn finds_paths_in_use_trees_types_and_expressions() {
         "diagnose::failure::Cause",
         "diagnose::known",
         "model::World",
-        "size::human",
+        "units::human",
         "diagnose::verdict",
         "record",
     ];

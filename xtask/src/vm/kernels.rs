@@ -32,26 +32,26 @@ pub struct Kernel {
     pub expect: Expect,
     /// What `vm-test --ci` (in `.ci/run`, on every submission) runs on it.
     pub ci: Ci,
+    /// What `vm-test --ci --full` (in `.ci/run --full`) runs on it.
+    pub full: Ci,
 }
 
-/// How much of the guest suite `.ci/run` runs on a kernel, to stay within CI's time.
+/// How much of the guest suite `.ci/run` runs on a kernel, to stay within CI's time. What
+/// differs from one kernel to another is what the probes meet (the verifier, the tracepoints,
+/// the structs' layouts), so every submission runs every probe's tests on the main build of
+/// each supported line; the rest of the guest suite is the same userspace on every kernel,
+/// which the host's kernel runs in full (`cargo xtask test`), and `.ci/run --full` in guests.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Ci {
     /// The whole guest suite.
     Full,
-    /// The guest suite without `kernel_diagnosis`: its Python workloads take the longest
-    /// under emulation (10 tests, about 20 minutes on a loaded machine), so `.ci/run` runs
-    /// them on the oldest supported line only.
-    WithoutPython,
+    /// The smoke test and the whole of `kernel_probes`: every probe's tests.
+    ProbeSuite,
     /// The demo and a `dd` filling /dev/shm: another build of a line tested in full.
     Smoke,
     /// The smoke test and a test of each probe (`vm::PROBES`): an architecture whose
     /// emulation is too slow for the whole suite within CI's time (arm64 under TCG).
     Probes,
-    /// No tests, only the load step every guest runs first: a guest whose emulation is too
-    /// slow for more within CI's budget (the second arm64 line under TCG), whose tests run on
-    /// demand (`vm-test --kernel NAME`).
-    Load,
 }
 
 /// x86-64 then arm64, oldest first. The 6.1 and 6.12 lines are those of Debian 12 and 13, and
@@ -66,6 +66,7 @@ pub const MATRIX: &[Kernel] = &[
         who: "Debian 11: below the minimum, refused",
         expect: Expect::Refused,
         ci: Ci::Full,
+        full: Ci::Full,
     },
     Kernel {
         name: "6.1",
@@ -74,7 +75,8 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "cloud-amd64",
         who: "Debian 12; Amazon Linux 2023's first line, COS LTS",
         expect: Expect::Works,
-        ci: Ci::Full,
+        ci: Ci::ProbeSuite,
+        full: Ci::Full,
     },
     Kernel {
         name: "6.1-rt",
@@ -84,6 +86,7 @@ pub const MATRIX: &[Kernel] = &[
         who: "Debian 12, PREEMPT_RT build",
         expect: Expect::Works,
         ci: Ci::Smoke,
+        full: Ci::ProbeSuite,
     },
     Kernel {
         name: "6.12-bpo",
@@ -93,6 +96,7 @@ pub const MATRIX: &[Kernel] = &[
         who: "Debian 12 backports",
         expect: Expect::Works,
         ci: Ci::Smoke,
+        full: Ci::ProbeSuite,
     },
     Kernel {
         name: "6.12",
@@ -101,7 +105,8 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "cloud-amd64",
         who: "Debian 13; Amazon Linux 2023's newer line",
         expect: Expect::Works,
-        ci: Ci::WithoutPython,
+        ci: Ci::ProbeSuite,
+        full: Ci::Full,
     },
     Kernel {
         name: "6.1-arm64",
@@ -110,7 +115,8 @@ pub const MATRIX: &[Kernel] = &[
         flavour: "cloud-arm64",
         who: "Debian 12 on arm64 (Graviton, Ampere)",
         expect: Expect::Works,
-        ci: Ci::Load,
+        ci: Ci::Probes,
+        full: Ci::Probes,
     },
     Kernel {
         name: "6.12-arm64",
@@ -120,6 +126,7 @@ pub const MATRIX: &[Kernel] = &[
         who: "Debian 13 on arm64; Amazon Linux 2023's newer line on Graviton",
         expect: Expect::Works,
         ci: Ci::Probes,
+        full: Ci::Probes,
     },
 ];
 
@@ -197,4 +204,53 @@ fn extract_vmlinuz(deb: &Path, into: &Path) -> Result<()> {
     fs::rename(&image, into.join("vmlinuz"))?;
     fs::remove_dir_all(&scratch)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What docs/kernels.md's table says a selection runs.
+    fn words(ci: Ci) -> &'static str {
+        match ci {
+            Ci::Full => "the whole guest suite",
+            Ci::ProbeSuite => {
+                "every test of `kernel_probes` and `kernel_host_wide_deaths`, the demo and `dd`"
+            }
+            Ci::Smoke => "the demo and `dd`",
+            Ci::Probes => "a test of each probe, the demo and `dd`",
+        }
+    }
+
+    /// docs/kernels.md's table says, for each kernel of the matrix, what `.ci/run` runs on it
+    /// on every submission and with `--full`.
+    #[test]
+    fn the_kernels_table_says_what_ci_runs() {
+        let text = std::fs::read_to_string(crate::root().join("docs/kernels.md")).unwrap();
+        for kernel in MATRIX {
+            let package = format!("| {} `linux-image-{}` |", kernel.suite, kernel.flavour);
+            let row = text
+                .lines()
+                .find(|line| line.contains(&package))
+                .unwrap_or_else(|| panic!("docs/kernels.md has no row for {}", kernel.name));
+            if kernel.expect == Expect::Refused {
+                assert!(
+                    row.contains("refused in one sentence on every submission"),
+                    "{row}"
+                );
+                continue;
+            }
+            for (ci, when) in [
+                (kernel.ci, "on every submission"),
+                (kernel.full, "with `--full`"),
+            ] {
+                let said = format!("{} {when}", words(ci));
+                assert!(
+                    row.contains(&said),
+                    "{}: {row:?} should say {said:?}",
+                    kernel.name
+                );
+            }
+        }
+    }
 }

@@ -1,13 +1,74 @@
 //! What each /dev/shm system call does to the model: open, size, map, unmap, unlink, close.
 use std::sync::Arc;
 
-use super::World;
+use super::{DIRECTORIES, World};
 use crate::{
     event::{Call, Event, InodeId, Syscall},
     model::{Annotation, Mapping, OpenFd, ShmObject, process::MAX_NAMES},
 };
 
 impl World {
+    /// A directory on a /dev/shm opened (its descriptor kept, with its path, and its inode
+    /// number) or closed.
+    fn follow_directory(&mut self, event: &Event, call: &Call, path: Option<Arc<str>>) {
+        if let (false, Some(file), Some(path)) = (call.failed(), call.file, &path)
+            && path.starts_with('/')
+            && call.syscall.opens_a_path()
+        {
+            if self.directories.len() >= DIRECTORIES {
+                self.directories.clear();
+            }
+            self.directories
+                .insert((event.mntns, file.inode.ino), path.clone());
+        }
+        let Some(process) = self.processes.get_mut(&event.pid) else {
+            return;
+        };
+        match (call.syscall, call.fd, call.failed()) {
+            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, Some(fd), false) => {
+                match path.filter(|p| p.starts_with('/')) {
+                    Some(path) if process.dir_fds.len() < MAX_NAMES => {
+                        process.dir_fds.insert(fd, path);
+                    }
+                    _ => drop(process.dir_fds.remove(&fd)),
+                }
+            }
+            (Syscall::Close, Some(fd), _) => drop(process.dir_fds.remove(&fd)),
+            _ => {}
+        }
+    }
+
+    /// The whole path of a call's name that is relative to a directory descriptor on a
+    /// /dev/shm (`openat(dirfd, "sub/f")`): by the directory's inode number, when it was
+    /// opened by a whole path in this trace (a descriptor moved with an untraced `fcntl`, as
+    /// GNU's `find`, `du` and `rm -r` do, still names it); else by the descriptor this process
+    /// opened. A directory neither names, other than the file system's root (inode 1: Linux
+    /// numbers each tmpfs's inodes from 1 since 5.9), was opened before the trace began: its
+    /// names are shown as `/dev/shm/…/NAME`, not as if they were in /dev/shm itself.
+    pub fn resolve_relative(&self, pid: u32, mntns: u32, call: &Call) -> Option<String> {
+        let path = call.path.as_deref()?;
+        if !call.relative_to_shm || path.starts_with('/') || !has_dirfd(call.syscall) {
+            return None;
+        }
+        let dirfd = call.args[0] as i32;
+        let by_inode = call
+            .dir_ino
+            .and_then(|ino| self.directories.get(&(mntns, ino)));
+        let by_fd = || self.processes.get(&pid)?.dir_fds.get(&dirfd);
+        match (by_inode.or_else(by_fd), call.dir_ino) {
+            (Some(dir), _) => Some(format!("{}/{path}", dir.trim_end_matches('/'))),
+            (None, Some(ino)) if ino != TMPFS_ROOT_INO => {
+                Some(format!("/dev/shm/{UNKNOWN_DIR}/{path}"))
+            }
+            (None, _) => None,
+        }
+    }
+
+    /// Mount namespace `mntns` is gone: its directories' numbers may name others later.
+    pub(super) fn forget_directories(&mut self, mntns: u32) {
+        self.directories.retain(|(m, _), _| *m != mntns);
+    }
+
     pub(super) fn apply_call(&mut self, event: &Event, call: &Call, note: &mut Annotation) {
         // A directory (/dev/shm itself, whose descriptor `ls` or a runtime closes) is no
         // object: kept as one, each container's would stay in the model for good.
@@ -16,6 +77,7 @@ impl World {
             .is_some_and(|file| file.mode & libc::S_IFMT == libc::S_IFDIR)
         {
             note.object_path = call.display_path().map(Arc::from);
+            self.follow_directory(event, call, note.object_path.clone());
             return;
         }
         let ok = !call.failed();
@@ -260,3 +322,17 @@ impl World {
 #[cfg(test)]
 #[path = "calls_tests.rs"]
 mod tests;
+
+/// Inode number of a tmpfs's root directory.
+const TMPFS_ROOT_INO: u64 = 1;
+
+/// Stands for the directories of a path shmtrace does not know.
+const UNKNOWN_DIR: &str = "…";
+
+/// Whether the call's first argument is the directory descriptor its path is relative to.
+fn has_dirfd(syscall: Syscall) -> bool {
+    matches!(
+        syscall,
+        Syscall::Openat | Syscall::Openat2 | Syscall::Open | Syscall::Unlinkat
+    )
+}

@@ -112,3 +112,66 @@ fn a_name_removed_from_a_namespace_sharing_the_dev_shm_is_told_to_the_next_open(
         assert!(!world.object(&InodeId { dev: DEV, ino: 1 }).unwrap().linked);
     }
 }
+
+/// GNU fts (`find`, `du`, `rm -r`): the directory opened by its whole path on descriptor 3,
+/// moved to 4 by an untraced `fcntl(F_DUPFD_CLOEXEC)`, 3 closed; then names relative to 4.
+/// The probes give the directory's inode behind 4, which names it. A directory of which the
+/// trace saw no open is not taken for /dev/shm itself, unless it is the file system's root.
+#[test]
+fn a_name_relative_to_a_moved_directory_descriptor_is_named_by_the_directorys_inode() {
+    let mut world = World::new();
+    world.apply(&event(SECOND, 1, Body::Fork { child_pid: 2 }));
+    let mut opened = call(
+        Syscall::Openat,
+        77,
+        Some("/dev/shm/a/sub"),
+        [libc::AT_FDCWD as u64, 0, libc::O_DIRECTORY as u64, 0, 0, 0],
+    );
+    if let Body::Call(c) = &mut opened
+        && let Some(file) = &mut c.file
+    {
+        file.mode = libc::S_IFDIR | 0o755;
+    }
+    world.apply(&event(SECOND + 1, 2, opened));
+    world.apply(&event(
+        SECOND + 2,
+        2,
+        call(Syscall::Close, 77, None, [3, 0, 0, 0, 0, 0]),
+    ));
+    let relative = |dir_ino: Option<u64>| {
+        let Body::Call(mut c) = call(Syscall::Unlinkat, 78, Some("f"), [4, 0, 0, 0, 0, 0]) else {
+            unreachable!()
+        };
+        c.relative_to_shm = true;
+        c.dir_ino = dir_ino;
+        c
+    };
+    assert_eq!(
+        world
+            .resolve_relative(2, MNTNS, &relative(Some(77)))
+            .as_deref(),
+        Some("/dev/shm/a/sub/f")
+    );
+    // Another namespace's inode 77 is another directory.
+    assert_eq!(
+        world
+            .resolve_relative(2, MNTNS + 1, &relative(Some(77)))
+            .as_deref(),
+        Some("/dev/shm/…/f")
+    );
+    assert_eq!(
+        world.resolve_relative(2, MNTNS, &relative(Some(1))),
+        None,
+        "the root: /dev/shm/f as it is"
+    );
+    // An older trace, without the inode: descriptor 4 is unknown, as before.
+    assert_eq!(world.resolve_relative(2, MNTNS, &relative(None)), None);
+    // Its namespace gone, the number names nothing.
+    world.forget_shm_dev(MNTNS);
+    assert_eq!(
+        world
+            .resolve_relative(2, MNTNS, &relative(Some(77)))
+            .as_deref(),
+        Some("/dev/shm/…/f")
+    );
+}

@@ -3,13 +3,13 @@
 use std::{collections::VecDeque, sync::Arc};
 
 mod calls;
+mod forgetting;
 mod objects;
 mod removals;
-mod retention;
 #[cfg(test)]
 mod test_events;
 
-pub use retention::{Evictions, QUIET_LINGER_NS, Retention};
+pub use forgetting::{Evictions, QUIET_LINGER_NS, Retention};
 
 use super::{
     Annotation, FastMap, FastSet, FaultSite, Mapping, OpenFd, ProcSnapshot, Process, Removal,
@@ -44,8 +44,12 @@ pub struct World {
     /// ([`removals`]).
     shm_dev_of: FastMap<u32, u32>,
     namespaces_on: FastMap<u32, Vec<u32>>,
+    /// Directories on a /dev/shm opened by whole path, by mount namespace and inode number
+    /// ([`DIRECTORIES`] at most): a name relative to a descriptor of one is named whole by
+    /// the inode the probes read behind the descriptor, however the descriptor was moved.
+    directories: FastMap<(u32, u64), Arc<str>>,
     /// What ended, to be forgotten once it no longer matters; `None` keeps everything.
-    forgetting: Option<retention::Forgetting>,
+    forgetting: Option<forgetting::Forgetting>,
     /// The live processes of each mount namespace: whether a container's last process has
     /// ended is asked at every exit, and a scan of every process there made a replay of a
     /// fork storm quadratic (issue 25). Kept by [`World::insert_process`], the namespace
@@ -62,6 +66,9 @@ const CHANGE_LOG: usize = 1 << 16;
 
 /// Bound on `recently_freed`.
 const RECENTLY_FREED: usize = 4096;
+
+/// Bound on `directories`, kept by clearing: a directory opened again is learned again.
+const DIRECTORIES: usize = 4096;
 
 /// Bound on `removals`.
 const REMOVALS: usize = 256;
@@ -463,6 +470,7 @@ impl World {
         child.exe = parent.exe.clone();
         child.argv = parent.argv.clone();
         child.fds = parent.fds.clone();
+        child.dir_fds = parent.dir_fds.clone();
         child.mappings = parent.mappings.clone();
         for fd in child.fds.values() {
             if let Some(object) = self.objects.get_mut(&fd.inode) {

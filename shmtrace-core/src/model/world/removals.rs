@@ -42,6 +42,8 @@ impl World {
         if let Some(dev) = self.shm_dev_of.remove(&mntns) {
             self.unshare(mntns, dev);
         }
+        // The number may go to another container, whose /dev/shm numbers its inodes anew.
+        self.forget_directories(mntns);
     }
 
     fn unshare(&mut self, mntns: u32, dev: u32) {

@@ -34,5 +34,6 @@ pub fn call(syscall: Syscall, ino: u64, path: Option<&str>, args: [u64; 6]) -> B
         path: path.map(str::to_owned),
         path_truncated: false,
         relative_to_shm: false,
+        dir_ino: None,
     })
 }

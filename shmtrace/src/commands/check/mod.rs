@@ -2,10 +2,10 @@
 //! meets first, read in well under a second without tracing and without privileges, so that
 //! it runs inside any container, in an entrypoint or a CI step.
 //!
-//! `shm` reads /dev/shm (statvfs, mountinfo), `memory` the cgroup's memory limit, `platform`
-//! recognises the runtime and managed platform and words the fix in its terms; the files on
-//! /dev/shm and their holders come from `live::holders`, as a diagnosis reads them.
-mod memory;
+//! `shm` reads /dev/shm (statvfs, mountinfo), `platform` recognises the runtime and managed
+//! platform and words the fix in its terms; the cgroup's memory limit comes from
+//! `container::memory`, and the files on /dev/shm and their holders from `live::holders`, as
+//! a diagnosis reads them.
 mod platform;
 mod shm;
 
@@ -16,15 +16,17 @@ use serde::Serialize;
 
 use crate::{
     cli::CheckArgs,
-    clock::boot_ns,
-    event::escape,
+    container::memory::{self, Memory},
     live::holders,
-    model::HeldFile,
-    size::{count, human},
 };
-use memory::Memory;
 use platform::Platform;
 use shm::{Kind, Shm};
+use shmtrace_core::{
+    clock::boot_ns,
+    event::escape,
+    model::HeldFile,
+    units::{count, human},
+};
 
 /// `--min`: /dev/shm, or what the memory limit leaves of it, is smaller than asked.
 const TOO_SMALL: u8 = 3;

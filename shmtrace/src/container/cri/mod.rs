@@ -19,7 +19,7 @@ use super::{
     endpoints::ProblemKind,
     shm::ShmInfo,
 };
-use crate::event::escape;
+use shmtrace_core::event::escape;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
 pub mod proto {

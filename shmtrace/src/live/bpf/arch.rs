@@ -25,28 +25,28 @@ use super::{
         reason = "a binary uses its own architecture; the tests check every one's hooks"
     )
 )]
-pub enum Arch {
+pub enum KernelArch {
     X86_64,
     Aarch64,
 }
 
-impl Arch {
+impl KernelArch {
     #[cfg(test)]
-    pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Aarch64];
+    pub const ALL: [KernelArch; 2] = [KernelArch::X86_64, KernelArch::Aarch64];
 
     /// The architecture this binary runs on, and so the running kernel's: the probes trace the
     /// system calls of the kernel's own architecture (a 32-bit compat call is not traced).
     #[cfg(target_arch = "x86_64")]
-    pub const HOST: Arch = Arch::X86_64;
+    pub const HOST: KernelArch = KernelArch::X86_64;
     #[cfg(target_arch = "aarch64")]
-    pub const HOST: Arch = Arch::Aarch64;
+    pub const HOST: KernelArch = KernelArch::Aarch64;
 
     /// Whether the architecture has this system call (and its tracepoints).
     pub fn has(self, call: Syscall) -> bool {
         match self {
-            Arch::X86_64 => true,
+            KernelArch::X86_64 => true,
             // The generic system call table of newer architectures has only the *at calls.
-            Arch::Aarch64 => !matches!(call, Syscall::Unlink | Syscall::Open),
+            KernelArch::Aarch64 => !matches!(call, Syscall::Unlink | Syscall::Open),
         }
     }
 
@@ -56,14 +56,14 @@ impl Arch {
         let mut at = [0u32; 6];
         match self {
             // The system call convention: rdi, rsi, rdx, r10, r8, r9.
-            Arch::X86_64 => {
+            KernelArch::X86_64 => {
                 for (slot, register) in at.iter_mut().zip(["di", "si", "dx", "r10", "r8", "r9"]) {
                     *slot = field_offset(btf, "pt_regs", register)?;
                 }
             }
             // x0 to x5; but x0 is overwritten by the return value before `sys_exit_*` runs,
             // so the first argument is read from `orig_x0`, which keeps it.
-            Arch::Aarch64 => {
+            KernelArch::Aarch64 => {
                 at[0] = field_offset(btf, "pt_regs", "orig_x0")?;
                 let regs = field_offset(btf, "pt_regs", "regs")?;
                 for (n, slot) in at.iter_mut().enumerate().skip(1) {

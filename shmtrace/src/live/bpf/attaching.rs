@@ -10,11 +10,21 @@
 //! is attaching, and detachers hold their releases while it does: it waits for the releases
 //! already under way only, and theirs, once it has attached, no longer wait either.
 //!
-//! The announcement is a bound abstract Unix socket: nothing on disk, and the kernel unbinds
-//! it when its holder exits, however it exits. Anyone can bind the name, so it is a courtesy,
-//! never a lock: a run that cannot bind it attaches as before, and a detacher waits at most
-//! [`HOLD_AT_MOST`] in all, whoever holds the name.
-use std::{os::fd::RawFd, time::Duration};
+//! The announcement is a listening abstract Unix socket: nothing on disk, and the kernel
+//! unbinds it when its holder exits, however it exits. Anyone can bind the name, so a detacher
+//! believes it only from its own user or root, as the kernel tells who listens (`SO_PEERCRED`
+//! of a connection to it): another user who binds it changes nothing. It is a courtesy, never
+//! a lock: a run that cannot bind it attaches as before, and a detacher waits at most
+//! [`HOLD_AT_MOST`] in all.
+use std::{
+    os::fd::RawFd,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
 
 /// The socket's abstract name (after the leading NUL).
 const NAME: &[u8] = b"shmtrace-attaching";
@@ -32,55 +42,132 @@ pub const LOOK_EVERY: Duration = Duration::from_millis(25);
 /// Held while this run loads and attaches its programs; dropping it ends the announcement.
 pub struct Announcement {
     socket: RawFd,
+    /// Takes the detachers' connections as they come, so that they never fill the queue.
+    acceptor: Option<JoinHandle<()>>,
+    done: Arc<AtomicBool>,
 }
 
 impl Drop for Announcement {
     fn drop(&mut self) {
-        // SAFETY: our own descriptor.
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        // SAFETY: our own descriptor, which the acceptor no longer uses.
         unsafe { libc::close(self.socket) };
     }
 }
+
+/// How often the acceptor looks whether the announcement ended.
+const ACCEPTOR_LOOKS_EVERY_MS: i32 = 20;
 
 /// Announces that this run is attaching, if nobody else does now (`None`: attach anyway).
 pub fn announce() -> Option<Announcement> {
     announce_as(NAME)
 }
 
-/// Whether a run is attaching now. Async-signal-safe (socket, connect and close only): the
+/// Whether a run of this user or root is attaching now. Async-signal-safe (socket, connect,
+/// getsockopt, geteuid and close only): the
 /// detachers call it in a child forked from a multithreaded process.
 pub fn someone_attaching() -> bool {
     someone_attaching_as(NAME)
 }
 
 fn announce_as(name: &[u8]) -> Option<Announcement> {
-    let socket = datagram_socket()?;
+    let socket = seqpacket_socket()?;
     let (address, length) = address(name);
-    // SAFETY: a valid address of `length` bytes.
-    let bound = unsafe { libc::bind(socket, (&raw const address).cast(), length) } == 0;
-    if !bound {
+    // SAFETY: a valid address of `length` bytes; our own descriptor.
+    let listening = unsafe {
+        libc::bind(socket, (&raw const address).cast(), length) == 0
+            && libc::listen(socket, 64) == 0
+    };
+    if !listening {
         // SAFETY: our own descriptor.
         unsafe { libc::close(socket) };
         return None;
     }
-    Some(Announcement { socket })
+    let done = Arc::new(AtomicBool::new(false));
+    let acceptor = {
+        let done = done.clone();
+        std::thread::Builder::new()
+            .name("shmtrace-announce".into())
+            .spawn(move || accept_until(socket, &done))
+            .ok()
+    };
+    Some(Announcement {
+        socket,
+        acceptor,
+        done,
+    })
+}
+
+/// Accepts and closes connections to the announcement until it ends.
+fn accept_until(socket: RawFd, done: &AtomicBool) {
+    while !done.load(Ordering::Relaxed) {
+        let mut ready = libc::pollfd {
+            fd: socket,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&raw mut ready, 1, ACCEPTOR_LOOKS_EVERY_MS) } <= 0 {
+            continue;
+        }
+        // SAFETY: our listening socket; the connection is closed at once.
+        let connection = unsafe {
+            libc::accept4(
+                socket,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if connection >= 0 {
+            // SAFETY: the descriptor accept4 just gave us.
+            unsafe { libc::close(connection) };
+        }
+    }
 }
 
 fn someone_attaching_as(name: &[u8]) -> bool {
-    let Some(socket) = datagram_socket() else {
+    let Some(socket) = seqpacket_socket() else {
         return false;
     };
     let (address, length) = address(name);
-    // SAFETY: a valid address of `length` bytes; connecting a datagram socket sends nothing,
-    // and succeeds only if the name is bound.
+    // SAFETY: a valid address of `length` bytes. Non-blocking: a listener that does not
+    // accept (someone else's) cannot hold a detacher up.
     let connected = unsafe { libc::connect(socket, (&raw const address).cast(), length) } == 0;
+    let trusted = connected && {
+        // SAFETY: all zeros is a valid `ucred`, and the kernel writes at most its size.
+        let mut peer: libc::ucred = unsafe { std::mem::zeroed() };
+        let mut size = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: a `ucred` and its size.
+        let read = unsafe {
+            libc::getsockopt(
+                socket,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&raw mut peer).cast(),
+                &raw mut size,
+            )
+        } == 0;
+        // SAFETY: no pointers.
+        read && (peer.uid == 0 || peer.uid == unsafe { libc::geteuid() })
+    };
     // SAFETY: our own descriptor.
     unsafe { libc::close(socket) };
-    connected
+    trusted
 }
 
-fn datagram_socket() -> Option<RawFd> {
+fn seqpacket_socket() -> Option<RawFd> {
     // SAFETY: no pointers.
-    let socket = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let socket = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
     (socket >= 0).then_some(socket)
 }
 
@@ -115,5 +202,63 @@ mod tests {
         );
         drop(announcement);
         assert!(!someone_attaching_as(&name));
+    }
+
+    /// Another user's process listening on the name holds nobody's releases back.
+    #[test]
+    fn an_announcement_by_another_user_is_not_believed() {
+        let name = format!("shmtrace-attaching-other-{}", std::process::id()).into_bytes();
+        let (address, length) = address(&name);
+        let mut ready = [0; 2];
+        // SAFETY: a two-descriptor array for the pipe.
+        assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+        // SAFETY: the child only makes system calls, then exits.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: the child drops to another user and holds the name until killed.
+            unsafe {
+                let other: libc::uid_t = if libc::geteuid() == 65534 {
+                    65533
+                } else {
+                    65534
+                };
+                if libc::setgid(other) != 0 || libc::setuid(other) != 0 {
+                    libc::_exit(2);
+                }
+                let socket = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+                if libc::bind(socket, (&raw const address).cast(), length) != 0
+                    || libc::listen(socket, 64) != 0
+                {
+                    libc::_exit(3);
+                }
+                libc::write(ready[1], b"x".as_ptr().cast(), 1);
+                libc::pause();
+                libc::_exit(0);
+            }
+        }
+        let mut byte = [0u8; 1];
+        // SAFETY: reading one byte into a local buffer.
+        let got = unsafe { libc::read(ready[0], byte.as_mut_ptr().cast(), 1) };
+        let believed = got == 1 && someone_attaching_as(&name);
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+            libc::close(ready[0]);
+            libc::close(ready[1]);
+        }
+        if got != 1 {
+            // Only root can be another user; as an ordinary user the check is that our own
+            // announcement is believed (above).
+            assert!(
+                !nix::unistd::Uid::effective().is_root(),
+                "the child could not take the name as another user"
+            );
+            return;
+        }
+        assert!(
+            !believed,
+            "another user's listener on the name was believed"
+        );
     }
 }

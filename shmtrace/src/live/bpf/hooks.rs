@@ -6,7 +6,7 @@ use std::path::Path;
 
 use shmtrace_common::Syscall;
 
-use super::{BpfError, arch::Arch};
+use super::{BpfError, arch::KernelArch};
 
 /// One program's attach point.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,13 +51,13 @@ pub const MOUNT_CALLS: [&str; 2] = ["mount", "fsconfig"];
 
 /// Every hook of this machine's architecture, in attach order.
 pub fn all() -> Vec<Hook> {
-    for_arch(Arch::HOST)
+    for_arch(KernelArch::HOST)
 }
 
 /// Every hook on `arch`, in attach order: process lifecycle first, so no fork is missed while
 /// the syscall probes attach. A traced call the architecture lacks has no hook there; its
 /// program stays in the object, unloaded.
-pub fn for_arch(arch: Arch) -> Vec<Hook> {
+pub fn for_arch(arch: KernelArch) -> Vec<Hook> {
     let mut hooks: Vec<Hook> = [
         ("sched", "sched_process_fork"),
         ("sched", "sched_process_exec"),
@@ -159,7 +159,7 @@ mod tests {
     fn every_program_in_the_object_has_its_hook_and_back() {
         let in_object = programs_in_object();
         let mut wanted = BTreeSet::new();
-        for arch in Arch::ALL {
+        for arch in KernelArch::ALL {
             let hooks = for_arch(arch);
             for hook in &hooks {
                 let section = match hook {
@@ -186,7 +186,7 @@ mod tests {
     /// to the exit of every call traced at both ends, an exit-only call's program to its own
     /// exit, nothing to an entry-only call's exit, nothing for a call the architecture lacks,
     /// and no tracepoint twice.
-    fn check_attach_points(arch: Arch, hooks: &[Hook]) {
+    fn check_attach_points(arch: KernelArch, hooks: &[Hook]) {
         let mut attach_points = BTreeSet::new();
         for hook in hooks {
             if let Hook::Tracepoint {
@@ -249,7 +249,7 @@ mod tests {
 
     #[test]
     fn arm64_has_no_unlink_or_open_hook() {
-        let names: Vec<String> = for_arch(Arch::Aarch64)
+        let names: Vec<String> = for_arch(KernelArch::Aarch64)
             .iter()
             .map(|hook| hook.describe())
             .collect();
@@ -266,6 +266,6 @@ mod tests {
             );
         }
         // On x86-64, `unlink` has an entry and an exit hook, `open` an exit hook.
-        assert_eq!(for_arch(Arch::X86_64).len(), names.len() + 3);
+        assert_eq!(for_arch(KernelArch::X86_64).len(), names.len() + 3);
     }
 }

@@ -22,6 +22,7 @@ mod tracer;
 
 use std::path::PathBuf;
 
+pub use preflight::check_privileges;
 pub use reader::EventReader;
 pub use tracer::{Tracer, TracerOptions};
 

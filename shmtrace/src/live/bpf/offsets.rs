@@ -8,7 +8,7 @@ use shmtrace_common::KernelOffsets;
 
 use super::{
     BpfError,
-    arch::Arch,
+    arch::KernelArch,
     btf::{KernelBtf, field_bit_offset, field_offset},
 };
 
@@ -66,7 +66,7 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         mm_arg_end: at("mm_struct", "arg_end")?,
         binprm_filename: at("linux_binprm", "filename")?,
         task_in_execve_bit: field_bit_offset(btf, "task_struct", "in_execve").unwrap_or(u32::MAX),
-        regs_arg: Arch::HOST.syscall_arg_registers(btf)?,
+        regs_arg: KernelArch::HOST.syscall_arg_registers(btf)?,
         fd_slot_steps: std::array::from_fn(|bit| 8 << bit),
     })
 }

@@ -1,23 +1,20 @@
 //! Starting a command under tracing: it is forked paused, registered with the probes, and only
 //! then allowed to exec, so not one of its calls is missed.
 use std::{
-    ffi::{CString, OsString},
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
-        unix::ffi::OsStrExt,
-    },
+    ffi::OsString,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     sync::Arc,
 };
 
 use anyhow::{Context, Result, bail};
 use nix::{
     errno::Errno,
-    fcntl::OFlag,
     sys::wait::{WaitStatus, waitpid},
-    unistd::{ForkResult, Pid, fork, pipe2},
+    unistd::{ForkResult, Pid, fork},
 };
 
-use crate::event::ExitStatus;
+use crate::child;
+use shmtrace_core::event::ExitStatus;
 
 /// A forked child waiting for [`PausedCommand::start`] before it runs the command.
 pub struct PausedCommand {
@@ -35,13 +32,13 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
     let Some(program) = argv.first() else {
         bail!("no command given after --");
     };
-    let c_argv: Vec<CString> = argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<_, _>>()
-        .context("a command argument contains a NUL byte")?;
-    let (go_read, go_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
-    let (status_read, status_write) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
+    let c_argv = child::c_argv(argv)?;
+    let child::Pipes {
+        go_read,
+        go_write,
+        status_read,
+        status_write,
+    } = child::Pipes::new()?;
 
     // SAFETY: the process is single-threaded here (documented precondition), and the child
     // only calls async-signal-safe functions before exec or _exit.
@@ -49,25 +46,13 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
         ForkResult::Child => {
             drop(go_write);
             drop(status_read);
-            let mut byte = [0u8; 1];
-            // SAFETY: reading one byte into a local buffer.
-            let n = unsafe { libc::read(go_read.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
-            if n != 1 {
+            if !child::wait_for_release(&go_read) {
                 // shmtrace gave up before releasing us.
                 // SAFETY: _exit is async-signal-safe and never returns.
                 unsafe { libc::_exit(127) };
             }
-            reset_signals();
-            let errno = match nix::unistd::execvp(&c_argv[0], &c_argv) {
-                Err(errno) => errno as i32,
-                Ok(never) => match never {},
-            };
-            let bytes = errno.to_ne_bytes();
-            // SAFETY: writing four bytes from a local buffer, then exiting without unwinding.
-            unsafe {
-                libc::write(status_write.as_raw_fd(), bytes.as_ptr().cast(), 4);
-                libc::_exit(127);
-            }
+            child::reset_signals();
+            child::exec(&c_argv, &status_write)
         }
         ForkResult::Parent { child } => Ok(PausedCommand {
             pid: child,
@@ -75,30 +60,6 @@ pub fn spawn_paused(argv: &[OsString]) -> Result<PausedCommand> {
             go: go_write,
             exec_status: status_read,
         }),
-    }
-}
-
-/// Gives the command the signal state a shell would: every disposition at its default and
-/// nothing blocked. Rust's runtime ignores SIGPIPE, and an ignored signal survives exec, so
-/// without this `yes | head -1` under shmtrace would make `yes` fail with EPIPE instead of
-/// dying of SIGPIPE: a tracer must not change the program it traces.
-///
-/// Runs in the forked child before exec: only async-signal-safe calls (sigaction,
-/// sigprocmask).
-fn reset_signals() {
-    // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction and sigprocmask are
-    // async-signal-safe, and an error (SIGKILL, SIGSTOP, the reserved real-time signals of
-    // the C library) leaves that signal as it was, which is the default already.
-    unsafe {
-        let mut default: libc::sigaction = std::mem::zeroed();
-        default.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut default.sa_mask);
-        for signo in 1..=libc::SIGRTMAX() {
-            libc::sigaction(signo, &default, std::ptr::null_mut());
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 
@@ -121,12 +82,7 @@ impl PausedCommand {
         if n == 4 {
             let errno = Errno::from_raw(i32::from_ne_bytes(buf));
             let _ = waitpid(self.pid, None);
-            let hint = match errno {
-                Errno::ENOENT => "command not found; check the name and your PATH",
-                Errno::EACCES => "permission denied; is it executable?",
-                _ => "cannot execute it",
-            };
-            bail!("{}: {hint} ({})", self.program, errno.desc());
+            return Err(child::exec_failed(&self.program, errno));
         }
         Ok(RunningCommand {
             pid: self.pid,
@@ -154,6 +110,16 @@ fn pidfd_open(pid: Pid) -> Option<OwnedFd> {
 }
 
 impl RunningCommand {
+    /// The command another tracer started (ptrace's), our child: to signal it. Its end is
+    /// that tracer's to wait for, not [`RunningCommand::wait`]'s.
+    pub fn of_child(pid: u32) -> RunningCommand {
+        let pid = Pid::from_raw(pid as i32);
+        RunningCommand {
+            pid,
+            pidfd: pidfd_open(pid).map(Arc::new),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.pid.as_raw() as u32
     }
@@ -182,7 +148,7 @@ impl RunningCommand {
             _ => Err(Errno::last()).with_context(|| {
                 format!(
                     "cannot send {} to the traced command (pid {})",
-                    crate::event::names::signal_name(signo),
+                    shmtrace_core::event::names::signal_name(signo),
                     self.pid
                 )
             }),

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use crate::{
     diagnose::{OtherHolder, Others},
-    size::{count, human},
+    units::{count, human},
 };
 
 /// `(label, text)` lines, as [`super::diagnosis::lines`] takes them.

@@ -59,6 +59,21 @@ pub async fn get(socket: &Path, path: &str, timeout: Duration) -> Result<Respons
     .map_err(|_| HttpError::Timeout(timeout))?
 }
 
+/// `GET path_and_query` whose body goes on for as long as the server likes (Docker's
+/// `/events`): the connection must be made and answered within `timeout`; the body is read
+/// by the caller, frame by frame.
+pub async fn stream(
+    socket: &Path,
+    path: &str,
+    timeout: Duration,
+) -> Result<(StatusCode, Incoming), HttpError> {
+    let response = tokio::time::timeout(timeout, send(socket, path))
+        .await
+        .map_err(|_| HttpError::Timeout(timeout))??;
+    let status = response.status();
+    Ok((status, response.into_body()))
+}
+
 async fn send(socket: &Path, path: &str) -> Result<hyper::Response<Incoming>, HttpError> {
     let stream = UnixStream::connect(socket)
         .await

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 
 use super::{
     connections::{Admission, Connections},
-    metrics::{Format, KindLabels, Metrics, encode},
+    metrics::{ExpositionFormat, KindLabels, Metrics, encode},
 };
 
 /// The main loop is unhealthy when it has not run for this long (it runs every 100 ms).
@@ -70,7 +70,7 @@ pub async fn serve(
         .with_context(|| format!("reading the address bound for {addr}"))?;
     let shed = |kind: &str| {
         metrics
-            .http_shed
+            .http_connections_shed
             .get_or_create(&KindLabels { kind: kind.into() })
             .clone()
     };
@@ -155,7 +155,7 @@ fn respond<B>(
                 .headers()
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
-            let format = Format::negotiate(accept);
+            let format = ExpositionFormat::negotiate(accept);
             Response::builder()
                 .header(header::CONTENT_TYPE, format.content_type())
                 .body(Full::new(Bytes::from(encode(registry, format))))

@@ -277,5 +277,5 @@ impl World {
 }
 
 #[cfg(test)]
-#[path = "retention_tests.rs"]
+#[path = "forgetting_tests.rs"]
 mod tests;
