@@ -677,7 +677,12 @@ pub fn vfsmount_at_dev_shm(vfsmount: u64, off: &KernelOffsets) -> bool {
 /// its mount point is named `shm`, in a directory named `dev` (or `run`), in the namespace's
 /// root directory, crossing mount points on the way up (the host's /dev is a devtmpfs of its
 /// own, a container's a tmpfs).
-#[inline(always)]
+///
+/// A frame of its own: inlined, the states each mount's judgement ended in went on into the
+/// next mount's, and the verifier checked the walk over again for each (out of line, a
+/// judgement returns one bit); the open family's exit programs were verified in 54,700
+/// instructions instead of 48,800, `sys_exit` in 120,500 instead of 111,100.
+#[inline(never)]
 fn mount_at_dev_shm(mount: u64, off: &KernelOffsets) -> bool {
     let Some(parent) = read_ptr(mount, off.mount_parent) else {
         return false;

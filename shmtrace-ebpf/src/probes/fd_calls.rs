@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     emit,
-    kernel::{self, Current, Regs},
+    kernel::{self, Current, FileAt, Regs},
     maps::{Pending, config},
     scope,
 };
@@ -52,15 +52,17 @@ fn enter_close(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let fd = CloseArgs::read(ctx).fd as i32;
-    if shm_check::file_on_shm(kernel::fd_file(task, fd, off)?, off) {
-        report_close(ctx, tgid);
+    let file = kernel::fd_file(task, fd, off)?;
+    if shm_check::file_on_shm(file, off) {
+        report_close(ctx, tgid, &file);
     }
     Some(())
 }
 
+/// Reports a `close` of `file`, the /dev/shm file judged (passed through the caller's stack:
+/// the descriptor table is not walked again).
 #[inline(never)]
-fn report_close(ctx: &TracePointContext, tgid: u32) -> Option<()> {
-    let task = Current::get();
+fn report_close(ctx: &TracePointContext, tgid: u32, file: &FileAt) -> Option<()> {
     let off = kernel::offsets();
     let args = CloseArgs::read(ctx);
     let fd = args.fd as i32;
@@ -70,7 +72,7 @@ fn report_close(ctx: &TracePointContext, tgid: u32) -> Option<()> {
         fd,
         args: args.raw(),
         // Judged a /dev/shm file already: only what the record says of it.
-        file: kernel::fd_file(task, fd, off).and_then(|file| kernel::file_ref(file, off))?,
+        file: kernel::file_ref(*file, off)?,
         dentry: 0,
     };
     report::report(&call, 0, tgid, off);
@@ -139,15 +141,16 @@ fn exit_fd_call(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         return None;
     }
     let fd = regs.arg(shape(call).0, off) as i32;
-    if shm_check::file_on_shm(kernel::fd_file(task, fd, off)?, off) {
-        report_fd_call(call, ret, tgid);
+    let file = kernel::fd_file(task, fd, off)?;
+    if shm_check::file_on_shm(file, off) {
+        report_fd_call(call, ret, tgid, &file);
     }
     Some(())
 }
 
-/// Reports a finished call on a /dev/shm descriptor.
+/// Reports a finished call on a /dev/shm descriptor, whose file `file` was judged.
 #[inline(never)]
-fn report_fd_call(call: Syscall, ret: i64, tgid: u32) -> Option<()> {
+fn report_fd_call(call: Syscall, ret: i64, tgid: u32, file: &FileAt) -> Option<()> {
     let task = Current::get();
     let off = kernel::offsets();
     let (fd_arg, arg_count) = shape(call);
@@ -159,7 +162,7 @@ fn report_fd_call(call: Syscall, ret: i64, tgid: u32) -> Option<()> {
         fd,
         args,
         // Judged a /dev/shm file already: only what the record says of it.
-        file: kernel::fd_file(task, fd, off).and_then(|file| kernel::file_ref(file, off))?,
+        file: kernel::file_ref(*file, off)?,
         dentry: 0,
     };
     report::report(&call, ret, tgid, off);

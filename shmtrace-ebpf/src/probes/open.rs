@@ -24,8 +24,8 @@ use super::{
 };
 use crate::{
     emit,
-    kernel::{self, Current},
-    maps::{Pending, config},
+    kernel::{self, Current, FileAt},
+    maps::{FAILED_OPEN_DIR, Pending, config},
     scope,
 };
 
@@ -71,8 +71,8 @@ fn exit(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         // Judged and reported in two frames, each called from here: one frame holding the
         // path's judgement (and the mount walk it may call) and the record would take the
         // three past the verifier's 512 bytes of stack.
-        if let Some((path_flags, dir_ino)) = failed(call, ret) {
-            report_failed(call, ret, path_flags, dir_ino);
+        if let Some(path_flags) = failed(call, ret) {
+            report_failed(call, ret, path_flags);
         }
         return None;
     }
@@ -87,17 +87,18 @@ fn exit(ctx: &TracePointContext, call: Syscall) -> Option<()> {
     }
     let file = kernel::fd_file(task, ret as i32, off)?;
     if shm_check::file_on_shm(file, off) {
-        opened(call, ret, tgid);
+        opened(call, ret, tgid, &file);
     }
     Some(())
 }
 
-/// A successful open of a /dev/shm file: reported, unless it is /dev/shm itself.
+/// A successful open of a /dev/shm file: reported, unless it is /dev/shm itself. `file` is the
+/// one judged, passed through the caller's stack: the descriptor table is not walked again.
 #[inline(never)]
-fn opened(call: Syscall, fd: i64, tgid: u32) -> Option<()> {
+fn opened(call: Syscall, fd: i64, tgid: u32, file: &FileAt) -> Option<()> {
     let task = Current::get();
     let off = kernel::offsets();
-    let file = kernel::fd_file(task, fd as i32, off)?;
+    let file = *file;
     let scope_flags = scope::in_scope(tgid)?;
     let (_, dentry) = kernel::file_path(file, off)?;
     // /dev/shm itself (a runtime listing it, Ray asking its free space through it): no
@@ -126,12 +127,12 @@ const EROFS: i64 = 30;
 /// `O_CREAT`, the same on x86-64 and arm64.
 const O_CREAT: u64 = 0o100;
 
-/// A failed open: whether it is reported (the path's flags, and its directory's inode number
-/// for a name relative to a directory descriptor), if its error matters here and its path
-/// names something in /dev/shm; or, for a followed process out of descriptors, wherever it
-/// was.
+/// A failed open: whether it is reported (the path's flags), if its error matters here and its
+/// path names something in /dev/shm; or, for a followed process out of descriptors, wherever
+/// it was. With [`flags::DIR_INODE`], its directory's inode number is left in
+/// `FAILED_OPEN_DIR`.
 #[inline(never)]
-fn failed(call: Syscall, ret: i64) -> Option<(u16, u64)> {
+fn failed(call: Syscall, ret: i64) -> Option<u16> {
     let errno = -ret;
     let out_of_fds = errno == EMFILE || errno == ENFILE;
     if !(out_of_fds || errno == ENOSPC || errno == EROFS || errno == EACCES || errno == ENOENT) {
@@ -147,13 +148,16 @@ fn failed(call: Syscall, ret: i64) -> Option<(u16, u64)> {
     }
     match shm_check::shm_path(args[0] as i32, args[1]) {
         PathIs::Shm(path_flags, dir_ino) if path_flags & flags::SHM_DIRECTORY == 0 => {
-            Some((path_flags, dir_ino))
+            match FAILED_OPEN_DIR.get_ptr_mut(0) {
+                // SAFETY: this CPU's element, which nothing else uses until `report_failed`.
+                Some(kept) if path_flags & flags::DIR_INODE != 0 => unsafe { *kept = dir_ino },
+                _ => return Some(path_flags & !flags::DIR_INODE),
+            }
+            Some(path_flags)
         }
         // Elsewhere, or /dev/shm itself: it matters only to a followed process out of
         // descriptors.
-        PathIs::Shm(..) | PathIs::Elsewhere if out_of_fds && followed => {
-            Some((flags::FD_LIMIT_ONLY, 0))
-        }
+        PathIs::Shm(..) | PathIs::Elsewhere if out_of_fds && followed => Some(flags::FD_LIMIT_ONLY),
         PathIs::Shm(..) | PathIs::Elsewhere => None,
         PathIs::Unread => {
             emit::count(Loss::PathRead);
@@ -164,14 +168,17 @@ fn failed(call: Syscall, ret: i64) -> Option<(u16, u64)> {
 
 /// Reports a failed open [`failed`] judged reported.
 #[inline(never)]
-fn report_failed(call: Syscall, ret: i64, path_flags: u16, dir_ino: u64) -> Option<()> {
+fn report_failed(call: Syscall, ret: i64, path_flags: u16) -> Option<()> {
     let task = Current::get();
     let off = kernel::offsets();
     let tgid = task.tgid(off);
     let (scope_flags, _) = scope::scope_of(tgid)?;
     let mut args = open_args(task, call, off)?;
     if path_flags & flags::DIR_INODE != 0 {
-        args[DIR_INODE_ARG] = dir_ino;
+        // SAFETY: this CPU's element, which `failed` wrote.
+        args[DIR_INODE_ARG] = FAILED_OPEN_DIR
+            .get_ptr(0)
+            .map_or(0, |kept| unsafe { *kept });
     }
     let pending = Pending {
         syscall: call,
