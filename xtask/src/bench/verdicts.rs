@@ -28,13 +28,8 @@ fn find<'a>(results: &'a [VariantResult], name: &str) -> Option<&'a VariantResul
 /// Ratios to untraced, round by round: the median and the range.
 fn ratios(result: &VariantResult, base: &VariantResult) -> Option<Spread> {
     let values: Vec<f64> = result
-        .rounds
-        .iter()
-        .zip(&result.outcomes)
-        .filter_map(|(round, outcome)| {
-            let i = base.rounds.iter().position(|r| r == round)?;
-            Some(outcome.workload.loop_seconds / base.outcomes[i].workload.loop_seconds)
-        })
+        .beside(base)
+        .map(|(outcome, base)| outcome.workload.loop_seconds / base.workload.loop_seconds)
         .collect();
     Spread::of(&values)
 }
@@ -396,13 +391,10 @@ pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
 /// Round by round, the CPU the workload and its tracer used, over the untraced workload's.
 fn cpu_ratios(result: &VariantResult, base: &VariantResult) -> Option<Spread> {
     let values: Vec<f64> = result
-        .rounds
-        .iter()
-        .zip(&result.outcomes)
-        .filter_map(|(round, outcome)| {
-            let i = base.rounds.iter().position(|r| r == round)?;
+        .beside(base)
+        .filter_map(|(outcome, base)| {
             let tracer = outcome.tracer.as_ref()?.cpu_seconds;
-            Some((outcome.workload.cpu_seconds + tracer) / base.outcomes[i].workload.cpu_seconds)
+            Some((outcome.workload.cpu_seconds + tracer) / base.workload.cpu_seconds)
         })
         .collect();
     Spread::of(&values)
