@@ -5,6 +5,7 @@
 use std::{collections::BTreeSet, fs, path::Path};
 
 use shmtrace_common::{Syscall, TracedAt};
+use shmtrace_core::diagnose::known::KNOWN;
 
 fn read(relative: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -126,4 +127,26 @@ fn the_docs_name_only_paths_that_exist() {
         "only {checked} paths found: is the filter right?"
     );
     assert!(missing.is_empty(), "paths that do not exist: {missing:#?}");
+}
+
+/// docs/json.md's `program` row names every known /dev/shm user, as the table the diagnosis
+/// reads (`KNOWN`) names it, and no other.
+#[test]
+fn the_json_schema_names_every_known_program() {
+    let json = read("docs/json.md");
+    let row = json
+        .lines()
+        .find(|line| line.starts_with("| `program`, `program_role` |"))
+        .expect("docs/json.md has the `program` row");
+    let listed = row
+        .split_once("the known /dev/shm user it is (")
+        .and_then(|(_, rest)| rest.split_once("; see"))
+        .map(|(list, _)| list)
+        .expect("the `program` row lists the known programs before `; see`");
+    let listed: BTreeSet<&str> = code_spans(listed).into_iter().collect();
+    let known: BTreeSet<&str> = KNOWN.iter().map(|known| known.program).collect();
+    assert_eq!(
+        listed, known,
+        "docs/json.md's `program` row is not diagnose::known::KNOWN"
+    );
 }
