@@ -35,8 +35,10 @@ use super::{
     probes,
     stats::Spread,
     table::markdown,
-    targets::{self, Row, Target},
+    target::{Row, Target},
+    target_list,
     variants::Setup,
+    verdicts,
 };
 
 /// The calls a loop makes, one set per iteration.
@@ -78,7 +80,7 @@ struct Workload {
     /// The programs whose runs its calls are (as bpftool names them), with the call each
     /// stands for and the target its run is judged against (`None`: shown, not a target).
     programs: &'static [(&'static str, &'static str, Option<&'static Target>)],
-    /// Whether its wall time is compared too, and judged against [`targets::BYSTANDER_TIMED`]
+    /// Whether its wall time is compared too, and judged against [`target_list::BYSTANDER_TIMED`]
     /// (`Some(false)`: shown only).
     timed: Option<bool>,
 }
@@ -89,7 +91,11 @@ const WORKLOADS: [Workload; 10] = [
         load: Load::Write,
         hold_shm: false,
         grown_table: false,
-        programs: &[("sys_exit_write", "write", Some(&targets::BYSTANDER_CALL))],
+        programs: &[(
+            "sys_exit_write",
+            "write",
+            Some(&target_list::BYSTANDER_CALL),
+        )],
         timed: Some(true),
     },
     Workload {
@@ -98,8 +104,12 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: false,
         grown_table: false,
         programs: &[
-            ("sys_exit_openat", "openat", Some(&targets::OPEN_CALL)),
-            ("sys_enter_close", "close", Some(&targets::BYSTANDER_CALL)),
+            ("sys_exit_openat", "openat", Some(&target_list::OPEN_CALL)),
+            (
+                "sys_enter_close",
+                "close",
+                Some(&target_list::BYSTANDER_CALL),
+            ),
         ],
         timed: Some(true),
     },
@@ -109,8 +119,12 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: false,
         grown_table: false,
         programs: &[
-            ("sys_exit_mmap", "mmap", Some(&targets::BYSTANDER_CALL)),
-            ("sys_exit_munmap", "munmap", Some(&targets::BYSTANDER_CALL)),
+            ("sys_exit_mmap", "mmap", Some(&target_list::BYSTANDER_CALL)),
+            (
+                "sys_exit_munmap",
+                "munmap",
+                Some(&target_list::BYSTANDER_CALL),
+            ),
         ],
         timed: Some(false),
     },
@@ -123,9 +137,13 @@ const WORKLOADS: [Workload; 10] = [
             (
                 "sys_exit_openat",
                 "openat",
-                Some(&targets::GROWN_TABLE_CALL),
+                Some(&target_list::GROWN_TABLE_CALL),
             ),
-            ("sys_enter_close", "close", Some(&targets::BYSTANDER_CALL)),
+            (
+                "sys_enter_close",
+                "close",
+                Some(&target_list::BYSTANDER_CALL),
+            ),
         ],
         timed: None,
     },
@@ -134,7 +152,7 @@ const WORKLOADS: [Workload; 10] = [
         load: Load::Write,
         hold_shm: true,
         grown_table: false,
-        programs: &[("sys_exit_write", "write", Some(&targets::HOLDER_CALL))],
+        programs: &[("sys_exit_write", "write", Some(&target_list::HOLDER_CALL))],
         timed: None,
     },
     Workload {
@@ -143,8 +161,8 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: true,
         grown_table: false,
         programs: &[
-            ("sys_exit_openat", "openat", Some(&targets::OPEN_CALL)),
-            ("sys_enter_close", "close", Some(&targets::HOLDER_CALL)),
+            ("sys_exit_openat", "openat", Some(&target_list::OPEN_CALL)),
+            ("sys_enter_close", "close", Some(&target_list::HOLDER_CALL)),
         ],
         timed: None,
     },
@@ -156,7 +174,7 @@ const WORKLOADS: [Workload; 10] = [
         // The munmap of a process that mapped /dev/shm is reported, whatever it unmaps: its
         // mappings are kept current, to trace a SIGBUS back to its file.
         programs: &[
-            ("sys_exit_mmap", "mmap", Some(&targets::HOLDER_CALL)),
+            ("sys_exit_mmap", "mmap", Some(&target_list::HOLDER_CALL)),
             ("sys_exit_munmap", "munmap", None),
         ],
         timed: None,
@@ -166,7 +184,11 @@ const WORKLOADS: [Workload; 10] = [
         load: Load::Write,
         hold_shm: true,
         grown_table: true,
-        programs: &[("sys_exit_write", "write", Some(&targets::GROWN_TABLE_CALL))],
+        programs: &[(
+            "sys_exit_write",
+            "write",
+            Some(&target_list::GROWN_TABLE_CALL),
+        )],
         timed: None,
     },
     Workload {
@@ -178,9 +200,13 @@ const WORKLOADS: [Workload; 10] = [
             (
                 "sys_exit_openat",
                 "openat",
-                Some(&targets::GROWN_TABLE_CALL),
+                Some(&target_list::GROWN_TABLE_CALL),
             ),
-            ("sys_enter_close", "close", Some(&targets::GROWN_TABLE_CALL)),
+            (
+                "sys_enter_close",
+                "close",
+                Some(&target_list::GROWN_TABLE_CALL),
+            ),
         ],
         timed: None,
     },
@@ -190,7 +216,11 @@ const WORKLOADS: [Workload; 10] = [
         hold_shm: true,
         grown_table: true,
         programs: &[
-            ("sys_exit_mmap", "mmap", Some(&targets::GROWN_TABLE_CALL)),
+            (
+                "sys_exit_mmap",
+                "mmap",
+                Some(&target_list::GROWN_TABLE_CALL),
+            ),
             ("sys_exit_munmap", "munmap", None),
         ],
         timed: None,
@@ -550,7 +580,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
                 .filter_map(|b| figures.get(b.name()))
                 .fold(f64::NAN, |a, b| a.max(*b));
             if let (Some(floor), Some(target)) = (floor, program_target) {
-                rows.push(targets::bystander_call(
+                rows.push(verdicts::bystander_call(
                     target,
                     &format!("{call}, {}", workload.name),
                     worst,
@@ -628,7 +658,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
             format!("{ratio:.3}"),
         ]);
         if workload.timed == Some(true) {
-            rows.push(targets::bystander_timed(workload.name, ratio, rounds));
+            rows.push(verdicts::bystander_timed(workload.name, ratio, rounds));
         }
         saved_times.push(json!({
             "loop": workload.name,

@@ -12,7 +12,7 @@
 use std::{
     collections::HashMap,
     io::BufRead,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 
 use super::{
     daemon::{Daemon, status_kib, sum_of},
-    targets::{self, Row},
+    target::Row,
+    target_list,
 };
 
 /// Names reused by the containers: a failing and a healthy one each.
@@ -254,6 +255,21 @@ fn amiss(figures: &mut Figures, what: String) {
     }
 }
 
+/// Copies the daemon's JSON lines and log out of the scratch directory, which goes when the
+/// benchmark ends, into a directory of their own under target/; returns it.
+pub fn keep_evidence(scratch: &Path, tag: &str) -> Result<PathBuf> {
+    let kept = crate::root()
+        .join("target")
+        .join(format!("container-soak-{tag}"));
+    // A new directory: nothing in it can be a symlink someone else made.
+    std::fs::create_dir(&kept).with_context(|| format!("creating {}", kept.display()))?;
+    for file in ["container-soak.jsonl", "container-soak.log"] {
+        std::fs::copy(scratch.join(file), kept.join(file))
+            .with_context(|| format!("keeping {file} in {}", kept.display()))?;
+    }
+    Ok(kept)
+}
+
 /// A busybox image of the host's static busybox, made with `docker import` (no registry).
 fn image(scratch: &Path) -> Result<String> {
     let tag = "shmtrace-bench-soak:1".to_owned();
@@ -327,17 +343,17 @@ pub fn report(figures: &Figures) -> (String, Vec<Row>, Value) {
         ));
     }
     let rows = vec![
-        targets::CONTAINER_SOAK_GROWTH.judge(
+        target_list::CONTAINER_SOAK_GROWTH.judge(
             "container-soak",
             growth,
             format!("{growth:.1} MiB over {:.0} min", figures.minutes),
         ),
-        targets::CONTAINER_SOAK_PEAK.judge(
+        target_list::CONTAINER_SOAK_PEAK.judge(
             "container-soak",
             mib(figures.rss_max),
             format!("{:.1} MiB", mib(figures.rss_max)),
         ),
-        targets::CONTAINER_SOAK_COUNTS.judge(
+        target_list::CONTAINER_SOAK_COUNTS.judge(
             "container-soak",
             f64::from(
                 figures.failures_counted != figures.failing as f64

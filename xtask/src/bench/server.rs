@@ -18,8 +18,9 @@ use super::{
     beside::{Beside, Tracer},
     stats::Spread,
     table::markdown,
-    targets::{self, Row},
+    target::Row,
     variants::Setup,
+    verdicts,
 };
 
 /// A `redis-server` on a free loopback port, saving nothing, stopped when dropped.
@@ -140,7 +141,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
          {rounds} rounds interleaved, {requests} SETs and as many GETs a run (median, range):\n\n{}\n",
         markdown(&cells)
     );
-    let rows = vec![targets::server_loss(loss * 100.0, rounds)];
+    let rows = vec![verdicts::server_loss(loss * 100.0, rounds)];
     Ok((
         text,
         rows,
