@@ -51,6 +51,9 @@ pub struct KernelOffsets {
     pub inode_size: u32,
     pub inode_blocks: u32,
     pub super_block_dev: u32,
+    /// `super_block.s_magic`: which kind of file system (`TMPFS_MAGIC`), so that only a tmpfs
+    /// is ever taken for a /dev/shm.
+    pub super_block_magic: u32,
     /// `fs_struct.pwd.dentry`: the current directory, for relative paths.
     pub fs_pwd_dentry: u32,
     pub dentry_sb: u32,

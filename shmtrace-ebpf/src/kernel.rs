@@ -218,6 +218,16 @@ pub fn inode_dev(inode: u64, off: &KernelOffsets) -> Option<u32> {
     read::<u32>(sb, off.super_block_dev)
 }
 
+/// Whether the inode's file system is a tmpfs: only a tmpfs is ever a /dev/shm.
+#[inline(always)]
+pub fn inode_on_tmpfs(inode: u64, off: &KernelOffsets) -> bool {
+    /// `TMPFS_MAGIC` of linux/magic.h.
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    read_ptr(inode, off.inode_sb)
+        .and_then(|sb| read::<u64>(sb, off.super_block_magic))
+        .is_some_and(|magic| magic == TMPFS_MAGIC)
+}
+
 /// Number of the inode (0 if it cannot be read).
 #[inline(always)]
 pub fn inode_ino(inode: u64, off: &KernelOffsets) -> u64 {

@@ -43,6 +43,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     inode_size: 0,
     inode_blocks: 0,
     super_block_dev: 0,
+    super_block_magic: 0,
     fs_pwd_dentry: 0,
     dentry_sb: 0,
     mm_arg_start: 0,

@@ -73,8 +73,14 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
             file = opened;
             header_flags |= flags::FILE;
             // A /dev/shm path we had not seen a file system for (a container's, say):
-            // from now on its descriptors are recognised too.
-            if pending.syscall != Syscall::MemfdCreate && SHM_DEVS.get_ptr(file.dev).is_none() {
+            // from now on its descriptors are recognised too. Only a tmpfs: a `/dev/shm/x`
+            // written in a chroot, or in a container with no /dev/shm mounted, is on a
+            // disk's file system, and taking that for a /dev/shm made every file of the
+            // host's root file system count as one.
+            if pending.syscall != Syscall::MemfdCreate
+                && SHM_DEVS.get_ptr(file.dev).is_none()
+                && kernel::inode_on_tmpfs(inode, off)
+            {
                 let _ = SHM_DEVS.insert(file.dev, 1, 0);
             }
         }

@@ -39,6 +39,7 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         inode_size: at("inode", "i_size")?,
         inode_blocks: at("inode", "i_blocks")?,
         super_block_dev: at("super_block", "s_dev")?,
+        super_block_magic: at("super_block", "s_magic")?,
         fs_pwd_dentry: at("fs_struct", "pwd.dentry")?,
         dentry_sb: at("dentry", "d_sb")?,
         mm_arg_start: at("mm_struct", "arg_start")?,
