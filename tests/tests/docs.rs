@@ -5,6 +5,7 @@
 use std::{collections::BTreeSet, fs, path::Path};
 
 use shmtrace_common::{Syscall, TracedAt};
+use shmtrace_core::diagnose::known::KNOWN;
 
 fn read(relative: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -75,5 +76,77 @@ fn the_json_schema_names_every_traced_call() {
     assert!(
         missing.is_empty(),
         "docs/json.md's `event` lacks {missing:?}"
+    );
+}
+
+/// Every file or folder README.md and docs/ name by its path from the repository's root
+/// exists: a module moved or renamed takes its docs' paths with it. A path with a placeholder
+/// (`<kind>`, `*`, `...`, `KERNEL`) names many and is not checked.
+#[test]
+fn the_docs_name_only_paths_that_exist() {
+    const ROOTS: [&str; 11] = [
+        "shmtrace/",
+        "shmtrace-core/",
+        "shmtrace-common/",
+        "shmtrace-ebpf/",
+        "shmtrace-workload/",
+        "xtask/",
+        "tests/",
+        "deploy/",
+        "fuzz/",
+        "docs/",
+        ".ci/",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pages = vec!["README.md".to_owned()];
+    for entry in fs::read_dir(root.join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for page in &pages {
+        for span in code_spans(&read(page)) {
+            let is_path = ROOTS.iter().any(|prefix| span.starts_with(prefix))
+                && !span.contains(|c: char| c.is_whitespace() || "<>*".contains(c))
+                && !span.contains("...")
+                && !span.contains("KERNEL");
+            if !is_path {
+                continue;
+            }
+            checked += 1;
+            if !root.join(span).exists() {
+                missing.push(format!("{page}: {span}"));
+            }
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} paths found: is the filter right?"
+    );
+    assert!(missing.is_empty(), "paths that do not exist: {missing:#?}");
+}
+
+/// docs/json.md's `program` row names every known /dev/shm user, as the table the diagnosis
+/// reads (`KNOWN`) names it, and no other.
+#[test]
+fn the_json_schema_names_every_known_program() {
+    let json = read("docs/json.md");
+    let row = json
+        .lines()
+        .find(|line| line.starts_with("| `program`, `program_role` |"))
+        .expect("docs/json.md has the `program` row");
+    let listed = row
+        .split_once("the known /dev/shm user it is (")
+        .and_then(|(_, rest)| rest.split_once("; see"))
+        .map(|(list, _)| list)
+        .expect("the `program` row lists the known programs before `; see`");
+    let listed: BTreeSet<&str> = code_spans(listed).into_iter().collect();
+    let known: BTreeSet<&str> = KNOWN.iter().map(|known| known.program).collect();
+    assert_eq!(
+        listed, known,
+        "docs/json.md's `program` row is not diagnose::known::KNOWN"
     );
 }

@@ -25,7 +25,8 @@
 //!   CPU), `container_soak` (the daemon's memory through an hour of short-lived containers),
 //!   `import_torch` (a Python start-up importing torch, untraced, under the ptrace source
 //!   and under `strace -f`);
-//! - judging and reporting: `targets` (each target and its bound, and the verdicts), `stats`
+//! - judging and reporting: `target` (what a target is, and a verdict on it), `target_list`
+//!   (every target and its bound), `verdicts` (each measurement's figures judged), `stats`
 //!   (medians and spreads), `table` (the printed tables), `machine` (the machine and its
 //!   load), `neighbours` (other BPF users on the machine, which would skew the results),
 //!   `benchmarks_doc` (docs/BENCHMARKS.md's targets and latest full run, `--save`).
@@ -52,8 +53,10 @@ mod startup;
 mod stats;
 mod storm;
 mod table;
-mod targets;
+mod target;
+mod target_list;
 mod variants;
+mod verdicts;
 
 use std::{
     collections::BTreeMap,
@@ -353,7 +356,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.only_startup {
         let runs = args.rounds.unwrap_or(if args.quick { 5 } else { 15 });
         let rows = measure_startup(&setup, &exe, runs);
-        report!("## Start-up and teardown\n\n{}", targets::table(&rows));
+        report!("## Start-up and teardown\n\n{}", target::table(&rows));
         return Ok(());
     }
     if args.only_container_soak {
@@ -363,7 +366,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let (text, rows, saved) = container_soak::report(&figures);
         report!(
             "{text}\n## Targets, measured in this run\n\n{}",
-            targets::table(&rows)
+            target::table(&rows)
         );
         report!("Load average at the end: {}.", load_average());
         if let Some(path) = &args.json {
@@ -381,7 +384,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let (saved, rows) = bystanders_section(&setup, &exe, args.quick)?;
         report!(
             "## Targets, measured in this run\n\n{}",
-            targets::table(&rows)
+            target::table(&rows)
         );
         if let Some(path) = &args.json {
             fs::write(path, serde_json::to_string_pretty(&saved)?)
@@ -416,11 +419,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         report!("## {}\n", case.title);
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, &setup, &selected, &unavailable, &mut others)?;
-        target_rows.extend(targets::from_case(
+        target_rows.extend(verdicts::from_case(
             &shmtrace_core::units::human(size),
             &results,
         ));
-        target_rows.extend(targets::ptrace(
+        target_rows.extend(verdicts::ptrace(
             &shmtrace_core::units::human(size),
             &results,
         ));
@@ -473,7 +476,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         // A storm five times longer shows whether --all's memory grows with the run.
         let long_storm = !args.quick || args.only_fork_storm;
         let storms = beside_storms::measure(&setup, &exe, &tag, rounds, long_storm);
-        target_rows.extend(targets::fork_storms(&storms));
+        target_rows.extend(verdicts::fork_storms(&storms));
         churn::remove_leftovers(&tag);
     }
     if !args.no_targets
@@ -484,16 +487,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let runs = if args.quick { 5 } else { 15 };
         target_rows.extend(measure_startup(&setup, &exe, runs));
         if !args.quick {
-            target_rows.extend(targets::import_torch(&import_torch::measure(&setup, 3)));
+            target_rows.extend(verdicts::import_torch(&import_torch::measure(&setup, 3)));
         }
         let replayed = if args.quick { 20_000 } else { 100_000 };
-        target_rows.push(targets::replay(&replay::throughput(
+        target_rows.push(verdicts::replay(&replay::throughput(
             &setup, &exe, &tag, replayed,
         )));
         churn::remove_leftovers(&tag);
         let storm = if args.quick { 10_000 } else { 100_000 };
         let seconds = replay::report_times(&setup, &exe, &tag, [storm, storm * 10]);
-        target_rows.push(targets::report_scaling(storm, &seconds));
+        target_rows.push(verdicts::report_scaling(storm, &seconds));
         churn::remove_leftovers(&tag);
     }
     if !args.no_bystanders
@@ -514,9 +517,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let (text, json) = daemon_idle::report(&figures);
         report!("{text}");
         saved.push(json!({ "case": "daemon-idle", "daemon_idle": json }));
-        target_rows.push(targets::daemon_idle(figures.cpu_percent, figures.seconds));
+        target_rows.push(verdicts::daemon_idle(figures.cpu_percent, figures.seconds));
     }
-    let targets_text = targets::table(&target_rows);
+    let targets_text = target::table(&target_rows);
     report!("## Targets, measured in this run\n\n{targets_text}");
     let elapsed = started.elapsed().as_secs_f64();
     report!(
@@ -540,12 +543,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 /// Start-up and teardown, `runs` times after a pause and `runs` times back to back, judged.
-fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<targets::Row> {
+fn measure_startup(setup: &Setup, exe: &Path, runs: u32) -> Vec<target::Row> {
     let paused = startup::measure(setup, exe, runs, false, &[]);
     let back_to_back = startup::measure(setup, exe, runs, true, &[]);
-    let mut rows = targets::startup(&paused, &back_to_back);
+    let mut rows = verdicts::startup(&paused, &back_to_back);
     let ptrace = startup::measure(setup, exe, runs, true, &["--backend", "ptrace"]);
-    rows.push(targets::ptrace_startup(&ptrace));
+    rows.push(verdicts::ptrace_startup(&ptrace));
     rows
 }
 
@@ -572,7 +575,7 @@ fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
         println!("## {}\n", case.title);
         let mut others = BTreeMap::new();
         let results = run_rounds(&case, setup, &selected, &unavailable, &mut others)?;
-        rows.extend(targets::ptrace(
+        rows.extend(verdicts::ptrace(
             &shmtrace_core::units::human(size),
             &results,
         ));
@@ -585,9 +588,11 @@ fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
         churn::remove_leftovers(tag);
     }
     let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 });
-    rows.extend(targets::import_torch(&import_torch::measure(setup, rounds)));
+    rows.extend(verdicts::import_torch(&import_torch::measure(
+        setup, rounds,
+    )));
     let runs = if args.quick { 5 } else { 15 };
-    rows.push(targets::ptrace_startup(&startup::measure(
+    rows.push(verdicts::ptrace_startup(&startup::measure(
         setup,
         exe,
         runs,
@@ -596,7 +601,7 @@ fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
     )));
     println!(
         "## Targets, measured in this run\n\n{}",
-        targets::table(&rows)
+        target::table(&rows)
     );
     println!("Load average at the end: {}.", load_average());
     Ok(())
@@ -607,7 +612,7 @@ fn bystanders_section(
     setup: &Setup,
     exe: &Path,
     quick: bool,
-) -> Result<(serde_json::Value, Vec<targets::Row>)> {
+) -> Result<(serde_json::Value, Vec<target::Row>)> {
     let (text, rows, saved) = bystanders::measure(setup, exe, quick)?;
     report!("{text}");
     Ok((saved, rows))
@@ -624,7 +629,7 @@ fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
         if INTERRUPTED.load(Ordering::SeqCst) {
             break;
         }
-        rows.push(targets::replay(&replay::throughput(
+        rows.push(verdicts::replay(&replay::throughput(
             setup, exe, tag, replayed,
         )));
         churn::remove_leftovers(tag);
@@ -632,10 +637,10 @@ fn replay_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
     if !INTERRUPTED.load(Ordering::SeqCst) {
         let storm = if args.quick { 10_000 } else { 100_000 };
         let seconds = replay::report_times(setup, exe, tag, [storm, storm * 10]);
-        rows.push(targets::report_scaling(storm, &seconds));
+        rows.push(verdicts::report_scaling(storm, &seconds));
         churn::remove_leftovers(tag);
     }
-    report!("{}", targets::table(&rows));
+    report!("{}", target::table(&rows));
     report!("Load average at the end: {}.", load_average());
     Ok(())
 }
@@ -684,7 +689,7 @@ fn probe_costs(
     results: &[VariantResult],
     reference: Option<table::Reference>,
     with_failed: bool,
-) -> (String, Vec<targets::Row>) {
+) -> (String, Vec<target::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
     report!("### Where shmtrace's time goes (BPF run-time statistics, from extra runs)\n");
     let median_loop = |name: &str| {
@@ -725,7 +730,7 @@ fn probe_costs(
             match &record_floor {
                 Ok(floor) => {
                     text += &table::above_record_floor(&full, floor, median_loop("untraced"));
-                    rows.push(targets::traced_programs(
+                    rows.push(verdicts::traced_programs(
                         &shmtrace_core::units::human(case.size),
                         &full,
                         floor,
@@ -752,7 +757,7 @@ fn cost_to_others(
     setup: &Setup,
     case: &Case,
     untraced_us: Option<f64>,
-) -> (String, Option<targets::Row>) {
+) -> (String, Option<target::Row>) {
     let (workload, objects) = (&case.workload, case.objects);
     report!("### What shmtrace's programs cost a process they do not trace\n");
     let idle = probes::measure(setup, Subject::BesideIdle, workload, objects);
@@ -766,7 +771,7 @@ fn cost_to_others(
                 text += &format!("The floor's run failed: {error:#}\n");
             }
             let row = floor.ok().map(|floor| {
-                targets::idle_programs(
+                verdicts::idle_programs(
                     &shmtrace_core::units::human(case.size),
                     &idle,
                     &floor,

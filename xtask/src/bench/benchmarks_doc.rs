@@ -1,17 +1,17 @@
-//! docs/BENCHMARKS.md's generated parts: the targets' table, from [`targets::TARGETS`], and
+//! docs/BENCHMARKS.md's generated parts: the targets' table, from [`target_list::TARGETS`], and
 //! the latest full run, the report `cargo xtask bench --save` printed. Each sits between two
 //! markers, and nothing between them is written by hand.
 use std::fs;
 
 use anyhow::{Context, Result, bail};
 
-use super::targets;
+use super::target_list;
 
 const DOC: &str = "docs/BENCHMARKS.md";
 
 /// The markers around the targets' table.
 const TARGETS: (&str, &str) = (
-    "<!-- targets: written from xtask/src/bench/targets.rs; its test checks it -->",
+    "<!-- targets: written from xtask/src/bench/target_list.rs; its test checks it -->",
     "<!-- end of targets -->",
 );
 
@@ -25,7 +25,7 @@ const LATEST_RUN: (&str, &str) = (
 pub fn save(report: &str) -> Result<()> {
     let path = crate::root().join(DOC);
     let text = fs::read_to_string(&path).with_context(|| format!("reading {DOC}"))?;
-    let text = replace_between(&text, TARGETS, &targets::catalogue())?;
+    let text = replace_between(&text, TARGETS, &target_list::catalogue())?;
     let text = replace_between(&text, LATEST_RUN, &demoted(report))?;
     fs::write(&path, text).with_context(|| format!("writing {DOC}"))?;
     eprintln!("wrote the run and the targets into {DOC}");
@@ -86,8 +86,8 @@ mod tests {
         let text = fs::read_to_string(crate::root().join(DOC)).unwrap();
         assert_eq!(
             between(&text, TARGETS),
-            targets::catalogue().trim(),
-            "{DOC}'s targets table is not targets::TARGETS': `cargo xtask bench --save` \
+            target_list::catalogue().trim(),
+            "{DOC}'s targets table is not target_list::TARGETS': `cargo xtask bench --save` \
              writes it, or paste the right side"
         );
         assert!(!between(&text, LATEST_RUN).is_empty());

@@ -2,7 +2,7 @@
 //! /dev/shm object and exits): shmtrace's CPU for 1k and for 10k processes of a traced
 //! command; `shmtrace --all` beside a 10k storm (memory, losses, time from SIGINT to exit)
 //! and beside [`PLATEAU_STORMS`] in a row; the daemon beside the same. It measures;
-//! `targets` judges.
+//! `verdicts` judges.
 use std::{ffi::OsString, path::Path, time::Duration};
 
 use anyhow::{Context, Result, bail};

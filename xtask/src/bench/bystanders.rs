@@ -33,8 +33,9 @@ use super::{
     probes,
     stats::Spread,
     table::markdown,
-    targets::{self, Row},
+    target::Row,
     variants::{self, Setup},
+    verdicts,
 };
 
 /// The calls a loop makes, one set per iteration.
@@ -426,7 +427,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
                 floor.map_or("-".to_owned(), |f| format!("{f:.0}")),
                 cell(Beside::All),
                 cell(Beside::Daemon),
-                targets::bystander_target(workload.hold_shm)
+                verdicts::bystander_target(workload.hold_shm)
                     .bound
                     .to_owned(),
             ]);
@@ -435,7 +436,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
                 .filter_map(|b| figures.get(b.name()))
                 .fold(f64::NAN, |a, b| a.max(*b));
             if let Some(floor) = floor {
-                rows.push(targets::bystander_call(
+                rows.push(verdicts::bystander_call(
                     call,
                     workload.hold_shm,
                     worst,
@@ -512,7 +513,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
             ms(&daemon),
             format!("{ratio:.3}"),
         ]);
-        rows.push(targets::bystander_timed(workload.name, ratio, rounds));
+        rows.push(verdicts::bystander_timed(workload.name, ratio, rounds));
         saved_times.push(json!({
             "loop": workload.name,
             "seconds": {

@@ -164,21 +164,30 @@ impl VariantResult {
     pub(super) fn spread(&self, value: impl Fn(&Outcome) -> Option<f64>) -> Option<Spread> {
         Spread::of(&self.outcomes.iter().filter_map(value).collect::<Vec<_>>())
     }
-    /// This variant's `value` over `base`'s, round by round, and the median of those ratios:
-    /// load that drifts between rounds weighs on both sides of each ratio alike.
+    /// Each of this variant's outcomes beside `base`'s of the same round (a round `base` did
+    /// not complete is left out): every ratio to a base is taken round by round, so that load
+    /// that drifts between rounds weighs on both sides of it alike.
+    pub(super) fn beside<'a>(
+        &'a self,
+        base: &'a VariantResult,
+    ) -> impl Iterator<Item = (&'a Outcome, &'a Outcome)> {
+        self.rounds
+            .iter()
+            .zip(&self.outcomes)
+            .filter_map(|(round, outcome)| {
+                let i = base.rounds.iter().position(|r| r == round)?;
+                Some((outcome, &base.outcomes[i]))
+            })
+    }
+    /// This variant's `value` over `base`'s, round by round, and the median of those ratios.
     pub(super) fn paired_ratio(
         &self,
         base: &VariantResult,
         value: impl Fn(&Outcome) -> f64,
     ) -> Option<f64> {
         let ratios: Vec<f64> = self
-            .rounds
-            .iter()
-            .zip(&self.outcomes)
-            .filter_map(|(round, outcome)| {
-                let i = base.rounds.iter().position(|r| r == round)?;
-                Some(value(outcome) / value(&base.outcomes[i]))
-            })
+            .beside(base)
+            .map(|(outcome, base)| value(outcome) / value(base))
             .collect();
         Spread::of(&ratios).map(|s| s.median)
     }

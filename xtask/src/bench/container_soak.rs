@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 
 use super::{
     daemon::{Daemon, status_kib, sum_of},
-    targets::{self, Row},
+    target::Row,
+    target_list,
 };
 
 /// Names reused by the containers: a failing and a healthy one each.
@@ -327,17 +328,17 @@ pub fn report(figures: &Figures) -> (String, Vec<Row>, Value) {
         ));
     }
     let rows = vec![
-        targets::CONTAINER_SOAK_GROWTH.judge(
+        target_list::CONTAINER_SOAK_GROWTH.judge(
             "container-soak",
             growth,
             format!("{growth:.1} MiB over {:.0} min", figures.minutes),
         ),
-        targets::CONTAINER_SOAK_PEAK.judge(
+        target_list::CONTAINER_SOAK_PEAK.judge(
             "container-soak",
             mib(figures.rss_max),
             format!("{:.1} MiB", mib(figures.rss_max)),
         ),
-        targets::CONTAINER_SOAK_COUNTS.judge(
+        target_list::CONTAINER_SOAK_COUNTS.judge(
             "container-soak",
             f64::from(
                 figures.failures_counted != figures.failing as f64

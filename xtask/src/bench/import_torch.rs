@@ -1,6 +1,6 @@
 //! A Python start-up that imports torch (thousands of opens, each stopping a ptrace-traced
 //! program), untraced, under shmtrace's ptrace source and under `strace -f`, interleaved round
-//! by round. It measures; `targets` reports (there is no target, only the figures).
+//! by round. It measures; `verdicts` reports (there is no target, only the figures).
 use std::{
     path::Path,
     process::{Command, Stdio},

@@ -1,6 +1,6 @@
 //! Replay: how fast `shmtrace show --json` decodes a recorded 4 KiB churn on one core, and how
 //! `shmtrace report`'s time grows with the processes of a recorded fork storm. It measures;
-//! `targets` judges.
+//! `verdicts` judges.
 use std::{
     fs,
     path::Path,

@@ -1,7 +1,7 @@
 //! Start-up and teardown: how long `shmtrace -o /dev/null -- CMD` takes to start CMD (`cargo
 //! xtask stamp`, which prints the monotonic clock), and to exit once CMD has; after the
 //! previous run's probes are released, or back to back, as a loop or a CI job running
-//! `shmtrace size` per workload would. It measures; `targets` judges.
+//! `shmtrace size` per workload would. It measures; `verdicts` judges.
 use std::{
     path::Path,
     process::{Command, Stdio},
