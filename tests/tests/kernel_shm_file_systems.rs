@@ -8,8 +8,9 @@ use std::{os::unix::fs::MetadataExt, path::Path};
 
 use shmtrace_tests::{read_json_lines, require_root, serial, shmtrace};
 
-/// After the chroot's open of its `/dev/shm/x`, a file of the same file system, outside any
-/// /dev/shm, is grown by ftruncate and fallocate: calls the probes report only on a /dev/shm.
+/// After the chroot's open of its `/dev/shm/x`, and of its `/dev/shm` directory (`ls`), a file
+/// of the same file system, outside any /dev/shm, is grown by ftruncate and fallocate: calls
+/// the probes report only on a /dev/shm.
 const GROW: &str = r#"
 import os, sys
 fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o600)
@@ -41,7 +42,8 @@ fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
     let grown = dir.join("grown");
     let out = dir.join("trace.jsonl");
     let script = format!(
-        "chroot {} /bin/busybox sh -c 'echo x > /dev/shm/x' && python3 -c '{GROW}' {}",
+        "chroot {} /bin/busybox sh -c 'echo x > /dev/shm/x && /bin/busybox ls /dev/shm' \
+         && python3 -c '{GROW}' {}",
         root.display(),
         grown.display()
     );

@@ -127,13 +127,16 @@ pub fn shm_path(dfd: i32, path: u64) -> PathIs {
     }
 }
 
-/// Records the file system of a newly opened /dev/shm directory descriptor.
+/// Records the file system of a newly opened /dev/shm directory descriptor, if it is a tmpfs:
+/// a /dev/shm that is a plain directory (in a chroot, or a bind of a disk's) would make its
+/// whole file system count as one.
 #[inline(always)]
 pub fn learn_directory(ret: i64, off: &KernelOffsets) {
     if ret < 0 {
         return;
     }
     if let Some(inode) = kernel::fd_inode(ret as i32, off)
+        && kernel::inode_on_tmpfs(inode, off)
         && let Some(dev) = kernel::inode_dev(inode, off)
     {
         let _ = SHM_DEVS.insert(dev, 1, 0);

@@ -566,7 +566,7 @@ impl Agent {
         let starts = self.fleet.borrow_mut().survey(&running, &stopped, started);
         self.after_fleet_changed()?;
         for container in &starts {
-            if let Some(dev) = container.shm.dev()
+            if let Some(dev) = container.shm.tmpfs_dev()
                 && let Err(error) = self.tracer.add_shm_dev(dev)
             {
                 self.probe_error(ProbeError {

@@ -63,7 +63,8 @@ pub fn shm_devs() -> Vec<u32> {
     devs.into_iter().collect()
 }
 
-/// `dev_t`s mounted at /dev/shm in `pid`'s mount namespace.
+/// `dev_t`s of the tmpfs mounted at /dev/shm in `pid`'s mount namespace (a bind of a disk's
+/// directory there is no /dev/shm the probes should follow every file of).
 pub fn shm_devs_of(pid: u32) -> Vec<u32> {
     let Ok(process) = procfs::process::Process::new(pid as i32) else {
         return Vec::new();
@@ -73,7 +74,7 @@ pub fn shm_devs_of(pid: u32) -> Vec<u32> {
     };
     mounts
         .into_iter()
-        .filter(|m| m.mount_point == Path::new("/dev/shm"))
+        .filter(|m| m.mount_point == Path::new("/dev/shm") && m.fs_type == "tmpfs")
         .filter_map(|m| parse_majmin(&m.majmin))
         .collect()
 }

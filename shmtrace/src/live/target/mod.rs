@@ -5,6 +5,7 @@ mod command;
 use std::{collections::HashSet, fs, os::unix::fs::MetadataExt};
 
 use anyhow::{Result, bail};
+use nix::sys::statfs::{TMPFS_MAGIC, statfs};
 
 pub use command::{RunningCommand, spawn_paused};
 
@@ -69,7 +70,11 @@ pub fn register_pids(tracer: &mut Tracer, roots: &[u32]) -> Result<Vec<u32>> {
 /// `every_namespace`, those of every container on the host. Returns them.
 pub fn register_shm_devs(tracer: &mut Tracer, every_namespace: bool) -> Result<HashSet<u32>> {
     let mut devs = HashSet::new();
-    if let Ok(meta) = fs::metadata("/dev/shm") {
+    // Only a tmpfs, as for a container's (`proc_scan::shm_devs_of`).
+    let on_tmpfs = statfs("/dev/shm").is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC);
+    if let Ok(meta) = fs::metadata("/dev/shm")
+        && on_tmpfs
+    {
         devs.insert(kernel_ids::kernel_dev_from_stat(meta.dev()));
     }
     if every_namespace {
