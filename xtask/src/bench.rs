@@ -368,6 +368,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "{text}\n## Targets, measured in this run\n\n{}",
             target::table(&rows)
         );
+        if rows.iter().any(|row| row.met == Some(false)) {
+            // The scratch directory goes when the benchmark ends; what the daemon said is
+            // what explains a missed target, so it is kept.
+            let kept = container_soak::keep_evidence(&setup.scratch, &tag)?;
+            report!(
+                "A target was missed: the daemon's lines and log are kept in {}.",
+                kept.display()
+            );
+        }
         report!("Load average at the end: {}.", load_average());
         if let Some(path) = &args.json {
             fs::write(path, serde_json::to_string_pretty(&saved)?)

@@ -12,7 +12,7 @@
 use std::{
     collections::HashMap,
     io::BufRead,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -253,6 +253,21 @@ fn amiss(figures: &mut Figures, what: String) {
     if figures.amiss.len() < 5 {
         figures.amiss.push(what);
     }
+}
+
+/// Copies the daemon's JSON lines and log out of the scratch directory, which goes when the
+/// benchmark ends, into a directory of their own under target/; returns it.
+pub fn keep_evidence(scratch: &Path, tag: &str) -> Result<PathBuf> {
+    let kept = crate::root()
+        .join("target")
+        .join(format!("container-soak-{tag}"));
+    // A new directory: nothing in it can be a symlink someone else made.
+    std::fs::create_dir(&kept).with_context(|| format!("creating {}", kept.display()))?;
+    for file in ["container-soak.jsonl", "container-soak.log"] {
+        std::fs::copy(scratch.join(file), kept.join(file))
+            .with_context(|| format!("keeping {file} in {}", kept.display()))?;
+    }
+    Ok(kept)
 }
 
 /// A busybox image of the host's static busybox, made with `docker import` (no registry).
