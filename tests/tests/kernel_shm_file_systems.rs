@@ -1,12 +1,15 @@
-//! Only a tmpfs is taken for a /dev/shm. A `/dev/shm/x` opened where /dev/shm is a plain
-//! directory (in a chroot, or a container with no /dev/shm mounted) is on a disk's file system;
-//! the probes once learned that file system as a /dev/shm from such an open, and from then on
-//! every file of it counted as one: in an hour of container churn the node agent followed
-//! 31,000 of dockerd's, containerd's and runc's files on the host's root file system. The real
-//! binary, a real chroot (root and BPF only).
+//! Which file systems are taken for a /dev/shm (the probes' `SHM_DEVS`):
+//! - only a tmpfs. A `/dev/shm/x` opened where /dev/shm is a plain directory (in a chroot, or a
+//!   container with no /dev/shm mounted) is on a disk's file system; the probes once learned
+//!   that file system as a /dev/shm from such an open, and from then on every file of it
+//!   counted as one: in an hour of container churn the node agent followed 31,000 of
+//!   dockerd's, containerd's and runc's files on the host's root file system;
+//! - only while mounted: the kernel gives an unmounted tmpfs's device number to the next file
+//!   system mounted.
+//! The real binary, a real chroot and mount namespace (root and BPF only).
 use std::{os::unix::fs::MetadataExt, path::Path};
 
-use shmtrace_tests::{read_json_lines, require_root, serial, shmtrace};
+use shmtrace_tests::{daemon::Daemon, read_json_lines, require_root, serial, shmtrace, tempdir};
 
 /// After the chroot's open of its `/dev/shm/x`, and of its `/dev/shm` directory (`ls`), a file
 /// of the same file system, outside any /dev/shm, is grown by ftruncate and fallocate: calls
@@ -78,4 +81,87 @@ fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
         grown.display()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process uses a tmpfs at its /dev/shm, which is then unmounted; a scratch tmpfs mounted
+/// next gets its device number. Its `fallocate` is nothing of /dev/shm's, and the node agent
+/// reports it no more once it has found that number mounted at no /dev/shm.
+const REUSE: &str = r#"
+import os, subprocess, sys, time
+scratch, pause = sys.argv[1], float(sys.argv[2])
+def mount(target):
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "shmtrace-test", target], check=True)
+def fill(path):
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, 2 << 20)
+    except OSError:
+        pass
+    os.close(fd)
+mount("/dev/shm")
+fill("/dev/shm/x")
+gone = os.stat("/dev/shm").st_dev
+subprocess.run(["umount", "/dev/shm"], check=True)
+# At once: the lowest free number is the one just freed, before another mount can take it.
+mount(scratch)
+print(os.getpid(), gone, os.stat(scratch).st_dev, flush=True)
+time.sleep(pause)
+fill(scratch + "/y")
+"#;
+
+#[test]
+fn the_node_agent_forgets_an_unmounted_dev_shm_before_its_number_names_another() {
+    require_root();
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    let scratch = tempdir().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    // Two of the agent's sweeps of the mount tables (5 s apart) and a margin.
+    let output = std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "python3",
+            "-c",
+            REUSE,
+        ])
+        .arg(&scratch)
+        .arg("15")
+        .output()
+        .expect("running unshare");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let said = String::from_utf8_lossy(&output.stdout);
+    let [pid, gone, next] = said
+        .split_whitespace()
+        .map(|n| n.parse::<u64>().unwrap())
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("the workload said {said:?}")
+    };
+    assert_eq!(
+        gone, next,
+        "the kernel gave the scratch tmpfs another number than the /dev/shm unmounted just \
+         before it (another mount took it in between?): this test needs the number reused"
+    );
+    let (_, lines, stderr) = daemon.stop();
+    let failed: Vec<_> = lines
+        .iter()
+        .filter(|l| l["pid"].as_u64() == Some(pid) && l["event"] == "fallocate")
+        .collect();
+    // The /dev/shm's own failure is seen: the agent followed the process and learned it.
+    assert!(
+        failed.iter().any(|l| l["path"] == "/dev/shm/x"),
+        "the failure on /dev/shm/x is not in the agent's lines: {failed:#?}\n{stderr}"
+    );
+    assert_eq!(
+        failed.len(),
+        1,
+        "the scratch tmpfs's fallocate (device {next:#x}, the number of a /dev/shm unmounted \
+         15 s before it) was taken for a /dev/shm call: {failed:#?}"
+    );
 }

@@ -244,6 +244,29 @@ impl Tracer {
             .map_err(|e| map_error("SHM_DEVS", e))
     }
 
+    /// The file systems taken for a /dev/shm now, whether declared here or learned by the
+    /// probes.
+    pub fn shm_devs(&self) -> Result<Vec<u32>, BpfError> {
+        self.shm_devs
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| map_error("SHM_DEVS", e))
+    }
+
+    /// No longer takes `dev` for a /dev/shm: its tmpfs is unmounted, and the kernel gives its
+    /// number to the next file system mounted, which may be anything.
+    pub fn forget_shm_dev(&mut self, dev: u32) -> Result<(), BpfError> {
+        match self.shm_devs.remove(&dev) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(error))
+                if error.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(map_error("SHM_DEVS", e)),
+        }
+    }
+
     /// What the probes could not report so far, by reason: records dropped because the ring
     /// buffer was full, and reads that failed.
     pub fn lost(&self) -> Result<LostCounts, BpfError> {
