@@ -6,6 +6,7 @@
 //!   dockerd's, containerd's and runc's files on the host's root file system;
 //! - only while mounted: the kernel gives an unmounted tmpfs's device number to the next file
 //!   system mounted.
+//!
 //! The real binary, a real chroot and mount namespace (root and BPF only).
 use std::{os::unix::fs::MetadataExt, path::Path};
 
