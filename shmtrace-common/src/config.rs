@@ -60,7 +60,8 @@ pub struct KernelOffsets {
     pub inode_size: u32,
     pub inode_blocks: u32,
     pub super_block_dev: u32,
-    /// `super_block.s_magic`: `TMPFS_MAGIC` for a tmpfs.
+    /// `super_block.s_magic`: `TMPFS_MAGIC` for a tmpfs, the only file system taken for a
+    /// /dev/shm by its device number alone (another needs its mount at /dev/shm).
     pub super_block_magic: u32,
     /// `super_block.s_mounts`: the file system's mounts, a `list_head` of
     /// `mount.mnt_instance` before Linux 6.18 and a chain of `mount.mnt_next_for_sb` since

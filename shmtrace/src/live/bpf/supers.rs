@@ -4,13 +4,14 @@
 //! Userspace declares the /dev/shm it finds in the mount tables, so that the probes need not
 //! judge them; the probes judge any other tmpfs they meet themselves, and forget every verdict
 //! when a file system is made (a device number is reused by the next one mounted), so nothing
-//! here needs pruning.
+//! here needs pruning: a /dev/shm unmounted is forgotten at the next mount, the only way its
+//! number can name another file system.
 use std::sync::atomic::Ordering;
 
 use aya::maps::{Array, HashMap, MapData};
 use shmtrace_common::{
     KernelDev,
-    supers::{self, ELSEWHERE, ENTRIES, FLAGS, GENERATION, KNOWN, SHM},
+    supers::{self, ELSEWHERE, ENTRIES, FLAGS, GENERATION, KNOWN, SHM, WORDS},
 };
 
 use super::{BpfError, map_error, mapped::MappedWords};
@@ -58,4 +59,30 @@ impl ShmSupers {
         self.words.set(FLAGS, ELSEWHERE);
         Ok(())
     }
+
+    /// How many file systems are taken for a /dev/shm now: each tmpfs whose verdict is
+    /// [`SHM`] and was given since the last file system was made (an older one is judged again
+    /// when met), and each /dev/shm that is not a tmpfs.
+    pub fn count(&self) -> Result<usize, BpfError> {
+        let generation = self
+            .words
+            .word(GENERATION)
+            .map_or(0, |word| word.load(Ordering::Relaxed) as u32);
+        let tmpfs: u32 = (0..WORDS)
+            .filter_map(|index| self.words.word(index))
+            .map(|word| word.load(Ordering::Relaxed))
+            .filter(|word| supers::generation_of(*word) == generation)
+            .map(|word| (word & SHM_BITS).count_ones())
+            .sum();
+        let elsewhere = self
+            .elsewhere
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| map_error("SHM_ELSEWHERE", e))?
+            .len();
+        Ok(tmpfs as usize + elsewhere)
+    }
 }
+
+/// The [`SHM`] bit of each of a word's sixteen verdicts (two bits each, in its low half).
+const SHM_BITS: u64 = 0xaaaa_aaaa;

@@ -239,6 +239,12 @@ impl Tracer {
         self.supers.add(dev, tmpfs)
     }
 
+    /// How many file systems the probes take for a /dev/shm now, whether declared here or
+    /// judged by the probes (`ShmSupers::count`).
+    pub fn shm_file_systems(&self) -> Result<usize, BpfError> {
+        self.supers.count()
+    }
+
     /// What the probes could not report so far, by reason: records dropped because the ring
     /// buffer was full, and reads that failed.
     pub fn lost(&self) -> Result<LostCounts, BpfError> {

@@ -1,0 +1,189 @@
+//! Which file systems are taken for a /dev/shm (the probes' `SHM_SUPERS`):
+//! - not a disk's where /dev/shm is a plain directory (in a chroot, or a container with no
+//!   /dev/shm mounted). Probes that judged opens by their path once learned that file system
+//!   as a /dev/shm from an open of `/dev/shm/x` there, and from then on every file of it
+//!   counted as one: in an hour of container churn the node agent followed 31,000 of
+//!   dockerd's, containerd's and runc's files on the host's root file system;
+//! - a tmpfs only while mounted at a /dev/shm: the kernel gives an unmounted tmpfs's device
+//!   number to the next file system mounted.
+//!
+//! The real binary, a real chroot and mount namespace (root and BPF only).
+use std::{os::unix::fs::MetadataExt, path::Path};
+
+use shmtrace_tests::{daemon::Daemon, read_json_lines, require_root, serial, shmtrace, tempdir};
+
+/// After the chroot's open of its `/dev/shm/x`, and of its `/dev/shm` directory (`ls`), a file
+/// of the same file system, outside any /dev/shm, is grown by ftruncate and fallocate: calls
+/// the probes report only on a /dev/shm.
+const GROW: &str = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o600)
+os.ftruncate(fd, 1 << 20)
+os.posix_fallocate(fd, 0, 1 << 20)
+os.close(fd)
+"#;
+
+#[test]
+fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
+    require_root();
+    let _serial = serial();
+    // On the root file system, not a tmpfs: /tmp may be one.
+    let dir = Path::new("/var/tmp").join(format!("shmtrace-fs-{}", std::process::id()));
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("dev/shm")).unwrap();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("no busybox: install busybox-static (.ci/run does)");
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    let statfs = nix::sys::statfs::statfs(&dir).unwrap();
+    assert_ne!(
+        statfs.filesystem_type(),
+        nix::sys::statfs::TMPFS_MAGIC,
+        "/var/tmp is a tmpfs here: this test needs a disk's file system"
+    );
+    let grown = dir.join("grown");
+    let out = dir.join("trace.jsonl");
+    let script = format!(
+        "chroot {} /bin/busybox sh -c 'echo x > /dev/shm/x && /bin/busybox ls /dev/shm' \
+         && python3 -c '{GROW}' {}",
+        root.display(),
+        grown.display()
+    );
+    let output = shmtrace()
+        .args(["--json", "-o"])
+        .arg(&out)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .expect("running shmtrace");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let records = read_json_lines(&out);
+    // The chroot's commands ran traced: its `ls /dev/shm` is in the trace.
+    assert!(
+        records.iter().any(|r| r["event"] == "exec"
+            && r["argv"].as_array().is_some_and(
+                |argv| argv.iter().any(|a| a == "ls") && argv.iter().any(|a| a == "/dev/shm")
+            )),
+        "the chroot's ls of /dev/shm is not in the trace: {records:#?}"
+    );
+    // Its /dev/shm/x is a file of the disk's, not of a /dev/shm: an open is judged by the file
+    // it made, not by the path it was given (docs/probes.md, "Which file systems are a
+    // /dev/shm").
+    let taken: Vec<_> = records
+        .iter()
+        .filter(|r| r["path"].as_str() == Some("/dev/shm/x"))
+        .collect();
+    assert!(
+        taken.is_empty(),
+        "the chroot's /dev/shm/x, on a disk's file system, was taken for a /dev/shm file: \
+         {taken:#?}"
+    );
+    let dev = std::fs::metadata(&grown).unwrap().dev();
+    let on_disk: Vec<_> = records
+        .iter()
+        .filter(|r| r["comm"] == "python3")
+        .filter(|r| matches!(r["event"].as_str(), Some("ftruncate" | "fallocate")))
+        .collect();
+    assert!(
+        on_disk.is_empty(),
+        "calls on {} (device {dev:#x}, not a tmpfs) were taken for /dev/shm calls: {on_disk:#?}",
+        grown.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process uses a tmpfs at its /dev/shm, which is then unmounted; a scratch tmpfs mounted
+/// next gets its device number. Its `fallocate` is nothing of /dev/shm's, and the node agent
+/// does not report it, at once: the mount that made the scratch tmpfs made the probes forget
+/// their verdicts (docs/probes.md, "Which file systems are a /dev/shm").
+const REUSE: &str = r#"
+import os, subprocess, sys, time
+scratch, pause = sys.argv[1], float(sys.argv[2])
+def mount(target):
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "shmtrace-test", target], check=True)
+def fill(path):
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, 2 << 20)
+    except OSError:
+        pass
+    os.close(fd)
+mount("/dev/shm")
+fill("/dev/shm/x")
+gone = os.stat("/dev/shm").st_dev
+# The agent measures a /dev/shm where a call failed, through /proc/PID/root, for a moment:
+# until then the unmount is refused (busy).
+for _ in range(50):
+    if subprocess.run(["umount", "/dev/shm"]).returncode == 0:
+        break
+    time.sleep(0.1)
+else:
+    sys.exit("/dev/shm stayed busy for 5 s")
+# At once: the lowest free number is the one just freed, before another mount can take it.
+mount(scratch)
+print(os.getpid(), gone, os.stat(scratch).st_dev, flush=True)
+time.sleep(pause)
+fill(scratch + "/y")
+"#;
+
+#[test]
+fn the_node_agent_forgets_an_unmounted_dev_shm_before_its_number_names_another() {
+    require_root();
+    let _serial = serial();
+    let daemon = Daemon::start(&[]);
+    let scratch = tempdir().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    // No pause before the scratch tmpfs is used: nothing waits for a sweep of the mount tables.
+    let output = std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "python3",
+            "-c",
+            REUSE,
+        ])
+        .arg(&scratch)
+        .arg("0")
+        .output()
+        .expect("running unshare");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let said = String::from_utf8_lossy(&output.stdout);
+    let [pid, gone, next] = said
+        .split_whitespace()
+        .map(|n| n.parse::<u64>().unwrap())
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("the workload said {said:?}")
+    };
+    assert_eq!(
+        gone, next,
+        "the kernel gave the scratch tmpfs another number than the /dev/shm unmounted just \
+         before it (another mount took it in between?): this test needs the number reused"
+    );
+    let (_, lines, stderr) = daemon.stop();
+    let failed: Vec<_> = lines
+        .iter()
+        .filter(|l| l["pid"].as_u64() == Some(pid) && l["event"] == "fallocate")
+        .collect();
+    // The /dev/shm's own failure is seen: the agent followed the process and learned it.
+    assert!(
+        failed.iter().any(|l| l["path"] == "/dev/shm/x"),
+        "the failure on /dev/shm/x is not in the agent's lines: {failed:#?}\n{stderr}"
+    );
+    assert_eq!(
+        failed.len(),
+        1,
+        "the scratch tmpfs's fallocate (device {next:#x}, the number of a /dev/shm unmounted just \
+         before it) was taken for a /dev/shm call: {failed:#?}"
+    );
+}
