@@ -91,10 +91,6 @@ const MAX_DIAGNOSES: usize = 256;
 /// The soonest a survey of the runtimes follows the last one, when events from an unknown
 /// namespace ask for one.
 const SURVEY_AT_MOST_EVERY: Duration = Duration::from_millis(250);
-/// How often the /dev/shm file systems unmounted are forgotten: a tmpfs gone is forgotten
-/// within two of these, before a churn of containers is likely to have given its number to
-/// more than a few files of another.
-const SHM_DEV_SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
@@ -201,9 +197,6 @@ struct Agent {
     host_shm_dev: Option<u32>,
     /// Forgets the /dev/shm file systems unmounted since, before their numbers name others.
     shm_dev_sweep: ShmDevSweep,
-    last_shm_dev_sweep: Instant,
-    /// File systems the probes take for a /dev/shm, as of the last sweep.
-    shm_file_systems: usize,
 }
 
 /// Most distinct runtime problems remembered (beyond them, repeats are logged again).
@@ -298,8 +291,6 @@ impl Agent {
             evicted: Evicted::default(),
             host_shm_dev: host_shm_dev(),
             shm_dev_sweep: ShmDevSweep::default(),
-            last_shm_dev_sweep: Instant::now(),
-            shm_file_systems: 0,
         })
     }
 
@@ -622,15 +613,11 @@ impl Agent {
     /// its bounds dropped.
     fn forget(&mut self) -> Result<()> {
         self.pipeline.prune(boot_ns()?)?;
-        if self.last_shm_dev_sweep.elapsed() >= SHM_DEV_SWEEP_EVERY {
-            self.last_shm_dev_sweep = Instant::now();
-            match self.shm_dev_sweep.sweep(&mut self.tracer) {
-                Ok(kept) => self.shm_file_systems = kept,
-                Err(error) => self.probe_error(ProbeError {
-                    kind: "shm_devs",
-                    error: format!("{error:#}"),
-                }),
-            }
+        if let Err(error) = self.shm_dev_sweep.sweep_when_due(&mut self.tracer) {
+            self.probe_error(ProbeError {
+                kind: "shm_devs",
+                error: format!("{error:#}"),
+            });
         }
         self.accounting.forget_vanished(&mut self.pipeline)?;
         let state = self.pipeline.state();
@@ -648,7 +635,7 @@ impl Agent {
             ("container_bookkeeping", containers),
             ("tally", self.accounting.entries()),
             ("json_line_held", self.json_lines.held()),
-            ("shm_file_system", self.shm_file_systems),
+            ("shm_file_system", self.shm_dev_sweep.kept()),
         ] {
             self.metrics
                 .state_entries

@@ -3,25 +3,54 @@
 //! containers), and the next file system to get it may be anything: a container's root, its
 //! /dev, a scratch tmpfs. Left in `SHM_DEVS`, every file of that one would count as /dev/shm.
 
-use std::collections::HashSet;
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use crate::live::{
     bpf::{BpfError, Tracer},
     proc_scan,
 };
 
+/// How often the mount tables are read: a tmpfs gone is forgotten within two of these,
+/// before a churn of containers is likely to have given its number to more than a few files
+/// of another.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// Forgets a file system only when two sweeps in a row found it mounted at no /dev/shm: one
 /// the probes learned just after a sweep read the mount tables is not taken for gone.
-#[derive(Default)]
 pub struct ShmDevSweep {
     absent_once: HashSet<u32>,
+    last: Instant,
+    /// File systems taken for a /dev/shm as of the last sweep.
+    kept: usize,
+}
+
+impl Default for ShmDevSweep {
+    fn default() -> ShmDevSweep {
+        ShmDevSweep {
+            absent_once: HashSet::new(),
+            last: Instant::now(),
+            kept: 0,
+        }
+    }
 }
 
 impl ShmDevSweep {
-    /// Compares the probes' /dev/shm file systems with those mounted at a /dev/shm in some
-    /// mount namespace now (`proc_scan::shm_devs`), and forgets those gone twice running.
-    /// Returns how many are kept.
-    pub fn sweep(&mut self, tracer: &mut Tracer) -> Result<usize, BpfError> {
+    /// File systems the probes take for a /dev/shm, as of the last sweep.
+    pub fn kept(&self) -> usize {
+        self.kept
+    }
+
+    /// Sweeps when the last sweep is [`SWEEP_EVERY`] old: compares the probes' /dev/shm file
+    /// systems with those mounted at a /dev/shm in some mount namespace now
+    /// (`proc_scan::shm_devs`), and forgets those gone twice running.
+    pub fn sweep_when_due(&mut self, tracer: &mut Tracer) -> Result<(), BpfError> {
+        if self.last.elapsed() < SWEEP_EVERY {
+            return Ok(());
+        }
+        self.last = Instant::now();
         let mounted: HashSet<u32> = proc_scan::shm_devs().into_iter().collect();
         let devs = tracer.shm_devs()?;
         let known = devs.len();
@@ -33,6 +62,7 @@ impl ShmDevSweep {
             tracer.forget_shm_dev(*dev)?;
         }
         self.absent_once = absent.into_iter().collect();
-        Ok(known - gone.len())
+        self.kept = known - gone.len();
+        Ok(())
     }
 }
