@@ -12,7 +12,7 @@ use std::{os::unix::fs::MetadataExt, path::Path};
 
 use serde_json::Value;
 use shmtrace_tests::{
-    daemon::Daemon, live::LiveTracer, read_json_lines, require_root, serial, shmtrace, tempdir,
+    daemon::Daemon, live::LiveTracer, require_root, serial, tempdir, trace_command,
 };
 
 /// After the chroot's open of its `/dev/shm/x`, and of its `/dev/shm` directory (`ls`), a file
@@ -47,25 +47,15 @@ fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
         "/var/tmp is a tmpfs here: this test needs a disk's file system"
     );
     let grown = dir.join("grown");
-    let out = dir.join("trace.jsonl");
     let script = format!(
         "chroot {} /bin/busybox sh -c 'echo x > /dev/shm/x && /bin/busybox ls /dev/shm' \
          && python3 -c '{GROW}' {}",
         root.display(),
         grown.display()
     );
-    let output = shmtrace()
-        .args(["--json", "-o"])
-        .arg(&out)
-        .args(["--", "sh", "-c", &script])
-        .output()
-        .expect("running shmtrace");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let records = read_json_lines(&out);
+    let trace = trace_command(&[], &["sh", "-c", &script]);
+    assert!(trace.output.status.success(), "{}", trace.stderr());
+    let records = trace.records;
     // The chroot's open is seen: the trace ran, and the path is a /dev/shm path.
     assert!(
         records
