@@ -165,6 +165,13 @@ impl Trace {
 
 /// Runs `shmtrace --json [flags] -- shm-exerciser ARGS` and parses its output.
 pub fn trace_exerciser(flags: &[&str], args: &[&str]) -> Trace {
+    let mut command = vec![exerciser().into_os_string()];
+    command.extend(args.iter().map(Into::into));
+    trace_command(flags, &command)
+}
+
+/// Runs `shmtrace --json [flags] -- COMMAND` and parses its output.
+pub fn trace_command(flags: &[&str], command: &[impl AsRef<std::ffi::OsStr>]) -> Trace {
     require_root();
     let dir = tempdir();
     let out = dir.join("trace.jsonl");
@@ -173,8 +180,7 @@ pub fn trace_exerciser(flags: &[&str], args: &[&str]) -> Trace {
         .arg(&out)
         .args(flags)
         .arg("--")
-        .arg(exerciser())
-        .args(args)
+        .args(command)
         .output()
         .expect("running shmtrace");
     let records = read_json_lines(&out);

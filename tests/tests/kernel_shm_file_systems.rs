@@ -10,7 +10,10 @@
 //! The real binary, a real chroot and mount namespace (root and BPF only).
 use std::{os::unix::fs::MetadataExt, path::Path};
 
-use shmtrace_tests::{daemon::Daemon, read_json_lines, require_root, serial, shmtrace, tempdir};
+use serde_json::Value;
+use shmtrace_tests::{
+    daemon::Daemon, live::LiveTracer, require_root, serial, tempdir, trace_command,
+};
 
 /// After the chroot's open of its `/dev/shm/x`, and of its `/dev/shm` directory (`ls`), a file
 /// of the same file system, outside any /dev/shm, is grown by ftruncate and fallocate: calls
@@ -44,25 +47,15 @@ fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
         "/var/tmp is a tmpfs here: this test needs a disk's file system"
     );
     let grown = dir.join("grown");
-    let out = dir.join("trace.jsonl");
     let script = format!(
         "chroot {} /bin/busybox sh -c 'echo x > /dev/shm/x && /bin/busybox ls /dev/shm' \
          && python3 -c '{GROW}' {}",
         root.display(),
         grown.display()
     );
-    let output = shmtrace()
-        .args(["--json", "-o"])
-        .arg(&out)
-        .args(["--", "sh", "-c", &script])
-        .output()
-        .expect("running shmtrace");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let records = read_json_lines(&out);
+    let trace = trace_command(&[], &["sh", "-c", &script]);
+    assert!(trace.output.status.success(), "{}", trace.stderr());
+    let records = trace.records;
     // The chroot's commands ran traced: its `ls /dev/shm` is in the trace.
     assert!(
         records.iter().any(|r| r["event"] == "exec"
@@ -98,9 +91,10 @@ fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
 }
 
 /// A process uses a tmpfs at its /dev/shm, which is then unmounted; a scratch tmpfs mounted
-/// next gets its device number. Its `fallocate` is nothing of /dev/shm's, and the node agent
-/// does not report it, at once: the mount that made the scratch tmpfs made the probes forget
-/// their verdicts (docs/probes.md, "Which file systems are a /dev/shm").
+/// next gets its device number. Its `fallocate` is nothing of /dev/shm's, and neither the node
+/// agent nor a host-wide trace (`--all`) reports it, at once: the mount that made the scratch
+/// tmpfs made the probes forget their verdicts (docs/probes.md, "Which file systems are a
+/// /dev/shm").
 const REUSE: &str = r#"
 import os, subprocess, sys, time
 scratch, pause = sys.argv[1], float(sys.argv[2])
@@ -113,20 +107,25 @@ def fill(path):
     except OSError:
         pass
     os.close(fd)
-mount("/dev/shm")
-fill("/dev/shm/x")
-gone = os.stat("/dev/shm").st_dev
-# The agent measures a /dev/shm where a call failed, through /proc/PID/root, for a moment:
-# until then the unmount is refused (busy).
-for _ in range(50):
-    if subprocess.run(["umount", "/dev/shm"]).returncode == 0:
+# The scratch tmpfs is mounted at once: the lowest free number is the one just freed, unless
+# another mount on the machine freed a lower one in between (then again).
+for attempt in range(10):
+    mount("/dev/shm")
+    fill("/dev/shm/x")
+    gone = os.stat("/dev/shm").st_dev
+    # The agent measures a /dev/shm where a call failed, through /proc/PID/root, for a
+    # moment: until then the unmount is refused (busy).
+    for _ in range(50):
+        if subprocess.run(["umount", "/dev/shm"]).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        sys.exit("/dev/shm stayed busy for 5 s")
+    mount(scratch)
+    if os.stat(scratch).st_dev == gone:
         break
-    time.sleep(0.1)
-else:
-    sys.exit("/dev/shm stayed busy for 5 s")
-# At once: the lowest free number is the one just freed, before another mount can take it.
-mount(scratch)
-print(os.getpid(), gone, os.stat(scratch).st_dev, flush=True)
+    subprocess.run(["umount", scratch], check=True)
+print(os.getpid(), gone, os.stat(scratch).st_dev, attempt + 1, flush=True)
 time.sleep(pause)
 fill(scratch + "/y")
 "#;
@@ -136,6 +135,32 @@ fn the_node_agent_forgets_an_unmounted_dev_shm_before_its_number_names_another()
     require_root();
     let _serial = serial();
     let daemon = Daemon::start(&[]);
+    let reused = a_scratch_tmpfs_gets_the_number_of_a_dev_shm_unmounted();
+    let (_, lines, stderr) = daemon.stop();
+    only_the_dev_shm_failure_is_reported(&lines, &reused, &stderr);
+}
+
+#[test]
+fn so_does_a_host_wide_trace() {
+    require_root();
+    let _serial = serial();
+    let tracer = LiveTracer::start(&["--all"]);
+    let reused = a_scratch_tmpfs_gets_the_number_of_a_dev_shm_unmounted();
+    let (_, stderr, records) = tracer.stop();
+    only_the_dev_shm_failure_is_reported(&records, &reused, &stderr);
+}
+
+/// What [`REUSE`] did.
+struct Reused {
+    pid: u64,
+    /// The number its /dev/shm had and the scratch tmpfs got.
+    dev: u64,
+    /// Its /dev/shm's mounted, each with its failed `fallocate`, until one's number was reused.
+    attempts: usize,
+}
+
+/// Runs [`REUSE`] in a mount namespace of its own.
+fn a_scratch_tmpfs_gets_the_number_of_a_dev_shm_unmounted() -> Reused {
     let scratch = tempdir().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     // No pause before the scratch tmpfs is used: nothing waits for a sweep of the mount tables.
@@ -158,7 +183,7 @@ fn the_node_agent_forgets_an_unmounted_dev_shm_before_its_number_names_another()
         String::from_utf8_lossy(&output.stderr)
     );
     let said = String::from_utf8_lossy(&output.stdout);
-    let [pid, gone, next] = said
+    let [pid, gone, next, attempts] = said
         .split_whitespace()
         .map(|n| n.parse::<u64>().unwrap())
         .collect::<Vec<_>>()[..]
@@ -167,23 +192,35 @@ fn the_node_agent_forgets_an_unmounted_dev_shm_before_its_number_names_another()
     };
     assert_eq!(
         gone, next,
-        "the kernel gave the scratch tmpfs another number than the /dev/shm unmounted just \
-         before it (another mount took it in between?): this test needs the number reused"
+        "in 10 tries, the kernel gave the scratch tmpfs another number than the /dev/shm \
+         unmounted just before it (other mounts took it in between): this test needs the \
+         number reused"
     );
-    let (_, lines, stderr) = daemon.stop();
+    Reused {
+        pid,
+        dev: next,
+        attempts: attempts as usize,
+    }
+}
+
+fn only_the_dev_shm_failure_is_reported(lines: &[Value], reused: &Reused, stderr: &str) {
     let failed: Vec<_> = lines
         .iter()
-        .filter(|l| l["pid"].as_u64() == Some(pid) && l["event"] == "fallocate")
+        .filter(|l| l["pid"].as_u64() == Some(reused.pid) && l["event"] == "fallocate")
         .collect();
-    // The /dev/shm's own failure is seen: the agent followed the process and learned it.
+    // The /dev/shm's own failures are seen: the process was followed and its /dev/shm learned.
+    // The scratch tmpfs's file has the number of the /dev/shm's (a tmpfs numbers its inodes
+    // from the same start), so it would be named /dev/shm/x too: it is told apart by count.
     assert!(
-        failed.iter().any(|l| l["path"] == "/dev/shm/x"),
-        "the failure on /dev/shm/x is not in the agent's lines: {failed:#?}\n{stderr}"
+        !failed.is_empty(),
+        "the failure on /dev/shm/x is not in the lines: {failed:#?}\n{stderr}"
     );
     assert_eq!(
         failed.len(),
-        1,
-        "the scratch tmpfs's fallocate (device {next:#x}, the number of a /dev/shm unmounted just \
-         before it) was taken for a /dev/shm call: {failed:#?}"
+        reused.attempts,
+        "{} /dev/shm failed, and the scratch tmpfs's fallocate (device {:#x}, the number of a \
+         /dev/shm unmounted just before it) was taken for a /dev/shm call: {failed:#?}",
+        reused.attempts,
+        reused.dev
     );
 }

@@ -205,15 +205,7 @@ impl Tracer {
     /// reused by an unrelated namespace). The probes may have removed it already, when the
     /// container's first process exited.
     pub fn remove_mount_namespace(&mut self, inum: u32) -> Result<(), BpfError> {
-        match self.target_mntns.remove(&inum) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(aya::maps::MapError::SyscallError(error))
-                if error.io_error.raw_os_error() == Some(libc::ENOENT) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(map_error("TARGET_MNTNS", e)),
-        }
+        already_gone_is_fine(self.target_mntns.remove(&inum), "TARGET_MNTNS")
     }
 
     /// While `on`, the probes report every process outside shmtrace's own mount namespace that
@@ -271,14 +263,25 @@ impl Tracer {
     /// next owner starts from zero and the map holds only the living.
     pub fn forget_tallies(&mut self, keys: &[TallyKey]) -> Result<(), BpfError> {
         for key in keys {
-            match self.tallies.remove(key) {
-                Ok(()) => {}
-                Err(aya::maps::MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(error) => return Err(map_error("TALLIES", error)),
-            }
+            already_gone_is_fine(self.tallies.remove(key), "TALLIES")?;
         }
         Ok(())
+    }
+}
+
+/// A removal from map `name` whose key is not there (the probes removed it first) is done.
+fn already_gone_is_fine(
+    removed: Result<(), aya::maps::MapError>,
+    name: &'static str,
+) -> Result<(), BpfError> {
+    match removed {
+        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(error))
+            if error.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
+        Err(error) => Err(map_error(name, error)),
     }
 }
 
