@@ -382,7 +382,8 @@ impl Diagnoser {
             let group = self.group(event.pid, event.mntns);
             self.held_to(event.pid, FastSet::default(), group, world);
             // A death the table counts: not the status of a process that never touched
-            // shared memory (a compiler probing for a library), nor an end another asked for.
+            // shared memory (a compiler probing for a library), nor an end another asked for
+            // (unless it failed first: below).
             if note.is_failure(event) {
                 self.outcomes.entry(event.pid).or_default().1 = true;
             } else if self
@@ -393,6 +394,11 @@ impl Diagnoser {
                 self.ended_well.insert(event.pid);
             }
             if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
+                // A process with failures of its own that its launcher then stopped died
+                // of them too: the table counts every end it diagnoses as a death.
+                if !status.success() {
+                    self.outcomes.entry(event.pid).or_default().1 = true;
+                }
                 out.push(diagnosis);
             }
             // Its look counted at its death only; the place keeps the latest for a raylet.

@@ -1101,3 +1101,32 @@ fn a_file_of_a_finished_writer_of_the_same_burst_is_not_a_leftover() {
     assert_ne!(last_writer(true), Cause::Leftovers);
     assert_eq!(last_writer(false), Cause::Leftovers);
 }
+
+/// CI, stop 40: of two NCCL ranks that both failed, the launcher stopped the second before it
+/// could exit. Its diagnosis named its own failure and a killed ending, and the table counted
+/// no death for it.
+#[test]
+fn a_process_that_failed_and_was_then_stopped_by_its_launcher_counts_as_a_death() {
+    let mut run = Run::measured(1 << 20);
+    run.exec(600, &["/usr/bin/mpirun", "-n", "2", "rank"]);
+    run.fork(600, 601);
+    run.exec(601, &["/usr/bin/rank"]);
+    let inode = run.create(601, "rank", "/dev/shm/nccl-abcdef", 5);
+    run.fallocate_fails(601, "rank", 5, inode, 2 << 20);
+    run.kill(600, 601, libc::SIGTERM);
+    run.event(
+        601,
+        "rank",
+        Body::Exit(
+            ExitStatus::Signal {
+                signo: libc::SIGTERM,
+                core_dumped: false,
+            }
+            .into(),
+        ),
+    );
+    assert_eq!(run.of(601).failures.len(), 1, "{:#?}", run.out);
+    let table = run.diagnoser.table(&run.world);
+    let deaths: u64 = table.iter().map(|(_, _, stats)| stats.deaths).sum();
+    assert_eq!(deaths, 1, "{table:#?}");
+}
