@@ -393,6 +393,9 @@ impl Diagnoser {
             {
                 self.ended_well.insert(event.pid);
             }
+            if note.killed_by.is_some() {
+                self.withdraw_unanswered_huge_requests(event.pid);
+            }
             if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
                 // A process with failures of its own that its launcher then stopped died
                 // of them too: the table counts every end it diagnoses as a death.
