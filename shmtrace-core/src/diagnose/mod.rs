@@ -48,7 +48,8 @@ pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
 pub use recommend::{
-    Burst, DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
+    Burst, DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, TRAINER_HOLDS, advise,
+    with_headroom,
 };
 pub use role::{Role, RoleKind, Roles};
 pub use table::RoleStats;
