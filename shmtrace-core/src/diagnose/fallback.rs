@@ -71,6 +71,23 @@ impl Diagnoser {
         self.withdraw(event.pid, event.tid, previous.ts_ns);
     }
 
+    /// Withdraws the huge-page requests `pid` was refused and had not yet fallen back from,
+    /// when another process ends it: stopped before it could take ordinary pages, it never
+    /// showed that it could not do without (the ranks of a parallel job a launcher stops when
+    /// one fails, on a loaded machine).
+    pub(super) fn withdraw_unanswered_huge_requests(&mut self, pid: u32) {
+        let unanswered: Vec<(u32, u64)> = self
+            .huge_refused
+            .iter()
+            .flat_map(|(tid, refused)| refused.iter().map(move |r| (*tid, *r)))
+            .filter(|(_, r)| r.pid == pid)
+            .map(|(tid, r)| (tid, r.ts_ns))
+            .collect();
+        for (tid, ts_ns) in unanswered {
+            self.withdraw(pid, tid, ts_ns);
+        }
+    }
+
     /// Forgets what a process that ended had refused (`tid`: the thread its exit came from;
     /// a refusal of another of its threads goes by its pid, from the few held).
     pub(super) fn forget_fallbacks(&mut self, pid: u32, tid: u32) {

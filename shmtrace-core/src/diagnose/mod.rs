@@ -48,7 +48,8 @@ pub use forget::Remembered;
 pub use known::KnownUser;
 pub use leftovers::Leftovers;
 pub use recommend::{
-    Burst, DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, advise, with_headroom,
+    Burst, DEFAULT_PREFETCH, DataloaderDemand, Demand, Recommendation, TRAINER_HOLDS, advise,
+    with_headroom,
 };
 pub use role::{Role, RoleKind, Roles};
 pub use table::RoleStats;
@@ -382,7 +383,8 @@ impl Diagnoser {
             let group = self.group(event.pid, event.mntns);
             self.held_to(event.pid, FastSet::default(), group, world);
             // A death the table counts: not the status of a process that never touched
-            // shared memory (a compiler probing for a library), nor an end another asked for.
+            // shared memory (a compiler probing for a library), nor an end another asked for
+            // (unless it failed first: below).
             if note.is_failure(event) {
                 self.outcomes.entry(event.pid).or_default().1 = true;
             } else if self
@@ -392,7 +394,15 @@ impl Diagnoser {
             {
                 self.ended_well.insert(event.pid);
             }
+            if note.killed_by.is_some() {
+                self.withdraw_unanswered_huge_requests(event.pid);
+            }
             if let Some(diagnosis) = self.on_death(event, *status, note.killed_by, world) {
+                // A process with failures of its own that its launcher then stopped died
+                // of them too: the table counts every end it diagnoses as a death.
+                if !status.success() {
+                    self.outcomes.entry(event.pid).or_default().1 = true;
+                }
                 out.push(diagnosis);
             }
             // Its look counted at its death only; the place keeps the latest for a raylet.

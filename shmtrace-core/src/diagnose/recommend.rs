@@ -67,10 +67,13 @@ pub struct DataloaderDemand {
 }
 
 impl DataloaderDemand {
-    /// What the run showed: every worker with its batches in flight, and the batch the
-    /// trainer holds.
+    /// What the run showed: every worker with its batches in flight, and the two batches the
+    /// trainer holds at once when it takes the next (its loop variable still names the one
+    /// before, and taking one sends a worker its next index at once, so that a slow trainer
+    /// sees that worker make a batch before it lets the old one go).
     pub fn measured(&self) -> u64 {
-        (u64::from(self.workers) * u64::from(self.in_flight.max(1)) + 1) * self.batch_bytes
+        (u64::from(self.workers) * u64::from(self.in_flight.max(1)) + TRAINER_HOLDS)
+            * self.batch_bytes
     }
 
     /// The usual rule of thumb, an upper bound: `workers x prefetch_factor` batches queued,
@@ -93,6 +96,9 @@ impl DataloaderDemand {
         )
     }
 }
+
+/// Batches a DataLoader's trainer holds at once: the one it works on and the one it takes.
+pub const TRAINER_HOLDS: u64 = 2;
 
 /// PyTorch's default `prefetch_factor`.
 pub const DEFAULT_PREFETCH: u32 = 2;
@@ -157,7 +163,8 @@ pub fn recommend(demand: &Demand, nccl: bool, started_by: &StartedBy) -> Recomme
             need = steady;
             basis = format!(
                 "({} x {} in flight (the most one worker held, at least the default \
-                 prefetch_factor of {DEFAULT_PREFETCH}) + 1 the trainer holds) x {} per batch = {}",
+                 prefetch_factor of {DEFAULT_PREFETCH}) + {TRAINER_HOLDS} the trainer holds as it \
+                 takes the next) x {} per batch = {}",
                 count(loader.workers, "worker"),
                 match loader.in_flight.max(1) {
                     1 => "1 batch".to_owned(),
@@ -343,9 +350,9 @@ mod tests {
             ..Demand::default()
         };
         let r = recommend(&demand, false, &StartedBy::Unknown);
-        // (4 x 1 + 1) x 96 MiB = 480 MiB, + 20% = 576 MiB.
-        assert_eq!(r.min_bytes, 576 * MIB);
-        assert_eq!(r.docker, "docker run --shm-size=576m ...");
+        // (4 x 1 + 2) x 96 MiB = 576 MiB, + 20% = 691.2 MiB, rounded up to 704 MiB.
+        assert_eq!(r.min_bytes, 704 * MIB);
+        assert_eq!(r.docker, "docker run --shm-size=704m ...");
         assert!(
             r.basis.contains("4 workers x 1 batch in flight"),
             "{}",
@@ -356,7 +363,7 @@ mod tests {
         let bound = r.bound.expect("a DataLoader shows the rule of thumb");
         assert!(bound.contains("bound, not used"), "{bound}");
         assert!(bound.contains("1.0 GiB"), "{bound}");
-        assert!(r.kubernetes.contains("sizeLimit: 576Mi"));
+        assert!(r.kubernetes.contains("sizeLimit: 704Mi"));
         assert!(r.alternatives[0].contains("num_workers"));
     }
 

@@ -137,6 +137,12 @@ impl Diagnoser {
             path: path.map(str::to_owned),
             seen,
         };
+        // Going ahead showed that what it saw before did not stop it; a later look that
+        // finds /dev/shm nearly full may (an Open MPI rank makes its first segment, then
+        // looks again before the next and finds no room).
+        if seen.free < seen.size / 4 {
+            self.went_ahead.remove(&event.pid);
+        }
         self.looks_by_place.insert(event.mntns, look.clone());
         self.looks.insert(event.pid, look);
     }

@@ -1101,3 +1101,73 @@ fn a_file_of_a_finished_writer_of_the_same_burst_is_not_a_leftover() {
     assert_ne!(last_writer(true), Cause::Leftovers);
     assert_eq!(last_writer(false), Cause::Leftovers);
 }
+
+/// CI, stop 40: of two NCCL ranks that both failed, the launcher stopped the second before it
+/// could exit. Its diagnosis named its own failure and a killed ending, and the table counted
+/// no death for it.
+#[test]
+fn a_process_that_failed_and_was_then_stopped_by_its_launcher_counts_as_a_death() {
+    let mut run = Run::measured(1 << 20);
+    run.exec(600, &["/usr/bin/mpirun", "-n", "2", "rank"]);
+    run.fork(600, 601);
+    run.exec(601, &["/usr/bin/rank"]);
+    let inode = run.create(601, "rank", "/dev/shm/nccl-abcdef", 5);
+    run.fallocate_fails(601, "rank", 5, inode, 2 << 20);
+    run.kill(600, 601, libc::SIGTERM);
+    run.event(
+        601,
+        "rank",
+        Body::Exit(
+            ExitStatus::Signal {
+                signo: libc::SIGTERM,
+                core_dumped: false,
+            }
+            .into(),
+        ),
+    );
+    assert_eq!(run.of(601).failures.len(), 1, "{:#?}", run.out);
+    let table = run.diagnoser.table(&run.world);
+    let deaths: u64 = table.iter().map(|(_, _, stats)| stats.deaths).sum();
+    assert_eq!(deaths, 1, "{table:#?}");
+}
+
+/// Seen under load in the Open MPI UCX recipe: a rank looked, made its first segment, looked
+/// again, found no room for the next and exited 1 with no call failing. Its going ahead after
+/// the first look hid the second.
+#[test]
+fn a_look_after_going_ahead_can_still_be_why_a_process_quit() {
+    const MIB: u64 = 1 << 20;
+    let mut run = Run::new();
+    run.exec(700, &["/usr/bin/python3", "mpi_ring.py"]);
+    run.statfs(700, "python3", 8 * MIB, 8 * MIB);
+    run.create(700, "python3", "/dev/shm/vader_segment.0", 17);
+    run.statfs(700, "python3", 8 * MIB, 0);
+    run.exit(700, "python3", 1);
+    assert_eq!(run.of(700).cause, Cause::ShmFull, "{:#?}", run.out);
+}
+
+/// Also under load: a rank refused huge pages was stopped by its launcher before it could
+/// take ordinary ones. It never showed it needed huge pages; a sibling's failure stopped it.
+#[test]
+fn a_huge_page_request_cut_short_by_a_launcher_is_no_cause() {
+    const SHM_HUGETLB: u64 = libc::SHM_HUGETLB as u64;
+    let create = (libc::IPC_CREAT | 0o600) as u64;
+    let mut run = Run::new();
+    run.exec(710, &["/usr/bin/mpirun", "-np", "2", "rank"]);
+    run.fork(710, 711);
+    run.exec(711, &["/usr/bin/python3", "mpi_ring.py"]);
+    run.shmget(711, 6 << 20, create | SHM_HUGETLB, -(libc::ENOMEM as i64));
+    run.kill(710, 711, libc::SIGTERM);
+    run.event(
+        711,
+        "python3",
+        Body::Exit(
+            ExitStatus::Signal {
+                signo: libc::SIGTERM,
+                core_dumped: false,
+            }
+            .into(),
+        ),
+    );
+    assert!(run.out.iter().all(|d| d.pid != 711), "{:#?}", run.out);
+}

@@ -17,8 +17,8 @@ pub use render::text;
 use crate::{
     capacity::Capacity,
     diagnose::{
-        Cause, DEFAULT_PREFETCH, DataloaderDemand, Diagnosis, Recommendation, RoleKind, advise,
-        known, role, space_check::RayStore,
+        Cause, DEFAULT_PREFETCH, DataloaderDemand, Diagnosis, Recommendation, RoleKind,
+        TRAINER_HOLDS, advise, known, role, space_check::RayStore,
     },
     event::{Body, Event, ExitStatus, InodeId, names},
     model::{Annotation, ShmObject, StartedBy, World},
@@ -325,7 +325,8 @@ impl Sizer {
                 floor,
                 format!(
                     "{basis}; but a DataLoader of {} queues up to ({workers} x {DEFAULT_PREFETCH} \
-                     batches + 1 the trainer holds) x {} = {}, more than this run held at once",
+                     batches + {TRAINER_HOLDS} the trainer holds as it takes the next) x {} = \
+                     {}, more than this run held at once",
                     count(u64::from(workers), "worker"),
                     human(shm.batch_bytes),
                     human(floor)

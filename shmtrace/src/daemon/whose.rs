@@ -175,11 +175,14 @@ impl Whose {
                 self.met(pid, mntns, owner.clone());
                 return Found::Owner(owner);
             }
-            // In no container's cgroup, in a namespace of its own: unless the number was a
-            // container's then (`nsenter` into one), nobody's.
+            // In no container's cgroup, in a namespace of its own: unless a container's
+            // process is in it too (`nsenter` into a running one), nobody's. Not the number's
+            // last tenant: a container that has just ended gives its number to the next
+            // namespace made, an `unshare` sandbox's as soon as another container's.
             Some(None) => {
                 let owner = self
-                    .tenant_at(mntns, ts_ns)
+                    .lookups
+                    .namespace(mntns, ts_ns)
                     .map_or(Owner::NoContainer, Owner::Container);
                 self.met(pid, mntns, owner.clone());
                 return Found::Owner(owner);
