@@ -236,6 +236,11 @@ mod tests {
                 libc::_exit(0);
             }
         }
+        // Only the child writes: with our copy of the write end closed, a child that could
+        // not become another user (we are not root) ends the read instead of leaving it
+        // waiting for good.
+        // SAFETY: our own descriptor, not used again.
+        unsafe { libc::close(ready[1]) };
         let mut byte = [0u8; 1];
         // SAFETY: reading one byte into a local buffer.
         let got = unsafe { libc::read(ready[0], byte.as_mut_ptr().cast(), 1) };
@@ -245,7 +250,6 @@ mod tests {
             libc::kill(child, libc::SIGKILL);
             libc::waitpid(child, std::ptr::null_mut(), 0);
             libc::close(ready[0]);
-            libc::close(ready[1]);
         }
         if got != 1 {
             // Only root can be another user; as an ordinary user the check is that our own
