@@ -5,7 +5,9 @@
 //!   counted as one: in an hour of container churn the node agent followed 31,000 of
 //!   dockerd's, containerd's and runc's files on the host's root file system;
 //! - a tmpfs only while mounted at a /dev/shm: the kernel gives an unmounted tmpfs's device
-//!   number to the next file system mounted.
+//!   number to the next file system mounted;
+//! - and a device node on a file system that got such a number (a container's /dev, its
+//!   /dev/null) is no /dev/shm file.
 //!
 //! The real binary, a real chroot and mount namespace (root and BPF only).
 use std::{os::unix::fs::MetadataExt, path::Path};
@@ -222,5 +224,103 @@ fn only_the_dev_shm_failure_is_reported(lines: &[Value], reused: &Reused, stderr
          /dev/shm unmounted just before it) was taken for a /dev/shm call: {failed:#?}",
         reused.attempts,
         reused.dev
+    );
+}
+
+/// Issue 37: in an hour of container churn, busybox `dd`s that filled their /dev/shm were
+/// diagnosed "no /dev/shm failure was seen". dd writes its error to its stderr at once,
+/// `2>/dev/null`, a device node on the container's /dev: a tmpfs that had the number of
+/// another container's /dev/shm unmounted moments before. That write was taken for a fallback
+/// from the refused one. Here a tmpfs mounted at /dev/shm is used, then unmounted; a scratch
+/// tmpfs mounted next gets its number and a `null` device node; dd fills a new /dev/shm with
+/// its stderr on that node, before the probes can have forgotten the number.
+const DEVICE_NODE: &str = r#"
+import os, stat, subprocess, sys
+scratch, busybox = sys.argv[1], sys.argv[2]
+def mount(target, size):
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "shmtrace-test", target],
+                   check=True)
+for attempt in range(10):
+    mount("/dev/shm", "1m")
+    open("/dev/shm/x", "w").close()
+    gone = os.stat("/dev/shm").st_dev
+    subprocess.run(["umount", "/dev/shm"], check=True)
+    mount(scratch, "64k")
+    if os.stat(scratch).st_dev == gone:
+        break
+    subprocess.run(["umount", scratch], check=True)
+null = scratch + "/null"
+os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+mount("/dev/shm", "1m")
+with open(null, "w") as stderr:
+    dd = subprocess.Popen([busybox, "dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=64k",
+                           "count=32"], stderr=stderr)
+    dd.wait()
+print(dd.pid, gone, os.stat(scratch).st_dev, dd.returncode, flush=True)
+"#;
+
+#[test]
+fn a_write_to_a_device_node_on_a_dev_shm_s_old_number_takes_no_failure_back() {
+    require_root();
+    let _serial = serial();
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("no busybox: install busybox-static (.ci/run does)");
+    let scratch = tempdir().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let daemon = Daemon::start(&[]);
+    let output = std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "python3",
+            "-c",
+            DEVICE_NODE,
+        ])
+        .arg(&scratch)
+        .arg(busybox)
+        .output()
+        .expect("running unshare");
+    let (_, lines, stderr) = daemon.stop();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let said = String::from_utf8_lossy(&output.stdout);
+    let [pid, gone, next, status] = said
+        .split_whitespace()
+        .map(|n| n.parse::<u64>().unwrap())
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("the workload said {said:?}")
+    };
+    assert_eq!(
+        gone, next,
+        "in 10 tries, the kernel gave the scratch tmpfs another number than the /dev/shm \
+         unmounted just before it (other mounts took it in between): this test needs the \
+         number reused"
+    );
+    assert_eq!(status, 1, "dd was to fail: {said}");
+    let of_dd: Vec<_> = lines
+        .iter()
+        .filter(|l| l["pid"].as_u64() == Some(pid))
+        .collect();
+    assert!(
+        of_dd
+            .iter()
+            .any(|l| l["event"] == "write" && l["errno"] == "ENOSPC"),
+        "dd's refused write is not in the lines: {of_dd:#?}\n{stderr}"
+    );
+    let diagnosis = of_dd
+        .iter()
+        .find(|l| l["event"] == "diagnosis")
+        .unwrap_or_else(|| panic!("no diagnosis of dd (pid {pid}): {of_dd:#?}\n{stderr}"));
+    assert_eq!(
+        diagnosis["cause"], "shm_full",
+        "dd's write of its error to a device node on a file system with the number {next:#x} \
+         of a /dev/shm unmounted just before took its failure back: {diagnosis:#}"
     );
 }

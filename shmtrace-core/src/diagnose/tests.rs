@@ -1171,3 +1171,63 @@ fn a_huge_page_request_cut_short_by_a_launcher_is_no_cause() {
     );
     assert!(run.out.iter().all(|d| d.pid != 711), "{:#?}", run.out);
 }
+
+/// Issue 37, the hour-long container soak: beside another churn of containers, 35 busybox `dd`
+/// runs that filled their /dev/shm were diagnosed "no /dev/shm failure was seen". Right after
+/// its refused write, dd reports it on its stderr, `2>/dev/null`: a device node on the
+/// container's /dev, a tmpfs whose device number a /dev/shm of the churn had had moments
+/// before (the probes keep such a number up to two sweeps). That successful write of the same
+/// thread was taken for a fallback from the refused one. A device node holds no /dev/shm
+/// memory: a call on it is no /dev/shm call.
+#[test]
+fn a_write_to_a_device_node_is_no_fallback_from_a_refused_write() {
+    let mut run = Run::new();
+    run.exec(
+        800,
+        &[
+            "/bin/dd",
+            "if=/dev/zero",
+            "of=/dev/shm/fill",
+            "bs=64k",
+            "count=32",
+        ],
+    );
+    let fill = run.create(800, "dd", "/dev/shm/fill", 1);
+    for _ in 0..16 {
+        run.write(800, "dd", 1, fill, 64 << 10, 64 << 10);
+    }
+    run.write(800, "dd", 1, fill, 64 << 10, -(libc::ENOSPC as i64));
+    // `dd: /dev/shm/fill: No space left on device` to /dev/null, at once.
+    let message = 44;
+    let null = Call {
+        syscall: Syscall::Write,
+        fd: Some(2),
+        ret: message,
+        args: [2, 0, message as u64, 0, 0, 0],
+        file: Some(FileRef {
+            inode: InodeId {
+                dev: DEV + 1,
+                ino: 6,
+            },
+            mode: libc::S_IFCHR | 0o666,
+            size: 0,
+            allocated: 0,
+        }),
+        path: None,
+        path_truncated: false,
+        relative_to_shm: false,
+        dir_ino: None,
+    };
+    run.event(800, "dd", Body::Call(null));
+    // Nor is /dev/null taken for a /dev/shm object that dd holds.
+    let null = InodeId {
+        dev: DEV + 1,
+        ino: 6,
+    };
+    assert!(run.world.object(&null).is_none());
+    run.exit(800, "dd", 1);
+
+    let dd = run.of(800);
+    assert_eq!(dd.cause, Cause::ShmFull, "{dd:#?}");
+    assert_eq!(dd.failures.len(), 1, "{dd:#?}");
+}

@@ -87,6 +87,16 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Forgets `pid`, which ended before the kernel gave its number to the process now acting
+    /// under it ([`World::ended_before`]), everywhere that knows it: in a one-shot trace too.
+    pub(super) fn forget_ended(&mut self, pid: u32) {
+        self.diagnoser.tally_forgotten(&[pid], &self.world);
+        self.world.forget_ended(pid);
+        self.diagnoser.forget(&[pid]);
+        self.read_at_call.remove(&pid);
+        self.read_at_failure.remove(&pid);
+    }
+
     fn forget_processes(&mut self, pids: &[u32]) {
         self.diagnoser.tally_forgotten(pids, &self.world);
         self.world.forget(pids);

@@ -250,6 +250,15 @@ impl Pipeline {
         {
             call.path = Some(whole);
         }
+        // A pid the kernel gave again: the process the model knows by it ended before this
+        // call, and the probes saw no fork of the new one (host-wide, a container's shell that
+        // never touched /dev/shm starts dd). Forgotten, the one that ended lends the new one
+        // nothing: its name, command line, role (issue 37).
+        if matches!(event.body, Body::Call(_) | Body::Exec(_))
+            && self.world.ended_before(event.pid, event.ts_ns)
+        {
+            self.forget_ended(event.pid);
+        }
         if !self.world.knows(event.pid) && !matches!(event.body, Body::Exec(_)) {
             // First sight of a process that existed before: learn what it already holds.
             if let Some(snapshot) = env.snapshot(event.pid) {

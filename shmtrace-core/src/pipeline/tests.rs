@@ -424,3 +424,51 @@ fn an_open_of_a_removed_name_gets_one_answer_everywhere() {
     let reads = |pid: u32| machine.snapshots.iter().filter(|p| **p == pid).count();
     assert_eq!(reads(30), reads(31) + 1, "{:?}", machine.snapshots);
 }
+
+/// Issue 37, the hour-long container soak: 6 failing containers' `dd` was diagnosed under the
+/// name of a process long gone (`pt_data_worker`, `rm`, `busybox`) that had had its pid. The
+/// probes see no fork of dd (host-wide, the container's shell never touched /dev/shm), so its
+/// first record was its open, and the model took it for the process that ended with that pid.
+/// A call from a pid whose process ended before it is a new process's: learned afresh.
+#[test]
+fn a_pid_given_again_is_a_new_process_not_the_one_that_ended() {
+    let mut pipeline = pipeline().diagnoses_only();
+    let mut machine = Asked::default();
+    let named = |comm: &[u8], kind: EventKind, flags: u16, ts_ns: u64| {
+        let mut header = header(kind, flags, 500, ts_ns);
+        header.comm = [0; 16];
+        header.comm[..comm.len()].copy_from_slice(comm);
+        header
+    };
+    let mut record = |record: Bytes| pipeline.kernel_record(&record, &mut machine).unwrap();
+    // A worker uses /dev/shm and ends well.
+    let write = SyscallEvent {
+        header: named(b"pt_data_worker", EventKind::Syscall, flags::FILE, 1),
+        ..call(Syscall::Write, 500, 1, 32, [3, 0, 32, 0, 0, 0])
+    };
+    record(bytes_of(&write));
+    let exit = |comm: &[u8], ts_ns: u64, status: i32| ExitEvent {
+        header: named(comm, EventKind::Exit, 0, ts_ns),
+        exit_code: status << 8,
+        _pad: 0,
+    };
+    record(bytes_of(&exit(b"pt_data_worker", 2, 0)));
+    // Minutes later, dd gets its pid, and fills its /dev/shm.
+    let refused = SyscallEvent {
+        header: named(b"dd", EventKind::Syscall, flags::FILE, 200 * 1_000_000_000),
+        ..call(
+            Syscall::Write,
+            500,
+            200 * 1_000_000_000,
+            -(libc::ENOSPC as i64),
+            [1, 0, 65536, 0, 0, 0],
+        )
+    };
+    record(bytes_of(&refused));
+    record(bytes_of(&exit(b"dd", 200 * 1_000_000_000 + 1, 1)));
+
+    let diagnoses = pipeline.diagnoses();
+    assert_eq!(diagnoses.len(), 1, "{diagnoses:#?}");
+    assert_eq!(diagnoses[0].comm, "dd", "{diagnoses:#?}");
+    assert_eq!(diagnoses[0].failures[0].comm, "dd", "{diagnoses:#?}");
+}

@@ -70,6 +70,11 @@ impl World {
     }
 
     pub(super) fn apply_call(&mut self, event: &Event, call: &Call, note: &mut Annotation) {
+        // A device node, FIFO or socket is no /dev/shm object (`FileRef::is_special`).
+        if call.file.is_some_and(|file| file.is_special()) {
+            note.irrelevant = true;
+            return;
+        }
         // A directory (/dev/shm itself, whose descriptor `ls` or a runtime closes) is no
         // object: kept as one, each container's would stay in the model for good.
         if call

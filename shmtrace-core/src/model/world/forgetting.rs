@@ -192,6 +192,42 @@ impl World {
         due
     }
 
+    /// Whether `pid` names a process that ended before `ts_ns`: a call or exec from it then is
+    /// a new process's, which the kernel gave the number to, and whose fork the trace did not
+    /// see (a host-wide trace follows no shell that never touched /dev/shm).
+    pub fn ended_before(&self, pid: u32, ts_ns: u64) -> bool {
+        self.processes
+            .get(&pid)
+            .and_then(|p| p.exit_ns)
+            .is_some_and(|ended| ended < ts_ns)
+    }
+
+    /// Forgets `pid`, a process that ended before its number was given again
+    /// ([`World::ended_before`]), whatever the retention: kept, it would lend the new process
+    /// its name and command line. Its queued exit finds the number another's and passes.
+    pub fn forget_ended(&mut self, pid: u32) {
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|p| p.exit_ns.is_some())
+        {
+            self.drop_processes(&[pid]);
+        }
+    }
+
+    fn drop_processes(&mut self, pids: &[u32]) {
+        let mut note = Annotation::default();
+        for pid in pids {
+            let Some(process) = self.processes.remove(pid) else {
+                continue;
+            };
+            self.unindex(process.pid, process.mntns);
+            let fds = process.fds.values().map(|fd| fd.inode).collect();
+            let maps = process.mappings.iter().map(|m| m.inode).collect();
+            self.release(fds, maps, &mut note);
+        }
+    }
+
     /// The processes that ended quietly more than [`Retention::quiet_linger_ns`] before
     /// `now_ns`, and that nothing asks about: not the creator of a live object, not the parent
     /// of a live process, not one `keep` names (a failure, a diagnosis). The caller forgets
@@ -244,16 +280,7 @@ impl World {
         if self.forgetting.is_none() {
             return;
         }
-        let mut note = Annotation::default();
-        for pid in pids {
-            let Some(process) = self.processes.remove(pid) else {
-                continue;
-            };
-            self.unindex(process.pid, process.mntns);
-            let fds = process.fds.values().map(|fd| fd.inode).collect();
-            let maps = process.mappings.iter().map(|m| m.inode).collect();
-            self.release(fds, maps, &mut note);
-        }
+        self.drop_processes(pids);
         let Some(forgetting) = &mut self.forgetting else {
             return;
         };
