@@ -9,11 +9,11 @@ use std::{process::Command, time::Duration};
 
 use shmtrace_tests::{daemon::Daemon, require_root, serial};
 
-/// Runs `dd ARGS` as the last process of a new sandbox with a 1 MiB tmpfs on /dev/shm:
-/// (dd's pid, the tmpfs's device number).
-fn in_sandbox(name: &str, dd: &str) -> (u64, u64) {
+/// Runs `first`, then `dd ARGS` as the last process of a new sandbox with a 1 MiB tmpfs on
+/// /dev/shm: (dd's pid, the tmpfs's device number).
+fn in_sandbox(name: &str, first: &str, dd: &str) -> (u64, u64) {
     let script = format!(
-        "mount --make-rprivate / && mount -t tmpfs -o size=1m {name} /dev/shm && \
+        "mount --make-rprivate / && mount -t tmpfs -o size=1m {name} /dev/shm && {first} && \
          echo $$ $(stat -c %d /dev/shm) && exec dd if=/dev/zero {dd} 2>/dev/null"
     );
     let output = Command::new("unshare")
@@ -37,10 +37,16 @@ fn a_file_of_a_gone_sandbox_is_no_leftover_on_the_next_dev_shm_given_its_number(
     // mount may come in between, so the pair is tried a few times.
     let mut tries = Vec::new();
     let filler = loop {
-        let (_, left_on) = in_sandbox("left", "of=/dev/shm/left-behind bs=64k count=8");
+        // Two empty files first: the one left behind is not among the first inode numbers
+        // the next tmpfs hands out (a create of a number the model knows tells it apart).
+        let (_, left_on) = in_sandbox(
+            "left",
+            "touch /dev/shm/a /dev/shm/b",
+            "of=/dev/shm/left-behind bs=64k count=8",
+        );
         // Time for the sandbox's end to be seen, and its tmpfs to be torn down.
         std::thread::sleep(Duration::from_secs(3));
-        let (filler, fill_on) = in_sandbox("fill", "of=/dev/shm/fill bs=64k count=32");
+        let (filler, fill_on) = in_sandbox("fill", "true", "of=/dev/shm/fill bs=64k count=32");
         tries.push((left_on, fill_on));
         if left_on == fill_on {
             break filler;
