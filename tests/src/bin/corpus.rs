@@ -645,7 +645,7 @@ fn mpi_ring(ranks: u32, args: &str, mpirun: &str) -> Script {
         flags,
         // Bounded twice. mpirun's own timeout ends a job whose ranks hang. After a rank
         // fails, mpirun itself sometimes hangs with no rank left, in PMIx_server_finalize
-        // (2 runs of about 30 here, seen with gdb): that one only a timeout from outside
+        // (2 runs of about 40 here, seen with gdb): that one only a timeout from outside
         // ends, and the job says so for `record` to run it again. (Busybox's timeout runs
         // mpirun in its own process: the tree is the same.)
         command: format!(
