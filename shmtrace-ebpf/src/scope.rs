@@ -23,7 +23,7 @@ use shmtrace_common::{
 use crate::{
     kernel,
     maps::{
-        FOLLOWED, HOLD_NOW, HOLD_OUTSIDE, HOLD_OWN, TARGET_CGROUPS, TARGET_MNTNS, TARGETS, config,
+        CONFIG, FOLLOWED, HOLD_NOW, HOLD_OUTSIDE, HOLD_OWN, TARGET_CGROUPS, TARGET_MNTNS, TARGETS,
     },
 };
 
@@ -90,7 +90,7 @@ pub fn remove_target(tgid: u32) {
 /// A held process (flags `HELD`) is reported but must not be put in `TARGETS`.
 #[inline(always)]
 pub fn tracked(tgid: u32) -> Option<u16> {
-    let config = config();
+    let config = CONFIG.load();
     if tgid == config.self_tgid {
         return None;
     }
@@ -100,7 +100,7 @@ pub fn tracked(tgid: u32) -> Option<u16> {
     if config.match_containers == 0 {
         return None;
     }
-    let mntns = kernel::current_mntns(kernel::offsets());
+    let mntns = kernel::current_mntns(&kernel::offsets());
     if mntns_followed(mntns) || current_cgroup_followed() {
         add_target(tgid, TRACKED, NOEXIST);
         return Some(flags::CONTAINER_MATCH);
@@ -119,7 +119,8 @@ pub fn task_followed(target_pid: u32, task: u64) -> bool {
     if is_target(target_pid) {
         return true;
     }
-    config().match_containers != 0 && mntns_followed(kernel::task_mntns(task, kernel::offsets()))
+    CONFIG.load().match_containers != 0
+        && mntns_followed(kernel::task_mntns(task, &kernel::offsets()))
 }
 
 /// Whether a process in mount namespace `mntns`, followed by nothing, is to be reported as held.
@@ -165,19 +166,12 @@ pub fn container_ending(tgid: u32, task: u64, off: &KernelOffsets) {
 /// Whether the current process's /dev/shm calls are reported: followed, or host-wide mode.
 #[inline(always)]
 pub fn in_scope(tgid: u32) -> Option<u16> {
-    scope_of(tgid).map(|(flags, _)| flags)
-}
-
-/// As [`in_scope`], and whether the process is followed ([`tracked`]) rather than only in
-/// scope host-wide.
-#[inline(always)]
-pub fn scope_of(tgid: u32) -> Option<(u16, bool)> {
     if let Some(flags) = tracked(tgid) {
-        return Some((flags, true));
+        return Some(flags);
     }
-    let config = config();
+    let config = CONFIG.load();
     if config.all != 0 && tgid != config.self_tgid {
-        return Some((0, false));
+        return Some(0);
     }
     None
 }
@@ -218,7 +212,7 @@ pub fn has_mappings(tgid: u32) -> bool {
 /// mapping, returns here after one array load, before any kernel read.
 #[inline(always)]
 pub fn fd_call_scope(tgid: u32) -> Option<u16> {
-    let config = config();
+    let config = CONFIG.load();
     if config.all != 0 && config.match_containers == 0 {
         return (tgid != config.self_tgid && may_be_target(tgid)).then_some(0);
     }
@@ -229,7 +223,7 @@ pub fn fd_call_scope(tgid: u32) -> Option<u16> {
 /// is then checked for a /dev/shm descriptor (`flags::RECEIVES`).
 #[inline(always)]
 pub fn receives_unfollowed(tgid: u32) -> bool {
-    let config = config();
+    let config = CONFIG.load();
     config.all != 0 && tgid != config.self_tgid && !may_be_target(tgid)
 }
 

@@ -9,7 +9,6 @@
 //! message, which `stash`'s exit reads).
 mod fd_calls;
 mod memfd;
-mod mounts;
 mod oom;
 mod open;
 mod process;
