@@ -202,6 +202,15 @@ impl Run {
         self.event(pid, comm, Body::Exit(ExitStatus::Code(code).into()));
     }
 
+    /// Its end by `signo`, with no core.
+    fn killed(&mut self, pid: u32, comm: &str, signo: i32) {
+        let status = ExitStatus::Signal {
+            signo,
+            core_dumped: false,
+        };
+        self.event(pid, comm, Body::Exit(status.into()));
+    }
+
     fn of(&self, pid: u32) -> &Diagnosis {
         self.out
             .iter()
@@ -507,17 +516,7 @@ fn files_of_dead_processes_are_named_and_the_size_is_not_blamed() {
     run.exec(300, &["/usr/bin/python3", "first.py"]);
     let left = run.create(300, "python3", "/dev/shm/torch_300_1", 5);
     run.write(300, "python3", 5, left, 768 << 10, 768 << 10);
-    run.event(
-        300,
-        "python3",
-        Body::Exit(
-            ExitStatus::Signal {
-                signo: libc::SIGKILL,
-                core_dumped: false,
-            }
-            .into(),
-        ),
-    );
+    run.killed(300, "python3", libc::SIGKILL);
     run.exec(301, &["/usr/bin/python3", "second.py"]);
     let next = run.create(301, "python3", "/dev/shm/torch_301_1", 5);
     run.fallocate_fails(301, "python3", 5, next, 512 << 10);
@@ -555,17 +554,7 @@ fn a_child_its_parent_kills_is_not_diagnosed() {
             target_maps_shm: false,
         }),
     );
-    run.event(
-        401,
-        "chromium",
-        Body::Exit(
-            ExitStatus::Signal {
-                signo: libc::SIGKILL,
-                core_dumped: false,
-            }
-            .into(),
-        ),
-    );
+    run.killed(401, "chromium", libc::SIGKILL);
     run.exit(400, "chromium", 0);
     assert!(run.out.is_empty(), "{:#?}", run.out);
 }
@@ -589,17 +578,7 @@ fn a_process_first_met_through_the_kill_that_ends_it_is_ended_by_its_sender() {
             target_maps_shm: false,
         }),
     );
-    run.event(
-        600,
-        "sleep",
-        Body::Exit(
-            ExitStatus::Signal {
-                signo: libc::SIGKILL,
-                core_dumped: false,
-            }
-            .into(),
-        ),
-    );
+    run.killed(600, "sleep", libc::SIGKILL);
     assert_eq!(run.exits, vec![(600, false)]);
     assert_eq!(run.world.process(600).map(|p| p.mntns), Some(MNTNS));
     assert!(run.out.is_empty(), "{:#?}", run.out);
@@ -937,17 +916,7 @@ fn a_refused_huge_page_request_followed_by_its_fallback_is_a_probe() {
     run.shmctl(304, libc::IPC_INFO as u64, 7);
     run.shmget(304, 4 << 20, create, 9);
     run.kill(1, 304, libc::SIGTERM);
-    run.event(
-        304,
-        "python3",
-        Body::Exit(
-            ExitStatus::Signal {
-                signo: libc::SIGTERM,
-                core_dumped: false,
-            }
-            .into(),
-        ),
-    );
+    run.killed(304, "python3", libc::SIGTERM);
     assert!(run.out.iter().all(|d| d.pid != 304), "{:#?}", run.out);
     // With no fallback, the pool of huge pages is the cause, never kernel.shmmax.
     run.exec(301, &["/usr/bin/rank"]);
@@ -1114,17 +1083,7 @@ fn a_process_that_failed_and_was_then_stopped_by_its_launcher_counts_as_a_death(
     let inode = run.create(601, "rank", "/dev/shm/nccl-abcdef", 5);
     run.fallocate_fails(601, "rank", 5, inode, 2 << 20);
     run.kill(600, 601, libc::SIGTERM);
-    run.event(
-        601,
-        "rank",
-        Body::Exit(
-            ExitStatus::Signal {
-                signo: libc::SIGTERM,
-                core_dumped: false,
-            }
-            .into(),
-        ),
-    );
+    run.killed(601, "rank", libc::SIGTERM);
     assert_eq!(run.of(601).failures.len(), 1, "{:#?}", run.out);
     let table = run.diagnoser.table(&run.world);
     let deaths: u64 = table.iter().map(|(_, _, stats)| stats.deaths).sum();
@@ -1158,17 +1117,7 @@ fn a_huge_page_request_cut_short_by_a_launcher_is_no_cause() {
     run.exec(711, &["/usr/bin/python3", "mpi_ring.py"]);
     run.shmget(711, 6 << 20, create | SHM_HUGETLB, -(libc::ENOMEM as i64));
     run.kill(710, 711, libc::SIGTERM);
-    run.event(
-        711,
-        "python3",
-        Body::Exit(
-            ExitStatus::Signal {
-                signo: libc::SIGTERM,
-                core_dumped: false,
-            }
-            .into(),
-        ),
-    );
+    run.killed(711, "python3", libc::SIGTERM);
     assert!(run.out.iter().all(|d| d.pid != 711), "{:#?}", run.out);
 }
 
