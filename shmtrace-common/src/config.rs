@@ -42,20 +42,47 @@ pub struct KernelOffsets {
     /// `mnt_namespace.ns.inum`: the number `/proc/PID/ns/mnt` shows.
     pub mnt_ns_inum: u32,
     pub files_fdt: u32,
+    /// `files_struct.fd_array`: the descriptor table's slots while it has not grown
+    /// (`fdtable.max_fds` is then [`EMBEDDED_FDS`]), read with typed loads.
+    pub files_fd_array: u32,
     pub fdtable_max_fds: u32,
     pub fdtable_fd: u32,
     pub file_inode: u32,
+    /// `file.f_op`: what kind of file it is (`shmem_file_operations` for a tmpfs's regular
+    /// files).
+    pub file_op: u32,
+    /// `file.f_path.mnt` and `file.f_path.dentry`: where the file was reached.
+    pub file_path_mnt: u32,
+    pub file_path_dentry: u32,
     pub inode_mode: u32,
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub inode_size: u32,
     pub inode_blocks: u32,
     pub super_block_dev: u32,
-    /// `super_block.s_magic`: which kind of file system (`TMPFS_MAGIC`), so that only a tmpfs
-    /// is ever taken for a /dev/shm.
+    /// `super_block.s_magic`: `TMPFS_MAGIC` for a tmpfs, the only file system taken for a
+    /// /dev/shm by its device number alone (another needs its mount at /dev/shm).
     pub super_block_magic: u32,
+    /// `super_block.s_mounts`: the file system's mounts, a `list_head` of
+    /// `mount.mnt_instance` before Linux 6.18 and a chain of `mount.mnt_next_for_sb` since
+    /// ([`KernelOffsets::mounts_chained`]).
+    pub super_block_mounts: u32,
+    /// `mount.mnt_instance`, or `mount.mnt_next_for_sb` where mounts are chained.
+    pub mount_next: u32,
+    /// Non-zero where `super_block.s_mounts` is a chain (6.18 and later).
+    pub mounts_chained: u32,
+    /// `mount.mnt`: the `struct vfsmount` a `struct mount` holds, which is what files point
+    /// to.
+    pub mount_mnt: u32,
+    pub mount_parent: u32,
+    pub mount_mountpoint: u32,
+    pub vfsmount_root: u32,
+    pub dentry_parent: u32,
+    /// `dentry.d_name.name`.
+    pub dentry_name: u32,
     /// `fs_struct.pwd.dentry`: the current directory, for relative paths.
     pub fs_pwd_dentry: u32,
+    pub fs_pwd_mnt: u32,
     pub dentry_sb: u32,
     pub mm_arg_start: u32,
     pub mm_arg_end: u32,
@@ -67,7 +94,16 @@ pub struct KernelOffsets {
     /// `pt_regs` offsets of the registers a system call's arguments arrive in, in argument
     /// order, as saved at entry: the calls traced at exit only read their arguments there.
     pub regs_arg: [u32; 6],
+    /// `8 << k` for bit `k` of a descriptor number: the typed read of slot `fd` of
+    /// `fd_array` adds these for the bits `fd` has, so that each of its 64 paths has a
+    /// constant offset, which the verifier requires of a typed load. As constants the
+    /// compiler would fold the adds into one `fd * 8`, a variable offset the verifier refuses.
+    pub fd_slot_steps: [u32; 6],
 }
+
+/// `NR_OPEN_DEFAULT` on 64-bit: the slots of the descriptor table a `files_struct` holds
+/// itself, used until the process opens more.
+pub const EMBEDDED_FDS: u32 = 64;
 
 #[cfg(feature = "aya")]
 mod user {

@@ -1,7 +1,8 @@
 //! Device numbers as the kernel keeps them (`sb->s_dev`), which is not how stat(2) shows them.
 
 /// A `dev_t` in the kernel's internal encoding, `major << 20 | minor`: what the probes read
-/// from `super_block.s_dev` and what `SHM_DEVS` is keyed by.
+/// from `super_block.s_dev`, what `SHM_SUPERS` indexes its verdicts by (the minor) and what
+/// `SHM_ELSEWHERE` is keyed by.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KernelDev(pub u32);

@@ -118,13 +118,14 @@ pub mod statfs_args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TracedAt {
     /// A `sys_enter_<name>` program stashes the call, the shared `sys_exit` program reports
-    /// it: what the call needs seen (a path to read before the call runs, or arguments the
-    /// saved registers do not keep) is there at entry only.
+    /// it: what the call needs seen is there at entry only (the path of an `unlink`, whose
+    /// file is gone by its exit; the time a System V call or a `memfd_create` was made).
     BothEnds,
     /// Its own `sys_exit_<name>` program only, with its arguments read from the registers
-    /// saved at entry: a call on a descriptor that stays open, about which nothing needs
-    /// seeing before it runs. An entry tracepoint would cost every process on the host on
-    /// each of these calls.
+    /// saved at entry: a call about which nothing needs seeing before it runs. An open is
+    /// judged by the file it made, a call on a descriptor that stays open by the descriptor's
+    /// file, a `statfs` by its path, which the call has read by then. An entry tracepoint
+    /// would cost every process on the host on each of these calls.
     Exit,
     /// Its `sys_enter_<name>` program only, reported as succeeding: a `close` of a /dev/shm
     /// descriptor. The descriptor is released at entry whatever the call then returns (only
@@ -166,12 +167,12 @@ impl Syscall {
             | Syscall::Mmap
             | Syscall::Munmap
             | Syscall::Statfs
-            | Syscall::Fstatfs => TracedAt::Exit,
-            Syscall::Close => TracedAt::Entry,
-            Syscall::Openat
+            | Syscall::Fstatfs
+            | Syscall::Openat
             | Syscall::Openat2
-            | Syscall::Open
-            | Syscall::Unlink
+            | Syscall::Open => TracedAt::Exit,
+            Syscall::Close => TracedAt::Entry,
+            Syscall::Unlink
             | Syscall::Unlinkat
             | Syscall::MemfdCreate
             | Syscall::Shmget
@@ -312,7 +313,9 @@ pub mod flags {
     pub const PATH_TRUNCATED: u16 = 1 << 0;
     /// [`super::SyscallEvent::file`] holds the inode the descriptor referred to.
     pub const FILE: u16 = 1 << 1;
-    /// The path was relative to a directory on a /dev/shm file system.
+    /// The path was relative to a directory on a /dev/shm file system. (A file opened by
+    /// another path, a relative one or a container's /dev/shm through `/proc/PID/root`, is
+    /// named whole instead, `/dev/shm/a/b`, as the probes read it from the file itself.)
     pub const RELATIVE_TO_SHM: u16 = 1 << 2;
     /// The command line did not fit in [`super::ARGS_LEN`] bytes.
     pub const ARGS_TRUNCATED: u16 = 1 << 3;

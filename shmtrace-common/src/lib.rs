@@ -10,10 +10,11 @@ pub mod dev;
 pub mod event;
 pub mod layout;
 pub mod loss;
+pub mod supers;
 pub mod tally;
 pub mod targets;
 
-pub use config::{Config, KernelOffsets};
+pub use config::{Config, EMBEDDED_FDS, KernelOffsets};
 pub use dev::KernelDev;
 pub use event::*;
 pub use layout::LAYOUT_HASH;

@@ -14,7 +14,7 @@ use shmtrace_common::{EventKind, FileRef, Header, KernelOffsets, Loss};
 
 use crate::{
     kernel,
-    maps::{CONFIG, EVENTS},
+    maps::{EVENTS, config},
 };
 
 // `bpf_ringbuf_submit` and `bpf_ringbuf_query` flags (UAPI).
@@ -89,7 +89,7 @@ pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
 /// of a 4 KiB churn whose reader had half a CPU, where this lost none (docs/BENCHMARKS.md).
 #[inline(always)]
 pub fn submit<T>(entry: RingBufEntry<T>, urgent: bool) {
-    let flags = if urgent || EVENTS.query(BPF_RB_AVAIL_DATA) > CONFIG.load().wakeup_bytes as u64 {
+    let flags = if urgent || EVENTS.query(BPF_RB_AVAIL_DATA) > config().wakeup_bytes as u64 {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

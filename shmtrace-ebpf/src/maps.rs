@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use shmtrace_common::{
-    Config, FileRef, KernelOffsets, Loss, PATH_LEN, Syscall, TallyKey, tally::TALLIES_ENTRIES,
-    targets::FOLLOWED_WORDS,
+    Config, FileRef, KernelOffsets, Loss, PATH_LEN, Syscall, TallyKey, supers,
+    tally::TALLIES_ENTRIES, targets::FOLLOWED_WORDS,
 };
 
 #[unsafe(no_mangle)]
@@ -17,6 +17,15 @@ pub static CONFIG: Global<Config> = Global::new(Config {
     self_tgid: 0,
     wakeup_bytes: 0,
 });
+
+/// The settings, as the loader set them; read field by field, as `kernel::offsets` explains.
+#[inline(always)]
+pub fn config() -> &'static Config {
+    let global = &raw const CONFIG as *const Config;
+    // SAFETY: `Global<T>` is a transparent wrapper of an initialised `T`, which the loader
+    // overrides and the kernel then freezes.
+    unsafe { &*core::hint::black_box(global) }
+}
 
 #[unsafe(no_mangle)]
 pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
@@ -34,9 +43,13 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     nsproxy_mnt_ns: 0,
     mnt_ns_inum: 0,
     files_fdt: 0,
+    files_fd_array: 0,
     fdtable_max_fds: 0,
     fdtable_fd: 0,
     file_inode: 0,
+    file_op: 0,
+    file_path_mnt: 0,
+    file_path_dentry: 0,
     inode_mode: 0,
     inode_ino: 0,
     inode_sb: 0,
@@ -44,13 +57,24 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     inode_blocks: 0,
     super_block_dev: 0,
     super_block_magic: 0,
+    super_block_mounts: 0,
+    mount_next: 0,
+    mounts_chained: 0,
+    mount_mnt: 0,
+    mount_parent: 0,
+    mount_mountpoint: 0,
+    vfsmount_root: 0,
+    dentry_parent: 0,
+    dentry_name: 0,
     fs_pwd_dentry: 0,
+    fs_pwd_mnt: 0,
     dentry_sb: 0,
     mm_arg_start: 0,
     mm_arg_end: 0,
     binprm_filename: 0,
     task_in_execve_bit: u32::MAX,
     regs_arg: [0; 6],
+    fd_slot_steps: [0; 6],
 });
 
 /// Records for userspace. The loader sets the size (`--buffer-size`).
@@ -126,10 +150,28 @@ pub const HOLD_OWN: u32 = 1;
 #[map]
 pub static TARGET_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1024, 0);
 
-/// `dev_t`s of the file systems mounted on /dev/shm (host and containers). Seeded by
-/// userspace, and learned when a `/dev/shm/...` path is opened.
+/// Which tmpfs file systems are a /dev/shm, two bits per device number
+/// (`shmtrace_common::supers`): filled by userspace from the mount tables (the host's and
+/// every container's /dev/shm), judged by the probes for a tmpfs they meet unknown
+/// (`shm_check`), and forgotten by userspace once unmounted. An array, so that a look-up is a
+/// load the verifier inlines, where a hash map's is a helper call that every open on the host
+/// would pay; 512 KiB. Mapped by userspace, which updates it with atomic operations as the
+/// probes do (hence `BPF_F_MMAPABLE`).
 #[map]
-pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+pub static SHM_SUPERS: Array<u64> = Array::with_max_entries(supers::ENTRIES, BPF_F_MMAPABLE);
+
+/// The operations (`file.f_op`) of a tmpfs's regular files (slot 0) and directories (slot 1),
+/// learned from the first of each the probes judge. A file of a grown descriptor table, read
+/// at its address, whose operations are neither is on no tmpfs: its inode and super block need
+/// not be read (`shm_check::file_on_shm`). Kernel addresses, which never leave the kernel.
+#[map]
+pub static TMPFS_FILE_OPS: Array<u64> = Array::with_max_entries(2, 0);
+
+/// `dev_t`s of the file systems mounted at /dev/shm that are not a tmpfs (a bind mount of a
+/// directory): a file on one is on /dev/shm if the mount it was reached by is there. Filled
+/// by userspace, which also sets `supers::ELSEWHERE` while it is not empty.
+#[map]
+pub static SHM_ELSEWHERE: HashMap<u32, u32> = HashMap::with_max_entries(256, 0);
 
 /// A call seen at `sys_enter`, waiting for its `sys_exit`, by thread id. A thread's slot is
 /// written in place call after call, and read only while the thread's `STASHED` bit says it
@@ -141,10 +183,18 @@ pub static SHM_DEVS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 #[map]
 pub static INFLIGHT: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 
-/// Per-CPU room, too big for the 512-byte stack, for the head of an inode being read
-/// (`kernel::inode_file`).
+/// Per-CPU: the inode number of the directory a failed open's name was relative to, from the
+/// frame that judges the path (`probes/open.rs`, `failed`) to the one that reports it. Returned
+/// beside the path's flags instead, it took the open family's exit programs from about 55,000
+/// instructions verified to 76,000: read from here it is one value to the verifier, not one a
+/// judgement.
 #[map]
-pub static SCRATCH: PerCpuArray<[u8; PATH_LEN]> = PerCpuArray::with_max_entries(1, 0);
+pub static FAILED_OPEN_DIR: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU room, too big for the 512-byte stack, for the head of an inode being read
+/// (`kernel::inode_file`), or a name being put together (`kernel::dev_shm_name`).
+#[map]
+pub static SCRATCH: PerCpuArray<[u8; 2 * PATH_LEN]> = PerCpuArray::with_max_entries(1, 0);
 
 /// What `sys_enter` learned about a call.
 #[repr(C)]
@@ -157,4 +207,7 @@ pub struct Pending {
     /// Valid when `flags` has `FILE`: the descriptor's file, as read when the call was made
     /// (`close`, traced at entry only) or returned (the calls traced at exit only).
     pub file: FileRef,
+    /// An opened file's dentry (0 for other calls): its name below its file system's root is
+    /// recorded when the path it was opened by does not start with /dev/shm/.
+    pub dentry: u64,
 }

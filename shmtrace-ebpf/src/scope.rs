@@ -23,7 +23,7 @@ use shmtrace_common::{
 use crate::{
     kernel,
     maps::{
-        CONFIG, FOLLOWED, HOLD_NOW, HOLD_OUTSIDE, HOLD_OWN, TARGET_CGROUPS, TARGET_MNTNS, TARGETS,
+        FOLLOWED, HOLD_NOW, HOLD_OUTSIDE, HOLD_OWN, TARGET_CGROUPS, TARGET_MNTNS, TARGETS, config,
     },
 };
 
@@ -90,7 +90,7 @@ pub fn remove_target(tgid: u32) {
 /// A held process (flags `HELD`) is reported but must not be put in `TARGETS`.
 #[inline(always)]
 pub fn tracked(tgid: u32) -> Option<u16> {
-    let config = CONFIG.load();
+    let config = config();
     if tgid == config.self_tgid {
         return None;
     }
@@ -100,7 +100,7 @@ pub fn tracked(tgid: u32) -> Option<u16> {
     if config.match_containers == 0 {
         return None;
     }
-    let mntns = kernel::current_mntns(&kernel::offsets());
+    let mntns = kernel::current_mntns(kernel::offsets());
     if mntns_followed(mntns) || current_cgroup_followed() {
         add_target(tgid, TRACKED, NOEXIST);
         return Some(flags::CONTAINER_MATCH);
@@ -119,8 +119,7 @@ pub fn task_followed(target_pid: u32, task: u64) -> bool {
     if is_target(target_pid) {
         return true;
     }
-    CONFIG.load().match_containers != 0
-        && mntns_followed(kernel::task_mntns(task, &kernel::offsets()))
+    config().match_containers != 0 && mntns_followed(kernel::task_mntns(task, kernel::offsets()))
 }
 
 /// Whether a process in mount namespace `mntns`, followed by nothing, is to be reported as held.
@@ -166,12 +165,19 @@ pub fn container_ending(tgid: u32, task: u64, off: &KernelOffsets) {
 /// Whether the current process's /dev/shm calls are reported: followed, or host-wide mode.
 #[inline(always)]
 pub fn in_scope(tgid: u32) -> Option<u16> {
+    scope_of(tgid).map(|(flags, _)| flags)
+}
+
+/// As [`in_scope`], and whether the process is followed ([`tracked`]) rather than only in
+/// scope host-wide.
+#[inline(always)]
+pub fn scope_of(tgid: u32) -> Option<(u16, bool)> {
     if let Some(flags) = tracked(tgid) {
-        return Some(flags);
+        return Some((flags, true));
     }
-    let config = CONFIG.load();
+    let config = config();
     if config.all != 0 && tgid != config.self_tgid {
-        return Some(0);
+        return Some((0, false));
     }
     None
 }
@@ -212,7 +218,7 @@ pub fn has_mappings(tgid: u32) -> bool {
 /// mapping, returns here after one array load, before any kernel read.
 #[inline(always)]
 pub fn fd_call_scope(tgid: u32) -> Option<u16> {
-    let config = CONFIG.load();
+    let config = config();
     if config.all != 0 && config.match_containers == 0 {
         return (tgid != config.self_tgid && may_be_target(tgid)).then_some(0);
     }
@@ -223,7 +229,7 @@ pub fn fd_call_scope(tgid: u32) -> Option<u16> {
 /// is then checked for a /dev/shm descriptor (`flags::RECEIVES`).
 #[inline(always)]
 pub fn receives_unfollowed(tgid: u32) -> bool {
-    let config = CONFIG.load();
+    let config = config();
     config.all != 0 && tgid != config.self_tgid && !may_be_target(tgid)
 }
 

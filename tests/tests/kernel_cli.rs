@@ -130,6 +130,91 @@ fn host_wide_mode_sees_descriptors_held_before_the_start_and_received_over_a_soc
     );
 }
 
+/// Host-wide, a file is on /dev/shm by its file system, not by its path (docs/probes.md):
+/// a /dev/shm file made by a process with more than 64 descriptors (a grown table) is seen
+/// and so is its write; so are files made through /proc/PID/root, by the process itself and
+/// from the host; a file on another tmpfs is not; nor is a file on a tmpfs that took over the
+/// device number of a /dev/shm unmounted a moment before.
+#[test]
+fn host_wide_mode_judges_a_file_by_its_file_system_not_its_path() {
+    let _guard = serial();
+    require_root();
+    let tracer = LiveTracer::start(&["--all"]);
+    let ready = |child: &mut std::process::Child| {
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("ready "), "{line}");
+        line.split_whitespace()
+            .skip(1)
+            .map(|word| word.parse::<u64>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let spawn = |scenario: &str| {
+        Command::new(exerciser())
+            .args(["--private-shm", "1m", scenario])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    let mut paths = spawn("other-paths");
+    let paths_pid = ready(&mut paths)[0];
+    // From the host, into the other namespace's /dev/shm.
+    let from_host = format!("/proc/{paths_pid}/root/dev/shm/from-host");
+    std::fs::write(&from_host, [1u8; 4096]).unwrap();
+    std::fs::remove_file(&from_host).unwrap();
+    paths.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(paths.wait().unwrap().success());
+
+    let mut remount = spawn("remount");
+    let devices = ready(&mut remount);
+    assert_eq!(
+        devices[1], devices[2],
+        "the tmpfs mounted after the private /dev/shm was unmounted did not take its device \
+         number (another mount took it first?), so forgetting it cannot be tested"
+    );
+    remount.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(remount.wait().unwrap().success());
+    let (_, stderr, records) = tracer.stop();
+
+    let opened = |pid: u64, path: &str| {
+        records
+            .iter()
+            .find(|r| {
+                r["event"] == "openat"
+                    && r["pid"] == pid
+                    && r["path"] == path
+                    && r["ret"] == r["fd"]
+            })
+            .unwrap_or_else(|| panic!("no open of {path} by {pid}: {records:?}\n{stderr}"))
+    };
+    let grown = opened(paths_pid, "/dev/shm/grown");
+    assert!(grown["fd"].as_u64().unwrap() > 64, "{grown}");
+    assert!(
+        records.iter().any(|r| r["event"] == "write"
+            && r["pid"] == paths_pid
+            && r["fd"] == grown["fd"]
+            && r["ret"] == 4096),
+        "no write to /dev/shm/grown: {records:?}"
+    );
+    // Named as the files are in that /dev/shm, not by the path that reached them.
+    opened(paths_pid, "/dev/shm/by-proc-root");
+    opened(u64::from(std::process::id()), "/dev/shm/from-host");
+    // Its device number was a /dev/shm's just before the tmpfs that took it over.
+    opened(devices[0], "/dev/shm/before-remount");
+    let not_shm: Vec<_> = records
+        .iter()
+        .filter(|r| r.to_string().contains("not-shm"))
+        .collect();
+    assert!(
+        not_shm.is_empty(),
+        "files on other tmpfs reported: {not_shm:?}"
+    );
+}
+
 #[test]
 fn lost_events_are_counted_and_reported() {
     let _guard = serial();

@@ -1,13 +1,13 @@
-//! Which file systems are taken for a /dev/shm (the probes' `SHM_DEVS`):
-//! - only a tmpfs. A `/dev/shm/x` opened where /dev/shm is a plain directory (in a chroot, or a
-//!   container with no /dev/shm mounted) is on a disk's file system; the probes once learned
-//!   that file system as a /dev/shm from such an open, and from then on every file of it
+//! Which file systems are taken for a /dev/shm (the probes' `SHM_SUPERS`):
+//! - not a disk's where /dev/shm is a plain directory (in a chroot, or a container with no
+//!   /dev/shm mounted). Probes that judged opens by their path once learned that file system
+//!   as a /dev/shm from an open of `/dev/shm/x` there, and from then on every file of it
 //!   counted as one: in an hour of container churn the node agent followed 31,000 of
 //!   dockerd's, containerd's and runc's files on the host's root file system;
-//! - only while mounted: the kernel gives an unmounted tmpfs's device number to the next file
-//!   system mounted;
-//! - and until the probes forget such a number, a device node on the file system that got it
-//!   (a container's /dev, its /dev/null) is no /dev/shm file.
+//! - a tmpfs only while mounted at a /dev/shm: the kernel gives an unmounted tmpfs's device
+//!   number to the next file system mounted;
+//! - and a device node on a file system that got such a number (a container's /dev, its
+//!   /dev/null) is no /dev/shm file.
 //!
 //! The real binary, a real chroot and mount namespace (root and BPF only).
 use std::{os::unix::fs::MetadataExt, path::Path};
@@ -58,12 +58,25 @@ fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
     let trace = trace_command(&[], &["sh", "-c", &script]);
     assert!(trace.output.status.success(), "{}", trace.stderr());
     let records = trace.records;
-    // The chroot's open is seen: the trace ran, and the path is a /dev/shm path.
+    // The chroot's commands ran traced: its `ls /dev/shm` is in the trace.
     assert!(
-        records
-            .iter()
-            .any(|r| r["path"].as_str() == Some("/dev/shm/x")),
-        "the chroot's open of /dev/shm/x is not in the trace: {records:#?}"
+        records.iter().any(|r| r["event"] == "exec"
+            && r["argv"].as_array().is_some_and(
+                |argv| argv.iter().any(|a| a == "ls") && argv.iter().any(|a| a == "/dev/shm")
+            )),
+        "the chroot's ls of /dev/shm is not in the trace: {records:#?}"
+    );
+    // Its /dev/shm/x is a file of the disk's, not of a /dev/shm: an open is judged by the file
+    // it made, not by the path it was given (docs/probes.md, "Which file systems are a
+    // /dev/shm").
+    let taken: Vec<_> = records
+        .iter()
+        .filter(|r| r["path"].as_str() == Some("/dev/shm/x"))
+        .collect();
+    assert!(
+        taken.is_empty(),
+        "the chroot's /dev/shm/x, on a disk's file system, was taken for a /dev/shm file: \
+         {taken:#?}"
     );
     let dev = std::fs::metadata(&grown).unwrap().dev();
     let on_disk: Vec<_> = records
@@ -80,9 +93,10 @@ fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
 }
 
 /// A process uses a tmpfs at its /dev/shm, which is then unmounted; a scratch tmpfs mounted
-/// next gets its device number. Its `fallocate` is nothing of /dev/shm's, and the node agent
-/// reports it no more once it has found that number mounted at no /dev/shm; nor does a
-/// host-wide trace (`--all`).
+/// next gets its device number. Its `fallocate` is nothing of /dev/shm's, and neither the node
+/// agent nor a host-wide trace (`--all`) reports it, at once: the mount that made the scratch
+/// tmpfs made the probes forget their verdicts (docs/probes.md, "Which file systems are a
+/// /dev/shm").
 const REUSE: &str = r#"
 import os, subprocess, sys, time
 scratch, pause = sys.argv[1], float(sys.argv[2])
@@ -101,7 +115,14 @@ for attempt in range(10):
     mount("/dev/shm")
     fill("/dev/shm/x")
     gone = os.stat("/dev/shm").st_dev
-    subprocess.run(["umount", "/dev/shm"], check=True)
+    # The agent measures a /dev/shm where a call failed, through /proc/PID/root, for a
+    # moment: until then the unmount is refused (busy).
+    for _ in range(50):
+        if subprocess.run(["umount", "/dev/shm"]).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        sys.exit("/dev/shm stayed busy for 5 s")
     mount(scratch)
     if os.stat(scratch).st_dev == gone:
         break
@@ -144,7 +165,7 @@ struct Reused {
 fn a_scratch_tmpfs_gets_the_number_of_a_dev_shm_unmounted() -> Reused {
     let scratch = tempdir().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
-    // Two sweeps of the mount tables (5 s apart) and a margin.
+    // No pause before the scratch tmpfs is used: nothing waits for a sweep of the mount tables.
     let output = std::process::Command::new("unshare")
         .args([
             "--mount",
@@ -155,7 +176,7 @@ fn a_scratch_tmpfs_gets_the_number_of_a_dev_shm_unmounted() -> Reused {
             REUSE,
         ])
         .arg(&scratch)
-        .arg("15")
+        .arg("0")
         .output()
         .expect("running unshare");
     assert!(
@@ -200,7 +221,7 @@ fn only_the_dev_shm_failure_is_reported(lines: &[Value], reused: &Reused, stderr
         failed.len(),
         reused.attempts,
         "{} /dev/shm failed, and the scratch tmpfs's fallocate (device {:#x}, the number of a \
-         /dev/shm unmounted 15 s before it) was taken for a /dev/shm call: {failed:#?}",
+         /dev/shm unmounted just before it) was taken for a /dev/shm call: {failed:#?}",
         reused.attempts,
         reused.dev
     );

@@ -20,6 +20,8 @@
 //! - the measurements beyond the timed rounds: `pairs` (two workers taking turns, one traced,
 //!   that machine noise cannot swamp), `probes` (BPF run-time statistics per program),
 //!   `bystanders` (what host-wide tracing costs calls that do not concern /dev/shm),
+//!   `server` (a real server's throughput beside the daemon), `beside` (the tracers those
+//!   two run beside),
 //!   `beside_storms` (tracers beside fork storms), `startup` (start-up and teardown),
 //!   `replay` (replay throughput and `report`'s scaling), `daemon_idle` (an idle daemon's
 //!   CPU), `container_soak` (the daemon's memory through an hour of short-lived containers),
@@ -31,6 +33,7 @@
 //!   load), `neighbours` (other BPF users on the machine, which would skew the results),
 //!   `benchmarks_doc` (docs/BENCHMARKS.md's targets and latest full run, `--save`).
 mod benchmarks_doc;
+mod beside;
 mod beside_storms;
 mod bpf_syscall;
 mod bystanders;
@@ -49,6 +52,7 @@ mod pairs;
 mod probes;
 mod replay;
 mod reported;
+mod server;
 mod startup;
 mod stats;
 mod storm;
@@ -622,9 +626,12 @@ fn bystanders_section(
     exe: &Path,
     quick: bool,
 ) -> Result<(serde_json::Value, Vec<target::Row>)> {
-    let (text, rows, saved) = bystanders::measure(setup, exe, quick)?;
+    let (text, mut rows, saved) = bystanders::measure(setup, exe, quick)?;
     report!("{text}");
-    Ok((saved, rows))
+    let (server_text, server_rows, server_saved) = server::measure(setup, exe, quick)?;
+    report!("{server_text}");
+    rows.extend(server_rows);
+    Ok((json!({ "loops": saved, "server": server_saved }), rows))
 }
 
 /// `--only-replay`: the replay target alone, --rounds times, each a row of the table; then

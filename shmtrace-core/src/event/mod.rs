@@ -244,10 +244,10 @@ pub struct FileRef {
 
 impl FileRef {
     /// A device node, FIFO or socket: none holds /dev/shm memory, so a call on one is no
-    /// /dev/shm call. The probes report one when its file system has a number that a /dev/shm
-    /// had, until they forget it (`ShmDevSweep`): a container's /dev, whose /dev/null a
-    /// program writes its error to right after /dev/shm refused it (issue 37). A mode the
-    /// probes could not read (0) is not one.
+    /// /dev/shm call. Probes that judged a file system by its device number reported one when
+    /// the number had just been a /dev/shm's: a container's /dev, whose /dev/null a program
+    /// writes its error to right after /dev/shm refused it (issue 37). Traces recorded by them
+    /// still hold such calls. A mode the probes could not read (0) is not one.
     pub fn is_special(&self) -> bool {
         !matches!(self.mode & libc::S_IFMT, 0 | libc::S_IFREG | libc::S_IFDIR)
     }

@@ -9,6 +9,7 @@
 //! message, which `stash`'s exit reads).
 mod fd_calls;
 mod memfd;
+mod mounts;
 mod oom;
 mod open;
 mod process;

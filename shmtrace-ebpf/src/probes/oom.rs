@@ -3,7 +3,7 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::{EventKind, OomEvent};
 
-use crate::{emit, kernel, maps::CONFIG, scope};
+use crate::{emit, kernel, maps::config, scope};
 
 /// The start of `oom/mark_victim` (later fields, such as the victim's memory, came in later
 /// kernels and are not read):
@@ -34,12 +34,12 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
 fn try_mark_victim(ctx: &TracePointContext) -> Option<()> {
     // SAFETY: the record starts with these fields on every kernel that has the tracepoint.
     let victim = unsafe { ctx.read_at::<MarkVictimArgs>(0) }.ok()?.pid as u32;
-    if CONFIG.load().all == 0 && !scope::is_target(victim) {
+    if config().all == 0 && !scope::is_target(victim) {
         return None;
     }
     let off = kernel::offsets();
     let event = OomEvent {
-        header: emit::header(EventKind::Oom, 0, &off),
+        header: emit::header(EventKind::Oom, 0, off),
         victim_pid: victim,
         _pad: 0,
     };

@@ -18,7 +18,7 @@ use shmtrace_common::{
 };
 
 use super::{stash, tracepoint::ids};
-use crate::{emit, kernel, maps::CONFIG, scope, tally};
+use crate::{emit, kernel, maps::config, scope, tally};
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
@@ -30,8 +30,8 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
 fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
     let child: u64 = ctx.arg(1);
     let off = kernel::offsets();
-    let child_pid = kernel::task_pid(child, &off)?;
-    if child_pid != kernel::task_tgid(child, &off)? {
+    let child_pid = kernel::task_pid(child, off)?;
+    if child_pid != kernel::task_tgid(child, off)? {
         return None; // a new thread, already covered by its process
     }
     let (tgid, _) = ids();
@@ -40,7 +40,7 @@ fn try_fork(ctx: &RawTracePointContext) -> Option<()> {
         inherit(tgid, child_pid);
     }
     let event = ForkEvent {
-        header: emit::header(EventKind::Fork, flags, &off),
+        header: emit::header(EventKind::Fork, flags, off),
         child_pid,
         _pad: 0,
     };
@@ -80,7 +80,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
     // write at most the sizes given.
     unsafe {
         let filename = &raw mut (*event).filename;
-        let copied = match kernel::binprm_filename(bprm, &off) {
+        let copied = match kernel::binprm_filename(bprm, off) {
             Some(name) => bpf_probe_read_kernel_str(
                 filename as *mut c_void,
                 PATH_LEN as u32,
@@ -96,7 +96,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
         }
 
         let mut args_len: u32 = 0;
-        if let Some((start, end)) = kernel::task_args(task, &off) {
+        if let Some((start, end)) = kernel::task_args(task, off) {
             let mut len = end.saturating_sub(start);
             if len > ARGS_LEN as u64 {
                 len = ARGS_LEN as u64;
@@ -114,7 +114,7 @@ fn try_exec(ctx: &RawTracePointContext) -> Option<()> {
         }
         (&raw mut (*event).args_len).write(args_len);
         (&raw mut (*event)._pad).write(0);
-        (&raw mut (*event).header).write(emit::header(EventKind::Exec, flags, &off));
+        (&raw mut (*event).header).write(emit::header(EventKind::Exec, flags, off));
     }
     // Urgent: a sandbox mounts its own /dev/shm and then execs the program, which may fail and
     // be gone within milliseconds; userspace measures that /dev/shm at the exec, while the
@@ -135,31 +135,31 @@ fn try_exit(ctx: &RawTracePointContext) -> Option<()> {
     let off = kernel::offsets();
     let (tgid, tid) = ids();
     stash::forget_thread(tid);
-    if !kernel::current_group_dead(&off).unwrap_or(tgid == tid) {
+    if !kernel::current_group_dead(off).unwrap_or(tgid == tid) {
         return None; // other threads live on: the process ends with the last
     }
-    let exit_code = kernel::task_exit_code(task, &off).unwrap_or(0);
+    let exit_code = kernel::task_exit_code(task, off).unwrap_or(0);
     // Before the scope check: a process that failed is counted even if nothing follows it
     // any longer, and its mark must not outlive it.
-    let died = tally::ended(tgid, task, exit_code, &off);
+    let died = tally::ended(tgid, task, exit_code, off);
     // Host-wide, a death is reported even of a process nothing followed (a shell whose child
     // failed): every death the kernel counts then has its record, and who died is known.
     let mut flags = match scope::tracked(tgid) {
         Some(flags) => {
             scope::remove_target(tgid);
             if flags & header_flags::HELD == 0 {
-                scope::container_ending(tgid, task, &off);
+                scope::container_ending(tgid, task, off);
             }
             flags
         }
-        None if died && CONFIG.load().all != 0 => 0,
+        None if died && config().all != 0 => 0,
         None => return None,
     };
     if died {
         flags |= header_flags::SHM_DEATH;
     }
     let event = ExitEvent {
-        header: emit::header(EventKind::Exit, flags, &off),
+        header: emit::header(EventKind::Exit, flags, off),
         exit_code,
         _pad: 0,
     };
@@ -178,10 +178,10 @@ fn try_rename(ctx: &RawTracePointContext) -> Option<()> {
     let target: u64 = ctx.arg(0);
     let comm: u64 = ctx.arg(1);
     let off = kernel::offsets();
-    if kernel::task_in_execve(target, &off) {
+    if kernel::task_in_execve(target, off) {
         return None; // exec names the task after the program; the exec event says so
     }
-    let target_pid = kernel::task_tgid(target, &off)?;
+    let target_pid = kernel::task_tgid(target, off)?;
     let (tgid, _) = ids();
     let flags = if target_pid == tgid {
         scope::tracked(tgid)?
@@ -204,9 +204,9 @@ fn try_rename(ctx: &RawTracePointContext) -> Option<()> {
         emit::count(Loss::KernelRead);
     }
     let event = RenameEvent {
-        header: emit::header(EventKind::Rename, flags, &off),
+        header: emit::header(EventKind::Rename, flags, off),
         target_pid,
-        target_tid: kernel::task_pid(target, &off).unwrap_or(0),
+        target_tid: kernel::task_pid(target, off).unwrap_or(0),
         new_comm,
     };
     emit::send(EventKind::Rename, &event, false);

@@ -72,6 +72,7 @@ pub fn received_shm_descriptor(pending: &Pending, ret: i64) -> bool {
         return false;
     }
     let off = kernel::offsets();
+    let task = kernel::Current::get();
     let mut i = 0;
     while i < CMSGS_CHECKED {
         if at.wrapping_add(CMSG_HEADER) > end {
@@ -96,7 +97,10 @@ pub fn received_shm_descriptor(pending: &Pending, ret: i64) -> bool {
             };
             let mut j = 0;
             while j < RECEIVED_CHECKED as usize {
-                if (j as u64) < count && shm_check::shm_fd(fds[j], &off).is_some() {
+                if (j as u64) < count
+                    && kernel::fd_file(task, fds[j], off)
+                        .is_some_and(|file| shm_check::file_on_shm(file, off))
+                {
                     return true;
                 }
                 j += 1;

@@ -2,12 +2,12 @@
 //! write.
 use aya_ebpf::{cty::c_void, helpers::generated::bpf_probe_read_user_str};
 use shmtrace_common::{
-    EventKind, KernelOffsets, PATH_LEN, PathEvent, Syscall, SyscallEvent, flags,
+    EventKind, KernelOffsets, Loss, PATH_LEN, PathEvent, Syscall, SyscallEvent, flags,
 };
 
 use crate::{
     emit, kernel,
-    maps::{CONFIG, Pending, SHM_DEVS},
+    maps::{Pending, SCRATCH, config},
     scope, tally,
 };
 
@@ -22,7 +22,7 @@ fn urgent(pending: &Pending, ret: i64) -> bool {
 /// becomes followed.
 #[inline(always)]
 pub fn report(pending: &Pending, ret: i64, tgid: u32, off: &KernelOffsets) {
-    let config = CONFIG.load();
+    let config = config();
     if config.failed_only != 0 && ret >= 0 && pending.syscall.is_data_path() {
         return;
     }
@@ -63,27 +63,16 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
     };
     let mut header_flags = pending.flags;
     let mut fd = pending.fd;
-    let mut file = emit::no_file();
-    let opens = pending.syscall.opens_a_path() || pending.syscall == Syscall::MemfdCreate;
-    if opens && ret >= 0 {
+    let mut file = pending.file;
+    // memfd_create's file, for the record: not a /dev/shm one.
+    if pending.syscall == Syscall::MemfdCreate
+        && ret >= 0
+        && let Some(made) = kernel::fd_file(kernel::Current::get(), ret as i32, off)
+        && let Some(made) = kernel::file_ref(made, off)
+    {
         fd = ret as i32;
-        if let Some(inode) = kernel::fd_inode(fd, off)
-            && let Some(opened) = kernel::inode_file(inode, off)
-        {
-            file = opened;
-            header_flags |= flags::FILE;
-            // A /dev/shm path we had not seen a file system for (a container's, say):
-            // from now on its descriptors are recognised too. Only a tmpfs: a `/dev/shm/x`
-            // written in a chroot, or in a container with no /dev/shm mounted, is on a
-            // disk's file system, and taking that for a /dev/shm made every file of the
-            // host's root file system count as one.
-            if pending.syscall != Syscall::MemfdCreate
-                && SHM_DEVS.get_ptr(file.dev).is_none()
-                && kernel::inode_on_tmpfs(inode, off)
-            {
-                let _ = SHM_DEVS.insert(file.dev, 1, 0);
-            }
-        }
+        file = made;
+        header_flags |= flags::FILE;
     }
     let event = entry.as_mut_ptr();
     let path_ptr = if path_index == 0 {
@@ -100,11 +89,23 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
             PATH_LEN as u32,
             path_ptr as *const c_void,
         );
-        if len <= 0 {
-            (path as *mut u8).write(0);
-            emit::count(shmtrace_common::Loss::PathRead);
-        } else if len >= PATH_LEN as i64 {
+        if len >= PATH_LEN as i64 {
             header_flags |= flags::PATH_TRUNCATED;
+        }
+        let read = len > 0;
+        if pending.dentry != 0 && !(read && starts_with_shm(&*path)) {
+            // A /dev/shm file opened by another path (a relative one, or a container's
+            // /dev/shm through /proc/PID/root): named whole as it is in that /dev/shm.
+            header_flags &= !flags::PATH_TRUNCATED;
+            let whole = SCRATCH.get_ptr_mut(0).is_some_and(|scratch| {
+                kernel::dev_shm_name(pending.dentry, &mut *scratch, path as *mut u8, off)
+            });
+            if !whole {
+                header_flags |= flags::PATH_TRUNCATED;
+            }
+        } else if !read {
+            (path as *mut u8).write(0);
+            emit::count(Loss::PathRead);
         }
         (&raw mut (*event).call).write(SyscallEvent {
             header: emit::header(EventKind::Path, header_flags, off),
@@ -117,4 +118,18 @@ fn emit_path(pending: &Pending, ret: i64, path_index: usize, off: &KernelOffsets
         });
     }
     emit::submit(entry, urgent(pending, ret));
+}
+
+/// Whether a path read into a record starts with "/dev/shm/".
+#[inline(always)]
+fn starts_with_shm(path: &[u8; PATH_LEN]) -> bool {
+    let prefix = b"/dev/shm/";
+    let mut i = 0;
+    while i < prefix.len() {
+        if path[i] != prefix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }

@@ -13,7 +13,7 @@ use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use shmtrace_common::{EventKind, SignalEvent, flags};
 
 use super::tracepoint::ids;
-use crate::{emit, kernel, maps::CONFIG, scope, tally};
+use crate::{emit, kernel, maps::config, scope, tally};
 
 const SIGKILL: i32 = 9;
 const SIGBUS: i32 = 7;
@@ -38,18 +38,18 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let target: u64 = ctx.arg(2);
     let result: i32 = ctx.arg(4);
     let off = kernel::offsets();
-    let target_pid = kernel::task_tgid(target, &off)?;
+    let target_pid = kernel::task_tgid(target, off)?;
     if signo == SIGKILL && ids().0 != target_pid {
         tally::killed(target_pid);
     }
     // Host-wide mode reports every SIGBUS: it is the /dev/shm failure mode.
-    let host_wide = CONFIG.load().all != 0 && signo == SIGBUS;
+    let host_wide = config().all != 0 && signo == SIGBUS;
     let current = kernel::current_task();
     let mut header_flags = 0;
     if !host_wide && !scope::task_followed(target_pid, target) {
         // A fault in a process not yet attributed to a container (its own signal, so the
         // header's namespace, the sender's, is the target's): held like its calls.
-        if target != current || !scope::held(kernel::task_mntns(target, &off)) {
+        if target != current || !scope::held(kernel::task_mntns(target, off)) {
             return None;
         }
         header_flags = flags::HELD;
@@ -58,20 +58,20 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     if scope::has_mappings(target_pid) {
         header_flags |= flags::TARGET_MAPS_SHM;
         if signo == SIGBUS && code == BUS_ADRERR {
-            tally::sigbus(target_pid, &off);
+            tally::sigbus(target_pid, off);
         }
     }
 
     let event = SignalEvent {
-        header: emit::header(EventKind::Signal, header_flags, &off),
+        header: emit::header(EventKind::Signal, header_flags, off),
         signo,
         code,
         errno,
         result,
         addr,
         target_pid,
-        target_tid: kernel::task_pid(target, &off).unwrap_or(0),
-        target_comm: kernel::task_comm(target, &off).unwrap_or([0; 16]),
+        target_tid: kernel::task_pid(target, off).unwrap_or(0),
+        target_comm: kernel::task_comm(target, off).unwrap_or([0; 16]),
     };
     emit::send(EventKind::Signal, &event, true);
     Some(())

@@ -54,6 +54,7 @@ pub fn stash(tid: u32, syscall: Syscall, flags: u16, fd: i32, args: [u64; 6]) {
         fd,
         args,
         file: emit::no_file(),
+        dentry: 0,
     };
     if let Some(slot) = INFLIGHT.get_ptr_mut(tid) {
         // SAFETY: a pointer to a live map value; only this thread's programs use its slot, one
@@ -103,11 +104,11 @@ fn on_exit(ctx: &TracePointContext) {
     let mut pending = unsafe { *slot };
     let ret = exit_ret(ctx);
 
-    if pending.flags & flags::PATH_AT_EXIT != 0 && !judge_at_exit(&mut pending, tgid) {
+    if pending.flags & flags::PATH_AT_EXIT != 0 && !judge_at_exit(&mut pending) {
         return;
     }
+    // "/dev/shm" itself: no object.
     if pending.flags & flags::SHM_DIRECTORY != 0 {
-        shm_check::learn_directory(ret, &kernel::offsets());
         return;
     }
     if pending.flags & flags::RECEIVES != 0 {
@@ -126,13 +127,13 @@ fn on_exit(ctx: &TracePointContext) {
             return;
         }
     }
-    report::report(&pending, ret, tgid, &kernel::offsets());
+    report::report(&pending, ret, tgid, kernel::offsets());
 }
 
 /// Reads the path of a call whose path was unreadable at `sys_enter`, and decides as
 /// `sys_enter` would have: whether to report it, and with which flags.
 #[inline(always)]
-fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
+fn judge_at_exit(pending: &mut Pending) -> bool {
     let Some(index) = pending.syscall.path_arg() else {
         return false;
     };
@@ -150,16 +151,7 @@ fn judge_at_exit(pending: &mut Pending, tgid: u32) -> bool {
             pending.flags = kept | path_flags;
             true
         }
-        // As at sys_enter: an open elsewhere matters only to a followed process, and only if it
-        // runs out of descriptors.
-        PathIs::Elsewhere => {
-            if pending.syscall.opens_a_path() && scope::tracked(tgid).is_some() {
-                pending.flags = kept | flags::FD_LIMIT_ONLY;
-                true
-            } else {
-                false
-            }
-        }
+        PathIs::Elsewhere => false,
         PathIs::Unread => {
             emit::count(Loss::PathRead);
             false

@@ -11,9 +11,14 @@ use shmtrace_common::{Loss, Syscall, flags, statfs_args};
 use super::{
     report,
     shm_check::{self, PathIs},
-    tracepoint::{AT_FDCWD, args_at_exit, exit_ret, ids},
+    tracepoint::{AT_FDCWD, args_at_exit, exit_ret},
 };
-use crate::{emit, kernel, maps::Pending, scope, tally};
+use crate::{
+    emit,
+    kernel::{self, Current},
+    maps::Pending,
+    scope, tally,
+};
 
 /// `statfs(path, buf)`.
 #[tracepoint]
@@ -35,12 +40,13 @@ type StatfsHead = [u64; 5];
 
 #[inline(always)]
 fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
-    let (tgid, _) = ids();
+    let task = Current::get();
+    let off = kernel::offsets();
+    let tgid = task.tgid(off);
     // The scope first. Not `fd_call_scope`: a program may look at /dev/shm's free space before
     // it has touched anything there (Ray's driver opens the directory, asks, and leaves).
     let scope_flags = scope::in_scope(tgid)?;
-    let off = kernel::offsets();
-    let mut args = args_at_exit(2, &off);
+    let mut args = args_at_exit(task, 2, off);
     let (path_flags, fd, file) = if call == Syscall::Statfs {
         match shm_check::shm_path(AT_FDCWD, args[0]) {
             // "/dev/shm" itself is what such programs ask about; the directory flag is the
@@ -57,7 +63,7 @@ fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         }
     } else {
         let fd = args[0] as i32;
-        (flags::FILE, fd, shm_check::shm_fd(fd, &off)?)
+        (flags::FILE, fd, shm_check::shm_fd(task, fd, off)?)
     };
     let ret = exit_ret(ctx);
     if ret == 0 {
@@ -78,7 +84,8 @@ fn exit_statfs(ctx: &TracePointContext, call: Syscall) -> Option<()> {
         fd,
         args,
         file,
+        dentry: 0,
     };
-    report::report(&call, ret, tgid, &off);
+    report::report(&call, ret, tgid, off);
     Some(())
 }

@@ -3,7 +3,7 @@
 use aya_ebpf::{EbpfContext, helpers::bpf_get_current_pid_tgid, programs::TracePointContext};
 use shmtrace_common::KernelOffsets;
 
-use crate::kernel;
+use crate::kernel::{self, Current};
 
 /// Every syscall tracepoint record starts with the same fields:
 /// ```text
@@ -86,8 +86,8 @@ pub fn exit_ret(ctx: &TracePointContext) -> i64 {
 /// The current call's first `count` arguments, read at its exit; the other slots are zero, as
 /// in a `sys_enter_*` record of a call with fewer arguments.
 #[inline(always)]
-pub fn args_at_exit(count: usize, off: &KernelOffsets) -> [u64; 6] {
-    let mut args = kernel::syscall_args(off);
+pub fn args_at_exit(task: Current, count: usize, off: &KernelOffsets) -> [u64; 6] {
+    let mut args = kernel::syscall_args(task, off);
     let mut i = count;
     while i < 6 {
         // SAFETY: `i` is in bounds.

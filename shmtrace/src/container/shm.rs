@@ -63,13 +63,6 @@ impl ShmInfo {
     pub fn dev(&self) -> Option<u32> {
         self.measured.map(|measured| measured.dev)
     }
-
-    /// The device the probes may take for a /dev/shm: only a tmpfs's. A /dev/shm that is a
-    /// directory of the container's root (`--ipc=none`) or a bind of a disk's would make every
-    /// file of that file system followed.
-    pub fn tmpfs_dev(&self) -> Option<u32> {
-        self.dev().filter(|_| self.is_tmpfs)
-    }
 }
 
 /// How a [`ShmInfo`] was obtained.

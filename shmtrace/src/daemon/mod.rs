@@ -67,7 +67,6 @@ use crate::{
     live::{
         bpf::{EventReader, Tracer, TracerOptions},
         host_environment::LiveMachine,
-        shm_devs::ShmDevSweep,
         target,
     },
 };
@@ -91,6 +90,9 @@ const MAX_DIAGNOSES: usize = 256;
 /// The soonest a survey of the runtimes follows the last one, when events from an unknown
 /// namespace ask for one.
 const SURVEY_AT_MOST_EVERY: Duration = Duration::from_millis(250);
+/// How often the file systems the probes take for a /dev/shm are counted (a scan of their
+/// verdicts, `Tracer::shm_file_systems`).
+const SHM_FILE_SYSTEMS_EVERY: Duration = Duration::from_secs(5);
 
 pub fn run(args: &DaemonArgs) -> Result<ExitCode> {
     init_logging(args.verbose);
@@ -195,8 +197,9 @@ struct Agent {
     evicted: Evicted,
     /// The host's /dev/shm, whose files outlive the containers that made them.
     host_shm_dev: Option<u32>,
-    /// Forgets the /dev/shm file systems unmounted since, before their numbers name others.
-    shm_dev_sweep: ShmDevSweep,
+    last_shm_count: Instant,
+    /// File systems the probes take for a /dev/shm, as of the last count.
+    shm_file_systems: usize,
 }
 
 /// Most distinct runtime problems remembered (beyond them, repeats are logged again).
@@ -290,7 +293,8 @@ impl Agent {
             started: Instant::now(),
             evicted: Evicted::default(),
             host_shm_dev: host_shm_dev(),
-            shm_dev_sweep: ShmDevSweep::default(),
+            last_shm_count: Instant::now(),
+            shm_file_systems: 0,
         })
     }
 
@@ -570,8 +574,8 @@ impl Agent {
         let starts = self.fleet.borrow_mut().survey(&running, &stopped, started);
         self.after_fleet_changed()?;
         for container in &starts {
-            if let Some(dev) = container.shm.tmpfs_dev()
-                && let Err(error) = self.tracer.add_shm_dev(dev)
+            if let Some(dev) = container.shm.dev()
+                && let Err(error) = self.tracer.add_shm_dev(dev, container.shm.is_tmpfs)
             {
                 self.probe_error(ProbeError {
                     kind: "shm_devs",
@@ -613,11 +617,17 @@ impl Agent {
     /// its bounds dropped.
     fn forget(&mut self) -> Result<()> {
         self.pipeline.prune(boot_ns()?)?;
-        if let Err(error) = self.shm_dev_sweep.sweep_when_due(&mut self.tracer) {
-            self.probe_error(ProbeError {
-                kind: "shm_devs",
-                error: format!("{error:#}"),
-            });
+        // A /dev/shm unmounted needs no forgetting here: the probes forget every verdict when
+        // a file system is made, the only way its number can name another one.
+        if self.last_shm_count.elapsed() >= SHM_FILE_SYSTEMS_EVERY {
+            self.last_shm_count = Instant::now();
+            match self.tracer.shm_file_systems() {
+                Ok(count) => self.shm_file_systems = count,
+                Err(error) => self.probe_error(ProbeError {
+                    kind: "shm_devs",
+                    error: format!("{error:#}"),
+                }),
+            }
         }
         self.accounting.forget_vanished(&mut self.pipeline)?;
         let state = self.pipeline.state();
@@ -635,7 +645,7 @@ impl Agent {
             ("container_bookkeeping", containers),
             ("tally", self.accounting.entries()),
             ("json_line_held", self.json_lines.held()),
-            ("shm_file_system", self.shm_dev_sweep.kept()),
+            ("shm_file_system", self.shm_file_systems),
         ] {
             self.metrics
                 .state_entries

@@ -18,7 +18,6 @@ pub mod launch;
 pub mod proc_scan;
 pub mod progress;
 pub mod session;
-pub mod shm_devs;
 pub mod signals;
 pub mod source;
 pub mod target;

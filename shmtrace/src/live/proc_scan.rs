@@ -45,27 +45,38 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
     tree
 }
 
-/// `dev_t`s of every file system mounted at /dev/shm, in every mount namespace on the host
-/// (the host's own, and each container's).
-pub fn shm_devs() -> Vec<u32> {
+/// A file system mounted at /dev/shm (or at /run/shm, its older name, where /dev/shm is a
+/// link to it) in some mount namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShmMount {
+    /// Its `dev_t`, in the kernel's encoding.
+    pub dev: u32,
+    /// Whether it is a tmpfs, not a bind mount of a directory of another file system.
+    pub tmpfs: bool,
+}
+
+/// One process of each mount namespace on the host (the host's own, and each container's).
+fn one_per_mount_namespace() -> Vec<u32> {
     let mut namespaces = HashSet::new();
-    let mut devs = HashSet::new();
     let Ok(all) = procfs::process::all_processes() else {
         return Vec::new();
     };
-    for process in all.filter_map(Result::ok) {
-        let pid = process.pid() as u32;
-        match mount_namespace(pid) {
-            Some(ns) if namespaces.insert(ns) => devs.extend(shm_devs_of(pid)),
-            _ => {}
-        }
-    }
-    devs.into_iter().collect()
+    all.filter_map(Result::ok)
+        .map(|process| process.pid() as u32)
+        .filter(|pid| mount_namespace(*pid).is_some_and(|ns| namespaces.insert(ns)))
+        .collect()
 }
 
-/// `dev_t`s of the tmpfs mounted at /dev/shm in `pid`'s mount namespace (a bind of a disk's
-/// directory there is no /dev/shm the probes should follow every file of).
-pub fn shm_devs_of(pid: u32) -> Vec<u32> {
+/// Every file system mounted at /dev/shm, in every mount namespace on the host.
+pub fn shm_mounts() -> HashSet<ShmMount> {
+    one_per_mount_namespace()
+        .into_iter()
+        .flat_map(shm_mounts_of)
+        .collect()
+}
+
+/// The file systems mounted at /dev/shm in `pid`'s mount namespace.
+pub fn shm_mounts_of(pid: u32) -> Vec<ShmMount> {
     let Ok(process) = procfs::process::Process::new(pid as i32) else {
         return Vec::new();
     };
@@ -74,8 +85,15 @@ pub fn shm_devs_of(pid: u32) -> Vec<u32> {
     };
     mounts
         .into_iter()
-        .filter(|m| m.mount_point == Path::new("/dev/shm") && m.fs_type == "tmpfs")
-        .filter_map(|m| parse_majmin(&m.majmin))
+        .filter(|m| {
+            m.mount_point == Path::new("/dev/shm") || m.mount_point == Path::new("/run/shm")
+        })
+        .filter_map(|m| {
+            Some(ShmMount {
+                dev: parse_majmin(&m.majmin)?,
+                tmpfs: m.fs_type == "tmpfs",
+            })
+        })
         .collect()
 }
 
@@ -340,7 +358,11 @@ mod tests {
             .expect("the mapping");
         assert_eq!(mapping.inode, fd.inode);
         assert_eq!(mapping.len, 8192);
-        assert!(shm_devs_of(std::process::id()).contains(&fd.inode.dev));
+        assert!(
+            shm_mounts_of(std::process::id())
+                .iter()
+                .any(|mount| mount.dev == fd.inode.dev)
+        );
         // SAFETY: unmapping what we mapped.
         unsafe { libc::munmap(addr, 8192) };
     }

@@ -14,7 +14,6 @@ use crate::{
         hold::Hold,
         host_environment::LiveMachine,
         progress::Progress,
-        shm_devs::ShmDevSweep,
         signals::{Received, Signals, Stop},
         source::{Probes, Source},
         target::RunningCommand,
@@ -80,8 +79,6 @@ pub struct Session {
     /// A status line, when nothing else shows that the trace goes on (`size`, `record`) and
     /// stderr is a terminal.
     progress: Option<Progress>,
-    /// Forgets the /dev/shm file systems unmounted since (the probes' only).
-    shm_dev_sweep: ShmDevSweep,
 }
 
 impl Session {
@@ -111,7 +108,6 @@ impl Session {
             evicted: Evicted::default(),
             command_tree: HashSet::new(),
             progress: None,
-            shm_dev_sweep: ShmDevSweep::default(),
         }
     }
 
@@ -241,9 +237,6 @@ impl Session {
                     }
                     if ticks.is_multiple_of(TICKS_PER_FORGET) {
                         self.forget_what_ended()?;
-                    }
-                    if let Some(tracer) = self.source.tracer() {
-                        self.shm_dev_sweep.sweep_when_due(tracer)?;
                     }
                     self.pipeline.tick(boot_ns()?)?;
                     if let Some(progress) = &mut self.progress {

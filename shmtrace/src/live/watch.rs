@@ -261,8 +261,8 @@ async fn follow(
 
 /// Puts a container in the kernel filter and tells the pipeline what it is.
 pub fn register(container: &Container, tracer: &mut Tracer, pipeline: &mut Pipeline) -> Result<()> {
-    if let Some(dev) = container.shm.tmpfs_dev() {
-        tracer.add_shm_dev(dev)?;
+    if let Some(dev) = container.shm.dev() {
+        tracer.add_shm_dev(dev, container.shm.is_tmpfs)?;
     }
     pipeline.set_container(container.info(), boot_ns()?)?;
     sample(container, pipeline)

@@ -61,6 +61,8 @@ fn main() {
         "receive-fd" => receive_fd(),
         "exit" => exit(rest.first().and_then(|c| c.parse().ok()).unwrap_or(0)),
         "open-syscall" => open_syscall(),
+        "other-paths" => other_paths(),
+        "remount" => remount(),
         _ => usage(),
     }
 }
@@ -345,7 +347,7 @@ fn openat2() {
     let how = OpenHow {
         flags: CREATE as u64,
         mode: 0o600,
-        resolve: 0x08, /* RESOLVE_NO_SYMLINKS */
+        resolve: 0x04, /* RESOLVE_NO_SYMLINKS */
     };
     // SAFETY: `how` is a valid `open_how` of the size passed, and the path is NUL-terminated.
     unsafe {
@@ -638,4 +640,95 @@ fn wait_then(args: &[String]) {
         Some("fork-tree") => fork_tree(),
         _ => {}
     }
+}
+
+/// Writes 4 KiB to `fd`.
+fn write_page(fd: RawFd, what: &str) {
+    // SAFETY: a write from a local buffer to a descriptor of ours.
+    check(
+        unsafe { libc::write(fd, [7u8; 4096].as_ptr().cast(), 4096) } as i64,
+        what,
+    );
+}
+
+/// Mounts a tmpfs, which is no /dev/shm, on a fresh directory of this (private) mount
+/// namespace, and returns the directory.
+fn other_tmpfs(name: &str) -> String {
+    let dir = format!("/tmp/shm-exerciser-{name}-{}", std::process::id());
+    std::fs::create_dir(&dir).expect("a directory for another tmpfs");
+    nix::mount::mount(
+        Some("other"),
+        dir.as_str(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .expect("mounting another tmpfs (with --private-shm, as root)");
+    dir
+}
+
+fn remove_other_tmpfs(dir: &str) {
+    let _ = nix::mount::umount(dir);
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// A /dev/shm file is known by its file system, whatever path reaches it (with
+/// `--private-shm`). With more than 64 descriptors open (a grown descriptor table, as a
+/// PyTorch trainer's), creates /dev/shm/grown and writes to it; prints `ready PID`, and after
+/// a line on stdin (the test meanwhile reaches this /dev/shm through /proc/PID/root), creates
+/// /proc/self/root/dev/shm/by-proc-root, and a file on another tmpfs, no /dev/shm, writing to
+/// each.
+fn other_paths() {
+    let held: Vec<RawFd> = (0..100)
+        .map(|_| open("/dev/null", libc::O_RDONLY))
+        .collect();
+    let grown = open("/dev/shm/grown", CREATE);
+    write_page(grown, "write grown");
+    println!("ready {}", std::process::id());
+    let mut byte = [0u8; 1];
+    let _ = std::io::stdin().read(&mut byte);
+    let by_root = open("/proc/self/root/dev/shm/by-proc-root", CREATE);
+    write_page(by_root, "write by-proc-root");
+    let dir = other_tmpfs("other-paths");
+    let elsewhere = open(&format!("{dir}/not-shm"), CREATE);
+    write_page(elsewhere, "write not-shm");
+    // SAFETY: closes of our own descriptors.
+    unsafe {
+        libc::close(elsewhere);
+        libc::close(by_root);
+        libc::close(grown);
+        for fd in held {
+            libc::close(fd);
+        }
+    }
+    remove_other_tmpfs(&dir);
+    let _ = std::fs::remove_file("/dev/shm/grown");
+    let _ = std::fs::remove_file("/dev/shm/by-proc-root");
+}
+
+/// A device number taken over (with `--private-shm`): a file is made in this /dev/shm (its
+/// file system is then known as one), which is then unmounted, and another tmpfs, no
+/// /dev/shm, mounted at once, which takes the device number it left. Prints
+/// `ready PID OLD_DEV NEW_DEV`; after a line on stdin, creates a file on the new tmpfs and
+/// writes to it.
+fn remount() {
+    let first = open("/dev/shm/before-remount", CREATE);
+    let old = stat_dev("/dev/shm");
+    // SAFETY: a close of our own descriptor.
+    unsafe { libc::close(first) };
+    nix::mount::umount("/dev/shm").expect("unmounting the private /dev/shm");
+    let dir = other_tmpfs("remount");
+    println!("ready {} {old} {}", std::process::id(), stat_dev(&dir));
+    let mut byte = [0u8; 1];
+    let _ = std::io::stdin().read(&mut byte);
+    let fd = open(&format!("{dir}/not-shm-reused"), CREATE);
+    write_page(fd, "write not-shm-reused");
+    // SAFETY: a close of our own descriptor.
+    unsafe { libc::close(fd) };
+    remove_other_tmpfs(&dir);
+}
+
+fn stat_dev(path: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("stat").dev()
 }

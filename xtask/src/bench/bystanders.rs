@@ -1,12 +1,15 @@
 //! `bystanders`: what host-wide tracing (`shmtrace --all`, `shmtrace daemon`) costs the calls
-//! of processes that never touch /dev/shm: web servers, databases, build jobs beside the
-//! traced workloads on a node.
+//! of processes that never touch /dev/shm, and a holder's calls on its other descriptors: web
+//! servers, databases, build jobs beside the traced workloads on a node, and a trainer writing
+//! its logs.
 //!
-//! Three loops make the calls shmtrace's busiest programs see, each in a process of its own
-//! (`cargo xtask bystander`): `write` of 64 bytes to /dev/null (what `dd if=/dev/zero
-//! of=/dev/null bs=64` does), `openat` and `close` of /etc/hostname, and an anonymous
-//! `mmap`/`munmap` of 64 KiB. A fourth runs the write loop in a process that holds a /dev/shm
-//! descriptor and mapping (a trainer writing its logs), whose calls shmtrace must look at.
+//! Loops make the calls shmtrace's busiest programs see, each in a process of its own (`cargo
+//! xtask bystander`): `write` of 64 bytes to /dev/null (what `dd if=/dev/zero of=/dev/null
+//! bs=64` does), `openat` and `close` of /etc/hostname, an anonymous `mmap`/`munmap` of 64 KiB,
+//! and a `mmap`/`munmap` of a file's first page. Some run in a process that holds a /dev/shm
+//! descriptor and mapping (whose calls shmtrace must look at), some with more than 64
+//! descriptors open (a grown descriptor table, as a PyTorch trainer's, read another way by the
+//! probes), and some both.
 //!
 //! Two measurements, each against the floor (the same hooks with empty programs,
 //! `floor.rs`):
@@ -18,7 +21,6 @@
 use std::{
     collections::BTreeMap,
     ffi::CString,
-    os::unix::process::CommandExt,
     path::Path,
     process::Command,
     time::{Duration, Instant},
@@ -28,13 +30,14 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use super::{
-    daemon::Daemon,
+    beside::{Beside, Tracer},
     measure::Running,
     probes,
     stats::Spread,
     table::markdown,
-    target::Row,
-    variants::{self, Setup},
+    target::{Row, Target},
+    target_list,
+    variants::Setup,
     verdicts,
 };
 
@@ -47,6 +50,8 @@ pub enum Load {
     OpenClose,
     /// `mmap(64 KiB, MAP_PRIVATE | MAP_ANONYMOUS)`, `munmap`.
     MapUnmap,
+    /// `mmap(4 KiB, MAP_PRIVATE)` of a file (the loop's own program), `munmap`.
+    MapFile,
 }
 
 /// Options of the loop (`cargo xtask bystander`).
@@ -59,6 +64,10 @@ pub struct BystanderArgs {
     /// Hold an open, mapped /dev/shm file during the loop.
     #[arg(long)]
     pub hold_shm: bool,
+    /// Hold 100 more descriptors during the loop, so that the descriptor table has grown past
+    /// the 64 slots a process starts with.
+    #[arg(long)]
+    pub grown_table: bool,
 }
 
 /// One loop as the benchmark runs it.
@@ -67,47 +76,191 @@ struct Workload {
     name: &'static str,
     load: Load,
     hold_shm: bool,
-    /// The programs whose runs its calls are (as bpftool names them), with
-    /// the call each stands for.
-    programs: &'static [(&'static str, &'static str)],
+    grown_table: bool,
+    /// The programs whose runs its calls are (as bpftool names them), with the call each
+    /// stands for and the target its run is judged against (`None`: shown, not a target).
+    programs: &'static [(&'static str, &'static str, Option<&'static Target>)],
+    /// Whether its wall time is compared too, and judged against [`target_list::BYSTANDER_TIMED`]
+    /// (`Some(false)`: shown only).
+    timed: Option<bool>,
 }
 
-const WORKLOADS: [Workload; 4] = [
+const WORKLOADS: [Workload; 10] = [
     Workload {
         name: "write 64 B to /dev/null",
         load: Load::Write,
         hold_shm: false,
-        programs: &[("sys_exit_write", "write")],
+        grown_table: false,
+        programs: &[(
+            "sys_exit_write",
+            "write",
+            Some(&target_list::BYSTANDER_CALL),
+        )],
+        timed: Some(true),
     },
     Workload {
         name: "open and close /etc/hostname",
         load: Load::OpenClose,
         hold_shm: false,
+        grown_table: false,
         programs: &[
-            ("sys_enter_openat", "openat (entry)"),
-            ("sys_exit", "openat (exit)"),
-            ("sys_enter_close", "close"),
+            ("sys_exit_openat", "openat", Some(&target_list::OPEN_CALL)),
+            (
+                "sys_enter_close",
+                "close",
+                Some(&target_list::BYSTANDER_CALL),
+            ),
         ],
+        timed: Some(true),
     },
     Workload {
         name: "mmap and munmap 64 KiB anonymous",
         load: Load::MapUnmap,
         hold_shm: false,
-        programs: &[("sys_exit_mmap", "mmap"), ("sys_exit_munmap", "munmap")],
+        grown_table: false,
+        programs: &[
+            ("sys_exit_mmap", "mmap", Some(&target_list::BYSTANDER_CALL)),
+            (
+                "sys_exit_munmap",
+                "munmap",
+                Some(&target_list::BYSTANDER_CALL),
+            ),
+        ],
+        timed: Some(false),
+    },
+    Workload {
+        name: "open and close /etc/hostname, 100 descriptors open",
+        load: Load::OpenClose,
+        hold_shm: false,
+        grown_table: true,
+        programs: &[
+            (
+                "sys_exit_openat",
+                "openat",
+                Some(&target_list::GROWN_TABLE_CALL),
+            ),
+            (
+                "sys_enter_close",
+                "close",
+                Some(&target_list::BYSTANDER_CALL),
+            ),
+        ],
+        timed: None,
     },
     Workload {
         name: "write 64 B to /dev/null, holding /dev/shm",
         load: Load::Write,
         hold_shm: true,
-        programs: &[("sys_exit_write", "write")],
+        grown_table: false,
+        programs: &[("sys_exit_write", "write", Some(&target_list::HOLDER_CALL))],
+        timed: None,
+    },
+    Workload {
+        name: "open and close /etc/hostname, holding /dev/shm",
+        load: Load::OpenClose,
+        hold_shm: true,
+        grown_table: false,
+        programs: &[
+            ("sys_exit_openat", "openat", Some(&target_list::OPEN_CALL)),
+            ("sys_enter_close", "close", Some(&target_list::HOLDER_CALL)),
+        ],
+        timed: None,
+    },
+    Workload {
+        name: "mmap and munmap a file's page, holding /dev/shm",
+        load: Load::MapFile,
+        hold_shm: true,
+        grown_table: false,
+        // The munmap of a process that mapped /dev/shm is reported, whatever it unmaps: its
+        // mappings are kept current, to trace a SIGBUS back to its file.
+        programs: &[
+            ("sys_exit_mmap", "mmap", Some(&target_list::HOLDER_CALL)),
+            ("sys_exit_munmap", "munmap", None),
+        ],
+        timed: None,
+    },
+    Workload {
+        name: "write 64 B to /dev/null, holding /dev/shm, 100 descriptors open",
+        load: Load::Write,
+        hold_shm: true,
+        grown_table: true,
+        programs: &[(
+            "sys_exit_write",
+            "write",
+            Some(&target_list::GROWN_TABLE_CALL),
+        )],
+        timed: None,
+    },
+    Workload {
+        name: "open and close /etc/hostname, holding /dev/shm, 100 descriptors open",
+        load: Load::OpenClose,
+        hold_shm: true,
+        grown_table: true,
+        programs: &[
+            (
+                "sys_exit_openat",
+                "openat",
+                Some(&target_list::GROWN_TABLE_CALL),
+            ),
+            (
+                "sys_enter_close",
+                "close",
+                Some(&target_list::GROWN_TABLE_CALL),
+            ),
+        ],
+        timed: None,
+    },
+    Workload {
+        name: "mmap and munmap a file's page, holding /dev/shm, 100 descriptors open",
+        load: Load::MapFile,
+        hold_shm: true,
+        grown_table: true,
+        programs: &[
+            (
+                "sys_exit_mmap",
+                "mmap",
+                Some(&target_list::GROWN_TABLE_CALL),
+            ),
+            ("sys_exit_munmap", "munmap", None),
+        ],
+        timed: None,
     },
 ];
 
 /// `cargo xtask bystander`: prints `{"ready":true}`, waits for a line on stdin, runs the
 /// loop, prints `{"seconds":S}`, and waits for stdin to close.
 pub fn run_loop(args: &BystanderArgs) -> Result<()> {
+    if !args.grown_table && table_size()? > EMBEDDED_FDS {
+        // This process's descriptor table grew at its fork: its parent had a descriptor above
+        // 63 open (bash keeps 255; any inherited one does). A table never shrinks, but a
+        // child's is sized by the open descriptors of the process that forks it: with all but
+        // the standard three closed, the child starts with the table a process starts with.
+        // Once only: a child that still has a grown table fails, rather than fork again.
+        if std::env::var_os(RESPAWNED).is_some() {
+            bail!(
+                "the loop's descriptor table has {} slots in a child started with three descriptors",
+                table_size()?
+            );
+        }
+        // SAFETY: closes descriptors this process does not use: nothing but the standard
+        // three is open on purpose at the loop's start.
+        if unsafe { libc::close_range(3, u32::MAX, 0) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("closing inherited descriptors");
+        }
+        let status = Command::new(std::env::current_exe()?)
+            .args(std::env::args_os().skip(1))
+            .env(RESPAWNED, "1")
+            .status()
+            .context("running the loop in a child")?;
+        std::process::exit(status.code().unwrap_or(1));
+    }
     let _held = args.hold_shm.then(HeldShm::create).transpose()?;
-    println!("{}", json!({ "ready": true }));
+    let _descriptors = args.grown_table.then(grow_table).transpose()?;
+    let fd_table = table_size()?;
+    if args.grown_table != (fd_table > EMBEDDED_FDS) {
+        bail!("the loop's descriptor table has {fd_table} slots");
+    }
+    println!("{}", json!({ "ready": true, "fd_table": fd_table }));
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     let started = Instant::now();
@@ -115,6 +268,7 @@ pub fn run_loop(args: &BystanderArgs) -> Result<()> {
         Load::Write => write_loop(args.iterations)?,
         Load::OpenClose => open_loop(args.iterations)?,
         Load::MapUnmap => map_loop(args.iterations)?,
+        Load::MapFile => map_file_loop(args.iterations)?,
     }
     let seconds = started.elapsed().as_secs_f64();
     println!("{}", json!({ "seconds": seconds }));
@@ -171,6 +325,66 @@ fn map_loop(iterations: u64) -> Result<()> {
     Ok(())
 }
 
+fn map_file_loop(iterations: u64) -> Result<()> {
+    const LEN: usize = 4096;
+    let file = std::fs::File::open(std::env::current_exe()?)?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    for _ in 0..iterations {
+        // SAFETY: a private read-only mapping of our own file, unmapped at once.
+        unsafe {
+            let at = libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                fd,
+                0,
+            );
+            if at == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error()).context("mmap of a file");
+            }
+            libc::munmap(at, LEN);
+        }
+    }
+    Ok(())
+}
+
+/// The slots of this process's descriptor table (`FDSize` in /proc/self/status).
+fn table_size() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("FDSize:"))
+        .and_then(|size| size.trim().parse().ok())
+        .context("no FDSize in /proc/self/status")
+}
+
+/// Set in the loop's environment when it runs itself again in a child (`run_loop`).
+const RESPAWNED: &str = "SHMTRACE_BYSTANDER_RESPAWNED";
+
+/// The slots of the descriptor table a process starts with (`NR_OPEN_DEFAULT`).
+const EMBEDDED_FDS: u64 = 64;
+
+/// Has the probes meet a tmpfs directory and a tmpfs regular file (from this process, in
+/// scope host-wide), as they do at once on any host (daemons open what is under /run): they
+/// learn such files' operations, which rule out the other files of a grown descriptor table
+/// with one read (docs/probes.md).
+fn show_tmpfs_files() -> Result<()> {
+    std::fs::read_dir("/dev/shm")?.for_each(drop);
+    let path = format!("/dev/shm/shmtrace-bystander-warm-{}", std::process::id());
+    std::fs::write(&path, b"")?;
+    std::fs::remove_file(&path)?;
+    Ok(())
+}
+
+/// 100 descriptors of /dev/null, held: the descriptor table grows past the 64 slots a
+/// process starts with.
+fn grow_table() -> Result<Vec<std::fs::File>> {
+    (0..100)
+        .map(|_| std::fs::File::open("/dev/null").context("opening /dev/null"))
+        .collect()
+}
+
 /// A /dev/shm file held open and mapped, removed from the directory at once so that nothing
 /// is left behind.
 struct HeldShm {
@@ -219,80 +433,6 @@ impl HeldShm {
     }
 }
 
-/// What runs beside the loops.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Beside {
-    Nothing,
-    Floor,
-    All,
-    Daemon,
-}
-
-impl Beside {
-    fn name(self) -> &'static str {
-        match self {
-            Beside::Nothing => "nothing",
-            Beside::Floor => "empty programs",
-            Beside::All => "shmtrace --all",
-            Beside::Daemon => "shmtrace daemon",
-        }
-    }
-}
-
-/// A tracer running beside the loops, holding its programs.
-enum Tracer {
-    None,
-    Process(Running),
-    Daemon(Daemon),
-}
-
-impl Tracer {
-    fn start(beside: Beside, setup: &Setup, exe: &Path) -> Result<Tracer> {
-        let running = |command: &mut Command| -> Result<Tracer> {
-            // A group of its own, stopped as one: the floor's `sleep` goes with it.
-            let running = Running::spawn(command.process_group(0), false)?;
-            variants::wait_attached(running.pid())?;
-            Ok(Tracer::Process(running))
-        };
-        match beside {
-            Beside::Nothing => Ok(Tracer::None),
-            Beside::Floor => running(Command::new(exe).args(["floor", "--", "sleep", "3600"])),
-            Beside::All => {
-                running(Command::new(&setup.shmtrace).args(["--all", "-o", "/dev/null"]))
-            }
-            Beside::Daemon => Ok(Tracer::Daemon(Daemon::start(
-                &setup.shmtrace,
-                &setup.scratch,
-                "bystanders",
-            )?)),
-        }
-    }
-
-    fn pid(&self) -> Option<u32> {
-        match self {
-            Tracer::None => None,
-            Tracer::Process(running) => Some(running.pid()),
-            Tracer::Daemon(daemon) => Some(daemon.pid()),
-        }
-    }
-
-    /// Stops it, and waits until the kernel has let go of its programs, so that the next
-    /// tracer's start is not slowed by their release.
-    fn stop(self) -> Result<()> {
-        match self {
-            Tracer::None => return Ok(()),
-            Tracer::Process(running) => {
-                // SAFETY: signalling the process group of our own child, which leads it.
-                unsafe { libc::kill(-(running.pid() as libc::pid_t), libc::SIGTERM) };
-                running.finish()?;
-            }
-            Tracer::Daemon(daemon) => drop(daemon),
-        }
-        super::measure::wait_for_background_detach()?;
-        Ok(())
-    }
-}
-
 /// One loop's run: its own loop time, and the tracer's program counters around it.
 struct LoopRun {
     seconds: f64,
@@ -313,11 +453,15 @@ fn run_workload(
             Load::Write => "write",
             Load::OpenClose => "open-close",
             Load::MapUnmap => "map-unmap",
+            Load::MapFile => "map-file",
         })
         .arg("--iterations")
         .arg(iterations.to_string());
     if workload.hold_shm {
         command.arg("--hold-shm");
+    }
+    if workload.grown_table {
+        command.arg("--grown-table");
     }
     let mut running = Running::spawn(&mut command, true)?;
     running
@@ -367,7 +511,8 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
     let iterations: u64 = if quick { 300_000 } else { 1_000_000 };
     let rounds = if quick { 3 } else { 5 };
     let mut text = String::from(
-        "## bystanders: what host-wide tracing costs calls that do not concern /dev/shm\n\n",
+        "## bystanders: what host-wide tracing costs calls that do not concern /dev/shm\n\n\
+         The bound of each program's run is the target's; `-`: shown, not a target.\n\n",
     );
     let mut rows = Vec::new();
 
@@ -378,9 +523,10 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
         for beside in [Beside::Floor, Beside::All, Beside::Daemon] {
             let tracer = Tracer::start(beside, setup, exe)?;
             let result = (|| -> Result<()> {
+                show_tmpfs_files()?;
                 for workload in &WORKLOADS {
                     let run = run_workload(exe, workload, iterations, tracer.pid())?;
-                    for (program, call) in workload.programs {
+                    for (program, call, _) in workload.programs {
                         // The floor is one empty program on every hook.
                         let name = if beside == Beside::Floor {
                             "floor"
@@ -411,7 +557,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
     ]];
     let mut saved_costs = Vec::new();
     for workload in &WORKLOADS {
-        for (_, call) in workload.programs {
+        for (_, call, program_target) in workload.programs {
             let Some(figures) = costs.get(&(workload.name, *call)) else {
                 continue;
             };
@@ -427,18 +573,16 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
                 floor.map_or("-".to_owned(), |f| format!("{f:.0}")),
                 cell(Beside::All),
                 cell(Beside::Daemon),
-                verdicts::bystander_target(workload.hold_shm)
-                    .bound
-                    .to_owned(),
+                program_target.map_or("-".to_owned(), |t| t.bound.to_owned()),
             ]);
             let worst = [Beside::All, Beside::Daemon]
                 .iter()
                 .filter_map(|b| figures.get(b.name()))
                 .fold(f64::NAN, |a, b| a.max(*b));
-            if let Some(floor) = floor {
+            if let (Some(floor), Some(target)) = (floor, program_target) {
                 rows.push(verdicts::bystander_call(
-                    call,
-                    workload.hold_shm,
+                    target,
+                    &format!("{call}, {}", workload.name),
                     worst,
                     floor,
                 ));
@@ -463,7 +607,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
             // Let the tracer's start-up work (the daemon's first survey) pass.
             std::thread::sleep(Duration::from_millis(500));
             let result = (|| -> Result<()> {
-                for workload in WORKLOADS.iter().filter(|w| !w.hold_shm) {
+                for workload in WORKLOADS.iter().filter(|w| w.timed.is_some()) {
                     let run = run_workload(exe, workload, iterations, None)?;
                     times
                         .entry((workload.name, beside.name()))
@@ -484,7 +628,7 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
         "daemon / empty".to_owned(),
     ]];
     let mut saved_times = Vec::new();
-    for workload in WORKLOADS.iter().filter(|w| !w.hold_shm) {
+    for workload in WORKLOADS.iter().filter(|w| w.timed.is_some()) {
         let spread = |beside: Beside| {
             times
                 .get(&(workload.name, beside.name()))
@@ -513,7 +657,9 @@ pub fn measure(setup: &Setup, exe: &Path, quick: bool) -> Result<(String, Vec<Ro
             ms(&daemon),
             format!("{ratio:.3}"),
         ]);
-        rows.push(verdicts::bystander_timed(workload.name, ratio, rounds));
+        if workload.timed == Some(true) {
+            rows.push(verdicts::bystander_timed(workload.name, ratio, rounds));
+        }
         saved_times.push(json!({
             "loop": workload.name,
             "seconds": {

@@ -4,9 +4,10 @@
 //! Enabling a syscall tracepoint costs every call something before any program does work; what
 //! an empty program costs there is the least any tracer on those hooks can cost. The programs
 //! are two instructions (`r0 = 0; exit`), loaded with the raw `bpf(2)` system call so that the
-//! floor shares no code with shmtrace: plain tracepoint programs on the 26 `syscalls/sys_*`
-//! tracepoints shmtrace uses (both ends of most calls, the one end of those it traces at one)
-//! and `oom/mark_victim`, raw tracepoint programs on the five scheduler and signal tracepoints.
+//! floor shares no code with shmtrace: plain tracepoint programs on the `syscalls/sys_*`
+//! tracepoints shmtrace uses (both ends of the calls it traces at both, the one end of those
+//! it traces at one, and the exits of `mount` and `fsconfig`) and `oom/mark_victim`, raw
+//! tracepoint programs on the five scheduler and signal tracepoints.
 //! Everything is detached when the process exits.
 //!
 //! The record floor is the least a tracer that reports every call can cost: where shmtrace
@@ -213,6 +214,14 @@ pub fn attach_all(records: bool) -> Result<Attached> {
         held.push(attach_raw(&raw, name)?);
     }
     held.push(attach_tracepoint(&tracepoint, "oom", "mark_victim")?);
+    // What shmtrace's probes watch for file systems made (`MOUNT_CALLS` in its loader).
+    for call in ["mount", "fsconfig"] {
+        held.push(attach_tracepoint(
+            &tracepoint,
+            "syscalls",
+            &format!("sys_exit_{call}"),
+        )?);
+    }
     for call in Syscall::ALL {
         for phase in ["enter", "exit"] {
             if phase == "enter" && call.traced_at_exit_only()

@@ -105,22 +105,41 @@ pub const REPORT_SCALING: Target = Target {
     limit: 10.0,
     how: "`taskset -c 0 shmtrace report` of a recorded fork storm of 1M processes over one of 100k (`--only-replay`)",
 };
-/// shmtrace's programs on a call of a process that does not concern /dev/shm, under `--all`
-/// and the daemon, against an empty program on the same hook (the worse of the two).
+/// shmtrace's programs on a `write`, `close`, `mmap` or `munmap` of a process that holds no
+/// /dev/shm file, under `--all` and the daemon, against an empty program on the same hook (the
+/// worse of the two).
 pub const BYSTANDER_CALL: Target = Target {
-    bounds: "programs on a call not concerning /dev/shm, under --all and the daemon",
+    bounds: "programs on a write, close, mmap or munmap of a process holding nothing, under --all and the daemon",
     bound: "≤ 1.5× an empty program",
     side: Side::AtMost,
     limit: 1.5,
     how: "BPF run-time statistics, nanoseconds per run of the program a call of a bystander loop runs, the worse of beside `--all` and beside the daemon, over an empty program's on the same hook",
 };
-/// The same for a process that holds a /dev/shm file, whose calls shmtrace must look at.
+/// The open of a file that is not on /dev/shm, judged at its exit by the file it made, by a
+/// process whose descriptor table has not grown (≤ 64 descriptors).
+pub const OPEN_CALL: Target = Target {
+    bounds: "programs on an open of a file not on /dev/shm, ≤ 64 descriptors, under --all and the daemon",
+    bound: "≤ 2× an empty program",
+    side: Side::AtMost,
+    limit: 2.0,
+    how: "the same, for the open of the open and close loop",
+};
+/// A holder's `write`, `close` or `mmap` on a descriptor that is not /dev/shm.
 pub const HOLDER_CALL: Target = Target {
-    bounds: "programs on a call of a process holding /dev/shm, under --all and the daemon",
+    bounds: "programs on a write, close or mmap of a process holding /dev/shm, on another file, under --all and the daemon",
     bound: "≤ 2.0× an empty program",
     side: Side::AtMost,
     limit: 2.0,
-    how: "the same, for the write loop of a process holding an open, mapped /dev/shm file",
+    how: "the same, for the loops of a process holding an open, mapped /dev/shm file",
+};
+/// The open and the holder's calls of a process whose descriptor table has grown past 64
+/// slots, whose file is read at its address.
+pub const GROWN_TABLE_CALL: Target = Target {
+    bounds: "programs on an open, or a holder's write, close or mmap, with a grown descriptor table, under --all and the daemon",
+    bound: "≤ 4× an empty program",
+    side: Side::AtMost,
+    limit: 4.0,
+    how: "the same, for the loops holding 100 more descriptors",
 };
 /// A bystander loop's wall time beside the daemon, against beside the floor.
 pub const BYSTANDER_TIMED: Target = Target {
@@ -129,6 +148,14 @@ pub const BYSTANDER_TIMED: Target = Target {
     side: Side::AtMost,
     limit: 1.02,
     how: "a bystander loop's median wall time beside the daemon over that beside empty programs, interleaved rounds",
+};
+/// A real server's throughput beside the daemon, against beside empty programs.
+pub const SERVER_LOSS: Target = Target {
+    bounds: "Redis on loopback's throughput lost beside the daemon",
+    bound: "≤ 1% of beside empty programs",
+    side: Side::AtMost,
+    limit: 1.0,
+    how: "`redis-benchmark` against `redis-server` on loopback, median requests a second beside the daemon against beside empty programs, interleaved rounds",
 };
 
 /// An idle `shmtrace daemon`'s CPU, as a share of one core.
@@ -191,7 +218,7 @@ pub const PTRACE_STARTUP: Target = Target {
 };
 
 /// Every target, in the order docs/BENCHMARKS.md lists them.
-pub const TARGETS: [&Target; 22] = [
+pub const TARGETS: [&Target; 25] = [
     &TRACED_OVERHEAD,
     &BESIDE_ALL,
     &BESIDE_OTHER,
@@ -205,8 +232,11 @@ pub const TARGETS: [&Target; 22] = [
     &REPLAY_RATE,
     &REPORT_SCALING,
     &BYSTANDER_CALL,
+    &OPEN_CALL,
     &HOLDER_CALL,
+    &GROWN_TABLE_CALL,
     &BYSTANDER_TIMED,
+    &SERVER_LOSS,
     &DAEMON_IDLE,
     &CONTAINER_SOAK_GROWTH,
     &CONTAINER_SOAK_PEAK,

@@ -13,9 +13,9 @@ use super::{
     stats::Spread,
     target::{Row, Target},
     target_list::{
-        BESIDE_ALL, BESIDE_OTHER, BYSTANDER_CALL, BYSTANDER_TIMED, DAEMON_IDLE, HOLDER_CALL,
-        MEMORY_PLATEAU, NO_LOSS, PEAK_RSS, PTRACE_AGAINST_STRACE, PTRACE_CHURN, PTRACE_STARTUP,
-        REPLAY_RATE, REPORT_SCALING, SIGINT_TO_EXIT, STARTUP, STORM_CPU, TEARDOWN, TRACED_OVERHEAD,
+        BESIDE_ALL, BESIDE_OTHER, BYSTANDER_TIMED, DAEMON_IDLE, MEMORY_PLATEAU, NO_LOSS, PEAK_RSS,
+        PTRACE_AGAINST_STRACE, PTRACE_CHURN, PTRACE_STARTUP, REPLAY_RATE, REPORT_SCALING,
+        SERVER_LOSS, SIGINT_TO_EXIT, STARTUP, STORM_CPU, TEARDOWN, TRACED_OVERHEAD,
     },
 };
 
@@ -484,20 +484,12 @@ pub fn report_scaling(processes: u64, seconds: &Result<[f64; 2]>) -> Row {
     }
 }
 
-/// The target of a bystander's call: [`HOLDER_CALL`] when its process holds a /dev/shm file.
-pub fn bystander_target(holds_shm: bool) -> &'static Target {
-    if holds_shm {
-        &HOLDER_CALL
-    } else {
-        &BYSTANDER_CALL
-    }
-}
-
-/// [`BYSTANDER_CALL`] or [`HOLDER_CALL`]: the worse of shmtrace's programs on `call` under
+/// A bystander's call against its target (one of `target_list`'s `BYSTANDER_CALL`,
+/// `OPEN_CALL`, `HOLDER_CALL`, `GROWN_TABLE_CALL`): the worse of shmtrace's programs on `call` under
 /// `--all` and the daemon, against the floor's, in nanoseconds a run.
-pub fn bystander_call(call: &str, holds_shm: bool, worst_ns: f64, floor_ns: f64) -> Row {
+pub fn bystander_call(target: &Target, call: &str, worst_ns: f64, floor_ns: f64) -> Row {
     let ratio = worst_ns / floor_ns;
-    bystander_target(holds_shm).judge(
+    target.judge(
         call,
         ratio,
         format!("{worst_ns:.0} ns against {floor_ns:.0} ({ratio:.2}×)"),
@@ -510,6 +502,15 @@ pub fn bystander_timed(workload: &str, ratio: f64, rounds: u32) -> Row {
         workload,
         ratio,
         format!("{ratio:.3}× (medians of {rounds} rounds)"),
+    )
+}
+
+/// [`SERVER_LOSS`]: the share of the server's throughput lost beside the daemon, in percent.
+pub fn server_loss(loss_percent: f64, rounds: u32) -> Row {
+    SERVER_LOSS.judge(
+        "",
+        loss_percent,
+        format!("{loss_percent:.2}% (medians of {rounds} rounds)"),
     )
 }
 

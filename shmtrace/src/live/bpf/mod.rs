@@ -1,20 +1,23 @@
 //! Loading the eBPF programs into the kernel, and talking to them.
 //!
 //! `preflight` checks the machine can run them, `btf` reads the kernel's type information and
-//! `offsets` resolves the kernel struct offsets
-//! they need, `arch` says what differs between architectures, `hooks` lists what they attach to, `tracer` loads and attaches them and owns their
-//! maps, `reader` streams their records, `detach` lets them go in the background, and
-//! `attaching` keeps an earlier run's release out of a new run's way. Dropping the [`Tracer`] detaches and unloads
-//! everything: nothing is pinned, so nothing outlives the process.
+//! `offsets` resolves the kernel struct offsets they need, `arch` says what differs between
+//! architectures, `hooks` lists what they attach to, `tracer` loads and attaches them and owns
+//! their maps (`followed` and `supers` the two that userspace maps, through `mapped`),
+//! `reader` streams their records, `detach` lets them go in the background, and `attaching`
+//! keeps an earlier run's release out of a new run's way. Dropping the [`Tracer`] detaches and
+//! unloads everything: nothing is pinned, so nothing outlives the process.
 mod arch;
 mod attaching;
 mod btf;
 mod detach;
 mod followed;
 mod hooks;
+mod mapped;
 mod offsets;
 mod preflight;
 mod reader;
+mod supers;
 mod tracer;
 
 use std::path::PathBuf;
@@ -109,4 +112,12 @@ pub enum BpfError {
         #[source]
         source: Box<aya::maps::MapError>,
     },
+}
+
+/// A map's error, named.
+fn map_error(name: &'static str, source: aya::maps::MapError) -> BpfError {
+    BpfError::Map {
+        name,
+        source: Box::new(source),
+    }
 }

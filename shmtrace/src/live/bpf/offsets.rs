@@ -15,6 +15,12 @@ use super::{
 /// Resolves every offset the programs need, or names the first one this kernel lacks.
 pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
     let at = |ty: &str, path: &str| field_offset(btf, ty, path);
+    // A file system's mounts: a chain through `mnt_next_for_sb` from 6.18, a list of
+    // `mnt_instance` before.
+    let (mount_next, chained) = match at("mount", "mnt_next_for_sb") {
+        Ok(next) => (next, true),
+        Err(_) => (at("mount", "mnt_instance")?, false),
+    };
     Ok(KernelOffsets {
         task_pid: at("task_struct", "pid")?,
         task_tgid: at("task_struct", "tgid")?,
@@ -30,9 +36,13 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         nsproxy_mnt_ns: at("nsproxy", "mnt_ns")?,
         mnt_ns_inum: at("mnt_namespace", "ns.inum")?,
         files_fdt: at("files_struct", "fdt")?,
+        files_fd_array: at("files_struct", "fd_array")?,
         fdtable_max_fds: at("fdtable", "max_fds")?,
         fdtable_fd: at("fdtable", "fd")?,
         file_inode: at("file", "f_inode")?,
+        file_op: at("file", "f_op")?,
+        file_path_mnt: at("file", "f_path.mnt")?,
+        file_path_dentry: at("file", "f_path.dentry")?,
         inode_mode: at("inode", "i_mode")?,
         inode_ino: at("inode", "i_ino")?,
         inode_sb: at("inode", "i_sb")?,
@@ -40,13 +50,24 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         inode_blocks: at("inode", "i_blocks")?,
         super_block_dev: at("super_block", "s_dev")?,
         super_block_magic: at("super_block", "s_magic")?,
+        super_block_mounts: at("super_block", "s_mounts")?,
+        mount_next,
+        mounts_chained: chained.into(),
+        mount_mnt: at("mount", "mnt")?,
+        mount_parent: at("mount", "mnt_parent")?,
+        mount_mountpoint: at("mount", "mnt_mountpoint")?,
+        vfsmount_root: at("vfsmount", "mnt_root")?,
+        dentry_parent: at("dentry", "d_parent")?,
+        dentry_name: at("dentry", "d_name.name")?,
         fs_pwd_dentry: at("fs_struct", "pwd.dentry")?,
+        fs_pwd_mnt: at("fs_struct", "pwd.mnt")?,
         dentry_sb: at("dentry", "d_sb")?,
         mm_arg_start: at("mm_struct", "arg_start")?,
         mm_arg_end: at("mm_struct", "arg_end")?,
         binprm_filename: at("linux_binprm", "filename")?,
         task_in_execve_bit: field_bit_offset(btf, "task_struct", "in_execve").unwrap_or(u32::MAX),
         regs_arg: KernelArch::HOST.syscall_arg_registers(btf)?,
+        fd_slot_steps: std::array::from_fn(|bit| 8 << bit),
     })
 }
 

@@ -20,7 +20,8 @@ use super::{
     BpfError, EBPF_OBJECT, KERNEL_BTF, attaching, detach,
     followed::FollowedBitmap,
     hooks::{self, Hook},
-    offsets, preflight,
+    map_error, offsets, preflight,
+    supers::ShmSupers,
 };
 
 /// `BPF_NOEXIST`: insert only if absent.
@@ -71,7 +72,7 @@ pub struct Tracer {
     hold_outside: Array<MapData, u32>,
     /// shmtrace's own mount namespace (0 if unknown: nothing is held then).
     own_mntns: u32,
-    shm_devs: HashMap<MapData, u32, u32>,
+    supers: ShmSupers,
     lost: PerCpuArray<MapData, u64>,
     tallies: HashMap<MapData, TallyKey, u64>,
     _ebpf: Ebpf,
@@ -136,21 +137,16 @@ impl Tracer {
             events: Some(take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?),
             targets: take_map(&mut ebpf, "TARGETS", HashMap::try_from)?,
             followed: FollowedBitmap::map(take_map(&mut ebpf, "FOLLOWED", Array::try_from)?)
-                .map_err(|io_error| {
-                    map_error(
-                        "FOLLOWED",
-                        aya::sys::SyscallError {
-                            call: "mmap",
-                            io_error,
-                        }
-                        .into(),
-                    )
-                })?,
+                .map_err(|io_error| mmap_error("FOLLOWED", io_error))?,
             target_mntns: take_map(&mut ebpf, "TARGET_MNTNS", HashMap::try_from)?,
             target_cgroups: take_map(&mut ebpf, "TARGET_CGROUPS", HashMap::try_from)?,
             hold_outside,
             own_mntns,
-            shm_devs: take_map(&mut ebpf, "SHM_DEVS", HashMap::try_from)?,
+            supers: ShmSupers::new(
+                take_map(&mut ebpf, "SHM_SUPERS", Array::try_from)?,
+                take_map(&mut ebpf, "SHM_ELSEWHERE", HashMap::try_from)?,
+            )
+            .map_err(|io_error| mmap_error("SHM_SUPERS", io_error))?,
             lost: take_map(&mut ebpf, "LOST", PerCpuArray::try_from)?,
             tallies: take_map(&mut ebpf, "TALLIES", HashMap::try_from)?,
             _ebpf: ebpf,
@@ -228,27 +224,17 @@ impl Tracer {
             .map_err(|e| map_error("TARGET_CGROUPS", e))
     }
 
-    /// Declares `dev` (kernel encoding) a /dev/shm file system, so that descriptors on it are
-    /// traced even when they were opened before shmtrace started.
-    pub fn add_shm_dev(&mut self, dev: u32) -> Result<(), BpfError> {
-        self.shm_devs
-            .insert(dev, 1, 0)
-            .map_err(|e| map_error("SHM_DEVS", e))
+    /// Declares `dev` (kernel encoding) a /dev/shm file system, a `tmpfs` or not (a bind
+    /// mount of a directory), so that the probes know it without judging it themselves, and
+    /// descriptors opened before shmtrace started are traced.
+    pub fn add_shm_dev(&mut self, dev: u32, tmpfs: bool) -> Result<(), BpfError> {
+        self.supers.add(dev, tmpfs)
     }
 
-    /// The file systems taken for a /dev/shm now, whether declared here or learned by the
-    /// probes.
-    pub fn shm_devs(&self) -> Result<Vec<u32>, BpfError> {
-        self.shm_devs
-            .keys()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| map_error("SHM_DEVS", e))
-    }
-
-    /// No longer takes `dev` for a /dev/shm: its tmpfs is unmounted, and the kernel gives its
-    /// number to the next file system mounted, which may be anything.
-    pub fn forget_shm_dev(&mut self, dev: u32) -> Result<(), BpfError> {
-        already_gone_is_fine(self.shm_devs.remove(&dev), "SHM_DEVS")
+    /// How many file systems the probes take for a /dev/shm now, whether declared here or
+    /// judged by the probes (`ShmSupers::count`).
+    pub fn shm_file_systems(&self) -> Result<usize, BpfError> {
+        self.supers.count()
     }
 
     /// What the probes could not report so far, by reason: records dropped because the ring
@@ -299,11 +285,15 @@ fn already_gone_is_fine(
     }
 }
 
-fn map_error(name: &'static str, source: aya::maps::MapError) -> BpfError {
-    BpfError::Map {
+fn mmap_error(name: &'static str, io_error: std::io::Error) -> BpfError {
+    map_error(
         name,
-        source: Box::new(source),
-    }
+        aya::sys::SyscallError {
+            call: "mmap",
+            io_error,
+        }
+        .into(),
+    )
 }
 
 fn take_map<T>(

@@ -2,16 +2,15 @@
 //! process on the host. Each target registers itself with the probes before tracing starts.
 mod command;
 
-use std::{collections::HashSet, fs, os::unix::fs::MetadataExt};
+use std::{collections::HashSet, fs};
 
 use anyhow::{Result, bail};
-use nix::sys::statfs::{TMPFS_MAGIC, statfs};
 
 pub use command::{RunningCommand, spawn_paused};
 
-use crate::{
-    kernel_ids,
-    live::{bpf::Tracer, proc_scan},
+use crate::live::{
+    bpf::Tracer,
+    proc_scan::{self, ShmMount},
 };
 
 /// Checks that every pid names a live process.
@@ -57,8 +56,8 @@ pub fn register_pids(tracer: &mut Tracer, roots: &[u32]) -> Result<Vec<u32>> {
                 continue;
             }
             tracer.add_target(pid)?;
-            for dev in proc_scan::shm_devs_of(pid) {
-                tracer.add_shm_dev(dev)?;
+            for mount in proc_scan::shm_mounts_of(pid) {
+                tracer.add_shm_dev(mount.dev, mount.tmpfs)?;
             }
             all.push(pid);
         }
@@ -69,21 +68,17 @@ pub fn register_pids(tracer: &mut Tracer, roots: &[u32]) -> Result<Vec<u32>> {
 /// Declares the /dev/shm file systems shmtrace can see now: this namespace's, and with
 /// `every_namespace`, those of every container on the host. Returns them.
 pub fn register_shm_devs(tracer: &mut Tracer, every_namespace: bool) -> Result<HashSet<u32>> {
-    let mut devs = HashSet::new();
-    // Only a tmpfs, as for a container's (`proc_scan::shm_devs_of`).
-    let on_tmpfs = statfs("/dev/shm").is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC);
-    if let Ok(meta) = fs::metadata("/dev/shm")
-        && on_tmpfs
-    {
-        devs.insert(kernel_ids::kernel_dev_from_stat(meta.dev()));
+    let mounts: HashSet<ShmMount> = if every_namespace {
+        proc_scan::shm_mounts()
+    } else {
+        proc_scan::shm_mounts_of(std::process::id())
+            .into_iter()
+            .collect()
+    };
+    for mount in &mounts {
+        tracer.add_shm_dev(mount.dev, mount.tmpfs)?;
     }
-    if every_namespace {
-        devs.extend(proc_scan::shm_devs());
-    }
-    for dev in &devs {
-        tracer.add_shm_dev(*dev)?;
-    }
-    Ok(devs)
+    Ok(mounts.iter().map(|mount| mount.dev).collect())
 }
 
 /// Host-wide tracing: follows every process that holds a descriptor or mapping on one of
