@@ -83,6 +83,10 @@ pub struct KernelOffsets {
     /// `fs_struct.pwd.dentry`: the current directory, for relative paths.
     pub fs_pwd_dentry: u32,
     pub fs_pwd_mnt: u32,
+    /// `fs_struct.root`: the root directory a task sees (a chroot's, inside one), where a
+    /// mount's path is judged from.
+    pub fs_root_dentry: u32,
+    pub fs_root_mnt: u32,
     pub dentry_sb: u32,
     pub mm_arg_start: u32,
     pub mm_arg_end: u32,

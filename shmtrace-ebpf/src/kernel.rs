@@ -631,11 +631,12 @@ const CROSSINGS: usize = 3;
 
 /// Whether the file system whose super block is at `sb` is mounted at /dev/shm in some mount
 /// namespace: the host's, a container's (whose runtime mounted it elsewhere on the host too),
-/// or any other. Its mounts are read one by one (`s_mounts`), each judged by
-/// [`mount_at_dev_shm`]. Many reads: the probes make this judgement once per file system
-/// (`SHM_SUPERS`).
+/// or any other, or at /dev/shm of the current task's chroot. Its mounts are read one by one
+/// (`s_mounts`), each judged by [`mount_at_dev_shm`]. Many reads: the probes make this
+/// judgement once per file system (`SHM_SUPERS`).
 #[inline(never)]
 pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
+    let root = TaskRoot::current(off);
     let chained = off.mounts_chained != 0;
     let head = sb + off.super_block_mounts as u64;
     let Some(mut at) = read_ptr(head, 0) else {
@@ -653,7 +654,7 @@ pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
         } else {
             at - off.mount_next as u64
         };
-        if mount_at_dev_shm(mount, off) {
+        if mount_at_dev_shm(mount, root, off) {
             return true;
         }
         let next = if chained { off.mount_next } else { 0 };
@@ -667,23 +668,65 @@ pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
 }
 
 /// Whether the mount a file was reached by (`struct vfsmount *`, as in `file.f_path.mnt`) is
-/// at /dev/shm in its mount namespace.
+/// at /dev/shm in its mount namespace, or in the current task's chroot.
 #[inline(never)]
 pub fn vfsmount_at_dev_shm(vfsmount: u64, off: &KernelOffsets) -> bool {
-    vfsmount != 0 && mount_at_dev_shm(vfsmount - off.mount_mnt as u64, off)
+    vfsmount != 0 && mount_at_dev_shm(vfsmount - off.mount_mnt as u64, TaskRoot::current(off), off)
 }
 
-/// Whether `mount` (a `struct mount`) is mounted at /dev/shm (or /run/shm) of its namespace:
-/// its mount point is named `shm`, in a directory named `dev` (or `run`), in the namespace's
-/// root directory, crossing mount points on the way up (the host's /dev is a devtmpfs of its
-/// own, a container's a tmpfs).
+/// The root directory the current task sees: its chroot's, inside one (a build root, the
+/// release check's old-distribution chroot, an HPC container run by `chroot`), where a tmpfs at
+/// its `dev/shm` is the /dev/shm of every program in it, though it sits deeper from the
+/// namespace's root.
+#[derive(Clone, Copy)]
+struct TaskRoot {
+    dentry: u64,
+    /// The `struct mount`.
+    mount: u64,
+}
+
+impl TaskRoot {
+    /// The current task's; one that cannot be read is no directory (0), so it matches none,
+    /// and only the namespace's root counts.
+    #[inline(always)]
+    fn current(off: &KernelOffsets) -> TaskRoot {
+        // SAFETY: typed pointers from the task to its `fs_struct`'s fields.
+        unsafe {
+            let Some(fs) = pointer_field(current_btf(), off.task_fs) else {
+                return TaskRoot {
+                    dentry: 0,
+                    mount: 0,
+                };
+            };
+            let dentry: *const u8 = field(fs, off.fs_root_dentry);
+            let vfsmount: *const u8 = field(fs, off.fs_root_mnt);
+            TaskRoot {
+                dentry: dentry as u64,
+                mount: (vfsmount as u64).wrapping_sub(off.mount_mnt as u64),
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn is(self, dentry: u64, mount: u64) -> bool {
+        self.dentry != 0 && dentry == self.dentry && mount == self.mount
+    }
+}
+
+/// Whether `mount` (a `struct mount`) is mounted at /dev/shm (or /run/shm) of its namespace,
+/// or of the judging task's `root` (a chroot): its mount point is named `shm`, in a directory
+/// named `dev` (or `run`), in that root directory, crossing mount points on the way up (the
+/// host's /dev is a devtmpfs of its own, a container's a tmpfs). A tmpfs at a chroot's
+/// /dev/shm is judged so by the first program in the chroot to meet it; the verdict is kept
+/// until the next file system is made, so one met first from outside the chroot (through
+/// its path on the host) is no /dev/shm until then.
 ///
 /// Inlined. Out of line, a judgement returns one bit and the verifier checks less (the open
 /// family's exit programs 48,800 instructions instead of 54,700, `sys_exit` 111,100 instead of
 /// 120,500, on 6.18), but its frame (72 bytes) below `sys_exit`'s (376) and the walk's took
 /// that program past 6.1's 512 bytes of combined stack, which 6.18 does not count the same way.
 #[inline(always)]
-fn mount_at_dev_shm(mount: u64, off: &KernelOffsets) -> bool {
+fn mount_at_dev_shm(mount: u64, root: TaskRoot, off: &KernelOffsets) -> bool {
     let Some(parent) = read_ptr(mount, off.mount_parent) else {
         return false;
     };
@@ -702,7 +745,7 @@ fn mount_at_dev_shm(mount: u64, off: &KernelOffsets) -> bool {
     let run = u32::from_le_bytes(*b"run\0");
     let mut i = 0;
     while i < 2 {
-        match up_to_a_name(dentry, mnt, off) {
+        match up_to_a_name(dentry, mnt, root, off) {
             Climbed::Name(at, its_mount) => {
                 (dentry, mnt) = (at, its_mount);
             }
@@ -727,14 +770,14 @@ fn mount_at_dev_shm(mount: u64, off: &KernelOffsets) -> bool {
         };
         i += 1;
     }
-    matches!(up_to_a_name(dentry, mnt, off), Climbed::Root)
+    matches!(up_to_a_name(dentry, mnt, root, off), Climbed::Root)
 }
 
 /// Where going up a path from a directory leads.
 enum Climbed {
     /// A directory with a name in its mount (the dentry, the `struct mount`).
     Name(u64, u64),
-    /// The root of the mount namespace.
+    /// The root of the mount namespace, or the task's own root directory.
     Root,
     /// Something could not be read, or the mounts were stacked too deep.
     Unread,
@@ -742,11 +785,19 @@ enum Climbed {
 
 /// From directory `dentry` of mount `mnt` (a `struct mount`): while it is its mount's root,
 /// steps to the mount point below it, in the mount beneath; stops at a directory with a name,
-/// or at the namespace's root.
+/// or at the namespace's root or the task's (`task_root`), whichever comes first.
 #[inline(always)]
-fn up_to_a_name(mut dentry: u64, mut mnt: u64, off: &KernelOffsets) -> Climbed {
+fn up_to_a_name(
+    mut dentry: u64,
+    mut mnt: u64,
+    task_root: TaskRoot,
+    off: &KernelOffsets,
+) -> Climbed {
     let mut i = 0;
     while i < CROSSINGS {
+        if task_root.is(dentry, mnt) {
+            return Climbed::Root;
+        }
         let Some(root) = read_ptr(mnt, off.mount_mnt + off.vfsmount_root) else {
             return Climbed::Unread;
         };

@@ -68,6 +68,8 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     dentry_name: 0,
     fs_pwd_dentry: 0,
     fs_pwd_mnt: 0,
+    fs_root_dentry: 0,
+    fs_root_mnt: 0,
     dentry_sb: 0,
     mm_arg_start: 0,
     mm_arg_end: 0,

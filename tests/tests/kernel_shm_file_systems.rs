@@ -324,3 +324,65 @@ fn a_write_to_a_device_node_on_a_dev_shm_s_old_number_takes_no_failure_back() {
          of a /dev/shm unmounted just before took its failure back: {diagnosis:#}"
     );
 }
+
+/// A tmpfs mounted at a chroot's /dev/shm is the /dev/shm of every program in that chroot (a
+/// build root, an old distribution's, as the release check runs the demo in), though from the
+/// namespace's root it sits at `<chroot>/dev/shm`. The probes judge a tmpfs's mounts from the
+/// root of the program that meets it: judged from the namespace's root, none of the chroot's
+/// opens, writes or fallocates there were seen, only its unlinks (judged by path).
+#[test]
+fn a_tmpfs_at_a_chroot_s_dev_shm_is_its_dev_shm() {
+    require_root();
+    let _serial = serial();
+    // On the root file system: the chroot's own directories are no tmpfs.
+    let dir = Path::new("/var/tmp").join(format!("shmtrace-chroot-{}", std::process::id()));
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("dev/shm")).unwrap();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("no busybox: install busybox-static (.ci/run does)");
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    // 2 MiB into a 1 MiB /dev/shm; the chroot has no /dev/zero, so it is opened outside.
+    let script = format!(
+        "mount -t tmpfs -o size=1m shmtrace-test {root}/dev/shm && \
+         chroot {root} /bin/busybox dd of=/dev/shm/fill bs=64k count=32 < /dev/zero",
+        root = root.display()
+    );
+    let trace = trace_command(
+        &[],
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        !trace.output.status.success(),
+        "dd was to fill the chroot's 1 MiB /dev/shm and fail: {}",
+        trace.stderr()
+    );
+    let of_dd: Vec<_> = trace
+        .records
+        .iter()
+        .filter(|r| r["comm"] == "busybox")
+        .collect();
+    assert!(
+        of_dd
+            .iter()
+            .any(|r| r["event"] == "write" && r["errno"] == "ENOSPC"),
+        "dd's refused write to the chroot's /dev/shm/fill is not in the trace: {of_dd:#?}\n{}",
+        trace.stderr()
+    );
+    let diagnosis = of_dd
+        .iter()
+        .find(|r| r["event"] == "diagnosis")
+        .unwrap_or_else(|| panic!("no diagnosis of dd: {of_dd:#?}\n{}", trace.stderr()));
+    assert_eq!(diagnosis["cause"], "shm_full", "{diagnosis:#}");
+}

@@ -61,6 +61,8 @@ pub fn resolve(btf: &KernelBtf<'_>) -> Result<KernelOffsets, BpfError> {
         dentry_name: at("dentry", "d_name.name")?,
         fs_pwd_dentry: at("fs_struct", "pwd.dentry")?,
         fs_pwd_mnt: at("fs_struct", "pwd.mnt")?,
+        fs_root_dentry: at("fs_struct", "root.dentry")?,
+        fs_root_mnt: at("fs_struct", "root.mnt")?,
         dentry_sb: at("dentry", "d_sb")?,
         mm_arg_start: at("mm_struct", "arg_start")?,
         mm_arg_end: at("mm_struct", "arg_end")?,
@@ -111,6 +113,9 @@ mod tests {
         );
         assert_ne!(off.mm_arg_start, off.mm_arg_end);
         assert!(off.fs_pwd_dentry > 0);
+        // `struct fs_struct { ...; struct path root, pwd; }`
+        assert_eq!(off.fs_root_dentry + 16, off.fs_pwd_dentry);
+        assert_eq!(off.fs_root_mnt + 16, off.fs_pwd_mnt);
         assert_ne!(
             off.task_in_execve_bit,
             u32::MAX,
