@@ -630,13 +630,35 @@ const MOUNTS_CHECKED: usize = 4;
 const CROSSINGS: usize = 3;
 
 /// Whether the file system whose super block is at `sb` is mounted at /dev/shm in some mount
-/// namespace: the host's, a container's (whose runtime mounted it elsewhere on the host too),
-/// or any other, or at /dev/shm of the current task's chroot. Its mounts are read one by one
-/// (`s_mounts`), each judged by [`mount_at_dev_shm`]. Many reads: the probes make this
-/// judgement once per file system (`SHM_SUPERS`).
-#[inline(never)]
+/// namespace (the host's, a container's, whose runtime mounted it elsewhere on the host too,
+/// or any other), or else at /dev/shm of the current task's chroot ([`TaskRoot`]). Many reads:
+/// the probes make this judgement once per file system (`SHM_SUPERS`).
+///
+/// Two walks, one after the other, not one that looks for both: a walk that also kept the
+/// task's root took `super_mounts_at_dev_shm`'s frame from 96 bytes to 112 or more, and 6.1's
+/// verifier, which rounds each frame up to 32 bytes, refused `sys_exit`, whose frames below
+/// it take the rest of 512: `combined stack size of 3 calls is 544`.
+#[inline(always)]
 pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
-    let root = TaskRoot::current(off);
+    super_mounts_at_dev_shm::<false>(sb, off) || super_mounts_at_dev_shm::<true>(sb, off)
+}
+
+/// Whether one of the mounts of the file system whose super block is at `sb` is at /dev/shm:
+/// of its namespace, or `IN_CHROOT`, of the current task's root directory when that is not
+/// its namespace's. Its mounts are read one by one (`s_mounts`), each judged by
+/// [`mount_at_dev_shm`].
+#[inline(never)]
+fn super_mounts_at_dev_shm<const IN_CHROOT: bool>(sb: u64, off: &KernelOffsets) -> bool {
+    // Only the root's directory is kept across the walk: its mount too took the frame past
+    // 96 bytes.
+    let root_dir = if IN_CHROOT {
+        match TaskRoot::current(off) {
+            root if root.is_chroot(off) => root.dentry,
+            _ => return false,
+        }
+    } else {
+        0
+    };
     let chained = off.mounts_chained != 0;
     let head = sb + off.super_block_mounts as u64;
     let Some(mut at) = read_ptr(head, 0) else {
@@ -654,7 +676,7 @@ pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
         } else {
             at - off.mount_next as u64
         };
-        if mount_at_dev_shm(mount, root, off) {
+        if mount_at_dev_shm::<IN_CHROOT>(mount, root_dir, off) {
             return true;
         }
         let next = if chained { off.mount_next } else { 0 };
@@ -668,10 +690,11 @@ pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
 }
 
 /// Whether the mount a file was reached by (`struct vfsmount *`, as in `file.f_path.mnt`) is
-/// at /dev/shm in its mount namespace, or in the current task's chroot.
+/// at /dev/shm in its mount namespace. (Not a chroot's: a directory bound at a chroot's
+/// /dev/shm is not told apart from the rest of its file system.)
 #[inline(never)]
 pub fn vfsmount_at_dev_shm(vfsmount: u64, off: &KernelOffsets) -> bool {
-    vfsmount != 0 && mount_at_dev_shm(vfsmount - off.mount_mnt as u64, TaskRoot::current(off), off)
+    vfsmount != 0 && mount_at_dev_shm::<false>(vfsmount - off.mount_mnt as u64, 0, off)
 }
 
 /// The root directory the current task sees: its chroot's, inside one (a build root, the
@@ -686,8 +709,7 @@ struct TaskRoot {
 }
 
 impl TaskRoot {
-    /// The current task's; one that cannot be read is no directory (0), so it matches none,
-    /// and only the namespace's root counts.
+    /// The current task's; one that cannot be read is no directory (0).
     #[inline(always)]
     fn current(off: &KernelOffsets) -> TaskRoot {
         // SAFETY: typed pointers from the task to its `fs_struct`'s fields.
@@ -707,16 +729,23 @@ impl TaskRoot {
         }
     }
 
+    /// Whether it is a directory, and not its namespace's root: the root directory of a mount
+    /// that is its own parent.
     #[inline(always)]
-    fn is(self, dentry: u64, mount: u64) -> bool {
-        self.dentry != 0 && dentry == self.dentry && mount == self.mount
+    fn is_chroot(self, off: &KernelOffsets) -> bool {
+        if self.dentry == 0 {
+            return false;
+        }
+        let namespace_root = read_ptr(self.mount, off.mount_parent) == Some(self.mount)
+            && read_ptr(self.mount, off.mount_mnt + off.vfsmount_root) == Some(self.dentry);
+        !namespace_root
     }
 }
 
 /// Whether `mount` (a `struct mount`) is mounted at /dev/shm (or /run/shm) of its namespace,
-/// or of the judging task's `root` (a chroot): its mount point is named `shm`, in a directory
-/// named `dev` (or `run`), in that root directory, crossing mount points on the way up (the
-/// host's /dev is a devtmpfs of its own, a container's a tmpfs). A tmpfs at a chroot's
+/// or `IN_CHROOT`, in the task's root directory `root_dir`: its mount point is named `shm`, in
+/// a directory named `dev` (or `run`), in that root directory, crossing mount points on the way
+/// up (the host's /dev is a devtmpfs of its own, a container's a tmpfs). A tmpfs at a chroot's
 /// /dev/shm is judged so by the first program in the chroot to meet it; the verdict is kept
 /// until the next file system is made, so one met first from outside the chroot (through
 /// its path on the host) is no /dev/shm until then.
@@ -726,7 +755,7 @@ impl TaskRoot {
 /// 120,500, on 6.18), but its frame (72 bytes) below `sys_exit`'s (376) and the walk's took
 /// that program past 6.1's 512 bytes of combined stack, which 6.18 does not count the same way.
 #[inline(always)]
-fn mount_at_dev_shm(mount: u64, root: TaskRoot, off: &KernelOffsets) -> bool {
+fn mount_at_dev_shm<const IN_CHROOT: bool>(mount: u64, root_dir: u64, off: &KernelOffsets) -> bool {
     let Some(parent) = read_ptr(mount, off.mount_parent) else {
         return false;
     };
@@ -745,7 +774,7 @@ fn mount_at_dev_shm(mount: u64, root: TaskRoot, off: &KernelOffsets) -> bool {
     let run = u32::from_le_bytes(*b"run\0");
     let mut i = 0;
     while i < 2 {
-        match up_to_a_name(dentry, mnt, root, off) {
+        match up_to_a_name(dentry, mnt, off) {
             Climbed::Name(at, its_mount) => {
                 (dentry, mnt) = (at, its_mount);
             }
@@ -770,14 +799,21 @@ fn mount_at_dev_shm(mount: u64, root: TaskRoot, off: &KernelOffsets) -> bool {
         };
         i += 1;
     }
-    matches!(up_to_a_name(dentry, mnt, root, off), Climbed::Root)
+    if IN_CHROOT {
+        // `dev` was a name in the task's root directory (the mount of the chroot's own /dev,
+        // if it has one, was crossed already). By the directory alone, whichever mount it is
+        // reached by: the same directory bound elsewhere has the same /dev/shm.
+        dentry == root_dir
+    } else {
+        matches!(up_to_a_name(dentry, mnt, off), Climbed::Root)
+    }
 }
 
 /// Where going up a path from a directory leads.
 enum Climbed {
     /// A directory with a name in its mount (the dentry, the `struct mount`).
     Name(u64, u64),
-    /// The root of the mount namespace, or the task's own root directory.
+    /// The root of the mount namespace.
     Root,
     /// Something could not be read, or the mounts were stacked too deep.
     Unread,
@@ -785,19 +821,11 @@ enum Climbed {
 
 /// From directory `dentry` of mount `mnt` (a `struct mount`): while it is its mount's root,
 /// steps to the mount point below it, in the mount beneath; stops at a directory with a name,
-/// or at the namespace's root or the task's (`task_root`), whichever comes first.
+/// or at the namespace's root.
 #[inline(always)]
-fn up_to_a_name(
-    mut dentry: u64,
-    mut mnt: u64,
-    task_root: TaskRoot,
-    off: &KernelOffsets,
-) -> Climbed {
+fn up_to_a_name(mut dentry: u64, mut mnt: u64, off: &KernelOffsets) -> Climbed {
     let mut i = 0;
     while i < CROSSINGS {
-        if task_root.is(dentry, mnt) {
-            return Climbed::Root;
-        }
         let Some(root) = read_ptr(mnt, off.mount_mnt + off.vfsmount_root) else {
             return Climbed::Unread;
         };
