@@ -635,3 +635,38 @@ fn a_sandbox_given_an_ended_containers_number_is_no_containers() {
     let text = text(&registry);
     assert_eq!(failures_of(&text, "ended", "docker"), 0.0, "{text}");
 }
+
+/// An `unshare -m` sandbox in no container, with a tmpfs of its own on /dev/shm: no runtime
+/// says when it ends, but its /dev/shm goes with it, and the next tmpfs made takes its device
+/// number. In an hour's soak, a test's sandbox left an NCCL segment there, and three
+/// containers given the number later were told it was taking their space. Once the last
+/// process the analysis followed there ended and nobody is in it, it ends, once.
+#[test]
+fn a_sandbox_ends_once_nobody_is_in_it() {
+    let (mut fleet, made, _registry) = fleet(Duration::from_secs(60));
+    made.0.lock().unwrap().processes.insert(912, None);
+    made.0.lock().unwrap().occupied.insert(NS);
+    let found = fail(&mut fleet, 912, NS, 1, SECOND);
+    assert_eq!(found, Found::Owner(Owner::NoContainer));
+    // Its last traced process ended, but its untraced shell is still there.
+    fleet.sandbox_quiet(NS);
+    fleet.check_sandboxes(false);
+    assert!(fleet.take_ended().is_empty(), "someone is still in it");
+    // Asked only when every sandbox is looked for again.
+    made.0.lock().unwrap().occupied.remove(&NS);
+    fleet.check_sandboxes(false);
+    assert!(fleet.take_ended().is_empty(), "looked for once at first");
+    fleet.check_sandboxes(true);
+    let ended: Vec<_> = fleet
+        .take_ended()
+        .into_iter()
+        .map(|e| (e.mntns, e.container, e.taken_at_ns))
+        .collect();
+    assert_eq!(ended, vec![(NS, None, None)]);
+    fleet.check_sandboxes(true);
+    assert!(fleet.take_ended().is_empty(), "it ends once");
+    // The host's namespace is no sandbox.
+    fleet.sandbox_quiet(HOST);
+    fleet.check_sandboxes(true);
+    assert!(fleet.take_ended().is_empty());
+}
