@@ -127,9 +127,9 @@ pub struct Fleet {
     /// Containers whose name is wanted from their runtime, and those asked for already.
     to_describe: Vec<ContainerRef>,
     asked: HashSet<ContainerRef>,
-    /// Namespaces in no container whose last process the analysis followed has ended, not yet
-    /// looked for in /proc (`fresh`) and looked for while someone was still in them (an
-    /// untraced shell): each ends, with its /dev/shm, once nobody is in it.
+    /// Namespaces in no container (or not placed yet) whose last process the analysis followed
+    /// has ended, not yet looked for in /proc (`fresh`) and looked for while someone was still
+    /// in them (an untraced shell): each ends, with its /dev/shm, once nobody is in it.
     sandboxes_fresh: Vec<u32>,
     sandboxes_occupied: Vec<u32>,
 }
@@ -416,19 +416,30 @@ impl Fleet {
         self.whose.exited(pid);
     }
 
-    /// The last process the analysis followed in `mntns`, a namespace in no container (an
-    /// `unshare -m` sandbox), ended: once nobody is in it, it ends with the /dev/shm it may
-    /// have mounted, whose device number the next tmpfs made takes
-    /// ([`Fleet::check_sandboxes`]).
-    pub fn sandbox_quiet(&mut self, mntns: u32) {
-        if mntns == 0
-            || mntns == self.whose.host_mntns()
-            || self.sandboxes_fresh.contains(&mntns)
-            || self.sandboxes_occupied.contains(&mntns)
-        {
+    /// The last process the analysis followed in `mntns` ended, its exit record placed as
+    /// `found`. A namespace in no container (an `unshare -m` sandbox) ends with the /dev/shm it
+    /// may have mounted, whose device number the next tmpfs made takes, and no runtime says
+    /// when: once nobody is in it, it ends ([`Fleet::check_sandboxes`]). So does one not placed
+    /// yet: its processes were gone before their records were read (a loaded machine reads
+    /// late), and only a live process says it is in no container. Whoever's it was, nobody in
+    /// it means it is gone. A container's ends when its runtime says so; the host's never.
+    pub fn last_exit_in(&mut self, mntns: u32, found: &Found) {
+        if let Found::Owner(Owner::Host | Owner::Container(_)) = found {
             return;
         }
-        if self.sandboxes_fresh.len() + self.sandboxes_occupied.len() >= MAX_SANDBOXES_WAITED {
+        self.sandbox_quiet(mntns);
+    }
+
+    fn sandbox_quiet(&mut self, mntns: u32) {
+        if mntns == 0 || mntns == self.whose.host_mntns() || self.sandboxes_fresh.contains(&mntns) {
+            return;
+        }
+        // Someone was in it at an earlier last exit (the shell that then ran the last
+        // process): looked for again at once, not at the next look at every one.
+        if let Some(at) = self.sandboxes_occupied.iter().position(|m| *m == mntns) {
+            self.sandboxes_occupied.remove(at);
+        } else if self.sandboxes_fresh.len() + self.sandboxes_occupied.len() >= MAX_SANDBOXES_WAITED
+        {
             if self.sandboxes_occupied.is_empty() {
                 self.sandboxes_fresh.remove(0);
             } else {

@@ -58,10 +58,10 @@ impl Observer for FleetObserver {
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
             // A sandbox's /dev/shm goes with its namespace, which no runtime says ended.
-            if placed.as_ref() == Some(&Found::Owner(Owner::NoContainer))
+            if let Some(found) = placed.as_ref()
                 && !world.any_alive_in(event.mntns)
             {
-                fleet.sandbox_quiet(event.mntns);
+                fleet.last_exit_in(event.mntns, found);
             }
         }
     }
