@@ -127,7 +127,16 @@ pub struct Fleet {
     /// Containers whose name is wanted from their runtime, and those asked for already.
     to_describe: Vec<ContainerRef>,
     asked: HashSet<ContainerRef>,
+    /// Namespaces in no container (or not placed yet) whose last process the analysis followed
+    /// has ended, not yet looked for in /proc (`fresh`) and looked for while someone was still
+    /// in them (an untraced shell): each ends, with its /dev/shm, once nobody is in it.
+    sandboxes_fresh: Vec<u32>,
+    sandboxes_occupied: Vec<u32>,
 }
+
+/// Most sandboxes waited for at once; beyond, the oldest is no longer looked for (its
+/// objects go with the cap on objects).
+const MAX_SANDBOXES_WAITED: usize = 256;
 
 /// A runtime's Unix time (ns) on the boot clock of records, or now where it cannot be told.
 fn boot_time_of(unix_ns: i64) -> u64 {
@@ -165,6 +174,8 @@ impl Fleet {
             survey_wanted: false,
             to_describe: Vec::new(),
             asked: HashSet::new(),
+            sandboxes_fresh: Vec::new(),
+            sandboxes_occupied: Vec::new(),
         }
     }
 
@@ -403,6 +414,59 @@ impl Fleet {
     /// Process `pid` ended.
     pub fn process_exited(&mut self, pid: u32) {
         self.whose.exited(pid);
+    }
+
+    /// The last process the analysis followed in `mntns` ended, its exit record placed as
+    /// `found`. A namespace in no container (an `unshare -m` sandbox) ends with the /dev/shm it
+    /// may have mounted, whose device number the next tmpfs made takes, and no runtime says
+    /// when: once nobody is in it, it ends ([`Fleet::check_sandboxes`]). So does one not placed
+    /// yet: its processes were gone before their records were read (a loaded machine reads
+    /// late), and only a live process says it is in no container. Whoever's it was, nobody in
+    /// it means it is gone. A container's ends when its runtime says so; the host's never.
+    pub fn last_exit_in(&mut self, mntns: u32, found: &Found) {
+        if let Found::Owner(Owner::Host | Owner::Container(_)) = found {
+            return;
+        }
+        self.sandbox_quiet(mntns);
+    }
+
+    fn sandbox_quiet(&mut self, mntns: u32) {
+        if mntns == 0 || mntns == self.whose.host_mntns() || self.sandboxes_fresh.contains(&mntns) {
+            return;
+        }
+        // Someone was in it at an earlier last exit (the shell that then ran the last
+        // process): looked for again at once, not at the next look at every one.
+        if let Some(at) = self.sandboxes_occupied.iter().position(|m| *m == mntns) {
+            self.sandboxes_occupied.remove(at);
+        } else if self.sandboxes_fresh.len() + self.sandboxes_occupied.len() >= MAX_SANDBOXES_WAITED
+        {
+            if self.sandboxes_occupied.is_empty() {
+                self.sandboxes_fresh.remove(0);
+            } else {
+                self.sandboxes_occupied.remove(0);
+            }
+        }
+        self.sandboxes_fresh.push(mntns);
+    }
+
+    /// Looks in /proc for the quiet sandboxes not looked for yet, or (`all`) for every one
+    /// waited for: those nobody is in any more have ended ([`Fleet::take_ended`]).
+    pub fn check_sandboxes(&mut self, all: bool) {
+        let mut asked = std::mem::take(&mut self.sandboxes_fresh);
+        if all {
+            asked.append(&mut self.sandboxes_occupied);
+        }
+        if asked.is_empty() {
+            return;
+        }
+        let occupied = self.whose.anyone_in_each(&asked);
+        for (mntns, occupied) in asked.into_iter().zip(occupied) {
+            if occupied {
+                self.sandboxes_occupied.push(mntns);
+            } else {
+                self.namespace_ended(mntns, None);
+            }
+        }
     }
 
     /// Namespaces whose container is gone, since the last call.

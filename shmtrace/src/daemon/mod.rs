@@ -517,6 +517,7 @@ impl Agent {
     fn after_fleet_changed(&mut self) -> Result<()> {
         let (ended, settled, to_describe) = {
             let mut fleet = self.fleet.borrow_mut();
+            fleet.check_sandboxes(false);
             (
                 fleet.take_ended(),
                 fleet.take_settled(),
@@ -528,7 +529,8 @@ impl Agent {
             let named_now = self.in_pipeline.get(&ended.mntns).map(|n| n.id.as_str());
             let theirs =
                 ended.container.is_none() || named_now == ended.container.as_ref().map(|c| &*c.id);
-            if theirs && named_now.is_some() {
+            // A namespace in no container is named after nothing, but its /dev/shm is gone.
+            if theirs && (named_now.is_some() || ended.container.is_none()) {
                 self.pipeline.forget_container(ended.mntns, now_ns)?;
                 self.in_pipeline.remove(&ended.mntns);
             }
@@ -630,6 +632,9 @@ impl Agent {
             }
         }
         self.accounting.forget_vanished(&mut self.pipeline)?;
+        // Sandboxes an untraced process was still in at their last traced exit.
+        self.fleet.borrow_mut().check_sandboxes(true);
+        self.after_fleet_changed()?;
         let state = self.pipeline.state();
         let (followed, containers) = {
             let fleet = self.fleet.borrow();

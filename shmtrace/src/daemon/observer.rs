@@ -32,7 +32,7 @@ pub struct FleetObserver {
 }
 
 impl Observer for FleetObserver {
-    fn event(&mut self, event: &Event, note: &Annotation, role: &Role, _: &str, _: &World) {
+    fn event(&mut self, event: &Event, note: &Annotation, role: &Role, _: &str, world: &World) {
         self.metrics.events.inc();
         if let Some(key) = tally_key(event) {
             self.unseen.borrow_mut().saw(key);
@@ -57,6 +57,12 @@ impl Observer for FleetObserver {
         }
         if let Body::Exit(_) = event.body {
             fleet.process_exited(event.pid);
+            // A sandbox's /dev/shm goes with its namespace, which no runtime says ended.
+            if let Some(found) = placed.as_ref()
+                && !world.any_alive_in(event.mntns)
+            {
+                fleet.last_exit_in(event.mntns, found);
+            }
         }
     }
 

@@ -88,6 +88,10 @@ pub trait Lookups {
     fn namespace(&mut self, mntns: u32, ts_ns: u64) -> Option<ContainerRef>;
     /// Whether any process is in mount namespace `mntns` now.
     fn anyone_in(&mut self, mntns: u32) -> bool;
+    /// Whether any process is in each of `mntns` now.
+    fn anyone_in_each(&mut self, mntns: &[u32]) -> Vec<bool> {
+        mntns.iter().map(|m| self.anyone_in(*m)).collect()
+    }
 }
 
 /// One container's time on a mount namespace number.
@@ -404,6 +408,11 @@ impl Whose {
         self.lookups.anyone_in(mntns)
     }
 
+    /// Whether any process is in each of `mntns` now.
+    pub fn anyone_in_each(&mut self, mntns: &[u32]) -> Vec<bool> {
+        self.lookups.anyone_in_each(mntns)
+    }
+
     /// A namespace nobody is in any more: its number may come back for anyone.
     pub fn namespace_ended(&mut self, mntns: u32) {
         self.scanned.remove(&mntns);
@@ -464,6 +473,26 @@ impl Lookups for OnTheMachine {
             // Unreadable: assume it is there (forgetting a live /dev/shm would be worse).
             Err(_) => true,
         }
+    }
+
+    /// One pass over /proc for all of them.
+    fn anyone_in_each(&mut self, mntns: &[u32]) -> Vec<bool> {
+        if std::fs::read_dir("/proc").is_err() {
+            return vec![true; mntns.len()];
+        }
+        let mut occupied = vec![false; mntns.len()];
+        for pid in pids() {
+            let Some(theirs) = crate::kernel_ids::mount_namespace(pid) else {
+                continue;
+            };
+            if let Some(at) = mntns.iter().position(|m| *m == theirs) {
+                occupied[at] = true;
+                if occupied.iter().all(|o| *o) {
+                    break;
+                }
+            }
+        }
+        occupied
     }
 }
 

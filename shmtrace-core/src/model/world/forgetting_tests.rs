@@ -191,6 +191,51 @@ fn a_namespace_retired_before_a_time_keeps_what_came_after() {
     assert_eq!(world.retire_namespace(MNTNS, Some(DEV), u64::MAX), 0);
 }
 
+/// A sandbox's /dev/shm goes with its namespace, unless a live process elsewhere still holds
+/// one of its files: that keeps the file system, and its device number, alive.
+#[test]
+fn a_namespace_retired_keeps_what_a_live_process_elsewhere_holds() {
+    let mut world = World::new();
+    short_life(&mut world, SECOND, 2, true);
+    // Pid 3 opens /dev/shm/obj-3, keeps it open, and moves to another namespace (`setns`).
+    let create = (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) as u64;
+    world.apply(&event(
+        2 * SECOND,
+        3,
+        call(
+            Syscall::Openat,
+            3,
+            Some("/dev/shm/obj-3"),
+            [0, 0, create, 0o600, 0, 0],
+        ),
+    ));
+    let mut moved = event(
+        3 * SECOND,
+        3,
+        Body::Rename {
+            pid: 3,
+            tid: 3,
+            comm: "elsewhere".to_owned(),
+        },
+    );
+    moved.mntns = MNTNS + 1;
+    world.apply(&moved);
+    assert_eq!(world.retire_namespace(MNTNS, Some(DEV + 1), u64::MAX), 1);
+    let left: Vec<_> = world
+        .live_objects()
+        .filter_map(|o| o.path.as_deref().map(str::to_owned))
+        .collect();
+    assert_eq!(left, vec!["/dev/shm/obj-3".to_owned()]);
+    // Once it lets go, the file goes with its namespace.
+    world.apply(&event(
+        4 * SECOND,
+        3,
+        Body::Exit(ExitStatus::Code(0).into()),
+    ));
+    assert_eq!(world.retire_namespace(MNTNS, Some(DEV + 1), u64::MAX), 1);
+    assert_eq!(world.live_objects().count(), 0);
+}
+
 #[test]
 fn a_directory_is_no_object() {
     let mut world = World::new();

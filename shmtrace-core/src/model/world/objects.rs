@@ -1,7 +1,7 @@
 //! The lives of /dev/shm objects: sizes and what they add to a file system's use, the
 //! descriptors and mappings that hold them, and their end (freed, or gone with their file
 //! system).
-use super::{RECENTLY_FREED, World};
+use super::{FastSet, RECENTLY_FREED, World};
 use crate::{
     event::InodeId,
     model::{Annotation, ObjectState, ShmObject},
@@ -87,21 +87,39 @@ impl World {
 
     /// Ends the lives of the objects named in mount namespace `mntns` on any file system but
     /// `shared_dev` (the host's /dev/shm, whose files outlive containers), first seen before
-    /// `before_ns`: a gone container's own /dev/shm, whose namespace number another container
-    /// may have taken since (its objects come after it started). Returns how many.
+    /// `before_ns`: a gone container's or sandbox's own /dev/shm, whose namespace number
+    /// another may have taken since (its objects come after it started), and whose device
+    /// number the next tmpfs made takes. An object a live process elsewhere still holds is
+    /// kept: a descriptor or a mapping keeps its file system alive, and its number taken.
+    /// Returns how many.
     pub fn retire_namespace(
         &mut self,
         mntns: u32,
         shared_dev: Option<u32>,
         before_ns: u64,
     ) -> usize {
-        let gone: Vec<InodeId> = self
+        let mut gone: Vec<(InodeId, bool)> = self
             .objects
             .values()
             .filter(|o| o.mntns == mntns && Some(o.inode.dev) != shared_dev)
             .filter(|o| o.first_seen_ns < before_ns)
-            .map(|o| o.inode)
+            .map(|o| (o.inode, o.fds > 0 || o.mappings > 0))
             .collect();
+        if gone.iter().any(|(_, held)| *held) {
+            // Rare (a descriptor passed out of the namespace): only then are processes looked
+            // through.
+            let held: FastSet<InodeId> = self
+                .processes
+                .values()
+                .filter(|p| p.alive() && p.mntns != mntns)
+                .flat_map(|p| {
+                    let fds = p.fds.values().map(|fd| fd.inode);
+                    fds.chain(p.mappings.iter().map(|m| m.inode))
+                })
+                .collect();
+            gone.retain(|(inode, _)| !held.contains(inode));
+        }
+        let gone: Vec<InodeId> = gone.into_iter().map(|(inode, _)| inode).collect();
         let mut note = Annotation::default();
         for inode in &gone {
             self.retire(*inode, &mut note);
