@@ -10,7 +10,10 @@
 //!   /dev/null) is no /dev/shm file.
 //!
 //! The real binary, a real chroot and mount namespace (root and BPF only).
-use std::{os::unix::fs::MetadataExt, path::Path};
+use std::{
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
 
 use serde_json::Value;
 use shmtrace_tests::{
@@ -28,20 +31,30 @@ os.posix_fallocate(fd, 0, 1 << 20)
 os.close(fd)
 "#;
 
+/// The static busybox the chroots run.
+fn busybox() -> &'static str {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("no busybox: install busybox-static (.ci/run does)")
+}
+
+/// A chroot holding an empty `dev/shm` and `bin/busybox`, in a fresh directory on the root file
+/// system (not a tmpfs, as /tmp may be): that directory, and the chroot's root in it.
+fn busybox_chroot(name: &str) -> (PathBuf, PathBuf) {
+    let dir = Path::new("/var/tmp").join(format!("shmtrace-{name}-{}", std::process::id()));
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("dev/shm")).unwrap();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy(busybox(), root.join("bin/busybox")).unwrap();
+    (dir, root)
+}
+
 #[test]
 fn a_dev_shm_path_on_a_disk_file_system_does_not_make_it_a_dev_shm() {
     require_root();
     let _serial = serial();
-    // On the root file system, not a tmpfs: /tmp may be one.
-    let dir = Path::new("/var/tmp").join(format!("shmtrace-fs-{}", std::process::id()));
-    let root = dir.join("root");
-    std::fs::create_dir_all(root.join("dev/shm")).unwrap();
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("no busybox: install busybox-static (.ci/run does)");
-    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    let (dir, root) = busybox_chroot("fs");
     let statfs = nix::sys::statfs::statfs(&dir).unwrap();
     assert_ne!(
         statfs.filesystem_type(),
@@ -263,10 +276,7 @@ print(dd.pid, gone, os.stat(scratch).st_dev, dd.returncode, flush=True)
 fn a_write_to_a_device_node_on_a_dev_shm_s_old_number_takes_no_failure_back() {
     require_root();
     let _serial = serial();
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("no busybox: install busybox-static (.ci/run does)");
+    let busybox = busybox();
     let scratch = tempdir().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     let daemon = Daemon::start(&[]);
@@ -334,16 +344,7 @@ fn a_write_to_a_device_node_on_a_dev_shm_s_old_number_takes_no_failure_back() {
 fn a_tmpfs_at_a_chroot_s_dev_shm_is_its_dev_shm() {
     require_root();
     let _serial = serial();
-    // On the root file system: the chroot's own directories are no tmpfs.
-    let dir = Path::new("/var/tmp").join(format!("shmtrace-chroot-{}", std::process::id()));
-    let root = dir.join("root");
-    std::fs::create_dir_all(root.join("dev/shm")).unwrap();
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("no busybox: install busybox-static (.ci/run does)");
-    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    let (dir, root) = busybox_chroot("chroot");
     // 2 MiB into a 1 MiB /dev/shm; the chroot has no /dev/zero, so it is opened outside.
     let script = format!(
         "mount -t tmpfs -o size=1m shmtrace-test {root}/dev/shm && \
