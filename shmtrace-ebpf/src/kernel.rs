@@ -633,28 +633,55 @@ const CROSSINGS: usize = 3;
 /// namespace (the host's, a container's, whose runtime mounted it elsewhere on the host too,
 /// or any other), or else at /dev/shm of the current task's chroot ([`TaskRoot`]). Many reads:
 /// the probes make this judgement once per file system (`SHM_SUPERS`).
-///
-/// Two walks, one after the other, not one that looks for both: a walk that also kept the
-/// task's root took `super_mounts_at_dev_shm`'s frame from 96 bytes to 112 or more, and 6.1's
-/// verifier, which rounds each frame up to 32 bytes, refused `sys_exit`, whose frames below
-/// it take the rest of 512: `combined stack size of 3 calls is 544`.
 #[inline(always)]
-pub fn super_at_dev_shm(sb: u64, off: &KernelOffsets) -> bool {
-    super_mounts_at_dev_shm::<false>(sb, off) || super_mounts_at_dev_shm::<true>(sb, off)
+pub fn super_at_dev_shm(sb: u64) -> bool {
+    let Some(sb) = as_number(sb) else {
+        return false;
+    };
+    super_at_dev_shm_of(sb, 0) != 0 || super_at_dev_shm_of(sb, 1) != 0
+}
+
+/// `address` as a number to the verifier, for a global function, which takes only numbers:
+/// an address read with plain loads is a typed pointer to it. Copied through memory: one
+/// helper call, made where a file system is judged, not on the hot path.
+#[inline(always)]
+fn as_number(address: u64) -> Option<u64> {
+    let mut number = 0u64;
+    // SAFETY: 8 bytes from a local into a local.
+    let failed = unsafe {
+        generated::bpf_probe_read_kernel(
+            &mut number as *mut u64 as *mut c_void,
+            8,
+            &address as *const u64 as *const c_void,
+        )
+    };
+    (failed == 0).then_some(number)
 }
 
 /// Whether one of the mounts of the file system whose super block is at `sb` is at /dev/shm:
-/// of its namespace, or `IN_CHROOT`, of the current task's root directory when that is not
-/// its namespace's. Its mounts are read one by one (`s_mounts`), each judged by
-/// [`mount_at_dev_shm`].
+/// of its namespace, or with `in_chroot` (1), of the current task's root directory when that
+/// is not its namespace's. Its mounts are read one by one (`s_mounts`), each judged by
+/// [`mount_at_dev_shm`]; 1 or 0.
+///
+/// A global BPF function: the verifier checks it once per program, as a function of any
+/// arguments, and each call of it as one instruction that returns any number. Inlined or
+/// static, the walk was checked again at every place a program may judge a file system, along
+/// every path there: `sys_exit_openat` took 52,500 instructions to verify on 6.18, and the
+/// programs a second to load. It is called once for the namespace and once for the chroot,
+/// rather than looking for both at once: keeping the task's root across the walk took its
+/// frame past 96 bytes, and 6.1's verifier, which rounds each frame up to 32 bytes, refused
+/// `sys_exit`, whose frames above it take the rest of 512 (`combined stack size of 3 calls
+/// is 544`).
+#[unsafe(no_mangle)]
 #[inline(never)]
-fn super_mounts_at_dev_shm<const IN_CHROOT: bool>(sb: u64, off: &KernelOffsets) -> bool {
+pub extern "C" fn super_at_dev_shm_of(sb: u64, in_chroot: u64) -> u64 {
+    let off = offsets();
     // Only the root's directory is kept across the walk: its mount too took the frame past
-    // 96 bytes.
-    let root_dir = if IN_CHROOT {
+    // 96 bytes. 0: the namespace's root.
+    let root_dir = if in_chroot != 0 {
         match TaskRoot::current(off) {
             root if root.is_chroot(off) => root.dentry,
-            _ => return false,
+            _ => return 0,
         }
     } else {
         0
@@ -662,13 +689,13 @@ fn super_mounts_at_dev_shm<const IN_CHROOT: bool>(sb: u64, off: &KernelOffsets) 
     let chained = off.mounts_chained != 0;
     let head = sb + off.super_block_mounts as u64;
     let Some(mut at) = read_ptr(head, 0) else {
-        return false;
+        return 0;
     };
     let mut i = 0;
     while i < MOUNTS_CHECKED {
         // A chain ends with NULL, a list where it began.
         if !chained && at == head {
-            return false;
+            return 0;
         }
         // Chained, `at` is the `struct mount`; listed, its `mnt_instance`.
         let mount = if chained {
@@ -676,25 +703,34 @@ fn super_mounts_at_dev_shm<const IN_CHROOT: bool>(sb: u64, off: &KernelOffsets) 
         } else {
             at - off.mount_next as u64
         };
-        if mount_at_dev_shm::<IN_CHROOT>(mount, root_dir, off) {
-            return true;
+        if mount_at_dev_shm(mount, root_dir, off) {
+            return 1;
         }
         let next = if chained { off.mount_next } else { 0 };
         at = match read_ptr(at, next) {
             Some(next) => next,
-            None => return false,
+            None => return 0,
         };
         i += 1;
     }
-    false
+    0
 }
 
 /// Whether the mount a file was reached by (`struct vfsmount *`, as in `file.f_path.mnt`) is
 /// at /dev/shm in its mount namespace. (Not a chroot's: a directory bound at a chroot's
 /// /dev/shm is not told apart from the rest of its file system.)
+#[inline(always)]
+pub fn vfsmount_at_dev_shm(vfsmount: u64) -> bool {
+    vfsmount != 0 && as_number(vfsmount).is_some_and(|mount| mount_of_dev_shm(mount) != 0)
+}
+
+/// [`vfsmount_at_dev_shm`]'s walk, a global BPF function for the reason
+/// [`super_at_dev_shm_of`] is one.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub fn vfsmount_at_dev_shm(vfsmount: u64, off: &KernelOffsets) -> bool {
-    vfsmount != 0 && mount_at_dev_shm::<false>(vfsmount - off.mount_mnt as u64, 0, off)
+pub extern "C" fn mount_of_dev_shm(vfsmount: u64) -> u64 {
+    let off = offsets();
+    mount_at_dev_shm(vfsmount - off.mount_mnt as u64, 0, off) as u64
 }
 
 /// The root directory the current task sees: its chroot's, inside one (a build root, the
@@ -743,19 +779,18 @@ impl TaskRoot {
 }
 
 /// Whether `mount` (a `struct mount`) is mounted at /dev/shm (or /run/shm) of its namespace,
-/// or `IN_CHROOT`, in the task's root directory `root_dir`: its mount point is named `shm`, in
-/// a directory named `dev` (or `run`), in that root directory, crossing mount points on the way
-/// up (the host's /dev is a devtmpfs of its own, a container's a tmpfs). A tmpfs at a chroot's
-/// /dev/shm is judged so by the first program in the chroot to meet it; the verdict is kept
-/// until the next file system is made, so one met first from outside the chroot (through
-/// its path on the host) is no /dev/shm until then.
+/// or, given the task's root directory `root_dir` (not 0), of that directory: its mount point
+/// is named `shm`, in a directory named `dev` (or `run`), in that root directory, crossing
+/// mount points on the way up (the host's /dev is a devtmpfs of its own, a container's a
+/// tmpfs). A tmpfs at a chroot's /dev/shm is judged so by the first program in the chroot to
+/// meet it; the verdict is kept until the next file system is made, so one met first from
+/// outside the chroot (through its path on the host) is no /dev/shm until then.
 ///
-/// Inlined. Out of line, a judgement returns one bit and the verifier checks less (the open
-/// family's exit programs 48,800 instructions instead of 54,700, `sys_exit` 111,100 instead of
-/// 120,500, on 6.18), but its frame (72 bytes) below `sys_exit`'s (376) and the walk's took
-/// that program past 6.1's 512 bytes of combined stack, which 6.18 does not count the same way.
+/// Inlined into the global functions that walk mounts ([`super_at_dev_shm_of`],
+/// [`vfsmount_at_dev_shm`]'s): a frame of its own below theirs took `sys_exit` past 6.1's
+/// 512 bytes of combined stack.
 #[inline(always)]
-fn mount_at_dev_shm<const IN_CHROOT: bool>(mount: u64, root_dir: u64, off: &KernelOffsets) -> bool {
+fn mount_at_dev_shm(mount: u64, root_dir: u64, off: &KernelOffsets) -> bool {
     let Some(parent) = read_ptr(mount, off.mount_parent) else {
         return false;
     };
@@ -799,7 +834,7 @@ fn mount_at_dev_shm<const IN_CHROOT: bool>(mount: u64, root_dir: u64, off: &Kern
         };
         i += 1;
     }
-    if IN_CHROOT {
+    if root_dir != 0 {
         // `dev` was a name in the task's root directory (the mount of the chroot's own /dev,
         // if it has one, was crossed already). By the directory alone, whichever mount it is
         // reached by: the same directory bound elsewhere has the same /dev/shm.

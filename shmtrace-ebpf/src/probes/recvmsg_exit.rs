@@ -5,7 +5,7 @@ use aya_ebpf::helpers::bpf_probe_read_user;
 use shmtrace_common::Loss;
 
 use super::shm_check;
-use crate::{emit, kernel, maps::Pending};
+use crate::{emit, maps::Pending};
 
 /// `MSG_CTRUNC`: control data (here: passed descriptors) did not fit and was dropped.
 const MSG_CTRUNC: u32 = 0x8;
@@ -54,7 +54,8 @@ struct CmsgHeader {
 /// Whether a successful `recvmsg` passed the process a descriptor on a /dev/shm file system:
 /// its control data (`msg_control`, `msg_controllen` as the call left them) is walked for an
 /// `SCM_RIGHTS` message, whose first descriptors are looked up. Where it cannot tell (an
-/// unreadable header, more descriptors or messages than it looks at), it says yes: following
+/// unreadable header, more descriptors or messages than it looks at, a tmpfs not judged yet),
+/// it says yes: following
 /// a process that needs it not costs that process a little, missing one loses its calls.
 #[inline(always)]
 pub fn received_shm_descriptor(pending: &Pending, ret: i64) -> bool {
@@ -67,49 +68,56 @@ pub fn received_shm_descriptor(pending: &Pending, ret: i64) -> bool {
     else {
         return true;
     };
-    let (mut at, end) = (control[0], control[0].wrapping_add(control[1]));
+    let (at, end) = (control[0], control[0].wrapping_add(control[1]));
     if control[1] < CMSG_HEADER {
         return false;
     }
-    let off = kernel::offsets();
-    let task = kernel::Current::get();
+    // The `SCM_RIGHTS` message first, then its descriptors: one check of each descriptor in
+    // the program, not one for each message looked at (the verifier checks every copy).
+    let Some((at, count)) = rights_message(at, end) else {
+        return true;
+    };
+    if count == 0 {
+        return false;
+    }
+    if count > RECEIVED_CHECKED {
+        return true;
+    }
+    // SAFETY: as above; the kernel wrote `count` descriptors after the header.
+    let Ok(fds) = (unsafe { bpf_probe_read_user((at + CMSG_HEADER) as *const [i32; 4]) }) else {
+        return true;
+    };
+    let mut j = 0;
+    while j < RECEIVED_CHECKED as usize {
+        if (j as u64) < count && shm_check::fd_may_be_on_shm(fds[j]) != 0 {
+            return true;
+        }
+        j += 1;
+    }
+    false
+}
+
+/// The `SCM_RIGHTS` message of the control data from `at` to `end`: its address and how many
+/// descriptors it holds; `Some((_, 0))` when there is none; `None` when it cannot tell (an
+/// unreadable header, more messages than are looked at).
+#[inline(always)]
+fn rights_message(mut at: u64, end: u64) -> Option<(u64, u64)> {
     let mut i = 0;
     while i < CMSGS_CHECKED {
         if at.wrapping_add(CMSG_HEADER) > end {
-            return false;
+            return Some((at, 0));
         }
         // SAFETY: as above.
-        let Ok(header) = (unsafe { bpf_probe_read_user(at as *const CmsgHeader) }) else {
-            return true;
-        };
+        let header = unsafe { bpf_probe_read_user(at as *const CmsgHeader) }.ok()?;
         if header.len < CMSG_HEADER {
-            return false;
+            return Some((at, 0));
         }
         if header.level == SOL_SOCKET && header.kind == SCM_RIGHTS {
-            let count = (header.len - CMSG_HEADER) / 4;
-            if count > RECEIVED_CHECKED {
-                return true;
-            }
-            // SAFETY: as above; the kernel wrote `count` descriptors after the header.
-            let Ok(fds) = (unsafe { bpf_probe_read_user((at + CMSG_HEADER) as *const [i32; 4]) })
-            else {
-                return true;
-            };
-            let mut j = 0;
-            while j < RECEIVED_CHECKED as usize {
-                if (j as u64) < count
-                    && kernel::fd_file(task, fds[j], off)
-                        .is_some_and(|file| shm_check::file_on_shm(file, off))
-                {
-                    return true;
-                }
-                j += 1;
-            }
-            return false;
+            return Some((at, (header.len - CMSG_HEADER) / 4));
         }
         // The next message starts at the next 8-byte boundary (`CMSG_ALIGN`).
         at = at.wrapping_add((header.len + 7) & !7);
         i += 1;
     }
-    true
+    None
 }

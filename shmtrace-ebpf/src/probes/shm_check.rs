@@ -32,18 +32,25 @@ const SHM_DIR_LEN: i64 = 9;
 /// (`struct vfsmount *`) a file on it was reached by, which decides for a /dev/shm that is not a
 /// tmpfs.
 #[inline(always)]
-pub fn on_shm(sb: &Super, mount: impl FnOnce() -> Option<u64>, off: &KernelOffsets) -> bool {
+pub fn on_shm(sb: &Super, mount: impl FnOnce() -> Option<u64>) -> bool {
+    on_shm_as::<true>(sb, mount)
+}
+
+/// As [`on_shm`]; unless `JUDGE`, a tmpfs with no verdict yet is taken to be a /dev/shm rather
+/// than judged.
+#[inline(always)]
+fn on_shm_as<const JUDGE: bool>(sb: &Super, mount: impl FnOnce() -> Option<u64>) -> bool {
     if sb.magic == TMPFS_MAGIC {
-        return tmpfs_is_shm(sb);
+        return tmpfs_is_shm::<JUDGE>(sb);
     }
-    elsewhere(sb.dev) && mount().is_some_and(|mount| kernel::vfsmount_at_dev_shm(mount, off))
+    elsewhere(sb.dev) && mount().is_some_and(kernel::vfsmount_at_dev_shm)
 }
 
 /// A tmpfs's verdict, from `SHM_SUPERS`, if it was given since the last file system was made
 /// (a device number is reused only by a file system made after it); otherwise it is judged
-/// now, and kept.
+/// now and kept, or unless `JUDGE`, taken to be a /dev/shm.
 #[inline(always)]
-fn tmpfs_is_shm(sb: &Super) -> bool {
+fn tmpfs_is_shm<const JUDGE: bool>(sb: &Super) -> bool {
     let Some((index, shift)) = supers::bits_of(KernelDev(sb.dev)) else {
         return false;
     };
@@ -62,6 +69,9 @@ fn tmpfs_is_shm(sb: &Super) -> bool {
     if supers::generation_of(seen) == generation && bits & KNOWN != 0 {
         return bits & SHM != 0;
     }
+    if !JUDGE {
+        return true;
+    }
     judge_tmpfs(sb.addr, word, seen, generation, shift)
 }
 
@@ -71,7 +81,7 @@ fn tmpfs_is_shm(sb: &Super) -> bool {
 /// (`combined stack size of 4 calls is 544`); the mount walk it calls stays out of line.
 #[inline(always)]
 fn judge_tmpfs(sb: u64, word: *mut u64, seen: u64, generation: u32, shift: u32) -> bool {
-    let shm = kernel::super_at_dev_shm(sb, kernel::offsets());
+    let shm = kernel::super_at_dev_shm(sb);
     let verdict = if shm { KNOWN | SHM } else { KNOWN };
     let updated = supers::with_verdict(seen, generation, verdict << shift);
     // Other file systems' verdicts in the word change concurrently: if one did, this one is
@@ -110,6 +120,20 @@ fn elsewhere(dev: u32) -> bool {
 /// tmpfs, or any while a /dev/shm is not a tmpfs, has its inode and super block read.
 #[inline(always)]
 pub fn file_on_shm(file: FileAt, off: &KernelOffsets) -> bool {
+    file_on_shm_as::<true>(file, off)
+}
+
+/// Whether `file` may be on a /dev/shm: as [`file_on_shm`], but a tmpfs with no verdict yet is
+/// taken to be one rather than judged. For a check repeated along many paths of one program
+/// (each descriptor a message passed), where a judgement at each would take the verifier too
+/// long, and a wrong yes costs only time.
+#[inline(always)]
+pub fn file_may_be_on_shm(file: FileAt, off: &KernelOffsets) -> bool {
+    file_on_shm_as::<false>(file, off)
+}
+
+#[inline(always)]
+fn file_on_shm_as<const JUDGE: bool>(file: FileAt, off: &KernelOffsets) -> bool {
     let mount = || kernel::file_path(file, off).map(|(mount, _)| mount);
     if file.is_typed() {
         let Some(sb) = kernel::file_super(file, off) else {
@@ -121,7 +145,7 @@ pub fn file_on_shm(file: FileAt, off: &KernelOffsets) -> bool {
         {
             learn_tmpfs_ops(ops, mode);
         }
-        return on_shm(&sb, mount, off);
+        return on_shm_as::<JUDGE>(&sb, mount);
     }
     let Some((ops, inode)) = kernel::raw_file_head(file, off) else {
         return false;
@@ -135,7 +159,7 @@ pub fn file_on_shm(file: FileAt, off: &KernelOffsets) -> bool {
     if sb.magic == TMPFS_MAGIC {
         learn_tmpfs_ops(ops, mode);
     }
-    on_shm(&sb, mount, off)
+    on_shm_as::<JUDGE>(&sb, mount)
 }
 
 /// `S_IFMT`, `S_IFREG`, `S_IFDIR` (UAPI).
@@ -281,22 +305,41 @@ pub fn shm_path(dfd: i32, path: u64) -> PathIs {
     // in /dev/shm itself).
     if dfd == AT_FDCWD {
         let cwd_on_shm =
-            kernel::cwd_super(off).is_some_and(|(sb, mount)| on_shm(&sb, || Some(mount), off));
+            kernel::cwd_super(off).is_some_and(|(sb, mount)| on_shm(&sb, || Some(mount)));
         return if cwd_on_shm {
             PathIs::Shm(flags::RELATIVE_TO_SHM, 0)
         } else {
             PathIs::Elsewhere
         };
     }
-    match kernel::fd_file(Current::get(), dfd, off) {
-        Some(dir) if file_on_shm(dir, off) => {
-            // The directory's inode number names it to userspace, which learned it when the
-            // directory was opened: a descriptor moved since with an untraced call (GNU fts's
-            // `fcntl(F_DUPFD_CLOEXEC)` in `find`, `du`, `rm -r`) still names its directory.
-            let dir_ino = kernel::file_ino(dir, off);
-            let dir_flag = if dir_ino == 0 { 0 } else { flags::DIR_INODE };
-            PathIs::Shm(flags::RELATIVE_TO_SHM | dir_flag, dir_ino)
-        }
-        _ => PathIs::Elsewhere,
+    if fd_on_shm(dfd) == 0 {
+        return PathIs::Elsewhere;
     }
+    // The directory's inode number names it to userspace, which learned it when the directory
+    // was opened: a descriptor moved since with an untraced call (GNU fts's
+    // `fcntl(F_DUPFD_CLOEXEC)` in `find`, `du`, `rm -r`) still names its directory.
+    let dir_ino =
+        kernel::fd_file(Current::get(), dfd, off).map_or(0, |dir| kernel::file_ino(dir, off));
+    let dir_flag = if dir_ino == 0 { 0 } else { flags::DIR_INODE };
+    PathIs::Shm(flags::RELATIVE_TO_SHM | dir_flag, dir_ino)
+}
+
+/// Whether the current task's descriptor `fd` is a file on a /dev/shm: 1 or 0, from a global
+/// BPF function, which the verifier checks once per program (as `kernel`'s mount walks): a
+/// file's judgement, inlined at each of a program's checks of a descriptor, was checked again
+/// at each, along every path there.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn fd_on_shm(fd: i32) -> u64 {
+    let off = kernel::offsets();
+    kernel::fd_file(Current::get(), fd, off).is_some_and(|file| file_on_shm(file, off)) as u64
+}
+
+/// As [`fd_on_shm`], for [`file_may_be_on_shm`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn fd_may_be_on_shm(fd: i32) -> u64 {
+    let off = kernel::offsets();
+    kernel::fd_file(Current::get(), fd, off).is_some_and(|file| file_may_be_on_shm(file, off))
+        as u64
 }

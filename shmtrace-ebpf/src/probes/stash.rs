@@ -99,35 +99,50 @@ fn on_exit(ctx: &TracePointContext) {
     let Some(slot) = INFLIGHT.get_ptr_mut(tid) else {
         return;
     };
-    // SAFETY: a pointer to a live map value, which only this thread's programs use; the bit
-    // says the call in it has not returned before.
-    let mut pending = unsafe { *slot };
     let ret = exit_ret(ctx);
+    // SAFETY: a pointer to a live map value, which only this thread's programs use; the bit
+    // says the call in it has not returned before. Used in place, not copied: a copy on this
+    // frame, under the judgement's, took the stack past 6.1's 512 bytes.
+    let pending = unsafe { &mut *slot };
+    if to_report(pending, ret, tgid) {
+        report_exit(pending, ret, tgid);
+    }
+}
 
-    if pending.flags & flags::PATH_AT_EXIT != 0 && !judge_at_exit(&mut pending) {
-        return;
+/// Whether the call stashed in `pending` is reported now that it returned `ret`, and with
+/// which flags and arguments (set in `pending`). A function of its own, as is the report: the
+/// record the report builds on its frame is not under the judgement's.
+#[inline(never)]
+fn to_report(pending: &mut Pending, ret: i64, tgid: u32) -> bool {
+    if pending.flags & flags::PATH_AT_EXIT != 0 && !judge_at_exit(pending) {
+        return false;
     }
     // "/dev/shm" itself: no object.
     if pending.flags & flags::SHM_DIRECTORY != 0 {
-        return;
+        return false;
     }
     if pending.flags & flags::RECEIVES != 0 {
-        if recvmsg_exit::received_shm_descriptor(&pending, ret) {
+        if recvmsg_exit::received_shm_descriptor(pending, ret) {
             scope::follow(tgid);
         }
-        return;
+        return false;
     }
     if pending.flags & flags::FD_LIMIT_ONLY != 0 {
         if pending.syscall == Syscall::Recvmsg {
-            match recvmsg_exit::dropped_descriptors(&pending, ret) {
+            match recvmsg_exit::dropped_descriptors(pending, ret) {
                 Some(msg_flags) => pending.args[3] = msg_flags as u64,
-                None => return,
+                None => return false,
             }
         } else if ret != -EMFILE && ret != -ENFILE {
-            return;
+            return false;
         }
     }
-    report::report(&pending, ret, tgid, kernel::offsets());
+    true
+}
+
+#[inline(never)]
+fn report_exit(pending: &Pending, ret: i64, tgid: u32) {
+    report::report(pending, ret, tgid, kernel::offsets());
 }
 
 /// Reads the path of a call whose path was unreadable at `sys_enter`, and decides as
