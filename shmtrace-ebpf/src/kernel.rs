@@ -638,7 +638,7 @@ pub fn super_at_dev_shm(sb: u64) -> bool {
     let Some(sb) = as_number(sb) else {
         return false;
     };
-    super_at_dev_shm_of(sb, 0) != 0 || super_at_dev_shm_of(sb, 1) != 0
+    dev_shm_of_its_namespace(sb) != 0 || dev_shm_of_its_chroot(sb) != 0
 }
 
 /// `address` as a number to the verifier, for a global function, which takes only numbers:
@@ -658,30 +658,43 @@ fn as_number(address: u64) -> Option<u64> {
     (failed == 0).then_some(number)
 }
 
-/// Whether one of the mounts of the file system whose super block is at `sb` is at /dev/shm:
-/// of its namespace, or with `in_chroot` (1), of the current task's root directory when that
-/// is not its namespace's. Its mounts are read one by one (`s_mounts`), each judged by
-/// [`mount_at_dev_shm`]; 1 or 0.
+/// [`super_at_dev_shm`] for the mounts of its namespace, in a global BPF function: 1 or 0. The
+/// verifier checks a global function once per program, as a function of any arguments, and
+/// each call of it as one instruction that returns any number. Inlined or static, the walk was
+/// checked again at every place a program may judge a file system, along every path there:
+/// `sys_exit_openat` took 52,500 instructions to verify on 6.18, and the programs a second to
+/// load.
 ///
-/// A global BPF function: the verifier checks it once per program, as a function of any
-/// arguments, and each call of it as one instruction that returns any number. Inlined or
-/// static, the walk was checked again at every place a program may judge a file system, along
-/// every path there: `sys_exit_openat` took 52,500 instructions to verify on 6.18, and the
-/// programs a second to load. It is called once for the namespace and once for the chroot,
-/// rather than looking for both at once: keeping the task's root across the walk took its
-/// frame past 96 bytes, and 6.1's verifier, which rounds each frame up to 32 bytes, refused
-/// `sys_exit`, whose frames above it take the rest of 512 (`combined stack size of 3 calls
-/// is 544`).
+/// One function for the namespace and one for the chroot, the walk inlined into each, not one
+/// function for both: a frame above the walk, or the walk keeping whether it looks in a
+/// chroot, took `sys_exit` or the open family's exits past the 512 bytes of combined stack
+/// that 6.1's verifier counts, rounding each frame up to 32 bytes (`combined stack size of 4
+/// calls is 544`).
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn super_at_dev_shm_of(sb: u64, in_chroot: u64) -> u64 {
-    let off = offsets();
+pub extern "C" fn dev_shm_of_its_namespace(sb: u64) -> u64 {
+    super_mounts_at_dev_shm::<false>(sb, offsets()) as u64
+}
+
+/// As [`dev_shm_of_its_namespace`], for the current task's chroot.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn dev_shm_of_its_chroot(sb: u64) -> u64 {
+    super_mounts_at_dev_shm::<true>(sb, offsets()) as u64
+}
+
+/// Whether one of the mounts of the file system whose super block is at `sb` is at /dev/shm:
+/// of its namespace, or `IN_CHROOT`, of the current task's root directory when that is not
+/// its namespace's. Its mounts are read one by one (`s_mounts`), each judged by
+/// [`mount_at_dev_shm`].
+#[inline(always)]
+fn super_mounts_at_dev_shm<const IN_CHROOT: bool>(sb: u64, off: &KernelOffsets) -> bool {
     // Only the root's directory is kept across the walk: its mount too took the frame past
-    // 96 bytes. 0: the namespace's root.
-    let root_dir = if in_chroot != 0 {
+    // 96 bytes.
+    let root_dir = if IN_CHROOT {
         match TaskRoot::current(off) {
             root if root.is_chroot(off) => root.dentry,
-            _ => return 0,
+            _ => return false,
         }
     } else {
         0
@@ -689,13 +702,13 @@ pub extern "C" fn super_at_dev_shm_of(sb: u64, in_chroot: u64) -> u64 {
     let chained = off.mounts_chained != 0;
     let head = sb + off.super_block_mounts as u64;
     let Some(mut at) = read_ptr(head, 0) else {
-        return 0;
+        return false;
     };
     let mut i = 0;
     while i < MOUNTS_CHECKED {
         // A chain ends with NULL, a list where it began.
         if !chained && at == head {
-            return 0;
+            return false;
         }
         // Chained, `at` is the `struct mount`; listed, its `mnt_instance`.
         let mount = if chained {
@@ -703,17 +716,17 @@ pub extern "C" fn super_at_dev_shm_of(sb: u64, in_chroot: u64) -> u64 {
         } else {
             at - off.mount_next as u64
         };
-        if mount_at_dev_shm(mount, root_dir, off) {
-            return 1;
+        if mount_at_dev_shm::<IN_CHROOT>(mount, root_dir, off) {
+            return true;
         }
         let next = if chained { off.mount_next } else { 0 };
         at = match read_ptr(at, next) {
             Some(next) => next,
-            None => return 0,
+            None => return false,
         };
         i += 1;
     }
-    0
+    false
 }
 
 /// Whether the mount a file was reached by (`struct vfsmount *`, as in `file.f_path.mnt`) is
@@ -725,12 +738,12 @@ pub fn vfsmount_at_dev_shm(vfsmount: u64) -> bool {
 }
 
 /// [`vfsmount_at_dev_shm`]'s walk, a global BPF function for the reason
-/// [`super_at_dev_shm_of`] is one.
+/// [`dev_shm_of_its_namespace`] is one.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn mount_of_dev_shm(vfsmount: u64) -> u64 {
     let off = offsets();
-    mount_at_dev_shm(vfsmount - off.mount_mnt as u64, 0, off) as u64
+    mount_at_dev_shm::<false>(vfsmount - off.mount_mnt as u64, 0, off) as u64
 }
 
 /// The root directory the current task sees: its chroot's, inside one (a build root, the
@@ -779,18 +792,18 @@ impl TaskRoot {
 }
 
 /// Whether `mount` (a `struct mount`) is mounted at /dev/shm (or /run/shm) of its namespace,
-/// or, given the task's root directory `root_dir` (not 0), of that directory: its mount point
+/// or `IN_CHROOT`, of the task's root directory `root_dir`: its mount point
 /// is named `shm`, in a directory named `dev` (or `run`), in that root directory, crossing
 /// mount points on the way up (the host's /dev is a devtmpfs of its own, a container's a
 /// tmpfs). A tmpfs at a chroot's /dev/shm is judged so by the first program in the chroot to
 /// meet it; the verdict is kept until the next file system is made, so one met first from
 /// outside the chroot (through its path on the host) is no /dev/shm until then.
 ///
-/// Inlined into the global functions that walk mounts ([`super_at_dev_shm_of`],
-/// [`vfsmount_at_dev_shm`]'s): a frame of its own below theirs took `sys_exit` past 6.1's
+/// Inlined into the global functions that walk mounts ([`dev_shm_of_its_namespace`] and the
+/// others): a frame of its own below theirs took `sys_exit` past 6.1's
 /// 512 bytes of combined stack.
 #[inline(always)]
-fn mount_at_dev_shm(mount: u64, root_dir: u64, off: &KernelOffsets) -> bool {
+fn mount_at_dev_shm<const IN_CHROOT: bool>(mount: u64, root_dir: u64, off: &KernelOffsets) -> bool {
     let Some(parent) = read_ptr(mount, off.mount_parent) else {
         return false;
     };
@@ -834,7 +847,7 @@ fn mount_at_dev_shm(mount: u64, root_dir: u64, off: &KernelOffsets) -> bool {
         };
         i += 1;
     }
-    if root_dir != 0 {
+    if IN_CHROOT {
         // `dev` was a name in the task's root directory (the mount of the chroot's own /dev,
         // if it has one, was crossed already). By the directory alone, whichever mount it is
         // reached by: the same directory bound elsewhere has the same /dev/shm.
