@@ -67,6 +67,18 @@ impl TryFrom<u16> for EventKind {
     }
 }
 
+/// The open family, as a pattern: `open`, `openat` and `openat2`, whose records all hold
+/// `[dirfd, path, flags, mode, ...]` and which return the new descriptor
+/// ([`Syscall::opens_a_path`]). A pattern rather than a list, so that a `match` naming it stays
+/// exhaustive: a call added to the family is added here, and the compiler then finds every
+/// `match` that has not said what to do with it.
+#[macro_export]
+macro_rules! open_family {
+    () => {
+        $crate::Syscall::Openat | $crate::Syscall::Openat2 | $crate::Syscall::Open
+    };
+}
+
 /// The traced system calls.
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -223,7 +235,7 @@ impl Syscall {
     /// `openat2`'s `struct open_how` is unpacked into 2..=4) and return the new descriptor.
     pub const fn opens_a_path(self) -> bool {
         match self {
-            Syscall::Openat | Syscall::Openat2 | Syscall::Open => true,
+            open_family!() => true,
             Syscall::Ftruncate
             | Syscall::Fallocate
             | Syscall::Write
@@ -248,9 +260,34 @@ impl Syscall {
     /// `memfd_create`'s "path" is the name it gives the file.
     pub const fn path_arg(self) -> Option<usize> {
         match self {
-            Syscall::Openat | Syscall::Openat2 | Syscall::Open | Syscall::Unlinkat => Some(1),
+            open_family!() | Syscall::Unlinkat => Some(1),
             Syscall::Unlink | Syscall::MemfdCreate | Syscall::Statfs => Some(0),
             Syscall::Ftruncate
+            | Syscall::Fallocate
+            | Syscall::Write
+            | Syscall::Mmap
+            | Syscall::Munmap
+            | Syscall::Close
+            | Syscall::Shmget
+            | Syscall::Shmat
+            | Syscall::Shmdt
+            | Syscall::Shmctl
+            | Syscall::Recvmsg
+            | Syscall::Fstatfs => None,
+        }
+    }
+
+    /// Which of the record's arguments is the directory descriptor its path is relative to
+    /// (`AT_FDCWD` for the working directory), for the calls that take one; [`Self::path_arg`]
+    /// follows it. `open`'s record has `AT_FDCWD` there, as the probes and the ptrace source
+    /// put `open(path, ...)` in `openat`'s shape.
+    pub const fn dirfd_arg(self) -> Option<usize> {
+        match self {
+            open_family!() | Syscall::Unlinkat => Some(0),
+            Syscall::Unlink
+            | Syscall::MemfdCreate
+            | Syscall::Statfs
+            | Syscall::Ftruncate
             | Syscall::Fallocate
             | Syscall::Write
             | Syscall::Mmap

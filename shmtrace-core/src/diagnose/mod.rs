@@ -309,14 +309,8 @@ impl Diagnoser {
             // looks before every segment it makes).
             if !call.failed()
                 && call.file.is_some()
-                && matches!(
-                    call.syscall,
-                    Syscall::Openat
-                        | Syscall::Openat2
-                        | Syscall::Open
-                        | Syscall::Ftruncate
-                        | Syscall::Fallocate
-                )
+                && (call.syscall.opens_a_path()
+                    || matches!(call.syscall, Syscall::Ftruncate | Syscall::Fallocate))
                 && note
                     .object_path
                     .as_deref()

@@ -7,6 +7,7 @@ use std::{
 };
 
 use serde::Serialize;
+use shmtrace_common::open_family;
 
 use super::{
     flag_names::{FlagKind, FlagNames},
@@ -365,7 +366,7 @@ fn fill_call<'a>(
     let flag_names: &'a FlagNames = flag_names;
     let name = |kind, value| Some(Cow::Borrowed(flag_names.get(kind, value)));
     match call.syscall {
-        Syscall::Openat | Syscall::Openat2 | Syscall::Open => {
+        open_family!() => {
             out.flags = name(FlagKind::Open, a[2]);
             out.mode = Some(octal_mode(a[3]));
         }

@@ -13,7 +13,7 @@
 //! call whose outcome is certain at its entry is reported there, as succeeding, with the file
 //! as the call leaves it: an `ftruncate` that grows a /dev/shm file (see `certain_growth`),
 //! and a `munmap` of one whole mapping. Every other call's exit is awaited, failures included.
-use shmtrace_common::{FileRef, Syscall, flags, statfs_args};
+use shmtrace_common::{FileRef, Syscall, flags, open_family, statfs_args};
 
 use super::{
     arch, filter,
@@ -335,7 +335,7 @@ impl Tracer {
         let mut arm = None;
         let mut arm_munmap = false;
         match syscall {
-            Syscall::Openat | Syscall::Openat2 | Syscall::Open | Syscall::MemfdCreate if ok => {
+            open_family!() | Syscall::MemfdCreate if ok => {
                 fd = ret as i32;
                 self.saw_fd(tid, fd);
                 file = file_of(tid, fd);

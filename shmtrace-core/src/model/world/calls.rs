@@ -1,4 +1,5 @@
 //! What each /dev/shm system call does to the model: open, size, map, unmap, unlink, close.
+use shmtrace_common::open_family;
 use std::sync::Arc;
 
 use super::{DIRECTORIES, World};
@@ -25,14 +26,12 @@ impl World {
             return;
         };
         match (call.syscall, call.fd, call.failed()) {
-            (Syscall::Openat | Syscall::Openat2 | Syscall::Open, Some(fd), false) => {
-                match path.filter(|p| p.starts_with('/')) {
-                    Some(path) if process.dir_fds.len() < MAX_NAMES => {
-                        process.dir_fds.insert(fd, path);
-                    }
-                    _ => drop(process.dir_fds.remove(&fd)),
+            (open_family!(), Some(fd), false) => match path.filter(|p| p.starts_with('/')) {
+                Some(path) if process.dir_fds.len() < MAX_NAMES => {
+                    process.dir_fds.insert(fd, path);
                 }
-            }
+                _ => drop(process.dir_fds.remove(&fd)),
+            },
             (Syscall::Close, Some(fd), _) => drop(process.dir_fds.remove(&fd)),
             _ => {}
         }
@@ -87,7 +86,7 @@ impl World {
         }
         let ok = !call.failed();
         match call.syscall {
-            Syscall::Openat | Syscall::Openat2 | Syscall::Open => {
+            open_family!() => {
                 let path = call.display_path();
                 let shared: Option<Arc<str>> = path.as_deref().map(Arc::from);
                 note.object_path = shared.clone();
@@ -336,8 +335,5 @@ const UNKNOWN_DIR: &str = "…";
 
 /// Whether the call's first argument is the directory descriptor its path is relative to.
 fn has_dirfd(syscall: Syscall) -> bool {
-    matches!(
-        syscall,
-        Syscall::Openat | Syscall::Openat2 | Syscall::Open | Syscall::Unlinkat
-    )
+    syscall.dirfd_arg() == Some(0)
 }
