@@ -282,23 +282,10 @@ impl Syscall {
     /// follows it. `open`'s record has `AT_FDCWD` there, as the probes and the ptrace source
     /// put `open(path, ...)` in `openat`'s shape.
     pub const fn dirfd_arg(self) -> Option<usize> {
-        match self {
-            open_family!() | Syscall::Unlinkat => Some(0),
-            Syscall::Unlink
-            | Syscall::MemfdCreate
-            | Syscall::Statfs
-            | Syscall::Ftruncate
-            | Syscall::Fallocate
-            | Syscall::Write
-            | Syscall::Mmap
-            | Syscall::Munmap
-            | Syscall::Close
-            | Syscall::Shmget
-            | Syscall::Shmat
-            | Syscall::Shmdt
-            | Syscall::Shmctl
-            | Syscall::Recvmsg
-            | Syscall::Fstatfs => None,
+        // A path in the second argument is relative to the first: `*at` calls' shape.
+        match self.path_arg() {
+            Some(1) => Some(0),
+            _ => None,
         }
     }
 
