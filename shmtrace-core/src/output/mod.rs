@@ -185,10 +185,11 @@ impl Output {
         self.tick(event.ts_ns)?;
         match &mut self.sink {
             Sink::Human(w) => {
-                let Some(line) = human::format(event, note, role, &self.clock) else {
+                let note = self.hush.visible(note);
+                let Some(line) = human::format(event, &note, role, &self.clock) else {
                     return Ok(());
                 };
-                for (line, place) in self.hush.admit(event, note, line, place, world) {
+                for (line, place) in self.hush.admit(event, &note, line, place, world) {
                     w.line(&line, self.show_places.then_some(place.as_str()))?;
                 }
                 Ok(())
