@@ -39,17 +39,19 @@ pub enum Tracer {
 
 impl Tracer {
     pub fn start(beside: Beside, setup: &Setup, exe: &Path) -> Result<Tracer> {
-        let running = |command: &mut Command| -> Result<Tracer> {
-            // A group of its own, stopped as one: the floor's `sleep` goes with it.
-            let running = Running::spawn(command.process_group(0), false)?;
-            variants::wait_attached(running.pid())?;
-            Ok(Tracer::Process(running))
-        };
+        // A group of its own, stopped as one: the floor's `sleep` goes with it.
+        let spawn = |command: &mut Command| Running::spawn(command.process_group(0), false);
         match beside {
             Beside::Nothing => Ok(Tracer::None),
-            Beside::Floor => running(Command::new(exe).args(["floor", "--", "sleep", "3600"])),
+            Beside::Floor => {
+                let floor = spawn(Command::new(exe).args(["floor", "--", "sleep", "3600"]))?;
+                variants::wait_attached(floor.pid())?;
+                Ok(Tracer::Process(floor))
+            }
             Beside::All => {
-                running(Command::new(&setup.shmtrace).args(["--all", "-o", "/dev/null"]))
+                let all = spawn(Command::new(&setup.shmtrace).args(["--all", "-o", "/dev/null"]))?;
+                variants::wait_tracing(&all)?;
+                Ok(Tracer::Process(all))
             }
             Beside::Daemon => Ok(Tracer::Daemon(Daemon::start(
                 &setup.shmtrace,

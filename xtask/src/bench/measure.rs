@@ -2,11 +2,11 @@
 //! own peak memory, and what it printed.
 use std::{
     fs::File,
-    io::{BufRead, BufReader, Read, Write},
+    io::{BufRead, BufReader, Write},
     os::unix::fs::FileExt,
     process::{Child, ChildStdin, Command, Stdio},
     sync::{
-        Arc,
+        Arc, Condvar, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
         mpsc::{self, Receiver},
     },
@@ -28,9 +28,47 @@ pub struct Running {
     /// Lines already taken by `wait_for_line`, kept for `Finished::stdout`.
     taken: Vec<String>,
     stdout: JoinHandle<()>,
-    stderr: JoinHandle<String>,
+    stderr: Arc<Stderr>,
+    stderr_reader: JoinHandle<()>,
     peak_kb: Arc<AtomicU64>,
     poller: JoinHandle<()>,
+}
+
+/// A process's stderr as it arrives, for waiting on a line while it runs.
+#[derive(Default)]
+struct Stderr {
+    state: Mutex<StderrState>,
+    grew: Condvar,
+}
+
+#[derive(Default)]
+struct StderrState {
+    text: String,
+    /// The process closed it: it has ended, or will print nothing more.
+    closed: bool,
+}
+
+impl Stderr {
+    fn read_from(&self, err: impl std::io::Read) {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let mut state = self.lock();
+            state.text.push_str(&line);
+            state.text.push('\n');
+            self.grew.notify_all();
+        }
+        self.lock().closed = true;
+        self.grew.notify_all();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StderrState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn take(&self) -> String {
+        std::mem::take(&mut self.lock().text)
+    }
 }
 
 /// A process that has exited.
@@ -87,7 +125,7 @@ impl Running {
         let pid = child.id();
         let stdin = child.stdin.take();
         let out = child.stdout.take().expect("piped");
-        let mut err = child.stderr.take().expect("piped");
+        let err = child.stderr.take().expect("piped");
         let (send, lines) = mpsc::channel();
         let stdout = thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -96,11 +134,11 @@ impl Running {
                 }
             }
         });
-        let stderr = thread::spawn(move || {
-            let mut text = String::new();
-            let _ = err.read_to_string(&mut text);
-            text
-        });
+        let stderr = Arc::new(Stderr::default());
+        let stderr_reader = {
+            let stderr = stderr.clone();
+            thread::spawn(move || stderr.read_from(err))
+        };
         let peak_kb = Arc::new(AtomicU64::new(0));
         let poller = {
             let peak_kb = peak_kb.clone();
@@ -121,6 +159,7 @@ impl Running {
             taken: Vec::new(),
             stdout,
             stderr,
+            stderr_reader,
             peak_kb,
             poller,
         })
@@ -139,6 +178,35 @@ impl Running {
             }
         }
         None
+    }
+
+    /// Waits until a line of stderr contains `wanted`; fails, with what it printed, when the
+    /// process closes stderr (it has ended) or `timeout` passes first.
+    pub fn wait_for_stderr(&self, wanted: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.stderr.lock();
+        loop {
+            if state.text.lines().any(|line| line.contains(wanted)) {
+                return Ok(());
+            }
+            let pid = self.pid();
+            if state.closed {
+                bail!("pid {pid} ended before printing {wanted:?}: {}", state.text);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!(
+                    "pid {pid} printed no {wanted:?} in {timeout:?}: {}",
+                    state.text
+                );
+            }
+            state = self
+                .stderr
+                .grew
+                .wait_timeout(state, left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
     }
 
     pub fn send_line(&mut self, line: &str) -> Result<()> {
@@ -185,7 +253,8 @@ impl Running {
         let _ = self.stdout.join();
         let mut stdout = std::mem::take(&mut self.taken);
         stdout.extend(self.lines.try_iter());
-        let stderr = self.stderr.join().unwrap_or_default();
+        let _ = self.stderr_reader.join();
+        let stderr = self.stderr.take();
         Ok(Finished {
             exited_at,
             wall_seconds,

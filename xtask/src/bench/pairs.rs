@@ -295,7 +295,7 @@ pub fn measure(
                         .args(["--pid", &a.to_string()]),
                     false,
                 )?;
-                variants::wait_attached(tracer.pid())?;
+                variants::wait_tracing(&tracer)?;
                 Some(tracer)
             }
         };

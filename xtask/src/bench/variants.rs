@@ -332,9 +332,7 @@ impl IdleShmtrace {
                 .arg(idle.sleeper.id().to_string()),
             false,
         )?;
-        let pid = tracer.pid();
-        idle.tracer = Some(tracer);
-        wait_attached(pid)?;
+        wait_tracing(idle.tracer.insert(tracer))?;
         Ok(idle)
     }
 
@@ -449,7 +447,7 @@ pub fn beside_shmtrace_all<T>(
         false,
     )?;
     let pid = tracer.pid();
-    let result = wait_attached(pid).and_then(|()| beside(pid));
+    let result = wait_tracing(&tracer).and_then(|()| beside(pid));
     let signalled = Instant::now();
     // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
@@ -480,8 +478,17 @@ pub fn beside_shmtrace_all<T>(
     ))
 }
 
-/// shmtrace prints nothing when its probes are attached. It is attached once it holds BPF
-/// program descriptors and has gone to sleep in its event loop, with that count steady.
+/// Waits until shmtrace says it is tracing ("…; Ctrl-C to stop"). It says so once its probes
+/// are attached and its signal handlers installed: a SIGINT before then would kill it, not
+/// end its trace (exit 130).
+pub fn wait_tracing(shmtrace: &Running) -> Result<()> {
+    shmtrace
+        .wait_for_stderr("Ctrl-C to stop", Duration::from_secs(60))
+        .context("shmtrace did not start tracing")
+}
+
+/// The floor prints nothing when its program is attached. It is attached once it holds BPF
+/// program descriptors and has gone to sleep, with that count steady.
 pub fn wait_attached(pid: u32) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut steady = 0;
