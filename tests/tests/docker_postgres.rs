@@ -97,7 +97,13 @@ fn a_parallel_query_out_of_shm_is_diagnosed_with_role_title_and_both_pids() {
     // has it; either way its title says which it is.
     let role = d["program_role"].as_str().unwrap_or_default();
     let title = d["title"].as_str().unwrap_or_default();
-    if title.starts_with("postgres: parallel worker for PID ") {
+    if d["title"].is_null() {
+        // A worker lives a few milliseconds: on a loaded machine it may have failed and
+        // exited before shmtrace read /proc at its first call (CI rehearsal, stop 42). Its
+        // role is then unknown, and none is made up; its container pid was read while it was
+        // young.
+        assert_eq!(d["program_role"], Value::Null, "{d}");
+    } else if title.starts_with("postgres: parallel worker for PID ") {
         assert_eq!(role, &title["postgres: ".len()..], "{d}");
     } else {
         // `SELECT` while it runs the query, `idle` once it has reported the error: /proc is
@@ -124,7 +130,7 @@ fn a_parallel_query_out_of_shm_is_diagnosed_with_role_title_and_both_pids() {
     );
     let text = d["text"].to_string();
     assert!(
-        text.contains(&format!("in its container), PostgreSQL {role}")),
+        role.is_empty() || text.contains(&format!("in its container), PostgreSQL {role}")),
         "{text}"
     );
     let alternatives = d["program_alternatives"].to_string();
