@@ -847,18 +847,7 @@ impl Run {
     }
 
     fn unlink(&mut self, pid: u32, comm: &str, path: &str) {
-        let call = Call {
-            syscall: Syscall::Unlink,
-            fd: None,
-            ret: 0,
-            args: [0; 6],
-            file: None,
-            path: Some(path.to_owned()),
-            path_truncated: false,
-            relative_to_shm: false,
-            dir_ino: None,
-        };
-        self.event(pid, comm, Body::Call(call));
+        self.event(pid, comm, Body::Call(Call::unlink(path)));
     }
 
     /// `kill(target, signo)` from `sender`.

@@ -102,6 +102,22 @@ pub struct Call {
 }
 
 impl Call {
+    /// A successful `unlink(path)`, for the tests that build event streams.
+    #[cfg(test)]
+    pub(crate) fn unlink(path: &str) -> Call {
+        Call {
+            syscall: Syscall::Unlink,
+            fd: None,
+            ret: 0,
+            args: [0; 6],
+            file: None,
+            path: Some(path.to_owned()),
+            path_truncated: false,
+            relative_to_shm: false,
+            dir_ino: None,
+        }
+    }
+
     /// The errno, when the call failed.
     pub fn errno(&self) -> Option<i32> {
         (self.ret < 0 && self.ret >= -4095).then(|| (-self.ret) as i32)

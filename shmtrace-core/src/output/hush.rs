@@ -254,17 +254,7 @@ mod tests {
     }
 
     fn unlink(path: &str) -> Body {
-        Body::Call(Call {
-            syscall: Syscall::Unlink,
-            fd: None,
-            ret: 0,
-            args: [0; 6],
-            file: None,
-            path: Some(path.to_owned()),
-            path_truncated: false,
-            relative_to_shm: false,
-            dir_ino: None,
-        })
+        Body::Call(Call::unlink(path))
     }
 
     fn exec(path: &str) -> Body {
