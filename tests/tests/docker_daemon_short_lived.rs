@@ -2,8 +2,9 @@
 //! runtimes: what they leave in their own /dev/shm is forgotten with them (the analysis' object
 //! count comes back to where it was), and a failure in a container's first moments is named
 //! by its container in the JSON lines, as the metrics name it, as is one in a container that
-//! `docker run --rm` removes as soon as it fails. Needs root and Docker; fails loudly without
-//! them.
+//! `docker run --rm` removes as soon as it fails; and a container whose death the daemon hears
+//! of before it reads its last calls still has them named by their file. Needs root and
+//! Docker; fails loudly without them.
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -12,7 +13,7 @@ use std::{
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 use shmtrace_tests::{
-    daemon::{Daemon, sample},
+    daemon::{Daemon, sample, total},
     docker::{self, Container},
     require_root, serial,
 };
@@ -305,5 +306,63 @@ fn a_failure_at_a_containers_end_is_its_own_when_the_next_takes_its_namespace_at
         if line["event"] == "diagnosis" {
             assert_eq!(line["place"], first.as_str(), "{line}");
         }
+    }
+}
+
+/// The runtime's word that a container died comes by another road than its records: a daemon
+/// behind the ring buffer (here stopped, then flooded) hears of the death before it reads the
+/// container's last calls. Those calls still name the file they were on, which the daemon
+/// learned long before, when the container opened it: its end waits for its records.
+#[test]
+fn a_containers_last_calls_read_after_its_death_was_heard_of_still_name_its_file() {
+    require_root();
+    docker::require_docker();
+    let _serial = serial();
+    let daemon = Daemon::start(&["--interval", "1s", "--buffer-size", "64M"]);
+    // The opened file, then (told) records enough to take the daemon several reads, and the
+    // write that fills /dev/shm behind them.
+    let container = Container::run(
+        "daemon-heard-dead",
+        &["--shm-size", "1m"],
+        "exec 3>/dev/shm/heard-dead; touch /work/opened; \
+         while [ ! -e /work/go ]; do sleep 0.05; done; \
+         /x/shm-exerciser burst 20000; \
+         dd if=/dev/zero bs=64k count=32 >&3; exit 1",
+    );
+    docker::wait_for(&container.work.join("opened"));
+    // The open read, and the container listed by a survey.
+    std::thread::sleep(Duration::from_secs(2));
+    signal(&daemon, Signal::SIGSTOP);
+    container.signal("go");
+    let code = container.wait();
+    signal(&daemon, Signal::SIGCONT);
+    assert_eq!(code, 1, "the container did not fail as planned");
+    daemon.wait_for_metric(Duration::from_secs(60), |l| {
+        l.starts_with("shmtrace_shm_failures_total")
+            && l.contains(&format!("container=\"{}\"", container.name))
+            && l.contains("errno=\"ENOSPC\"")
+    });
+    let text = daemon.metrics();
+    let (_, lines, stderr) = daemon.stop();
+    assert_eq!(
+        total(&text, "shmtrace_events_lost_total", &[]),
+        0.0,
+        "records were lost with a 64 MiB ring buffer, so the test proves nothing\n{text}"
+    );
+    let failed: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["comm"] == "dd" && l["errno"] == "ENOSPC")
+        .filter(|l| l["container"]["name"] == container.name.as_str())
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "no line of dd's ENOSPC in {}: {lines:#?}\nstderr: {stderr}",
+        container.name
+    );
+    for line in failed {
+        assert_eq!(
+            line["path"], "/dev/shm/heard-dead",
+            "{line}\nstderr: {stderr}"
+        );
     }
 }

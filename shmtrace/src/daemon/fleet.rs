@@ -109,9 +109,6 @@ pub struct Ended {
     pub mntns: u32,
     /// The container that had it, when one is known.
     pub container: Option<ContainerRef>,
-    /// When the next container took the number, if one did: what was there before was the
-    /// gone one's. `Some(0)` when that one's start is not known (nothing can be told apart).
-    pub taken_at_ns: Option<u64>,
 }
 
 pub struct Fleet {
@@ -476,18 +473,19 @@ impl Fleet {
 
     fn namespace_ended(&mut self, mntns: u32, container: Option<ContainerRef>) {
         self.whose.namespace_ended(mntns);
-        let taken_at_ns = match (&container, self.whose.last_tenant(mntns)) {
+        self.ended.push(Ended { mntns, container });
+    }
+
+    /// When the next container took the number of `ended`, if one did as far as the records
+    /// read so far tell: what was there before was the gone one's. `Some(0)` when that one's
+    /// start is not known (nothing can be told apart).
+    pub fn taken_at(&self, ended: &Ended) -> Option<u64> {
+        match (&ended.container, self.whose.last_tenant(ended.mntns)) {
             (Some(gone), Some(last)) if last != gone => {
-                // The number's next tenant, and when it came (0 when not known).
-                self.whose.tenant_since(mntns, last).or(Some(0))
+                self.whose.tenant_since(ended.mntns, last).or(Some(0))
             }
             _ => None,
-        };
-        self.ended.push(Ended {
-            mntns,
-            container,
-            taken_at_ns,
-        });
+        }
     }
 
     /// A container's runtime event.

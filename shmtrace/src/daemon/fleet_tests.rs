@@ -660,7 +660,7 @@ fn a_sandbox_ends_once_nobody_is_in_it() {
     let ended: Vec<_> = fleet
         .take_ended()
         .into_iter()
-        .map(|e| (e.mntns, e.container, e.taken_at_ns))
+        .map(|e| (e.mntns, e.container.clone(), fleet.taken_at(&e)))
         .collect();
     assert_eq!(ended, vec![(NS, None, None)]);
     fleet.check_sandboxes(true);

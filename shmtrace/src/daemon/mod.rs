@@ -8,9 +8,11 @@
 //! recordings and the JSON lines name the container the record came from, even when another
 //! container has its mount namespace number by then. `runtimes` brings the runtimes' events
 //! and descriptions between the surveys; `observer` turns what the pipeline learns into counts;
-//! `accounting` adds what the kernel counted whose records were lost (`unseen`).
+//! `accounting` adds what the kernel counted whose records were lost (`unseen`); `endings`
+//! holds a gone container's end until its last records are read.
 mod accounting;
 mod connections;
+mod endings;
 mod fleet;
 #[cfg(test)]
 mod fleet_tests;
@@ -49,6 +51,7 @@ use zerocopy::FromBytes;
 use self::{
     accounting::{Accounting, ProbeError},
     connections::Connections,
+    endings::Endings,
     fleet::{Fleet, WaitKey},
     http_endpoint::Heartbeat,
     incidents::{Incidents, Log},
@@ -188,6 +191,8 @@ struct Agent {
     log: Log,
     /// The pipeline's JSON lines, named, some held while their container is not.
     json_lines: JsonLines,
+    /// Namespaces whose container ended, until their last records are read.
+    endings: Endings,
     interval: Duration,
     accounting: Accounting,
     /// Runtime problems already logged, so that a runtime that stays down is said once.
@@ -288,6 +293,7 @@ impl Agent {
             runtimes: None,
             log,
             json_lines,
+            endings: Endings::default(),
             interval: args.interval,
             problems_logged: Vec::new(),
             started: Instant::now(),
@@ -340,10 +346,13 @@ impl Agent {
                     heartbeat.beat();
                     self.take_news(&mut news)?;
                     // What is left waits for the next read or tick.
+                    let began_ns = boot_ns()?;
                     let more = reader.drain(&mut batch);
                     self.handle(&mut batch)?;
                     if !more {
                         self.accounting.caught_up();
+                        self.endings.caught_up(began_ns);
+                        self.after_fleet_changed()?;
                     }
                     self.pipeline.tick(boot_ns()?)?;
                     self.fleet.borrow_mut().tick();
@@ -383,6 +392,8 @@ impl Agent {
         self.account()?;
         self.read_all(&mut reader, &mut batch)?;
         self.account()?;
+        let rest = self.endings.all();
+        self.retire(rest, boot_ns()?)?;
         self.pipeline
             .finish(self.started.elapsed().as_secs_f64(), boot_ns()?)?;
         self.write_log()?;
@@ -393,12 +404,14 @@ impl Agent {
 
     /// Reads and handles everything the ring buffer holds now.
     fn read_all(&mut self, reader: &mut EventReader, batch: &mut Vec<Bytes>) -> Result<()> {
+        let began_ns = boot_ns()?;
         while reader.drain(batch) {
             self.handle(batch)?;
         }
         self.handle(batch)?;
         self.accounting.caught_up();
-        Ok(())
+        self.endings.caught_up(began_ns);
+        self.after_fleet_changed()
     }
 
     /// The runtimes' news that came meanwhile (before the records that follow: a container's
@@ -454,6 +467,7 @@ impl Agent {
             }
             if let Some((_, _, ts_ns)) = &placed {
                 self.accounting.handled(*ts_ns);
+                self.endings.read_record(*ts_ns);
             }
             self.pipeline.output().flush().context("writing output")?;
             self.json_lines.pass(
@@ -513,18 +527,35 @@ impl Agent {
     }
 
     /// What follows a change of the fleet: namespaces whose container ended are forgotten by
-    /// the pipeline and the tallies; lines that waited go out; names asked for are asked.
+    /// the pipeline and the tallies, once their last records are read; lines that waited go
+    /// out; names asked for are asked.
     fn after_fleet_changed(&mut self) -> Result<()> {
-        let (ended, settled, to_describe) = {
+        let now_ns = boot_ns()?;
+        let (settled, to_describe) = {
             let mut fleet = self.fleet.borrow_mut();
             fleet.check_sandboxes(false);
-            (
-                fleet.take_ended(),
-                fleet.take_settled(),
-                fleet.take_to_describe(),
-            )
+            self.endings.learned(fleet.take_ended(), now_ns);
+            (fleet.take_settled(), fleet.take_to_describe())
         };
-        let now_ns = boot_ns()?;
+        let due = self.endings.due();
+        self.retire(due, now_ns)?;
+        if !settled.is_empty() {
+            let mut stdout = std::io::stdout().lock();
+            self.json_lines
+                .settled(&mut self.fleet.borrow_mut(), settled, &mut stdout)?;
+        }
+        if let Some(runtimes) = &self.runtimes {
+            for container in to_describe {
+                runtimes.describe(container);
+            }
+        }
+        Ok(())
+    }
+
+    /// Namespaces whose container ended, and whose records are all read: the pipeline
+    /// forgets the container (unless another has the number by now) and the objects of its
+    /// own /dev/shm, the tallies theirs.
+    fn retire(&mut self, ended: Vec<fleet::Ended>, now_ns: u64) -> Result<()> {
         for ended in ended {
             let named_now = self.in_pipeline.get(&ended.mntns).map(|n| n.id.as_str());
             let theirs =
@@ -535,18 +566,9 @@ impl Agent {
                 self.in_pipeline.remove(&ended.mntns);
             }
             self.accounting.namespace_ended(ended.mntns);
+            let taken_at_ns = self.fleet.borrow().taken_at(&ended);
             self.pipeline
-                .retire_namespace(ended.mntns, self.host_shm_dev, ended.taken_at_ns);
-        }
-        if !settled.is_empty() {
-            let mut stdout = std::io::stdout().lock();
-            self.json_lines
-                .settled(&mut self.fleet.borrow_mut(), settled, &mut stdout)?;
-        }
-        if let Some(runtimes) = &self.runtimes {
-            for container in to_describe {
-                runtimes.describe(container);
-            }
+                .retire_namespace(ended.mntns, self.host_shm_dev, taken_at_ns);
         }
         Ok(())
     }
