@@ -162,10 +162,23 @@ fn short_lived_containers_with_reused_names_are_each_named_in_every_line_diagnos
         assert_eq!(line["container"]["name"], run.name.as_str(), "{line}");
         pid_run.insert(line["pid"].as_u64().unwrap(), run);
     }
-    assert_eq!(
-        seen.len(),
-        runs.len(),
-        "not every run's failure has its JSON line: {seen:?}\n{context}"
+    // A run missing here: the lines that name its container or its file, to tell a line lost
+    // from one that no longer knew its file (`<inode 2 on 0:52>`) or its container.
+    let missing: Vec<String> = runs
+        .iter()
+        .filter(|r| !seen.contains_key(r.file.as_str()))
+        .map(|r| {
+            let of_it: Vec<String> = lines
+                .iter()
+                .map(Value::to_string)
+                .filter(|l| l.contains(&r.id) || l.contains(&r.file))
+                .collect();
+            format!("{} ({}): {of_it:#?}", r.file, r.id)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not every run's failure has its JSON line: {missing:#?}\n{context}"
     );
     let mut diagnosed = 0;
     for line in &lines {
