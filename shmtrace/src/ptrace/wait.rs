@@ -1,6 +1,9 @@
 //! Waiting for traced threads and resuming them: what a wait status says (the kinds of
 //! ptrace stop), in one place.
-use std::io;
+use std::{
+    io,
+    time::{Duration, Instant},
+};
 
 /// What a thread reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +43,49 @@ pub fn classify(status: i32) -> Stop {
     }
 }
 
+/// How long [`wait_any`] asks for a report without sleeping before it sleeps for one.
+///
+/// A program that stops at its calls often stops again within microseconds of being let go.
+/// A tracer that slept meanwhile must be woken, and its CPU with it: on a virtual machine
+/// whose idle CPUs halt (this project's, where the guest does not poll before halting), that
+/// wake was most of what a stop cost, about 70 µs against 6 µs with the program and shmtrace
+/// on one CPU (docs/unprivileged.md, "What a stop costs"). Asking again for this long first,
+/// yielding the CPU to anything else that would run on it between asks, catches the next
+/// stop awake; a program that computes for longer costs this much CPU once per stop.
+const ASK_BEFORE_SLEEPING: Duration = Duration::from_micros(200);
+
 /// The next report of any traced thread (or child): its id and raw status.
 pub fn wait_any() -> io::Result<(i32, i32)> {
-    wait_pid(-1)
+    let asking_since = Instant::now();
+    loop {
+        if let Some(report) = wait_pid_now(-1)? {
+            return Ok(report);
+        }
+        if asking_since.elapsed() >= ASK_BEFORE_SLEEPING {
+            return wait_pid(-1);
+        }
+        // SAFETY: no preconditions; it cannot fail on Linux.
+        unsafe { libc::sched_yield() };
+    }
+}
+
+/// A report already waiting, if any: `waitpid` with `WNOHANG`.
+fn wait_pid_now(pid: i32) -> io::Result<Option<(i32, i32)>> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid writes the status into a local.
+        let tid = unsafe { libc::waitpid(pid, &mut status, libc::__WALL | libc::WNOHANG) };
+        match tid {
+            0 => return Ok(None),
+            tid if tid > 0 => return Ok(Some((tid, status))),
+            _ => {
+                let error = io::Error::last_os_error();
+                if error.raw_os_error() != Some(libc::EINTR) {
+                    return Err(error);
+                }
+            }
+        }
+    }
 }
 
 /// The next report of thread `tid`.
