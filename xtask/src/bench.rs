@@ -16,7 +16,8 @@
 //!   memory), `daemon` (`shmtrace daemon` on a free port, its metrics read over HTTP);
 //! - the floors: `floor` (empty programs on shmtrace's hooks, or one record per call),
 //!   `floor_ring` (the record floor's drained ring), `bpf_syscall` (the raw `bpf(2)` call they
-//!   make, sharing no code with shmtrace);
+//!   make, sharing no code with shmtrace), `ptrace_floor` (the ptrace source's stops, with
+//!   nothing done at them);
 //! - the measurements beyond the timed rounds: `pairs` (two workers taking turns, one traced,
 //!   that machine noise cannot swamp), `probes` (BPF run-time statistics per program),
 //!   `bystanders` (what host-wide tracing costs calls that do not concern /dev/shm),
@@ -50,6 +51,7 @@ mod measure;
 mod neighbours;
 mod pairs;
 mod probes;
+mod ptrace_floor;
 mod replay;
 mod reported;
 mod server;
@@ -104,8 +106,9 @@ pub struct BenchArgs {
     rounds: Option<u32>,
     /// Variants to run, by name [default: all; with --quick: untraced, floor, floor-records,
     /// shmtrace-null, shmtrace-idle, shmtrace-all]: untraced, floor, floor-records, shmtrace,
-    /// shmtrace-json, shmtrace-null, shmtrace-failed, shmtrace-ptrace, shmtrace-idle,
-    /// shmtrace-all, strace, strace-seccomp, perf-trace.
+    /// shmtrace-json, shmtrace-null, shmtrace-failed, shmtrace-ptrace, shmtrace-ptrace-one-cpu,
+    /// ptrace-floor, ptrace-floor-one-cpu, shmtrace-idle, shmtrace-all, strace, strace-seccomp,
+    /// perf-trace.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Also write(2) a header into each object (exercises the write probe).
@@ -162,8 +165,10 @@ pub struct BenchArgs {
     #[arg(long)]
     only_startup: bool,
     /// Only the ptrace source's figures: the churn (256 KiB objects unless --sizes) untraced,
-    /// with `--backend ptrace` and under `strace -f`; a Python start-up importing torch the
-    /// same three ways; and the start-up to the command's first instruction.
+    /// with `--backend ptrace` (alone, and on one CPU), under the ptrace floor (alone, and on
+    /// one CPU) and under `strace -f`; a Python start-up importing torch untraced, with
+    /// `--backend ptrace` and under `strace -f`; and the start-up to the command's first
+    /// instruction.
     #[arg(long)]
     only_ptrace: bool,
     /// Also write every measurement to FILE as JSON.
@@ -248,6 +253,10 @@ pub fn bystander(args: &BystanderArgs) -> Result<()> {
 
 pub fn floor(command: &[String], records: bool) -> Result<()> {
     floor::run(command, records)
+}
+
+pub fn ptrace_floor(command: &[String]) -> Result<()> {
+    ptrace_floor::run(command)
 }
 
 pub fn storm(processes: u64, tag: &str) -> Result<()> {
@@ -570,7 +579,15 @@ fn ptrace_only(args: &BenchArgs, setup: &Setup, exe: &Path, tag: &str) -> Result
     println!("# shmtrace benchmark: the ptrace source\n");
     println!("{}\n", machine_description(setup));
     let selected = select_variants(
-        &["untraced", "shmtrace-ptrace", "strace"].map(String::from),
+        &[
+            "untraced",
+            "shmtrace-ptrace",
+            "shmtrace-ptrace-one-cpu",
+            "ptrace-floor",
+            "ptrace-floor-one-cpu",
+            "strace",
+        ]
+        .map(String::from),
         false,
     )?;
     let unavailable: Vec<Option<String>> = selected

@@ -7,6 +7,8 @@
 //! - `test`: build everything and run every test, the suites that need root included (a plain
 //!   `cargo test` leaves those out); with `--ci`, all but the long suites.
 //! - `bench`: overhead of tracing a PyTorch-like /dev/shm churn, against strace and perf trace.
+//! - `ptrace-floor`: run a command stopped where the ptrace source stops the churn, doing
+//!   nothing at the stops (the bench's ptrace floor).
 //! - `floor`: run a command with empty BPF programs on shmtrace's hooks (the bench's floor), or
 //!   with `--records`, one record per call (the bench's record floor).
 //! - `gen-cri`: regenerate the committed CRI gRPC client from its vendored proto.
@@ -88,6 +90,13 @@ enum Task {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Run a command stopped by ptrace where shmtrace's ptrace source stops the churn, doing
+    /// nothing at the stops: the floor of that source's cost.
+    #[command(hide = true)]
+    PtraceFloor {
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// The bench's fork storm: PROCESSES children, each creating and unlinking one object.
     #[command(hide = true)]
     Storm {
@@ -112,6 +121,7 @@ fn main() -> Result<()> {
         Task::Churn(args) => bench::churn(&args),
         Task::Bystander(args) => bench::bystander(&args),
         Task::Floor { records, command } => bench::floor(&command, records),
+        Task::PtraceFloor { command } => bench::ptrace_floor(&command),
         Task::Storm { processes, tag } => bench::storm(processes, &tag),
         Task::Stamp => {
             bench::stamp();

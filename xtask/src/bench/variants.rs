@@ -30,6 +30,9 @@ enum Kind {
     Shmtrace {
         flags: &'static [&'static str],
         sink: Sink,
+        /// Run with `taskset -c 0`: the workload and shmtrace on one CPU, so that no stop
+        /// wakes another CPU.
+        on_one_cpu: bool,
     },
     /// shmtrace attached and tracing another process; the workload runs untraced beside it.
     /// What every other process on the host pays while shmtrace runs.
@@ -41,6 +44,11 @@ enum Kind {
     /// reports every call can cost.
     Floor {
         records: bool,
+    },
+    /// `cargo xtask ptrace-floor`: the ptrace source's stops in the churn, with nothing done at
+    /// them.
+    PtraceFloor {
+        on_one_cpu: bool,
     },
     Strace {
         seccomp: bool,
@@ -54,7 +62,7 @@ enum Sink {
     DevNull,
 }
 
-pub const ALL: [Variant; 13] = [
+pub const ALL: [Variant; 16] = [
     Variant {
         name: "untraced",
         label: "untraced",
@@ -76,6 +84,7 @@ pub const ALL: [Variant; 13] = [
         kind: Kind::Shmtrace {
             flags: &[],
             sink: Sink::File,
+            on_one_cpu: false,
         },
     },
     Variant {
@@ -84,6 +93,7 @@ pub const ALL: [Variant; 13] = [
         kind: Kind::Shmtrace {
             flags: &["--json"],
             sink: Sink::File,
+            on_one_cpu: false,
         },
     },
     Variant {
@@ -92,6 +102,7 @@ pub const ALL: [Variant; 13] = [
         kind: Kind::Shmtrace {
             flags: &[],
             sink: Sink::DevNull,
+            on_one_cpu: false,
         },
     },
     Variant {
@@ -100,6 +111,7 @@ pub const ALL: [Variant; 13] = [
         kind: Kind::Shmtrace {
             flags: &["--failed"],
             sink: Sink::File,
+            on_one_cpu: false,
         },
     },
     Variant {
@@ -108,7 +120,27 @@ pub const ALL: [Variant; 13] = [
         kind: Kind::Shmtrace {
             flags: &["--backend", "ptrace"],
             sink: Sink::File,
+            on_one_cpu: false,
         },
+    },
+    Variant {
+        name: "shmtrace-ptrace-one-cpu",
+        label: "taskset -c 0 shmtrace --backend ptrace",
+        kind: Kind::Shmtrace {
+            flags: &["--backend", "ptrace"],
+            sink: Sink::File,
+            on_one_cpu: true,
+        },
+    },
+    Variant {
+        name: "ptrace-floor",
+        label: "ptrace stops alone (ptrace floor)",
+        kind: Kind::PtraceFloor { on_one_cpu: false },
+    },
+    Variant {
+        name: "ptrace-floor-one-cpu",
+        label: "taskset -c 0 ptrace floor",
+        kind: Kind::PtraceFloor { on_one_cpu: true },
     },
     Variant {
         name: "shmtrace-idle",
@@ -205,7 +237,7 @@ impl Variant {
             Ok(())
         };
         match self.kind {
-            Kind::Untraced => Ok(()),
+            Kind::Untraced | Kind::PtraceFloor { .. } => Ok(()),
             Kind::Floor { records } => super::floor::attach_all(records).map(drop),
             Kind::Shmtrace { .. } | Kind::ShmtraceIdle | Kind::ShmtraceAll => {
                 probe(&setup.shmtrace, &["--version"])
@@ -236,14 +268,23 @@ impl Variant {
         let mut command = match self.kind {
             Kind::Untraced => direct(workload),
             Kind::Floor { records } => floor_command(workload, records),
-            Kind::Shmtrace { flags, sink } => {
-                let mut c = Command::new(&setup.shmtrace);
+            Kind::Shmtrace {
+                flags,
+                sink,
+                on_one_cpu,
+            } => {
+                let mut c = on_cpus(&setup.shmtrace, on_one_cpu);
                 c.args(flags).arg("-o");
                 match sink {
                     Sink::File => c.arg(output),
                     Sink::DevNull => c.arg("/dev/null"),
                 };
                 c.arg("--").args(workload);
+                c
+            }
+            Kind::PtraceFloor { on_one_cpu } => {
+                let mut c = on_cpus(&workload[0], on_one_cpu);
+                c.arg("ptrace-floor").arg("--").args(workload);
                 c
             }
             Kind::Strace { seccomp } => {
@@ -285,7 +326,7 @@ impl Variant {
             stop_seconds: None,
         });
         let reported = match self.kind {
-            Kind::Shmtrace { flags, sink } => {
+            Kind::Shmtrace { flags, sink, .. } => {
                 let failed = flags.contains(&"--failed");
                 let json = flags.contains(&"--json");
                 read_shmtrace(sink, output, &top.stderr, json, failed)?
@@ -300,6 +341,16 @@ impl Variant {
             reported,
         })
     }
+}
+
+/// A command for `program`, on CPU 0 alone (`taskset -c 0`) if `on_one_cpu`.
+fn on_cpus(program: impl AsRef<std::ffi::OsStr>, on_one_cpu: bool) -> Command {
+    if !on_one_cpu {
+        return Command::new(program);
+    }
+    let mut c = Command::new("taskset");
+    c.args(["-c", "0"]).arg(program);
+    c
 }
 
 pub fn direct(workload: &[OsString]) -> Command {

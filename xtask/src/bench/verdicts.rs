@@ -370,6 +370,27 @@ pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
         );
         rows.push(PTRACE_AGAINST_STRACE.judge(case, t / s, measured));
     }
+    // What a stop costs when it wakes no other CPU: the same run with the command and
+    // shmtrace on one CPU.
+    // And the floor: the same stops with nothing done at them, across CPUs and on one.
+    for (name, what) in [
+        (
+            "shmtrace-ptrace-one-cpu",
+            "ptrace source with the command and shmtrace on one CPU",
+        ),
+        (
+            "ptrace-floor",
+            "ptrace floor (the same stops, nothing done at them)",
+        ),
+        ("ptrace-floor-one-cpu", "ptrace floor on one CPU"),
+    ] {
+        if let Some(spread) = find(results, name).and_then(|r| ratios(r, base)) {
+            rows.push(Row::context(
+                &format!("{case}: {what}, × untraced"),
+                describe(&spread),
+            ));
+        }
+    }
     // Wall time on a loaded machine favours the traced runs (a program that stops often is
     // let run first when it wakes); the CPU the work took, the tracer's included, does not.
     let cpu: Vec<String> = ["shmtrace-ptrace", "strace"]
