@@ -89,6 +89,16 @@ fn state(text: &str) -> BTreeMap<&'static str, u64> {
         .collect()
 }
 
+/// Container ends the daemon heard of and still holds (`kind="container_ending"`).
+fn endings_held(text: &str) -> f64 {
+    sample(
+        text,
+        "shmtrace_state_entries",
+        &[("kind", "container_ending")],
+    )
+    .unwrap_or_else(|| panic!("no shmtrace_state_entries{{kind=\"container_ending\"}}:\n{text}"))
+}
+
 /// Runs `docker ARGS` for every item at once, and waits for them all; returns what each
 /// printed, stdout (`docker run -d` prints the container's id) then stderr.
 fn docker_all(items: &[String], args: impl Fn(&str) -> Vec<String>) -> Vec<String> {
@@ -310,8 +320,9 @@ fn docker_churn_keeps_memory_flat_and_retires_series() {
         let text = daemon.metrics();
         let now = state(&text);
         trajectory.push(now["process"]);
-        if STATE.iter().all(|kind| now[kind] <= bound(kind)) || std::time::Instant::now() > deadline
-        {
+        let settled =
+            STATE.iter().all(|kind| now[kind] <= bound(kind)) && endings_held(&text) == 0.0;
+        if settled || std::time::Instant::now() > deadline {
             break (text, now);
         }
         std::thread::sleep(Duration::from_secs(1));
@@ -328,6 +339,13 @@ fn docker_churn_keeps_memory_flat_and_retires_series() {
             state_warm[kind]
         );
     }
+    // Every end heard of was applied once the records before it were read: none is held
+    // for good (the daemon reads an empty ring buffer every 100 ms when idle).
+    assert_eq!(
+        endings_held(&text),
+        0.0,
+        "container ends still held after the churn:\n{text}"
+    );
     for kind in ["process", "object", "summary_diagnosis", "table_row"] {
         assert_eq!(
             sample(&text, "shmtrace_state_evictions_total", &[("kind", kind)]),

@@ -45,6 +45,11 @@ impl Endings {
         due.into_iter().map(|(ended, _)| ended).collect()
     }
 
+    /// How many endings are held.
+    pub fn held(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Every ending, due or not (the daemon is stopping, everything read).
     pub fn all(&mut self) -> Vec<Ended> {
         std::mem::take(&mut self.pending)
@@ -87,9 +92,12 @@ mod tests {
         endings.learned(vec![ended(2)], 7 * STRAGGLERS_NS);
         endings.read_record(5 * STRAGGLERS_NS);
         assert!(endings.due().is_empty(), "a straggler may still come");
+        assert_eq!(endings.held(), 2);
         endings.read_record(6 * STRAGGLERS_NS);
         assert_eq!(endings.due(), vec![ended(1)]);
+        assert_eq!(endings.held(), 1);
         assert_eq!(endings.all(), vec![ended(2)]);
+        assert_eq!(endings.held(), 0);
         assert!(endings.all().is_empty());
     }
 }

@@ -670,6 +670,7 @@ impl Agent {
             ("role", state.roles),
             ("container", followed),
             ("container_bookkeeping", containers),
+            ("container_ending", self.endings.held()),
             ("tally", self.accounting.entries()),
             ("json_line_held", self.json_lines.held()),
             ("shm_file_system", self.shm_file_systems),
