@@ -48,10 +48,11 @@ pub fn classify(status: i32) -> Stop {
 /// A program that stops at its calls often stops again within microseconds of being let go.
 /// A tracer that slept meanwhile must be woken, and its CPU with it: on a virtual machine
 /// whose idle CPUs halt (this project's, where the guest does not poll before halting), that
-/// wake was most of what a stop cost, about 70 µs against 6 µs with the program and shmtrace
-/// on one CPU (docs/unprivileged.md, "What a stop costs"). Asking again for this long first,
-/// yielding the CPU to anything else that would run on it between asks, catches the next
-/// stop awake; a program that computes for longer costs this much CPU once per stop.
+/// wake was most of what a stop cost: a stop alone cost about 62 µs, against 9.5 µs with the
+/// program and its tracer on one CPU (docs/unprivileged.md, "What a stop costs"). Asking
+/// again for this long first, yielding the CPU to anything else that would run on it between
+/// asks, catches the next stop awake; a program that computes for longer costs this much CPU
+/// once per stop.
 const ASK_BEFORE_SLEEPING: Duration = Duration::from_micros(200);
 
 /// The next report of any traced thread (or child): its id and raw status.
@@ -62,7 +63,7 @@ pub fn wait_any() -> io::Result<(i32, i32)> {
             return Ok(report);
         }
         if asking_since.elapsed() >= ASK_BEFORE_SLEEPING {
-            return wait_pid(-1);
+            return waitpid(-1, 0);
         }
         // SAFETY: no preconditions; it cannot fail on Linux.
         unsafe { libc::sched_yield() };
@@ -71,33 +72,21 @@ pub fn wait_any() -> io::Result<(i32, i32)> {
 
 /// A report already waiting, if any: `waitpid` with `WNOHANG`.
 fn wait_pid_now(pid: i32) -> io::Result<Option<(i32, i32)>> {
-    let mut status = 0;
-    loop {
-        // SAFETY: waitpid writes the status into a local.
-        let tid = unsafe { libc::waitpid(pid, &mut status, libc::__WALL | libc::WNOHANG) };
-        match tid {
-            0 => return Ok(None),
-            tid if tid > 0 => return Ok(Some((tid, status))),
-            _ => {
-                let error = io::Error::last_os_error();
-                if error.raw_os_error() != Some(libc::EINTR) {
-                    return Err(error);
-                }
-            }
-        }
-    }
+    let (tid, status) = waitpid(pid, libc::WNOHANG)?;
+    Ok((tid != 0).then_some((tid, status)))
 }
 
 /// The next report of thread `tid`.
 pub fn wait_for(tid: i32) -> io::Result<Stop> {
-    wait_pid(tid).map(|(_, status)| classify(status))
+    waitpid(tid, 0).map(|(_, status)| classify(status))
 }
 
-fn wait_pid(pid: i32) -> io::Result<(i32, i32)> {
+/// `waitpid(pid, __WALL | flags)`, asked again when a signal interrupts it.
+fn waitpid(pid: i32, flags: i32) -> io::Result<(i32, i32)> {
     let mut status = 0;
     loop {
         // SAFETY: waitpid writes the status into a local.
-        let tid = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        let tid = unsafe { libc::waitpid(pid, &mut status, libc::__WALL | flags) };
         if tid >= 0 {
             return Ok((tid, status));
         }

@@ -370,9 +370,8 @@ pub fn ptrace(case: &str, results: &[VariantResult]) -> Vec<Row> {
         );
         rows.push(PTRACE_AGAINST_STRACE.judge(case, t / s, measured));
     }
-    // What a stop costs when it wakes no other CPU: the same run with the command and
-    // shmtrace on one CPU.
-    // And the floor: the same stops with nothing done at them, across CPUs and on one.
+    // What the stops cost: shmtrace held on one CPU with the command (no stop wakes another
+    // CPU), and the floor, the same stops with nothing done at them, across CPUs and on one.
     for (name, what) in [
         (
             "shmtrace-ptrace-one-cpu",
